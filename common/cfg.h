@@ -1,0 +1,108 @@
+/*
+ * cfg.h - configuration: one declarative table of settings (name, flag,
+ * default, bounds) read from the environment, then from flags of the same
+ * meaning (--threads overrides INBOX_THREADS), then checked once.
+ *
+ * Each *_URL may instead come from the file named by *_URL_FILE (container
+ * secrets); the file's content is trimmed of trailing white space.  Setting
+ * both the URL and the _FILE variable is an error.
+ *
+ * Ownership: cfg_load fills a caller-provided struct cfg and allocates its
+ * strings; cfg_free releases them.  The loaded cfg is then read-only and
+ * passed as `const struct cfg *` to every thread.  Passwords live only in
+ * amqp.password and db.password; the *_redacted strings are safe to log.
+ */
+#ifndef INBOX_CFG_H
+#define INBOX_CFG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "log.h"
+
+struct cfg_amqp {
+	char *host;
+	int port;        /* default 5672, 5671 for amqps */
+	char *user;
+	char *password;
+	char *vhost;     /* percent-decoded; "/" when the URL says %2f or nothing */
+	bool tls;        /* amqps:// */
+	char *redacted;  /* the URL with the password replaced by "***" */
+};
+
+struct cfg_db {
+	char *host;
+	int port;        /* default 3306 */
+	char *user;
+	char *password;
+	char *database;
+	char *socket;    /* ?socket=/path, NULL when unset */
+	bool ssl;        /* ?ssl=1 or ?ssl=true */
+	char *ssl_ca;    /* ?ssl-ca=/path, NULL when unset */
+	bool ssl_verify; /* ?ssl-verify=1: verify the server certificate */
+	int connect_timeout_s; /* ?connect-timeout=5, default 5 */
+	char *redacted;
+};
+
+enum cfg_ordering {
+	CFG_ORDERING_SHARED = 0,  /* one queue, holds put events in order */
+	CFG_ORDERING_SHARDED = 1, /* consistent-hash exchange, one active consumer per shard */
+};
+
+struct cfg {
+	struct cfg_amqp amqp;       /* INBOX_AMQP_URL / --amqp-url */
+	struct cfg_db db;           /* INBOX_DB_URL / --db-url */
+	int threads;                /* INBOX_THREADS 4 [1,256] */
+	int prefetch;               /* INBOX_PREFETCH 32 [1,65535] */
+	char *consumer;             /* INBOX_CONSUMER order-status, dedup key alphabet, 1-64 */
+	char *queue;                /* INBOX_QUEUE orders.inbox */
+	char *exchange;             /* INBOX_EXCHANGE orders */
+	char *dlx;                  /* INBOX_DLX orders.dlx */
+	char *dlq;                  /* INBOX_DLQ orders.inbox.dlq */
+	char *out_exchange;         /* INBOX_OUT_EXCHANGE orders.out */
+	long max_body;              /* INBOX_MAX_BODY 65536 [64, 16 MiB] */
+	long retention_s;           /* INBOX_RETENTION 7d, >= 1m */
+	long hold_ttl_s;            /* INBOX_HOLD_TTL 10m, >= 1s */
+	char *metrics_addr;         /* INBOX_METRICS_ADDR 127.0.0.1:9464, "" = off */
+	enum log_format log_format; /* INBOX_LOG_FORMAT text */
+	enum log_level log_level;   /* INBOX_LOG_LEVEL info */
+	int delivery_limit;         /* INBOX_DELIVERY_LIMIT 5 [1,1000]: x-delivery-limit */
+	int max_retries;            /* INBOX_MAX_RETRIES 8 [0,100]: deadlock/lock-timeout retries */
+	int heartbeat_s;            /* INBOX_HEARTBEAT 30 [0,600] */
+	enum cfg_ordering ordering; /* INBOX_ORDERING shared|sharded */
+	int shards;                 /* INBOX_SHARDS 4 [1,64] */
+	char *migrations_dir;       /* INBOX_MIGRATIONS_DIR, default: the installed/source dir */
+	int batch;                  /* INBOX_BATCH 1 [1,500]: messages per transaction */
+};
+
+enum cfg_result {
+	CFG_OK = 0,
+	CFG_HELP = 1,    /* --help was given: caller prints cfg_print_help, exits 0 */
+	CFG_VERSION = 2, /* --version was given: caller prints it, exits 0 */
+	CFG_ERROR = -1,  /* err holds one line naming the setting; exit 2 */
+};
+
+/*
+ * Load from environ and argv (argv[0] is skipped; unknown flags and
+ * positional arguments are errors).  On CFG_ERROR, err (size errlen) holds
+ * one line such as "INBOX_THREADS: not a number: 'abc'" and *out holds
+ * nothing that needs freeing.
+ */
+enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen);
+void cfg_free(struct cfg *c);
+
+/* Print every setting with its variable, flag, default and meaning. */
+void cfg_print_help(FILE *f, const char *usage_line);
+
+/* Building blocks, exposed for tests and for loadgen.  Each returns 0 or -1
+ * with a reason in err (without the setting's name).  Strings they allocate
+ * belong to the struct and are released by cfg_amqp_free / cfg_db_free. */
+int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen);
+int cfg_parse_long(const char *s, long min, long max, long *out, char *err, size_t errlen);
+int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen);
+int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen);
+void cfg_amqp_free(struct cfg_amqp *a);
+void cfg_db_free(struct cfg_db *d);
+
+#endif

@@ -1,0 +1,501 @@
+/*
+ * db.c - the MariaDB Connector/C boundary.  Nothing above this file reads
+ * mysql_errno: errors become st_code values here, so the worker's retry
+ * policy (deadlock -> retry, connection lost -> reconnect and keep the
+ * message) is written once, in terms of our codes.
+ *
+ * Prepared statements are remembered with their SQL so that db_reconnect can
+ * prepare them again on the new connection behind the same db_stmt pointer.
+ */
+#include "db.h"
+
+#include <errno.h>
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <errmsg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "status.h"
+
+#define DB_MAX_PARAMS 24
+#define DB_MAX_COLS 24
+
+struct db_stmt {
+	struct db *db;
+	MYSQL_STMT *st;
+	char *sql;
+	struct db_stmt *next;
+	bool has_result;
+};
+
+struct db {
+	MYSQL *my;
+	const struct cfg_db *conf;
+	struct db_stmt *stmts;
+	bool broken; /* a connection-lost error was seen: reconnect before use */
+	unsigned last_errno;
+	char last_error[256];
+};
+
+static int db_map_errno(unsigned e)
+{
+	switch (e) {
+	case 0:
+		return ST_OK;
+	case ER_DUP_ENTRY:
+		return ST_ERR_DB_DUPLICATE;
+	case ER_LOCK_DEADLOCK:
+		return ST_ERR_DB_DEADLOCK;
+	case ER_LOCK_WAIT_TIMEOUT:
+		return ST_ERR_DB_LOCK_TIMEOUT;
+	case CR_SERVER_GONE_ERROR:
+	case CR_SERVER_LOST:
+	case CR_CONNECTION_ERROR:
+	case CR_CONN_HOST_ERROR:
+	case CR_SERVER_LOST_EXTENDED:
+	case CR_COMMANDS_OUT_OF_SYNC: /* our state is unknown: start over */
+	case ER_SERVER_SHUTDOWN:
+	case ER_CONNECTION_KILLED:
+	case 4031: /* ER_CLIENT_INTERACTION_TIMEOUT */
+		return ST_ERR_DB_CONN;
+	default:
+		return ST_ERR_DB;
+	}
+}
+
+static int db_fail(struct db *d, unsigned e, const char *msg)
+{
+	int rc = db_map_errno(e);
+
+	d->last_errno = e;
+	snprintf(d->last_error, sizeof d->last_error, "%s", msg ? msg : "");
+	if (rc == ST_ERR_DB_CONN)
+		d->broken = true;
+	return rc;
+}
+
+static int db_fail_my(struct db *d)
+{
+	return db_fail(d, mysql_errno(d->my), mysql_error(d->my));
+}
+
+static int db_fail_stmt(struct db_stmt *s)
+{
+	return db_fail(s->db, mysql_stmt_errno(s->st), mysql_stmt_error(s->st));
+}
+
+int db_global_init(void)
+{
+	return mysql_library_init(0, NULL, NULL) == 0 ? ST_OK : ST_ERR_DB;
+}
+
+void db_global_end(void)
+{
+	mysql_library_end();
+}
+
+void db_thread_init(void)
+{
+	/* Connector/C's mysql_thread_init cannot fail in practice; its result
+	 * is documented as always zero. */
+	(void)mysql_thread_init();
+}
+
+void db_thread_end(void)
+{
+	mysql_thread_end();
+}
+
+static int db_connect(struct db *d)
+{
+	const struct cfg_db *c = d->conf;
+	my_bool off = 0;
+	unsigned timeout = (unsigned)c->connect_timeout_s;
+	/* Read/write time-outs bound how long a thread can hang on a
+	 * half-open TCP connection after the server vanished. */
+	unsigned rw_timeout = 30;
+
+	d->my = mysql_init(NULL);
+	if (d->my == NULL)
+		return db_fail(d, CR_OUT_OF_MEMORY, "mysql_init failed");
+	if (mysql_options(d->my, MYSQL_OPT_RECONNECT, &off) != 0 ||
+	    mysql_options(d->my, MYSQL_OPT_CONNECT_TIMEOUT, &timeout) != 0 ||
+	    mysql_options(d->my, MYSQL_OPT_READ_TIMEOUT, &rw_timeout) != 0 ||
+	    mysql_options(d->my, MYSQL_OPT_WRITE_TIMEOUT, &rw_timeout) != 0 ||
+	    mysql_options(d->my, MYSQL_SET_CHARSET_NAME, "utf8mb4") != 0)
+		goto fail;
+	if (c->ssl) {
+		my_bool on = 1;
+		my_bool verify = c->ssl_verify ? 1 : 0;
+		if (mysql_options(d->my, MYSQL_OPT_SSL_ENFORCE, &on) != 0 ||
+		    mysql_options(d->my, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify) != 0)
+			goto fail;
+		if (c->ssl_ca != NULL && mysql_options(d->my, MYSQL_OPT_SSL_CA, c->ssl_ca) != 0)
+			goto fail;
+	}
+	if (mysql_real_connect(d->my, c->host, c->user, c->password, c->database,
+	                       (unsigned)c->port, c->socket, CLIENT_FOUND_ROWS) == NULL)
+		goto fail;
+	/* Autocommit off: the first statement opens the transaction, which
+	 * saves one round trip per message over sending BEGIN. */
+	if (mysql_autocommit(d->my, 0) != 0)
+		goto fail;
+	if (mysql_query(d->my, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED") != 0)
+		goto fail;
+	return ST_OK;
+fail:;
+	int rc = db_fail_my(d);
+	/* Any failure while connecting means "no usable connection". */
+	if (rc != ST_ERR_DB_CONN && d->last_errno >= 2000 && d->last_errno < 3000)
+		rc = ST_ERR_DB_CONN;
+	mysql_close(d->my);
+	d->my = NULL;
+	return rc;
+}
+
+static int db_stmt_prepare_on(struct db_stmt *s)
+{
+	s->st = mysql_stmt_init(s->db->my);
+	if (s->st == NULL)
+		return db_fail_my(s->db);
+	if (mysql_stmt_prepare(s->st, s->sql, (unsigned long)strlen(s->sql)) != 0) {
+		int rc = db_fail_stmt(s);
+		mysql_stmt_close(s->st);
+		s->st = NULL;
+		return rc;
+	}
+	s->has_result = false;
+	return ST_OK;
+}
+
+int db_open(struct db **out, const struct cfg_db *conf)
+{
+	struct db *d = calloc(1, sizeof *d);
+	int rc;
+
+	*out = NULL;
+	if (d == NULL)
+		return ST_ERR_NOMEM;
+	d->conf = conf;
+	rc = db_connect(d);
+	if (rc != ST_OK) {
+		LOG(LOG_WARN, "database connect failed", LOG_S("db", conf->redacted),
+		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		free(d);
+		return rc;
+	}
+	*out = d;
+	return ST_OK;
+}
+
+static void db_disconnect(struct db *d)
+{
+	for (struct db_stmt *s = d->stmts; s != NULL; s = s->next) {
+		if (s->st != NULL)
+			mysql_stmt_close(s->st);
+		s->st = NULL;
+		s->has_result = false;
+	}
+	if (d->my != NULL)
+		mysql_close(d->my);
+	d->my = NULL;
+}
+
+void db_close(struct db **dp)
+{
+	struct db *d;
+
+	if (dp == NULL || *dp == NULL)
+		return;
+	d = *dp;
+	db_disconnect(d);
+	while (d->stmts != NULL) {
+		struct db_stmt *s = d->stmts;
+		d->stmts = s->next;
+		free(s->sql);
+		free(s);
+	}
+	free(d);
+	*dp = NULL;
+}
+
+bool db_connected(const struct db *d)
+{
+	return d->my != NULL && !d->broken;
+}
+
+int db_reconnect(struct db *d)
+{
+	int rc;
+
+	db_disconnect(d);
+	d->broken = false;
+	rc = db_connect(d);
+	if (rc != ST_OK)
+		return rc;
+	for (struct db_stmt *s = d->stmts; s != NULL; s = s->next) {
+		rc = db_stmt_prepare_on(s);
+		if (rc != ST_OK) {
+			db_disconnect(d);
+			return rc;
+		}
+	}
+	return ST_OK;
+}
+
+int db_exec(struct db *d, const char *sql)
+{
+	MYSQL_RES *res;
+
+	if (d->my == NULL)
+		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	if (mysql_query(d->my, sql) != 0)
+		return db_fail_my(d);
+	res = mysql_store_result(d->my);
+	if (res != NULL)
+		mysql_free_result(res);
+	else if (mysql_errno(d->my) != 0)
+		return db_fail_my(d);
+	return ST_OK;
+}
+
+int db_exec_script(struct db *d, const char *sql, size_t len)
+{
+	int rc = ST_OK;
+	int status;
+
+	if (d->my == NULL)
+		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	if (mysql_set_server_option(d->my, MYSQL_OPTION_MULTI_STATEMENTS_ON) != 0)
+		return db_fail_my(d);
+	if (mysql_real_query(d->my, sql, (unsigned long)len) != 0) {
+		rc = db_fail_my(d);
+		goto cleanup;
+	}
+	do {
+		MYSQL_RES *res = mysql_store_result(d->my);
+		if (res != NULL)
+			mysql_free_result(res);
+		else if (mysql_errno(d->my) != 0) {
+			rc = db_fail_my(d);
+			goto cleanup;
+		}
+		status = mysql_next_result(d->my);
+		if (status > 0) {
+			rc = db_fail_my(d);
+			goto cleanup;
+		}
+	} while (status == 0);
+cleanup:
+	if (d->my != NULL &&
+	    mysql_set_server_option(d->my, MYSQL_OPTION_MULTI_STATEMENTS_OFF) != 0 && rc == ST_OK)
+		rc = db_fail_my(d);
+	return rc;
+}
+
+int db_commit(struct db *d)
+{
+	if (d->my == NULL)
+		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	if (mysql_commit(d->my) != 0)
+		return db_fail_my(d);
+	return ST_OK;
+}
+
+void db_rollback(struct db *d)
+{
+	if (d->my == NULL)
+		return;
+	if (mysql_rollback(d->my) != 0) {
+		db_fail_my(d);
+		LOG(LOG_WARN, "rollback failed, dropping the connection",
+		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		/* A connection whose transaction state is unknown is useless:
+		 * the next use reconnects. */
+		db_disconnect(d);
+	}
+}
+
+int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
+{
+	struct db_stmt *s = calloc(1, sizeof *s);
+	int rc;
+
+	*out = NULL;
+	if (s == NULL)
+		return ST_ERR_NOMEM;
+	s->db = d;
+	s->sql = strdup(sql);
+	if (s->sql == NULL) {
+		free(s);
+		return ST_ERR_NOMEM;
+	}
+	if (d->my != NULL) {
+		rc = db_stmt_prepare_on(s);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "prepare failed", LOG_S("error", d->last_error), LOG_S("sql", sql));
+			free(s->sql);
+			free(s);
+			return rc;
+		}
+	}
+	s->next = d->stmts;
+	d->stmts = s;
+	*out = s;
+	return ST_OK;
+}
+
+static void db_bind_params(MYSQL_BIND *b, const struct db_param *p, int n)
+{
+	memset(b, 0, sizeof(MYSQL_BIND) * (size_t)n);
+	for (int i = 0; i < n; i++) {
+		switch (p[i].type) {
+		case DB_NULL:
+			b[i].buffer_type = MYSQL_TYPE_NULL;
+			break;
+		case DB_I64:
+			b[i].buffer_type = MYSQL_TYPE_LONGLONG;
+			b[i].buffer = (void *)&p[i].i64;
+			break;
+		case DB_DOUBLE:
+			b[i].buffer_type = MYSQL_TYPE_DOUBLE;
+			b[i].buffer = (void *)&p[i].dbl;
+			break;
+		case DB_STR:
+			b[i].buffer_type = MYSQL_TYPE_STRING;
+			b[i].buffer = (void *)p[i].ptr;
+			b[i].buffer_length = (unsigned long)p[i].len;
+			break;
+		case DB_BLOB:
+			b[i].buffer_type = MYSQL_TYPE_BLOB;
+			b[i].buffer = (void *)p[i].ptr;
+			b[i].buffer_length = (unsigned long)p[i].len;
+			break;
+		}
+	}
+}
+
+static int db_stmt_run(struct db_stmt *s, const struct db_param *p, int n)
+{
+	MYSQL_BIND b[DB_MAX_PARAMS];
+
+	if (s->db->my == NULL || s->st == NULL)
+		return db_fail(s->db, CR_SERVER_GONE_ERROR, "not connected");
+	if (n > DB_MAX_PARAMS || (unsigned long)n != mysql_stmt_param_count(s->st))
+		return db_fail(s->db, 0xffff, "parameter count mismatch");
+	if (s->has_result)
+		db_stmt_done(s);
+	if (n > 0) {
+		db_bind_params(b, p, n);
+		if (mysql_stmt_bind_param(s->st, b) != 0)
+			return db_fail_stmt(s);
+	}
+	if (mysql_stmt_execute(s->st) != 0)
+		return db_fail_stmt(s);
+	return ST_OK;
+}
+
+int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *affected)
+{
+	int rc = db_stmt_run(s, p, n);
+
+	if (rc != ST_OK)
+		return rc;
+	if (affected != NULL)
+		*affected = (uint64_t)mysql_stmt_affected_rows(s->st);
+	return ST_OK;
+}
+
+int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n)
+{
+	int rc = db_stmt_run(s, p, n);
+
+	if (rc != ST_OK)
+		return rc;
+	s->has_result = true;
+	return ST_OK;
+}
+
+int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
+{
+	MYSQL_BIND b[DB_MAX_COLS];
+	my_bool nulls[DB_MAX_COLS];
+	my_bool errs[DB_MAX_COLS];
+	int r;
+
+	if (!s->has_result || ncols > DB_MAX_COLS)
+		return db_fail(s->db, 0xffff, "fetch without a result");
+	memset(b, 0, sizeof b);
+	for (int i = 0; i < ncols; i++) {
+		struct db_col *c = &cols[i];
+		b[i].is_null = &nulls[i];
+		b[i].error = &errs[i];
+		b[i].length = &c->len;
+		switch (c->type) {
+		case DB_I64:
+		case DB_NULL:
+			b[i].buffer_type = MYSQL_TYPE_LONGLONG;
+			b[i].buffer = &c->i64;
+			break;
+		case DB_DOUBLE:
+			b[i].buffer_type = MYSQL_TYPE_DOUBLE;
+			b[i].buffer = &c->dbl;
+			break;
+		case DB_STR:
+		case DB_BLOB:
+			b[i].buffer_type = c->type == DB_STR ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
+			b[i].buffer = c->buf;
+			b[i].buffer_length = c->cap > 0 ? (unsigned long)c->cap - 1 : 0;
+			break;
+		}
+	}
+	if (mysql_stmt_bind_result(s->st, b) != 0)
+		return db_fail_stmt(s);
+	r = mysql_stmt_fetch(s->st);
+	if (r == MYSQL_NO_DATA) {
+		db_stmt_done(s);
+		return 0;
+	}
+	if (r == 1)
+		return db_fail_stmt(s);
+	if (r == MYSQL_DATA_TRUNCATED) {
+		/* Our columns are bounded by the schema; a longer value means the
+		 * schema and the code disagree. */
+		db_stmt_done(s);
+		return db_fail(s->db, 0xffff, "column value longer than its buffer");
+	}
+	for (int i = 0; i < ncols; i++) {
+		struct db_col *c = &cols[i];
+		c->is_null = nulls[i] != 0;
+		if ((c->type == DB_STR || c->type == DB_BLOB) && c->cap > 0)
+			((char *)c->buf)[c->is_null ? 0 : c->len] = '\0';
+	}
+	return 1;
+}
+
+void db_stmt_done(struct db_stmt *s)
+{
+	if (s->st != NULL && s->has_result) {
+		/* Drains unread rows locally (no round trip, unlike
+		 * mysql_stmt_reset); a failure surfaces on the next statement. */
+		(void)mysql_stmt_free_result(s->st);
+	}
+	s->has_result = false;
+}
+
+uint64_t db_stmt_insert_id(struct db_stmt *s)
+{
+	return s->st != NULL ? (uint64_t)mysql_stmt_insert_id(s->st) : 0;
+}
+
+const char *db_errmsg(const struct db *d)
+{
+	return d->last_error;
+}
+
+unsigned db_errno(const struct db *d)
+{
+	return d->last_errno;
+}

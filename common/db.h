@@ -1,0 +1,113 @@
+/*
+ * db.h - one MariaDB/MySQL connection and its prepared statements.
+ *
+ * A struct db belongs to one thread.  It runs with autocommit off (a
+ * transaction starts with the first statement, which saves the BEGIN round
+ * trip), READ COMMITTED (no gap locks between unrelated orders) and
+ * MYSQL_OPT_RECONNECT off: the connector refuses to reconnect inside a
+ * transaction and silently drops prepared statements when it does, so
+ * db_reconnect does it explicitly and re-prepares every statement, keeping
+ * the caller's struct db_stmt pointers valid.
+ *
+ * Errors are translated here and nowhere else: 1062 -> ST_ERR_DB_DUPLICATE,
+ * 1213 -> ST_ERR_DB_DEADLOCK, 1205 -> ST_ERR_DB_LOCK_TIMEOUT, 2002/2003/2006/
+ * 2013/... -> ST_ERR_DB_CONN, anything else -> ST_ERR_DB.  db_errmsg gives
+ * the server's text for logs.
+ *
+ * Ownership: db_open returns a handle freed by db_close (NULL-safe, clears
+ * the pointer).  Statements belong to their db and die with it.
+ * mysql_library_init must have run (db_global_init) before any thread opens
+ * a db; each thread that uses a db calls db_thread_init/db_thread_end.
+ */
+#ifndef INBOX_DB_H
+#define INBOX_DB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cfg.h"
+
+struct db;
+struct db_stmt;
+
+enum db_type { DB_NULL = 0, DB_I64, DB_STR, DB_BLOB, DB_DOUBLE };
+
+/* An input parameter.  str/blob are borrowed for the call. */
+struct db_param {
+	enum db_type type;
+	const void *ptr;
+	size_t len;
+	int64_t i64;
+	double dbl;
+};
+
+#define DBP_NULL() ((struct db_param){ .type = DB_NULL })
+#define DBP_I64(v) ((struct db_param){ .type = DB_I64, .i64 = (int64_t)(v) })
+#define DBP_STR(s) ((struct db_param){ .type = DB_STR, .ptr = (s), .len = strlen(s) })
+#define DBP_STRN(s, n) ((struct db_param){ .type = DB_STR, .ptr = (s), .len = (n) })
+#define DBP_BLOB(p, n) ((struct db_param){ .type = DB_BLOB, .ptr = (p), .len = (n) })
+#define DBP_DBL(v) ((struct db_param){ .type = DB_DOUBLE, .dbl = (v) })
+
+/* An output column.  For DB_STR/DB_BLOB the caller gives buf/cap; the value
+ * is NUL-terminated when it fits (cap includes the NUL) and len is the full
+ * length.  A value longer than cap-1 is an error (ST_ERR_DB), never silently
+ * cut: every column we read has a bounded width in the schema. */
+struct db_col {
+	enum db_type type;
+	void *buf;
+	size_t cap;
+	unsigned long len;
+	int64_t i64;
+	double dbl;
+	bool is_null;
+};
+
+#define DBC_I64() ((struct db_col){ .type = DB_I64 })
+#define DBC_STR(b, n) ((struct db_col){ .type = DB_STR, .buf = (b), .cap = (n) })
+#define DBC_BLOB(b, n) ((struct db_col){ .type = DB_BLOB, .buf = (b), .cap = (n) })
+#define DBC_DBL() ((struct db_col){ .type = DB_DOUBLE })
+
+int db_global_init(void);
+void db_global_end(void);
+void db_thread_init(void);
+void db_thread_end(void);
+
+/* Connect; ST_ERR_DB_CONN when the server is unreachable. */
+int db_open(struct db **out, const struct cfg_db *conf);
+void db_close(struct db **d);
+
+/* Drop the connection and connect again, re-preparing every statement. */
+int db_reconnect(struct db *d);
+bool db_connected(const struct db *d);
+
+/* Run one statement without parameters, discarding any result. */
+int db_exec(struct db *d, const char *sql);
+int db_commit(struct db *d);
+/* Roll back; a failure is logged and ends the connection (the next use
+ * reconnects), so callers need no error path of their own. */
+void db_rollback(struct db *d);
+
+/* Prepare sql on d.  The statement is owned by d. */
+int db_prepare(struct db *d, struct db_stmt **out, const char *sql);
+
+/* Execute with n parameters; *affected (may be NULL) gets the row count. */
+int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *affected);
+/* Execute a query; then call db_stmt_fetch until it returns 0. */
+int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n);
+/* 1 = a row is in cols, 0 = no more rows, < 0 = error. */
+int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols);
+/* Release a query's remaining rows (needed before the next statement when
+ * the caller stops fetching early). */
+void db_stmt_done(struct db_stmt *s);
+uint64_t db_stmt_insert_id(struct db_stmt *s);
+
+/* The last error's server text and number, for logs. */
+const char *db_errmsg(const struct db *d);
+unsigned db_errno(const struct db *d);
+
+/* Run a script of several statements (a migration file), discarding
+ * results; stops at the first error. */
+int db_exec_script(struct db *d, const char *sql, size_t len);
+
+#endif

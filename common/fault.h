@@ -1,0 +1,27 @@
+/*
+ * fault.h - test-only fault injection.  A build configured with
+ * -Dfault_hooks=true honours INBOX_FAULT=<point> (fire at that point) and
+ * INBOX_FAULT_COUNT=<n> (how many times in this process, default 1).  Points:
+ *   before-commit  after the claim, before COMMIT: the transaction rolls back
+ *   after-commit   after COMMIT, before the ack: the process kills itself
+ * The default build compiles fault_hit to false, so nothing here can fire in
+ * production.
+ */
+#ifndef INBOX_FAULT_H
+#define INBOX_FAULT_H
+
+#include <stdbool.h>
+
+#include "config.h"
+
+#if INBOX_FAULT_HOOKS
+bool fault_hit(const char *point);
+#else
+static inline bool fault_hit(const char *point)
+{
+	(void)point;
+	return false;
+}
+#endif
+
+#endif

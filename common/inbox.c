@@ -1,0 +1,690 @@
+/*
+ * inbox.c - the transaction at the heart of the worker.
+ *
+ * Order of statements, and why:
+ *   1. INSERT the key into processed_messages (the claim).  A duplicate
+ *      fails here with 1062 before anything else is touched; the stored hash
+ *      then tells a duplicate from a conflict.
+ *   2. Lock the order's order_locks row (creating it for a new order) and
+ *      read the order in the same statement.
+ *   3. Decide with order_decide and carry the verdict out: order row,
+ *      ledger row, outbox rows, or a held row.
+ *   4. If the order changed and it has held events, re-evaluate them in a
+ *      loop until a pass settles none.
+ *   5. COMMIT.  The caller acks only after this returns ST_OK.
+ * Autocommit is off, so statement 1 opens the transaction.
+ */
+#include "inbox.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fault.h"
+#include "log.h"
+#include "status.h"
+
+#define INBOX_PROPS_MAX 65536
+
+struct inbox {
+	struct db *db;
+	const struct cfg *conf;
+	struct db_stmt *claim;
+	struct db_stmt *stored_hash;
+	struct db_stmt *set_outcome;
+	struct db_stmt *lock_read;
+	struct db_stmt *lock_create;
+	struct db_stmt *order_insert;
+	struct db_stmt *order_update;
+	struct db_stmt *ledger;
+	struct db_stmt *outbox_add;
+	struct db_stmt *hold_add;
+	struct db_stmt *held_count;
+	struct db_stmt *held_list;
+	struct db_stmt *held_get;
+	struct db_stmt *held_del;
+	struct db_stmt *expired_list;
+	struct db_stmt *cleanup_inbox;
+	struct db_stmt *cleanup_outbox;
+	/* Buffers for a held event read back; sized once, reused. */
+	char *body;
+	size_t body_cap;
+	char *props;
+};
+
+/* The order as read under its lock. */
+struct inbox_order {
+	enum order_state state;
+	unsigned flags;
+	int64_t version;
+	int64_t held;
+};
+
+/* One event as the transaction sees it: the live delivery or a held row. */
+struct inbox_event {
+	const char *source;
+	const char *message_id;
+	const char *type_name;
+	enum msg_type type;
+	const char *order_id;
+	const void *body;
+	size_t len;
+	const char *routing_key;
+	const char *props;        /* JSON or NULL */
+	int64_t amount_cents;
+	bool has_amount;
+};
+
+static const char *const inbox_outcome_names[] = {
+	[INBOX_APPLIED] = "applied",         [INBOX_HELD] = "held",
+	[INBOX_IGNORED] = "ignored",         [INBOX_COMPENSATED] = "compensated",
+	[INBOX_DEAD_LETTERED] = "dead_lettered", [INBOX_DUPLICATE] = "duplicate",
+	[INBOX_CONFLICT] = "payload-conflict",
+};
+
+const char *inbox_outcome_name(enum inbox_outcome o)
+{
+	return (unsigned)o < sizeof inbox_outcome_names / sizeof inbox_outcome_names[0]
+	           ? inbox_outcome_names[o]
+	           : "unknown";
+}
+
+int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
+{
+	struct inbox *ib = calloc(1, sizeof *ib);
+	int rc = ST_OK;
+
+	*out = NULL;
+	if (ib == NULL)
+		return ST_ERR_NOMEM;
+	ib->db = db;
+	ib->conf = conf;
+	ib->body_cap = (size_t)conf->max_body + 1;
+	ib->body = malloc(ib->body_cap);
+	ib->props = malloc(INBOX_PROPS_MAX);
+	if (ib->body == NULL || ib->props == NULL) {
+		rc = ST_ERR_NOMEM;
+		goto fail;
+	}
+#define PREP(field, sql)                                        \
+	do {                                                    \
+		rc = db_prepare(db, &ib->field, sql);           \
+		if (rc != ST_OK)                                \
+			goto fail;                              \
+	} while (0)
+	PREP(claim, "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type,"
+	            " order_id, outcome, published_at, processed_at)"
+	            " VALUES (?, ?, ?, ?, ?, ?, 'applied', IF(? > 0, FROM_UNIXTIME(? / 1000000), NULL), NOW(6))");
+	PREP(stored_hash, "SELECT payload_sha256 FROM processed_messages"
+	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
+	PREP(set_outcome, "UPDATE processed_messages SET outcome = ?, reason = ?, processed_at = NOW(6)"
+	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
+	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
+	                " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id = ? FOR UPDATE");
+	PREP(lock_create, "INSERT INTO order_locks (order_id, held) VALUES (?, 0)");
+	PREP(order_insert, "INSERT INTO orders (id, status, version, flags, amount_cents, created_at, updated_at)"
+	                   " VALUES (?, ?, 1, ?, ?, NOW(6), NOW(6))");
+	PREP(order_update, "UPDATE orders SET status = ?, version = version + 1, flags = ?,"
+	                   " paid_at = IF(? AND paid_at IS NULL, NOW(6), paid_at),"
+	                   " amount_cents = COALESCE(?, amount_cents), updated_at = NOW(6) WHERE id = ?");
+	PREP(ledger, "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome,"
+	             " from_status, to_status, version, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
+	PREP(outbox_add, "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props,"
+	                 " headers, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
+	PREP(hold_add, "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key,"
+	               " props, body, held_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
+	PREP(held_count, "UPDATE order_locks SET held = held + ? WHERE order_id = ?");
+	PREP(held_list, "SELECT id FROM held_events WHERE order_id = ? ORDER BY id");
+	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body FROM held_events"
+	               " WHERE id = ? AND consumer = ?");
+	PREP(held_del, "DELETE FROM held_events WHERE id = ?");
+	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
+	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
+	PREP(cleanup_inbox, "DELETE FROM processed_messages WHERE processed_at < NOW(6) - INTERVAL ? SECOND"
+	                    " AND outcome <> 'held' ORDER BY processed_at LIMIT ?");
+	PREP(cleanup_outbox, "DELETE FROM outbox WHERE sent_at IS NOT NULL"
+	                     " AND sent_at < NOW(6) - INTERVAL ? SECOND ORDER BY sent_at LIMIT ?");
+#undef PREP
+	*out = ib;
+	return ST_OK;
+fail:
+	inbox_close(&ib);
+	return rc;
+}
+
+void inbox_close(struct inbox **ibp)
+{
+	struct inbox *ib;
+
+	if (ibp == NULL || *ibp == NULL)
+		return;
+	ib = *ibp;
+	/* Statements belong to the db and die with it. */
+	free(ib->body);
+	free(ib->props);
+	free(ib);
+	*ibp = NULL;
+}
+
+/* Lock the order (creating its lock row on first sight) and read it. */
+static int inbox_lock_order(struct inbox *ib, const char *order_id, struct inbox_order *o)
+{
+	char status[32];
+	struct db_col c[4];
+	struct db_param p[1] = { DBP_STR(order_id) };
+	int rc, r;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		c[0] = DBC_I64();
+		c[1] = DBC_STR(status, sizeof status);
+		c[2] = DBC_I64();
+		c[3] = DBC_I64();
+		rc = db_stmt_query(ib->lock_read, p, 1);
+		if (rc != ST_OK)
+			return rc;
+		r = db_stmt_fetch(ib->lock_read, c, 4);
+		if (r < 0)
+			return r;
+		if (r == 1) {
+			db_stmt_done(ib->lock_read);
+			o->held = c[0].i64;
+			if (c[1].is_null) {
+				o->state = ORDER_NONE;
+				o->version = 0;
+				o->flags = 0;
+			} else {
+				int s = order_state_from_name(status);
+				if (s < 0)
+					return ST_ERR_DB;
+				o->state = (enum order_state)s;
+				o->version = c[2].i64;
+				o->flags = (unsigned)c[3].i64;
+			}
+			return ST_OK;
+		}
+		/* First event of this order.  A concurrent first event makes our
+		 * INSERT wait for its commit and fail with 1062; then the
+		 * locking read above finds the row. */
+		rc = db_stmt_exec(ib->lock_create, p, 1, NULL);
+		if (rc == ST_OK) {
+			o->held = 0;
+			o->state = ORDER_NONE;
+			o->version = 0;
+			o->flags = 0;
+			return ST_OK;
+		}
+		if (rc != ST_ERR_DB_DUPLICATE)
+			return rc;
+	}
+	return ST_ERR_DB_DEADLOCK; /* the row vanished twice: let the caller retry */
+}
+
+static int inbox_set_outcome(struct inbox *ib, const char *source, const char *message_id,
+                             const char *outcome, const char *reason)
+{
+	struct db_param p[5] = {
+		DBP_STR(outcome), reason ? DBP_STR(reason) : DBP_NULL(), DBP_STR(ib->conf->consumer),
+		DBP_STR(source), DBP_STR(message_id),
+	};
+	return db_stmt_exec(ib->set_outcome, p, 5, NULL);
+}
+
+static int inbox_outbox(struct inbox *ib, const char *message_id, const char *exchange, const char *rk,
+                        const char *type, const char *order_id, const char *props, const char *headers,
+                        const void *body, size_t len)
+{
+	struct db_param p[8] = {
+		DBP_STR(message_id), DBP_STR(exchange), DBP_STR(rk), DBP_STR(type), DBP_STR(order_id),
+		props ? DBP_STR(props) : DBP_NULL(), headers ? DBP_STR(headers) : DBP_NULL(),
+		DBP_BLOB(body, len),
+	};
+	return db_stmt_exec(ib->outbox_add, p, 8, NULL);
+}
+
+/* An emitted event in SPEC's envelope; its id is stable per order and type
+ * so that a re-publish after a crash is recognisable downstream. */
+static int inbox_emit(struct inbox *ib, const char *type, const struct inbox_event *cause)
+{
+	char id[MSG_ID_MAX + 1];
+	char rk[64];
+	char *body = NULL;
+	json_t *o = NULL;
+	int rc = ST_ERR_NOMEM;
+
+	snprintf(id, sizeof id, "%s:%s", type, cause->order_id);
+	snprintf(rk, sizeof rk, "order.%s", type);
+	o = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", ib->conf->consumer,
+	              "type", type, "order_id", cause->order_id, "data", "cause_message_id",
+	              cause->message_id, "cause_type", cause->type_name);
+	if (o == NULL)
+		goto cleanup;
+	{
+		/* occurred_at: the time of the emission, RFC 3339 UTC. */
+		char ts[32];
+		time_t now = time(NULL);
+		struct tm tm;
+		if (gmtime_r(&now, &tm) == NULL || strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+			goto cleanup;
+		if (json_object_set_new(o, "occurred_at", json_string(ts)) != 0)
+			goto cleanup;
+	}
+	body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+	if (body == NULL)
+		goto cleanup;
+	rc = inbox_outbox(ib, id, ib->conf->out_exchange, rk, type, cause->order_id, NULL, NULL, body,
+	                  strlen(body));
+cleanup:
+	free(body);
+	json_decref(o);
+	return rc;
+}
+
+/* The dead-letter copy of an event whose transition is impossible (or whose
+ * hold expired): original body and properties, plus our reason headers. */
+static int inbox_dead_letter(struct inbox *ib, const struct inbox_event *ev, const char *reason,
+                             const char *detail)
+{
+	json_t *h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", detail);
+	char *hs = h ? json_dumps(h, JSON_COMPACT) : NULL;
+	int rc = ST_ERR_NOMEM;
+
+	if (hs != NULL)
+		rc = inbox_outbox(ib, ev->message_id, ib->conf->dlx, ev->routing_key, ev->type_name, ev->order_id,
+		                  ev->props, hs, ev->body, ev->len);
+	free(hs);
+	json_decref(h);
+	return rc;
+}
+
+/* Carry out a verdict on a locked order.  *settled is set when the order row
+ * changed (held events may now apply). */
+static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
+                     struct order_verdict v, struct inbox_result *res, bool *changed)
+{
+	int rc = ST_OK;
+
+	*changed = false;
+	switch (v.decision) {
+	case ORDER_APPLY:
+	case ORDER_COMPENSATE: {
+		const char *from = o->state == ORDER_NONE ? "None" : order_state_name(o->state);
+		const char *to = order_state_name(v.next);
+		bool paid_now = (v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID);
+		if (o->state == ORDER_NONE) {
+			struct db_param p[4] = {
+				DBP_STR(ev->order_id), DBP_STR(to), DBP_I64(v.flags),
+				ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(),
+			};
+			rc = db_stmt_exec(ib->order_insert, p, 4, NULL);
+		} else {
+			struct db_param p[5] = {
+				DBP_STR(to), DBP_I64(v.flags), DBP_I64(paid_now ? 1 : 0),
+				ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(), DBP_STR(ev->order_id),
+			};
+			rc = db_stmt_exec(ib->order_update, p, 5, NULL);
+		}
+		if (rc != ST_OK)
+			return rc;
+		o->version++;
+		{
+			struct db_param p[9] = {
+				DBP_STR(ev->order_id), DBP_STR(ib->conf->consumer), DBP_STR(ev->source),
+				DBP_STR(ev->message_id), DBP_STR(ev->type_name),
+				DBP_STR(order_decision_outcome(v.decision)), DBP_STR(from), DBP_STR(to),
+				DBP_I64(o->version),
+			};
+			rc = db_stmt_exec(ib->ledger, p, 9, NULL);
+			if (rc != ST_OK)
+				return rc;
+		}
+		if (v.emits & ORDER_EMIT_PAID) {
+			rc = inbox_emit(ib, "OrderPaid", ev);
+			res->outbox_rows++;
+		}
+		if (rc == ST_OK && (v.emits & ORDER_EMIT_REFUND)) {
+			rc = inbox_emit(ib, "RefundRequested", ev);
+			res->outbox_rows++;
+		}
+		if (rc == ST_OK && (v.emits & ORDER_EMIT_RELEASE)) {
+			rc = inbox_emit(ib, "InventoryReleaseRequested", ev);
+			res->outbox_rows++;
+		}
+		o->state = v.next;
+		o->flags = v.flags;
+		*changed = true;
+		return rc;
+	}
+	case ORDER_INVALID: {
+		char detail[160];
+		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
+		         order_state_name(o->state));
+		rc = inbox_dead_letter(ib, ev, "invalid-transition", detail);
+		res->outbox_rows++;
+		return rc;
+	}
+	case ORDER_IGNORE:
+	case ORDER_HOLD:
+		return ST_OK;
+	}
+	return ST_OK;
+}
+
+static const char *inbox_reason_of(enum order_decision d)
+{
+	return d == ORDER_INVALID ? "invalid-transition" : NULL;
+}
+
+/* Re-evaluate the order's held events until a pass settles none.  Each
+ * settled event leaves held_events and gets its final inbox outcome. */
+static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
+                              const char *order_id)
+{
+	enum { BATCH = 64 };
+	bool progress = true;
+	int rc;
+
+	while (progress && o->held > 0) {
+		int64_t ids[BATCH];
+		int n = 0;
+		struct db_param p[1] = { DBP_STR(order_id) };
+		struct db_col c[1];
+
+		progress = false;
+		rc = db_stmt_query(ib->held_list, p, 1);
+		if (rc != ST_OK)
+			return rc;
+		for (;;) {
+			int r;
+			c[0] = DBC_I64();
+			r = db_stmt_fetch(ib->held_list, c, 1);
+			if (r < 0)
+				return r;
+			if (r == 0)
+				break;
+			if (n < BATCH)
+				ids[n++] = c[0].i64;
+		}
+		for (int i = 0; i < n; i++) {
+			char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], rk[256];
+			struct db_param gp[2] = { DBP_I64(ids[i]), DBP_STR(ib->conf->consumer) };
+			struct db_col gc[6] = {
+				DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
+				DBC_STR(rk, sizeof rk), DBC_STR(ib->props, INBOX_PROPS_MAX),
+				DBC_BLOB(ib->body, ib->body_cap),
+			};
+			struct inbox_event ev;
+			struct order_verdict v;
+			bool changed;
+			int t, r;
+
+			rc = db_stmt_query(ib->held_get, gp, 2);
+			if (rc != ST_OK)
+				return rc;
+			r = db_stmt_fetch(ib->held_get, gc, 6);
+			if (r < 0)
+				return r;
+			if (r == 0)
+				continue;
+			db_stmt_done(ib->held_get);
+			t = msg_type_from_name(type, strlen(type));
+			if (t < 0)
+				return ST_ERR_DB; /* we only ever store validated types */
+			v = order_decide(o->state, o->flags, (enum msg_type)t);
+			if (v.decision == ORDER_HOLD)
+				continue;
+			ev = (struct inbox_event){
+				.source = source, .message_id = mid, .type_name = type, .type = (enum msg_type)t,
+				.order_id = order_id, .body = ib->body, .len = gc[5].len, .routing_key = rk,
+				.props = gc[4].is_null ? NULL : ib->props,
+			};
+			rc = inbox_act(ib, o, &ev, v, res, &changed);
+			if (rc == ST_OK)
+				rc = inbox_set_outcome(ib, source, mid, order_decision_outcome(v.decision),
+				                       inbox_reason_of(v.decision));
+			if (rc == ST_OK) {
+				struct db_param dp[1] = { DBP_I64(ids[i]) };
+				rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
+			}
+			if (rc != ST_OK)
+				return rc;
+			o->held--;
+			res->released++;
+			progress = true;
+			LOG(LOG_DEBUG, "held event settled", LOG_S("msg", mid), LOG_S("order", order_id),
+			    LOG_S("outcome", order_decision_outcome(v.decision)));
+		}
+	}
+	if (res->released > 0) {
+		struct db_param p[2] = { DBP_I64(-(int64_t)res->released), DBP_STR(order_id) };
+		rc = db_stmt_exec(ib->held_count, p, 2, NULL);
+		if (rc != ST_OK)
+			return rc;
+	}
+	return ST_OK;
+}
+
+static int inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct inbox_event *ev)
+{
+	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
+	struct db_param p[8] = {
+		DBP_STR(ib->conf->consumer), DBP_STR(ev->source), DBP_STR(ev->message_id), DBP_STR(ev->order_id),
+		DBP_STR(ev->type_name), DBP_STR(ev->routing_key), props ? DBP_STR(props) : DBP_NULL(),
+		DBP_BLOB(ev->body, ev->len),
+	};
+	int rc = db_stmt_exec(ib->hold_add, p, 8, NULL);
+
+	free(props);
+	if (rc == ST_OK) {
+		struct db_param q[2] = { DBP_I64(1), DBP_STR(ev->order_id) };
+		rc = db_stmt_exec(ib->held_count, q, 2, NULL);
+	}
+	return rc;
+}
+
+/* After 1062 on the claim: same hash is a duplicate, another is a conflict. */
+static int inbox_settle_duplicate(struct inbox *ib, const struct msg *m, const char *hex,
+                                  struct inbox_result *res)
+{
+	char stored[65];
+	struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
+	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
+	int rc, r;
+
+	rc = db_stmt_query(ib->stored_hash, p, 3);
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_fetch(ib->stored_hash, c, 1);
+	if (r < 0)
+		return r;
+	if (r == 0)
+		return ST_ERR_DB_DEADLOCK; /* the first claim rolled back meanwhile: retry */
+	db_stmt_done(ib->stored_hash);
+	res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+	return ST_OK;
+}
+
+int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
+{
+	const struct msg *m = in->msg;
+	char hex[65];
+	struct inbox_order o;
+	struct inbox_event ev = {
+		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
+		.order_id = m->order_id, .body = in->body, .len = in->len, .routing_key = in->routing_key,
+		.props = NULL, .amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED,
+	};
+	struct order_verdict v;
+	bool changed = false;
+	char *props = NULL;
+	int rc;
+
+	memset(res, 0, sizeof *res);
+	msg_sha256_hex(m->sha256, hex);
+	{
+		struct db_param p[8] = {
+			DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
+			DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us),
+			DBP_I64(in->published_us),
+		};
+		rc = db_stmt_exec(ib->claim, p, 8, NULL);
+	}
+	if (rc == ST_ERR_DB_DUPLICATE) {
+		rc = inbox_settle_duplicate(ib, m, hex, res);
+		db_rollback(ib->db);
+		return rc;
+	}
+	if (rc != ST_OK)
+		goto rollback;
+	rc = inbox_lock_order(ib, m->order_id, &o);
+	if (rc != ST_OK)
+		goto rollback;
+	v = order_decide(o.state, o.flags, m->type);
+	if (v.decision == ORDER_INVALID && in->props_json != NULL) {
+		props = in->props_json(in->props_arg);
+		ev.props = props;
+	}
+	if (v.decision == ORDER_HOLD)
+		rc = inbox_hold(ib, in, &ev);
+	else
+		rc = inbox_act(ib, &o, &ev, v, res, &changed);
+	if (rc == ST_OK && v.decision != ORDER_APPLY)
+		rc = inbox_set_outcome(ib, m->source, m->message_id, order_decision_outcome(v.decision),
+		                       inbox_reason_of(v.decision));
+	if (rc == ST_OK && changed && o.held > 0)
+		rc = inbox_release_held(ib, &o, res, m->order_id);
+	if (rc != ST_OK)
+		goto rollback;
+	if (fault_hit("before-commit")) {
+		rc = ST_ERR_FAULT;
+		goto rollback;
+	}
+	/* If the connection breaks during COMMIT we cannot know whether it
+	 * happened.  That is safe: the caller reconnects and runs this again;
+	 * if the commit did happen, the claim now fails with 1062 and the
+	 * message is settled as a duplicate instead of applied twice. */
+	rc = db_commit(ib->db);
+	if (rc != ST_OK)
+		goto rollback;
+	res->outcome = (enum inbox_outcome)v.decision; /* the enums agree up to DEAD_LETTERED */
+	res->state = o.state;
+	free(props);
+	return ST_OK;
+rollback:
+	free(props);
+	db_rollback(ib->db);
+	return rc;
+}
+
+int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
+{
+	enum { MAXN = 64 };
+	int64_t ids[MAXN];
+	char orders[MAXN][MSG_ORDER_ID_MAX + 1];
+	int n = 0, rc;
+
+	*expired = 0;
+	if (limit > MAXN)
+		limit = MAXN;
+	{
+		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
+		rc = db_stmt_query(ib->expired_list, p, 3);
+		if (rc != ST_OK)
+			goto rollback;
+		for (;;) {
+			struct db_col c[2] = { DBC_I64(), DBC_STR(orders[n], sizeof orders[n]) };
+			int r = db_stmt_fetch(ib->expired_list, c, 2);
+			if (r < 0) {
+				rc = r;
+				goto rollback;
+			}
+			if (r == 0)
+				break;
+			ids[n] = c[0].i64;
+			if (n < MAXN - 1)
+				n++;
+		}
+	}
+	db_rollback(ib->db); /* end the read-only transaction */
+	for (int i = 0; i < n; i++) {
+		struct inbox_order o;
+		char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], rk[256];
+		struct db_param gp[2] = { DBP_I64(ids[i]), DBP_STR(ib->conf->consumer) };
+		struct db_col gc[6] = {
+			DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
+			DBC_STR(rk, sizeof rk), DBC_STR(ib->props, INBOX_PROPS_MAX), DBC_BLOB(ib->body, ib->body_cap),
+		};
+		struct inbox_event ev;
+		char detail[160];
+		int r;
+
+		rc = inbox_lock_order(ib, orders[i], &o);
+		if (rc != ST_OK)
+			goto rollback;
+		rc = db_stmt_query(ib->held_get, gp, 2);
+		if (rc != ST_OK)
+			goto rollback;
+		r = db_stmt_fetch(ib->held_get, gc, 6);
+		if (r < 0) {
+			rc = r;
+			goto rollback;
+		}
+		if (r == 0) { /* settled by its order meanwhile */
+			db_rollback(ib->db);
+			continue;
+		}
+		db_stmt_done(ib->held_get);
+		ev = (struct inbox_event){
+			.source = source, .message_id = mid, .type_name = type, .order_id = orders[i],
+			.body = ib->body, .len = gc[5].len, .routing_key = rk, .props = gc[4].is_null ? NULL : ib->props,
+		};
+		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
+		         type, ib->conf->hold_ttl_s);
+		rc = inbox_dead_letter(ib, &ev, "hold-expired", detail);
+		if (rc == ST_OK)
+			rc = inbox_set_outcome(ib, source, mid, "dead_lettered", "hold-expired");
+		if (rc == ST_OK) {
+			struct db_param dp[1] = { DBP_I64(ids[i]) };
+			rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
+		}
+		if (rc == ST_OK) {
+			struct db_param cp[2] = { DBP_I64(-1), DBP_STR(orders[i]) };
+			rc = db_stmt_exec(ib->held_count, cp, 2, NULL);
+		}
+		if (rc == ST_OK)
+			rc = db_commit(ib->db);
+		if (rc != ST_OK)
+			goto rollback;
+		(*expired)++;
+		LOG(LOG_INFO, "hold expired", LOG_S("msg", mid), LOG_S("order", orders[i]), LOG_S("type", type));
+	}
+	return ST_OK;
+rollback:
+	db_rollback(ib->db);
+	return rc;
+}
+
+int inbox_cleanup(struct inbox *ib, int batch, uint64_t *deleted)
+{
+	struct db_stmt *stmts[2] = { ib->cleanup_inbox, ib->cleanup_outbox };
+	int rc;
+
+	*deleted = 0;
+	for (int s = 0; s < 2; s++) {
+		uint64_t n;
+		do {
+			struct db_param p[2] = { DBP_I64(ib->conf->retention_s), DBP_I64(batch) };
+			rc = db_stmt_exec(stmts[s], p, 2, &n);
+			if (rc == ST_OK)
+				rc = db_commit(ib->db);
+			if (rc != ST_OK) {
+				db_rollback(ib->db);
+				return rc;
+			}
+			*deleted += n;
+		} while (n == (uint64_t)batch);
+	}
+	return ST_OK;
+}

@@ -1,0 +1,63 @@
+/*
+ * log.h - one line per event on stderr, as text or as one JSON object.
+ *
+ * An event is a short message plus key/value context, so that one grep
+ * follows one message through the pool:
+ *
+ *     LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("msg", id),
+ *         LOG_S("outcome", "duplicate"));
+ *
+ * text:  2026-11-29T18:00:00.123Z info handled worker=3 msg=abc outcome=duplicate
+ * json:  {"ts":"...","level":"info","msg":"handled","worker":3,"msg_id":...}
+ *
+ * The level check happens before any argument is formatted.  Lines are
+ * written with one write(2) so that threads never interleave inside a line.
+ * Values are escaped (text: quoted when they hold spaces or quotes; json:
+ * JSON-escaped).  Never pass a password or a whole message body.
+ */
+#ifndef INBOX_LOG_H
+#define INBOX_LOG_H
+
+#include <stdbool.h>
+
+enum log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
+enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON = 1 };
+
+struct log_kv {
+	const char *key;
+	const char *str; /* used when is_num is false; NULL prints as empty */
+	long long num;
+	bool is_num;
+};
+
+#define LOG_S(k, v) ((struct log_kv){ .key = (k), .str = (v) })
+#define LOG_I(k, v) ((struct log_kv){ .key = (k), .num = (long long)(v), .is_num = true })
+
+/* Set once at start-up, before threads start. Defaults: info, text. */
+void log_setup(enum log_level level, enum log_format format);
+bool log_enabled(enum log_level level);
+
+/* Parse "error|warn|info|debug" and "text|json"; return 0 or -1. */
+int log_level_parse(const char *s, enum log_level *out);
+int log_format_parse(const char *s, enum log_format *out);
+const char *log_level_name(enum log_level level);
+
+/* Emit msg with n key/values. Prefer the LOG macros. */
+void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, int n);
+
+#define LOG(level, msg, ...)                                                      \
+	do {                                                                      \
+		if (log_enabled(level)) {                                         \
+			const struct log_kv log_kv_[] = { __VA_ARGS__ };          \
+			log_emit((level), (msg), log_kv_,                         \
+			         (int)(sizeof log_kv_ / sizeof log_kv_[0]));      \
+		}                                                                 \
+	} while (0)
+
+#define LOG0(level, msg)                                                          \
+	do {                                                                      \
+		if (log_enabled(level))                                           \
+			log_emit((level), (msg), 0, 0);                           \
+	} while (0)
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * metrics.h - process-wide counters for /metrics and the logs.
+ *
+ * Counters are C11 atomics updated with relaxed ordering from any thread:
+ * they are statistics, never used to make a decision.  The HTTP endpoint
+ * (libmicrohttpd, optional at build time) serves /metrics in the Prometheus
+ * text format, /healthz, and /readyz (200 only while every worker thread
+ * reports both connections up).
+ *
+ * Ownership: one static registry per process; metrics_start/stop bracket the
+ * HTTP server.
+ */
+#ifndef INBOX_METRICS_H
+#define INBOX_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum metrics_outcome {
+	METRICS_APPLIED = 0,
+	METRICS_HELD,
+	METRICS_IGNORED,
+	METRICS_COMPENSATED,
+	METRICS_DEAD_LETTERED,
+	METRICS_DUPLICATE,
+	METRICS_OUTCOME_COUNT
+};
+
+enum metrics_peer { METRICS_PEER_AMQP = 0, METRICS_PEER_DB, METRICS_PEER_COUNT };
+
+void metrics_outcome(enum metrics_outcome o);
+void metrics_db_retry(void);
+void metrics_reconnect(enum metrics_peer p);
+void metrics_processing_seconds(double s);
+void metrics_outbox_pending(int64_t n);
+/* Thread readiness for /readyz: threads call it as their connections come
+ * and go. */
+void metrics_set_threads(int n);
+void metrics_thread_ready(int thread, bool ready);
+bool metrics_ready(void);
+
+uint64_t metrics_outcome_count(enum metrics_outcome o);
+const char *metrics_outcome_name(enum metrics_outcome o);
+
+/* Render the Prometheus text into buf; returns the length or -1 if cap is
+ * too small. */
+int metrics_render(char *buf, size_t cap);
+
+/* Serve on addr ("host:port"); "" or NULL serves nothing.  Returns 0 or -1
+ * with a reason logged. */
+int metrics_start(const char *addr);
+void metrics_stop(void);
+
+#endif

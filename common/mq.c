@@ -1,0 +1,794 @@
+/*
+ * mq.c - the rabbitmq-c boundary.  Every librabbitmq result is checked here
+ * and turned into an st_code; the reply of the last failure is kept as a
+ * human line for logs.  After any failure other than a time-out the
+ * connection is considered broken: callers close it and open a new one, which
+ * is simpler and safer than repairing a half-closed channel.
+ */
+#include "mq.h"
+
+#include <amqp.h>
+#include <amqp_ssl_socket.h>
+#include <amqp_tcp_socket.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "log.h"
+#include "status.h"
+
+#define MQ_CHANNEL 1
+#define MQ_HEADERS_MAX 64
+
+struct mq {
+	amqp_connection_state_t conn;
+	bool broken;
+	bool confirming;
+	uint64_t next_seq;      /* delivery tag of the next publish */
+	uint64_t confirmed;     /* all seq <= confirmed are settled */
+	bool nacked;            /* a nack or return arrived since the last wait */
+	amqp_envelope_t env;
+	bool has_env;
+	amqp_message_t got;     /* basic.get result */
+	bool has_got;
+	char err[256];
+};
+
+static amqp_bytes_t mq_b(const char *s)
+{
+	return s != NULL ? amqp_cstring_bytes(s) : amqp_empty_bytes;
+}
+
+static int mq_fail(struct mq *m, int code, const char *what, const char *detail)
+{
+	snprintf(m->err, sizeof m->err, "%s: %s", what, detail);
+	if (code != ST_ERR_TIMEOUT)
+		m->broken = true;
+	return code;
+}
+
+static int mq_status(struct mq *m, int status, const char *what)
+{
+	if (status == AMQP_STATUS_OK)
+		return ST_OK;
+	if (status == AMQP_STATUS_TIMEOUT)
+		return mq_fail(m, ST_ERR_TIMEOUT, what, amqp_error_string2(status));
+	return mq_fail(m, ST_ERR_MQ_CONN, what, amqp_error_string2(status));
+}
+
+static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
+{
+	char buf[200];
+
+	switch (r.reply_type) {
+	case AMQP_RESPONSE_NORMAL:
+		return ST_OK;
+	case AMQP_RESPONSE_NONE:
+		return mq_fail(m, ST_ERR_MQ_CONN, what, "missing RPC reply");
+	case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+		return mq_status(m, r.library_error, what);
+	case AMQP_RESPONSE_SERVER_EXCEPTION:
+		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+			amqp_connection_close_t *c = r.reply.decoded;
+			snprintf(buf, sizeof buf, "connection closed by broker: %u %.*s",
+			         c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+			/* A refused login or vhost is not a passing fault. */
+			return mq_fail(m, c->reply_code == 403 || c->reply_code == 530 ? ST_ERR_MQ : ST_ERR_MQ_CONN,
+			               what, buf);
+		}
+		if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+			amqp_channel_close_t *c = r.reply.decoded;
+			snprintf(buf, sizeof buf, "channel closed by broker: %u %.*s",
+			         c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+			return mq_fail(m, ST_ERR_MQ, what, buf);
+		}
+		return mq_fail(m, ST_ERR_MQ, what, "unexpected server method");
+	}
+	return mq_fail(m, ST_ERR_MQ, what, "unknown reply type");
+}
+
+static int mq_rpc(struct mq *m, const char *what)
+{
+	return mq_reply(m, amqp_get_rpc_reply(m->conn), what);
+}
+
+int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name)
+{
+	struct mq *m = calloc(1, sizeof *m);
+	amqp_socket_t *sock;
+	struct timeval tv = { .tv_sec = 10 };
+	amqp_table_entry_t prop;
+	amqp_table_t props;
+	int rc;
+
+	*out = NULL;
+	if (m == NULL)
+		return ST_ERR_NOMEM;
+	m->next_seq = 1;
+	m->conn = amqp_new_connection();
+	if (m->conn == NULL) {
+		free(m);
+		return ST_ERR_NOMEM;
+	}
+	sock = conf->tls ? amqp_ssl_socket_new(m->conn) : amqp_tcp_socket_new(m->conn);
+	if (sock == NULL) {
+		rc = mq_fail(m, ST_ERR_NOMEM, "socket", "cannot create socket");
+		goto fail;
+	}
+	rc = mq_status(m, amqp_socket_open_noblock(sock, conf->host, conf->port, &tv), "connect");
+	if (rc != ST_OK) {
+		if (rc == ST_ERR_TIMEOUT)
+			rc = ST_ERR_MQ_CONN;
+		goto fail;
+	}
+	prop.key = amqp_cstring_bytes("connection_name");
+	prop.value.kind = AMQP_FIELD_KIND_UTF8;
+	prop.value.value.bytes = amqp_cstring_bytes(name != NULL ? name : "inbox-worker");
+	props.num_entries = 1;
+	props.entries = &prop;
+	rc = mq_reply(m, amqp_login_with_properties(m->conn, conf->vhost, 0, 131072, heartbeat_s,
+	                                            &props, AMQP_SASL_METHOD_PLAIN, conf->user,
+	                                            conf->password), "login");
+	if (rc != ST_OK)
+		goto fail;
+	if (amqp_channel_open(m->conn, MQ_CHANNEL) == NULL) {
+		rc = mq_rpc(m, "channel.open");
+		goto fail;
+	}
+	*out = m;
+	return ST_OK;
+fail:
+	LOG(LOG_WARN, "broker connect failed", LOG_S("amqp", conf->redacted), LOG_S("error", m->err));
+	mq_close(&m);
+	return rc != ST_OK ? rc : ST_ERR_MQ_CONN;
+}
+
+void mq_close(struct mq **mp)
+{
+	struct mq *m;
+
+	if (mp == NULL || *mp == NULL)
+		return;
+	m = *mp;
+	if (m->has_env)
+		amqp_destroy_envelope(&m->env);
+	if (m->has_got)
+		amqp_destroy_message(&m->got);
+	if (!m->broken) {
+		/* Polite close; its failure changes nothing for us. */
+		(void)amqp_channel_close(m->conn, MQ_CHANNEL, AMQP_REPLY_SUCCESS);
+		(void)amqp_connection_close(m->conn, AMQP_REPLY_SUCCESS);
+	}
+	if (amqp_destroy_connection(m->conn) != AMQP_STATUS_OK)
+		LOG0(LOG_DEBUG, "amqp_destroy_connection reported an error");
+	free(m);
+	*mp = NULL;
+}
+
+const char *mq_errmsg(const struct mq *m)
+{
+	return m->err;
+}
+
+static int mq_exchange(struct mq *m, const char *name, const char *type, amqp_table_t args)
+{
+	amqp_exchange_declare(m->conn, MQ_CHANNEL, mq_b(name), mq_b(type), 0, 1, 0, 0, args);
+	return mq_rpc(m, "exchange.declare");
+}
+
+static int mq_queue(struct mq *m, const char *name, amqp_table_t args)
+{
+	amqp_queue_declare(m->conn, MQ_CHANNEL, mq_b(name), 0, 1, 0, 0, args);
+	return mq_rpc(m, "queue.declare");
+}
+
+static int mq_bind(struct mq *m, const char *queue, const char *exchange, const char *key)
+{
+	amqp_queue_bind(m->conn, MQ_CHANNEL, mq_b(queue), mq_b(exchange), mq_b(key), amqp_empty_table);
+	return mq_rpc(m, "queue.bind");
+}
+
+int mq_consume_queue_name(const struct cfg *conf, int thread_index, char *buf, size_t cap)
+{
+	int n;
+
+	if (conf->ordering == CFG_ORDERING_SHARDED)
+		n = snprintf(buf, cap, "%s.shard.%d", conf->queue, thread_index % conf->shards);
+	else
+		n = snprintf(buf, cap, "%s", conf->queue);
+	return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* The arguments every inbox queue carries: quorum, a delivery limit so a
+ * message that crashes workers ends in the DLQ instead of looping, and the
+ * DLX that the limit needs (newer brokers drop messages past the limit when
+ * no DLX is set). */
+static int mq_inbox_queue(struct mq *m, const struct cfg *conf, const char *name, bool single_active)
+{
+	amqp_table_entry_t e[4];
+	amqp_table_t args = { .num_entries = 3, .entries = e };
+
+	e[0].key = amqp_cstring_bytes("x-queue-type");
+	e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[0].value.value.bytes = amqp_cstring_bytes("quorum");
+	e[1].key = amqp_cstring_bytes("x-delivery-limit");
+	e[1].value.kind = AMQP_FIELD_KIND_I64;
+	e[1].value.value.i64 = conf->delivery_limit;
+	e[2].key = amqp_cstring_bytes("x-dead-letter-exchange");
+	e[2].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[2].value.value.bytes = amqp_cstring_bytes(conf->dlx);
+	if (single_active) {
+		e[3].key = amqp_cstring_bytes("x-single-active-consumer");
+		e[3].value.kind = AMQP_FIELD_KIND_BOOLEAN;
+		e[3].value.value.boolean = 1;
+		args.num_entries = 4;
+	}
+	return mq_queue(m, name, args);
+}
+
+int mq_declare_topology(struct mq *m, const struct cfg *conf)
+{
+	int rc;
+	char shard[300];
+
+	rc = mq_exchange(m, conf->exchange, "topic", amqp_empty_table);
+	if (rc == ST_OK)
+		rc = mq_exchange(m, conf->dlx, "topic", amqp_empty_table);
+	if (rc == ST_OK)
+		rc = mq_exchange(m, conf->out_exchange, "topic", amqp_empty_table);
+	if (rc == ST_OK)
+		rc = mq_queue(m, conf->dlq, amqp_empty_table);
+	if (rc == ST_OK)
+		rc = mq_bind(m, conf->dlq, conf->dlx, "#");
+	if (rc != ST_OK)
+		return rc;
+	if (conf->ordering == CFG_ORDERING_SHARED) {
+		rc = mq_inbox_queue(m, conf, conf->queue, false);
+		if (rc == ST_OK)
+			rc = mq_bind(m, conf->queue, conf->exchange, "order.#");
+		return rc;
+	}
+	/* Sharded: orders -> <exchange>.sharded (x-consistent-hash on the
+	 * order_id header) -> one queue per shard with a single active
+	 * consumer, so one order's events are handled one at a time in
+	 * broker order however many workers run. */
+	{
+		char hx[300];
+		amqp_table_entry_t e;
+		amqp_table_t args = { .num_entries = 1, .entries = &e };
+
+		snprintf(hx, sizeof hx, "%s.sharded", conf->exchange);
+		e.key = amqp_cstring_bytes("hash-header");
+		e.value.kind = AMQP_FIELD_KIND_UTF8;
+		e.value.value.bytes = amqp_cstring_bytes("order_id");
+		rc = mq_exchange(m, hx, "x-consistent-hash", args);
+		if (rc != ST_OK)
+			return rc;
+		amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b("order.#"),
+		                   amqp_empty_table);
+		rc = mq_rpc(m, "exchange.bind");
+		for (int i = 0; rc == ST_OK && i < conf->shards; i++) {
+			snprintf(shard, sizeof shard, "%s.shard.%d", conf->queue, i);
+			rc = mq_inbox_queue(m, conf, shard, true);
+			if (rc == ST_OK)
+				rc = mq_bind(m, shard, hx, "1");
+		}
+	}
+	return rc;
+}
+
+int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active)
+{
+	int rc;
+
+	(void)single_active; /* a queue argument, set at declaration */
+	amqp_basic_qos(m->conn, MQ_CHANNEL, 0, (uint16_t)prefetch, 0);
+	rc = mq_rpc(m, "basic.qos");
+	if (rc != ST_OK)
+		return rc;
+	amqp_basic_consume(m->conn, MQ_CHANNEL, mq_b(queue), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+	return mq_rpc(m, "basic.consume");
+}
+
+static const amqp_field_value_t *mq_header(const amqp_basic_properties_t *p, const char *key)
+{
+	size_t klen = strlen(key);
+
+	if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+		return NULL;
+	for (int i = 0; i < p->headers.num_entries; i++) {
+		const amqp_table_entry_t *e = &p->headers.entries[i];
+		if (e->key.len == klen && memcmp(e->key.bytes, key, klen) == 0)
+			return &e->value;
+	}
+	return NULL;
+}
+
+static bool mq_field_int(const amqp_field_value_t *v, int64_t *out)
+{
+	switch (v->kind) {
+	case AMQP_FIELD_KIND_I8: *out = v->value.i8; return true;
+	case AMQP_FIELD_KIND_U8: *out = v->value.u8; return true;
+	case AMQP_FIELD_KIND_I16: *out = v->value.i16; return true;
+	case AMQP_FIELD_KIND_U16: *out = v->value.u16; return true;
+	case AMQP_FIELD_KIND_I32: *out = v->value.i32; return true;
+	case AMQP_FIELD_KIND_U32: *out = v->value.u32; return true;
+	case AMQP_FIELD_KIND_I64: *out = v->value.i64; return true;
+	case AMQP_FIELD_KIND_U64: *out = (int64_t)v->value.u64; return true;
+	case AMQP_FIELD_KIND_TIMESTAMP: *out = (int64_t)v->value.u64; return true;
+	default: return false;
+	}
+}
+
+static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
+{
+	const amqp_basic_properties_t *p = &msg->properties;
+	const amqp_field_value_t *v;
+
+	d->body = msg->body.bytes;
+	d->len = msg->body.len;
+	memset(&d->props, 0, sizeof d->props);
+	if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
+		d->props.message_id = p->message_id.bytes;
+		d->props.message_id_len = p->message_id.len;
+	}
+	if (p->_flags & AMQP_BASIC_TYPE_FLAG) {
+		d->props.type = p->type.bytes;
+		d->props.type_len = p->type.len;
+	}
+	d->published_us = 0;
+	d->delivery_count = 0;
+	v = mq_header(p, MQ_HEADER_PUBLISHED_US);
+	if (v != NULL && !mq_field_int(v, &d->published_us))
+		d->published_us = 0;
+	v = mq_header(p, "x-delivery-count");
+	if (v != NULL && !mq_field_int(v, &d->delivery_count))
+		d->delivery_count = 0;
+}
+
+int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
+{
+	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000 };
+	amqp_rpc_reply_t r;
+
+	if (m->has_env) {
+		amqp_destroy_envelope(&m->env);
+		m->has_env = false;
+	}
+	amqp_maybe_release_buffers(m->conn);
+	r = amqp_consume_message(m->conn, &m->env, &tv, 0);
+	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+	    r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
+		/* A frame other than a delivery: on a consumer channel that is a
+		 * channel.close or connection.close (cancel notifications too).
+		 * Read it to report why, then give the connection up. */
+		amqp_frame_t f;
+		if (amqp_simple_wait_frame(m->conn, &f) == AMQP_STATUS_OK && f.frame_type == AMQP_FRAME_METHOD) {
+			char buf[80];
+			snprintf(buf, sizeof buf, "unexpected method 0x%08x", f.payload.method.id);
+			return mq_fail(m, f.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ? ST_ERR_MQ : ST_ERR_MQ_CONN,
+			               "consume", buf);
+		}
+		return mq_fail(m, ST_ERR_MQ_CONN, "consume", "unexpected frame");
+	}
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+		return mq_reply(m, r, "consume");
+	m->has_env = true;
+	d->tag = m->env.delivery_tag;
+	snprintf(d->routing_key, sizeof d->routing_key, "%.*s", (int)m->env.routing_key.len,
+	         (const char *)m->env.routing_key.bytes);
+	d->redelivered = m->env.redelivered != 0;
+	d->priv = &m->env.message;
+	mq_fill_delivery(d, &m->env.message);
+	return ST_OK;
+}
+
+void mq_delivery_release(struct mq *m, struct mq_delivery *d)
+{
+	if (d->priv == &m->env.message && m->has_env) {
+		amqp_destroy_envelope(&m->env);
+		m->has_env = false;
+	} else if (d->priv == &m->got && m->has_got) {
+		amqp_destroy_message(&m->got);
+		m->has_got = false;
+	}
+	d->priv = NULL;
+	d->body = NULL;
+	d->len = 0;
+}
+
+int mq_ack(struct mq *m, uint64_t tag, bool multiple)
+{
+	return mq_status(m, amqp_basic_ack(m->conn, MQ_CHANNEL, tag, multiple), "basic.ack");
+}
+
+int mq_reject(struct mq *m, uint64_t tag, bool requeue)
+{
+	return mq_status(m, amqp_basic_reject(m->conn, MQ_CHANNEL, tag, requeue), "basic.reject");
+}
+
+/* d->priv points at the amqp_message_t of the envelope (consume) or of a
+ * basic.get. */
+static const amqp_basic_properties_t *mq_delivery_properties(const struct mq_delivery *d)
+{
+	return &((const amqp_message_t *)d->priv)->properties;
+}
+
+static json_t *mq_field_json(const amqp_field_value_t *v)
+{
+	int64_t i;
+
+	if (mq_field_int(v, &i))
+		return json_integer(i);
+	switch (v->kind) {
+	case AMQP_FIELD_KIND_UTF8:
+	case AMQP_FIELD_KIND_BYTES:
+		return json_stringn_nocheck(v->value.bytes.bytes, v->value.bytes.len);
+	case AMQP_FIELD_KIND_BOOLEAN:
+		return json_boolean(v->value.boolean);
+	case AMQP_FIELD_KIND_F64:
+		return json_real(v->value.f64);
+	default:
+		return NULL; /* tables, arrays: not kept (never ours) */
+	}
+}
+
+static int mq_jset_bytes(json_t *o, const char *k, amqp_bytes_t b)
+{
+	return json_object_set_new(o, k, json_stringn_nocheck(b.bytes, b.len));
+}
+
+char *mq_delivery_props_json(const struct mq_delivery *d)
+{
+	const amqp_basic_properties_t *p;
+	json_t *o = json_object();
+	json_t *h = NULL;
+	char *out = NULL;
+
+	if (o == NULL || d->priv == NULL)
+		goto cleanup;
+	p = mq_delivery_properties(d);
+	if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG && mq_jset_bytes(o, "content_type", p->content_type) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG && mq_jset_bytes(o, "message_id", p->message_id) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_TYPE_FLAG && mq_jset_bytes(o, "type", p->type) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG && mq_jset_bytes(o, "correlation_id", p->correlation_id) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_APP_ID_FLAG && mq_jset_bytes(o, "app_id", p->app_id) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG && json_object_set_new(o, "timestamp", json_integer((json_int_t)p->timestamp)) != 0)
+		goto cleanup;
+	if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
+		h = json_object();
+		if (h == NULL)
+			goto cleanup;
+		for (int i = 0; i < p->headers.num_entries && i < MQ_HEADERS_MAX; i++) {
+			const amqp_table_entry_t *e = &p->headers.entries[i];
+			json_t *v = mq_field_json(&e->value);
+			char key[256];
+			if (v == NULL)
+				continue;
+			snprintf(key, sizeof key, "%.*s", (int)e->key.len, (const char *)e->key.bytes);
+			if (json_object_set_new(h, key, v) != 0)
+				goto cleanup;
+		}
+		if (json_object_set_new(o, "headers", h) != 0) {
+			h = NULL;
+			goto cleanup;
+		}
+		h = NULL;
+	}
+	out = json_dumps(o, JSON_COMPACT);
+cleanup:
+	json_decref(h);
+	json_decref(o);
+	return out;
+}
+
+int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, size_t cap)
+{
+	const amqp_field_value_t *v;
+	int n;
+
+	if (d->priv == NULL)
+		return ST_ERR_NOT_FOUND;
+	v = mq_header(mq_delivery_properties(d), key);
+	if (v == NULL || (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES))
+		return ST_ERR_NOT_FOUND;
+	n = snprintf(buf, cap, "%.*s", (int)v->value.bytes.len, (const char *)v->value.bytes.bytes);
+	return n < 0 || (size_t)n >= cap ? ST_ERR_INVALID : ST_OK;
+}
+
+int mq_confirm_select(struct mq *m)
+{
+	if (m->confirming)
+		return ST_OK;
+	amqp_confirm_select(m->conn, MQ_CHANNEL);
+	if (mq_rpc(m, "confirm.select") != ST_OK)
+		return ST_ERR_MQ_CONN;
+	m->confirming = true;
+	return ST_OK;
+}
+
+/* Everything an outgoing message's properties point at lives here for the
+ * duration of one publish. */
+struct mq_outprops {
+	amqp_basic_properties_t p;
+	amqp_table_entry_t h[MQ_HEADERS_MAX];
+	json_t *saved;
+};
+
+static void mq_props_set_str(amqp_bytes_t *dst, amqp_flags_t *flags, amqp_flags_t flag, json_t *v)
+{
+	if (json_is_string(v)) {
+		dst->bytes = (void *)json_string_value(v);
+		dst->len = json_string_length(v);
+		*flags |= flag;
+	}
+}
+
+static int mq_build_props(struct mq_outprops *o, const struct mq_message *msg)
+{
+	amqp_basic_properties_t *p = &o->p;
+	int n = 0;
+
+	memset(p, 0, sizeof *p);
+	o->saved = NULL;
+	p->_flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
+	p->delivery_mode = AMQP_DELIVERY_PERSISTENT;
+	p->content_type = amqp_cstring_bytes("application/json");
+	if (msg->props_json != NULL) {
+		json_error_t jerr;
+		json_t *hs;
+		const char *k;
+		json_t *v;
+
+		o->saved = json_loads(msg->props_json, 0, &jerr);
+		if (o->saved == NULL || !json_is_object(o->saved))
+			return ST_ERR_INVALID;
+		mq_props_set_str(&p->content_type, &p->_flags, AMQP_BASIC_CONTENT_TYPE_FLAG,
+		                 json_object_get(o->saved, "content_type"));
+		mq_props_set_str(&p->message_id, &p->_flags, AMQP_BASIC_MESSAGE_ID_FLAG,
+		                 json_object_get(o->saved, "message_id"));
+		mq_props_set_str(&p->type, &p->_flags, AMQP_BASIC_TYPE_FLAG, json_object_get(o->saved, "type"));
+		mq_props_set_str(&p->correlation_id, &p->_flags, AMQP_BASIC_CORRELATION_ID_FLAG,
+		                 json_object_get(o->saved, "correlation_id"));
+		mq_props_set_str(&p->app_id, &p->_flags, AMQP_BASIC_APP_ID_FLAG, json_object_get(o->saved, "app_id"));
+		v = json_object_get(o->saved, "timestamp");
+		if (json_is_integer(v)) {
+			p->timestamp = (uint64_t)json_integer_value(v);
+			p->_flags |= AMQP_BASIC_TIMESTAMP_FLAG;
+		}
+		hs = json_object_get(o->saved, "headers");
+		json_object_foreach(hs, k, v) {
+			amqp_table_entry_t *e = &o->h[n];
+			if (n >= MQ_HEADERS_MAX - msg->nheaders)
+				break;
+			/* Broker bookkeeping of the original delivery is not ours to
+			 * copy into a new message. */
+			if (strcmp(k, "x-delivery-count") == 0 || strncmp(k, "x-inbox-", 8) == 0)
+				continue;
+			e->key = amqp_cstring_bytes(k);
+			if (json_is_string(v)) {
+				e->value.kind = AMQP_FIELD_KIND_UTF8;
+				e->value.value.bytes.bytes = (void *)json_string_value(v);
+				e->value.value.bytes.len = json_string_length(v);
+			} else if (json_is_integer(v)) {
+				e->value.kind = AMQP_FIELD_KIND_I64;
+				e->value.value.i64 = json_integer_value(v);
+			} else if (json_is_boolean(v)) {
+				e->value.kind = AMQP_FIELD_KIND_BOOLEAN;
+				e->value.value.boolean = json_is_true(v);
+			} else if (json_is_real(v)) {
+				e->value.kind = AMQP_FIELD_KIND_F64;
+				e->value.value.f64 = json_real_value(v);
+			} else {
+				continue;
+			}
+			n++;
+		}
+	}
+	if (msg->message_id != NULL) {
+		p->message_id = amqp_cstring_bytes(msg->message_id);
+		p->_flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+	}
+	if (msg->type != NULL) {
+		p->type = amqp_cstring_bytes(msg->type);
+		p->_flags |= AMQP_BASIC_TYPE_FLAG;
+	}
+	for (int i = 0; i < msg->nheaders && n < MQ_HEADERS_MAX; i++, n++) {
+		o->h[n].key = amqp_cstring_bytes(msg->headers[i].key);
+		o->h[n].value.kind = AMQP_FIELD_KIND_UTF8;
+		o->h[n].value.value.bytes = amqp_cstring_bytes(msg->headers[i].value);
+	}
+	if (n > 0) {
+		p->headers.num_entries = n;
+		p->headers.entries = o->h;
+		p->_flags |= AMQP_BASIC_HEADERS_FLAG;
+	}
+	return ST_OK;
+}
+
+int mq_publish(struct mq *m, const struct mq_message *msg)
+{
+	struct mq_outprops o;
+	amqp_bytes_t body = { .len = msg->len, .bytes = (void *)msg->body };
+	int rc;
+
+	if (m->broken)
+		return ST_ERR_MQ_CONN;
+	rc = mq_build_props(&o, msg);
+	if (rc == ST_OK) {
+		rc = mq_status(m, amqp_basic_publish(m->conn, MQ_CHANNEL, mq_b(msg->exchange),
+		                                     mq_b(msg->routing_key), msg->mandatory, 0, &o.p, body),
+		               "basic.publish");
+		if (rc == ST_ERR_TIMEOUT)
+			rc = mq_fail(m, ST_ERR_MQ_CONN, "basic.publish", "timed out");
+		if (rc == ST_OK && m->confirming)
+			m->next_seq++;
+	}
+	json_decref(o.saved);
+	return rc;
+}
+
+uint64_t mq_unconfirmed(const struct mq *m)
+{
+	return m->next_seq - 1 - m->confirmed;
+}
+
+/* Read frames until every publish is settled.  Acks and nacks may cover
+ * several publishes ("multiple"); a basic.return (unroutable mandatory
+ * publish) is followed by its ack, so it is remembered as a failure. */
+int mq_wait_confirms(struct mq *m, int timeout_ms)
+{
+	struct timespec start, now;
+	int rc = ST_OK;
+
+	if (!m->confirming)
+		return ST_OK;
+	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
+	while (m->confirmed + 1 < m->next_seq) {
+		amqp_frame_t f;
+		struct timeval tv;
+		long left;
+		int st;
+
+		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
+		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
+		if (left <= 0)
+			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "no confirm within the time-out");
+		tv.tv_sec = left / 1000;
+		tv.tv_usec = (left % 1000) * 1000;
+		amqp_maybe_release_buffers(m->conn);
+		st = amqp_simple_wait_frame_noblock(m->conn, &f, &tv);
+		if (st != AMQP_STATUS_OK) {
+			rc = mq_status(m, st, "confirm");
+			return rc == ST_ERR_TIMEOUT ? mq_fail(m, ST_ERR_MQ_CONN, "confirm", "timed out") : rc;
+		}
+		if (f.frame_type != AMQP_FRAME_METHOD)
+			continue; /* header/body of a returned message */
+		switch (f.payload.method.id) {
+		case AMQP_BASIC_ACK_METHOD: {
+			amqp_basic_ack_t *a = f.payload.method.decoded;
+			m->confirmed = a->multiple ? a->delivery_tag : (a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed);
+			/* Single acks may arrive out of order only for tags above
+			 * confirmed; RabbitMQ confirms in order per channel, so the
+			 * high-water mark is exact. */
+			break;
+		}
+		case AMQP_BASIC_NACK_METHOD: {
+			amqp_basic_nack_t *a = f.payload.method.decoded;
+			m->confirmed = a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed;
+			m->nacked = true;
+			break;
+		}
+		case AMQP_BASIC_RETURN_METHOD:
+			m->nacked = true;
+			break;
+		case AMQP_CHANNEL_CLOSE_METHOD:
+			return mq_fail(m, ST_ERR_MQ, "confirm", "channel closed by broker");
+		case AMQP_CONNECTION_CLOSE_METHOD:
+			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "connection closed by broker");
+		default:
+			break;
+		}
+	}
+	if (m->nacked) {
+		m->nacked = false;
+		snprintf(m->err, sizeof m->err, "publish nacked or returned unroutable");
+		return ST_ERR_MQ_NACK;
+	}
+	return rc;
+}
+
+int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms)
+{
+	int rc = mq_confirm_select(m);
+
+	if (rc == ST_OK)
+		rc = mq_publish(m, msg);
+	if (rc == ST_OK)
+		rc = mq_wait_confirms(m, timeout_ms);
+	return rc;
+}
+
+int mq_queue_counts(struct mq *m, const char *queue, uint32_t *messages, uint32_t *consumers)
+{
+	amqp_queue_declare_ok_t *ok;
+
+	ok = amqp_queue_declare(m->conn, MQ_CHANNEL, mq_b(queue), 1, 0, 0, 0, amqp_empty_table);
+	if (ok == NULL) {
+		amqp_rpc_reply_t r = amqp_get_rpc_reply(m->conn);
+		if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+		    ((amqp_channel_close_t *)r.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
+			mq_reply(m, r, "queue.declare passive");
+			return ST_ERR_NOT_FOUND;
+		}
+		return mq_reply(m, r, "queue.declare passive");
+	}
+	if (messages != NULL)
+		*messages = ok->message_count;
+	if (consumers != NULL)
+		*consumers = ok->consumer_count;
+	return ST_OK;
+}
+
+int mq_get(struct mq *m, const char *queue, struct mq_delivery *d)
+{
+	amqp_rpc_reply_t r;
+	int rc;
+
+	if (m->has_got) {
+		amqp_destroy_message(&m->got);
+		m->has_got = false;
+	}
+	amqp_maybe_release_buffers(m->conn);
+	r = amqp_basic_get(m->conn, MQ_CHANNEL, mq_b(queue), 0);
+	rc = mq_reply(m, r, "basic.get");
+	if (rc != ST_OK)
+		return rc;
+	if (r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+		return ST_ERR_NOT_FOUND;
+	{
+		amqp_basic_get_ok_t *ok = r.reply.decoded;
+		d->tag = ok->delivery_tag;
+		d->redelivered = ok->redelivered != 0;
+		snprintf(d->routing_key, sizeof d->routing_key, "%.*s", (int)ok->routing_key.len,
+		         (const char *)ok->routing_key.bytes);
+	}
+	rc = mq_reply(m, amqp_read_message(m->conn, MQ_CHANNEL, &m->got, 0), "read message");
+	if (rc != ST_OK)
+		return rc;
+	m->has_got = true;
+	d->priv = &m->got;
+	mq_fill_delivery(d, &m->got);
+	return ST_OK;
+}
+
+int mq_queue_purge(struct mq *m, const char *queue)
+{
+	amqp_queue_purge(m->conn, MQ_CHANNEL, mq_b(queue));
+	return mq_rpc(m, "queue.purge");
+}
+
+int mq_queue_delete(struct mq *m, const char *queue)
+{
+	amqp_queue_delete(m->conn, MQ_CHANNEL, mq_b(queue), 0, 0);
+	return mq_rpc(m, "queue.delete");
+}
+
+int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
+                          const char *binding, bool durable)
+{
+	amqp_queue_declare(m->conn, MQ_CHANNEL, mq_b(queue), 0, durable, 0, 0, amqp_empty_table);
+	if (mq_rpc(m, "queue.declare") != ST_OK)
+		return ST_ERR_MQ;
+	return mq_bind(m, queue, exchange, binding);
+}

@@ -1,0 +1,120 @@
+/*
+ * mq.h - the rabbitmq-c boundary: connections, topology, consuming, and the
+ * one confirmed publish path.
+ *
+ * A struct mq belongs to one thread and carries one AMQP connection with one
+ * channel.  A worker thread holds two: a consumer, and a publisher in confirm
+ * mode for dead-letters and outbox rows.  Keeping them apart means a confirm
+ * never arrives interleaved with deliveries, so neither path has to buffer
+ * the other's frames.
+ *
+ * Errors become st_code values: ST_ERR_MQ_CONN when the connection is gone
+ * (reconnect), ST_ERR_MQ when the broker refused something (channel closed,
+ * e.g. a declare with other arguments), ST_ERR_MQ_NACK when a publish was
+ * nacked or returned unroutable, ST_ERR_TIMEOUT when a bounded wait ran out.
+ *
+ * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
+ * the pointer).  A delivery filled by mq_consume borrows the connection's
+ * memory until mq_delivery_release or the next mq_consume.
+ */
+#ifndef INBOX_MQ_H
+#define INBOX_MQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cfg.h"
+#include "msg.h"
+
+struct mq;
+
+/* Header name carrying the publisher's clock (microseconds since the epoch)
+ * so that latency from publish to commit can be measured. */
+#define MQ_HEADER_PUBLISHED_US "x-published-us"
+
+struct mq_delivery {
+	uint64_t tag;
+	bool redelivered;
+	const void *body;
+	size_t len;
+	struct msg_props props;   /* message-id / type properties, borrowed */
+	int64_t published_us;     /* MQ_HEADER_PUBLISHED_US, 0 when absent */
+	int64_t delivery_count;   /* x-delivery-count of quorum queues, 0 when absent */
+	char routing_key[256];    /* cut at 255 bytes (ours are short) */
+	void *priv;               /* the envelope; mq_ only */
+};
+
+/* A header added to an outgoing message. */
+struct mq_header {
+	const char *key;
+	const char *value;
+};
+
+/* An outgoing message.  props_json, when set, restores the properties and
+ * headers saved by mq_delivery_props_json (dead-letters keep the original's
+ * properties); message_id / type / headers are then added on top. */
+struct mq_message {
+	const char *exchange;
+	const char *routing_key;
+	const void *body;
+	size_t len;
+	const char *props_json;
+	const char *message_id;
+	const char *type;
+	const struct mq_header *headers;
+	int nheaders;
+	bool mandatory; /* unroutable -> ST_ERR_MQ_NACK (dead-letters must land) */
+};
+
+int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name);
+void mq_close(struct mq **m);
+/* A short human line for the last broker error (for logs). */
+const char *mq_errmsg(const struct mq *m);
+
+/* Declare exchanges, queues and bindings of SPEC.md (idempotent). */
+int mq_declare_topology(struct mq *m, const struct cfg *conf);
+/* The queue a worker thread consumes: conf->queue, or in sharded mode
+ * shard (thread index % shards) "<queue>.shard.<n>".  Returns 0 or -1. */
+int mq_consume_queue_name(const struct cfg *conf, int thread_index, char *buf, size_t cap);
+
+/* basic.qos(prefetch) and basic.consume with manual acks. */
+int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active);
+/* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error. */
+int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms);
+void mq_delivery_release(struct mq *m, struct mq_delivery *d);
+int mq_ack(struct mq *m, uint64_t tag, bool multiple);
+/* Return a message to the queue (requeue) — for shutdown with work in hand
+ * that could not be finished. */
+int mq_reject(struct mq *m, uint64_t tag, bool requeue);
+
+/* Save a delivery's properties and headers as a JSON object (malloc'd,
+ * caller frees) so that a dead-letter made later keeps them. */
+char *mq_delivery_props_json(const struct mq_delivery *d);
+
+/* Publisher: confirm.select once, then publish and wait for the broker's
+ * acks.  mq_publish_confirmed is the one path every publish of the worker
+ * takes; mq_publish + mq_wait_confirms pipeline many (outbox relay, loadgen). */
+int mq_confirm_select(struct mq *m);
+int mq_publish(struct mq *m, const struct mq_message *msg);
+int mq_wait_confirms(struct mq *m, int timeout_ms);
+int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms);
+/* Publishes not yet confirmed. */
+uint64_t mq_unconfirmed(const struct mq *m);
+
+/* Passive queue inspection for tests and the verifier: message and
+ * consumer counts; ST_ERR_NOT_FOUND when the queue does not exist. */
+int mq_queue_counts(struct mq *m, const char *queue, uint32_t *messages, uint32_t *consumers);
+/* Fetch one message with basic.get (no_ack=false): ST_OK, ST_ERR_NOT_FOUND
+ * when empty.  The delivery is released with mq_delivery_release. */
+int mq_get(struct mq *m, const char *queue, struct mq_delivery *d);
+/* Read a string header of a delivery into buf; ST_ERR_NOT_FOUND if absent. */
+int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, size_t cap);
+
+/* Declare and purge are test and tool helpers. */
+int mq_queue_purge(struct mq *m, const char *queue);
+int mq_queue_delete(struct mq *m, const char *queue);
+int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
+                          const char *binding, bool durable);
+
+#endif

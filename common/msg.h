@@ -1,0 +1,95 @@
+/*
+ * msg.h - the incoming event: bounded parsing, validation per SPEC.md, and
+ * the canonical payload hash.
+ *
+ * msg_parse never allocates on behalf of the caller: the decoded event lands
+ * in fixed-size fields of struct msg, whose bounds are the SPEC's bounds.
+ * The body is checked for size before jansson sees it.  The hash is SHA-256
+ * over the body re-serialised as compact JSON with sorted keys, so that
+ * whitespace and key order never turn a duplicate into a conflict.
+ */
+#ifndef INBOX_MSG_H
+#define INBOX_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MSG_ID_MAX 128
+#define MSG_SOURCE_MAX 64
+#define MSG_ORDER_ID_MAX 64
+#define MSG_TYPE_NAME_MAX 32
+#define MSG_TIME_MAX 40
+#define MSG_DETAIL_MAX 200
+#define MSG_MAX_DEPTH 32 /* nesting deeper than this is invalid-field */
+
+enum msg_type {
+	MSG_ORDER_CREATED = 0,
+	MSG_PAYMENT_AUTHORIZED, /* PaymentConfirmed is the same event */
+	MSG_INVENTORY_RESERVED,
+	MSG_SHIPMENT_CREATED,
+	MSG_ORDER_CANCELLED,
+	MSG_TYPE_COUNT
+};
+
+/* Why a message is dead-lettered: the x-inbox-reason header values. */
+enum msg_reason {
+	MSG_REASON_NONE = 0,
+	MSG_REASON_MALFORMED_JSON,
+	MSG_REASON_MISSING_FIELD,
+	MSG_REASON_INVALID_FIELD,
+	MSG_REASON_UNKNOWN_TYPE,
+	MSG_REASON_TOO_LARGE,
+	MSG_REASON_PAYLOAD_CONFLICT,
+	MSG_REASON_HOLD_EXPIRED,
+	MSG_REASON_INVALID_TRANSITION,
+	MSG_REASON_RETRIES_EXHAUSTED,
+	MSG_REASON_COUNT
+};
+
+/* AMQP properties that may carry message_id and type; NULL/0 when absent.
+ * Not NUL-terminated (they point into the AMQP frame). */
+struct msg_props {
+	const char *message_id;
+	size_t message_id_len;
+	const char *type;
+	size_t type_len;
+};
+
+struct msg {
+	char message_id[MSG_ID_MAX + 1];
+	char source[MSG_SOURCE_MAX + 1];       /* "" when absent */
+	char order_id[MSG_ORDER_ID_MAX + 1];
+	char type_name[MSG_TYPE_NAME_MAX + 1]; /* as sent: "PaymentConfirmed" stays */
+	enum msg_type type;
+	char occurred_at[MSG_TIME_MAX + 1];    /* "" when absent */
+	int64_t amount_cents;                  /* data.amount_cents, 0 when absent */
+	unsigned char sha256[32];
+	char detail[MSG_DETAIL_MAX];           /* one human line when the parse fails */
+};
+
+/*
+ * Parse and validate body (len bytes, not NUL-terminated).  Returns
+ * MSG_REASON_NONE and fills out, or the dead-letter reason with out->detail
+ * set (and out->message_id set when it was readable, else "").  Bodies longer
+ * than max_body return MSG_REASON_TOO_LARGE without being parsed.
+ */
+enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
+                          const struct msg_props *props, struct msg *out);
+
+/* "OrderCreated" etc.; the canonical name of the event (PaymentAuthorized). */
+const char *msg_type_name(enum msg_type t);
+/* Map a type name (including PaymentConfirmed) to its type; -1 if unknown. */
+int msg_type_from_name(const char *name, size_t len);
+
+/* "malformed-json" etc.; "" for MSG_REASON_NONE. */
+const char *msg_reason_name(enum msg_reason r);
+
+/* true when s (len bytes) is 1..max characters of [A-Za-z0-9._:-]; min 0
+ * allows the empty string (source). */
+bool msg_id_valid(const char *s, size_t len, size_t min, size_t max);
+
+/* Hex of a SHA-256 digest: out must hold 65 bytes. */
+void msg_sha256_hex(const unsigned char sha[32], char out[65]);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * status.c - strings for st_code.  The table is indexed by -code so that a
+ * new code without a string is caught by tests/test_status.c.
+ */
+#include "status.h"
+
+#include <stddef.h>
+
+static const char *const st_strings[] = {
+	[-ST_OK] = "ok",
+	[-ST_ERR_NOMEM] = "out of memory",
+	[-ST_ERR_INVALID] = "invalid value",
+	[-ST_ERR_IO] = "input/output error",
+	[-ST_ERR_DB_DUPLICATE] = "duplicate key",
+	[-ST_ERR_DB_DEADLOCK] = "deadlock, transaction rolled back",
+	[-ST_ERR_DB_LOCK_TIMEOUT] = "lock wait timeout",
+	[-ST_ERR_DB_CONN] = "database connection lost",
+	[-ST_ERR_DB] = "database error",
+	[-ST_ERR_MQ_CONN] = "broker connection lost",
+	[-ST_ERR_MQ] = "broker error",
+	[-ST_ERR_MQ_NACK] = "publish not confirmed",
+	[-ST_ERR_TIMEOUT] = "timed out",
+	[-ST_ERR_MIGRATION_CHANGED] = "applied migration changed",
+	[-ST_ERR_FAULT] = "injected fault",
+	[-ST_ERR_NOT_FOUND] = "not found",
+	[-ST_ERR_STOPPED] = "stopped",
+};
+
+const char *st_strerror(int code)
+{
+	if (code > 0 || code < ST_CODE_MIN)
+		return "unknown status";
+	if (st_strings[-code] == NULL)
+		return "unknown status";
+	return st_strings[-code];
+}

@@ -1,0 +1,82 @@
+/*
+ * main.c - `inbox-worker run | migrate | cleanup`.
+ *
+ * Exit codes (SPEC.md): 0 done, 1 runtime failure, 2 usage or configuration
+ * error (one line naming the bad setting).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cfg.h"
+#include "config.h"
+#include "db.h"
+#include "log.h"
+#include "migrate.h"
+#include "pool.h"
+
+#define USAGE "usage: inbox-worker run|migrate|cleanup [options]"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "%s\n\n"
+	           "  run       consume the queue and apply each message exactly once\n"
+	           "  migrate   apply the SQL files of the migrations folder not yet applied\n"
+	           "  cleanup   delete inbox rows older than the retention window, then exit\n\n",
+	        USAGE);
+	cfg_print_help(f, USAGE);
+}
+
+int main(int argc, char **argv)
+{
+	struct cfg conf;
+	char err[512];
+	const char *cmd;
+	int code;
+
+	if (argc < 2) {
+		fprintf(stderr, "inbox-worker: missing command\n%s\n", USAGE);
+		return 2;
+	}
+	cmd = argv[1];
+	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	if (strcmp(cmd, "--version") == 0) {
+		printf("inbox-worker %s\n", INBOX_VERSION);
+		return 0;
+	}
+	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0) {
+		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
+		return 2;
+	}
+	switch (cfg_load(&conf, argc - 1, argv + 1, err, sizeof err)) {
+	case CFG_OK:
+		break;
+	case CFG_HELP:
+		usage(stdout);
+		return 0;
+	case CFG_VERSION:
+		printf("inbox-worker %s\n", INBOX_VERSION);
+		return 0;
+	case CFG_ERROR:
+	default:
+		fprintf(stderr, "inbox-worker: %s\n", err);
+		return 2;
+	}
+	log_setup(conf.log_level, conf.log_format);
+	if (db_global_init() != 0) {
+		LOG0(LOG_ERROR, "mysql_library_init failed");
+		cfg_free(&conf);
+		return 1;
+	}
+	if (strcmp(cmd, "migrate") == 0)
+		code = migrate_main(&conf);
+	else if (strcmp(cmd, "cleanup") == 0)
+		code = cleanup_main(&conf);
+	else
+		code = pool_main(&conf);
+	db_global_end();
+	cfg_free(&conf);
+	return code;
+}

@@ -1,0 +1,251 @@
+/*
+ * migrate.c - schema migrations.
+ *
+ * Two processes may migrate at once (several workers starting together), so
+ * the whole run holds a named lock (GET_LOCK): the second waits, then finds
+ * every file recorded and does nothing.  MySQL commits DDL implicitly, so a
+ * file and its record cannot be one transaction; files are written to be
+ * re-runnable (IF NOT EXISTS) so a crash between them is harmless.
+ *
+ * A recorded file whose checksum changed is refused: the database no longer
+ * matches the file, and guessing which one is right is not our job.
+ */
+#include "migrate.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "db.h"
+#include "log.h"
+#include "msg.h"
+#include "status.h"
+
+#define MIGRATE_LOCK "inbox-worker.migrate"
+#define MIGRATE_LOCK_WAIT_S 120
+#define MIGRATE_MAX_FILES 1000
+#define MIGRATE_MAX_SIZE (4 * 1024 * 1024)
+
+static int migrate_name_ok(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n < 10 || n > 200 || strcmp(name + n - 4, ".sql") != 0)
+		return 0;
+	for (int i = 0; i < 4; i++)
+		if (name[i] < '0' || name[i] > '9')
+			return 0;
+	return name[4] == '_';
+}
+
+static int migrate_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Read a whole file (bounded) into a malloc'd buffer. */
+static int migrate_read(const char *path, char **out, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	struct stat st;
+	char *buf = NULL;
+	int rc = ST_ERR_IO;
+
+	*out = NULL;
+	if (f == NULL)
+		return ST_ERR_IO;
+	if (fstat(fileno(f), &st) != 0 || st.st_size > MIGRATE_MAX_SIZE)
+		goto cleanup;
+	buf = malloc((size_t)st.st_size + 1);
+	if (buf == NULL) {
+		rc = ST_ERR_NOMEM;
+		goto cleanup;
+	}
+	if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
+		goto cleanup;
+	buf[st.st_size] = '\0';
+	*out = buf;
+	*len = (size_t)st.st_size;
+	buf = NULL;
+	rc = ST_OK;
+cleanup:
+	free(buf);
+	if (fclose(f) != 0 && rc == ST_OK) {
+		free(*out);
+		*out = NULL;
+		rc = ST_ERR_IO;
+	}
+	return rc;
+}
+
+static int migrate_list(const char *dir, char ***names, int *count)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char **v = NULL;
+	int n = 0;
+
+	*names = NULL;
+	*count = 0;
+	if (d == NULL)
+		return ST_ERR_IO;
+	v = calloc(MIGRATE_MAX_FILES, sizeof *v);
+	if (v == NULL) {
+		closedir(d);
+		return ST_ERR_NOMEM;
+	}
+	errno = 0;
+	while ((e = readdir(d)) != NULL) {
+		if (!migrate_name_ok(e->d_name))
+			continue;
+		if (n == MIGRATE_MAX_FILES || (v[n] = strdup(e->d_name)) == NULL) {
+			for (int i = 0; i < n; i++)
+				free(v[i]);
+			free(v);
+			closedir(d);
+			return ST_ERR_NOMEM;
+		}
+		n++;
+	}
+	closedir(d);
+	qsort(v, (size_t)n, sizeof *v, migrate_cmp);
+	*names = v;
+	*count = n;
+	return ST_OK;
+}
+
+static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, const char *dir,
+                       const char *name, int *applied)
+{
+	char path[4096];
+	char *sql = NULL;
+	size_t len = 0;
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned mdlen = 0;
+	char hex[65], stored[65];
+	struct db_param p[1] = { DBP_STR(name) };
+	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
+	int rc, r;
+
+	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+		return ST_ERR_INVALID;
+	rc = migrate_read(path, &sql, &len);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
+		return rc;
+	}
+	if (EVP_Digest(sql, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
+		rc = ST_ERR_NOMEM;
+		goto cleanup;
+	}
+	msg_sha256_hex(md, hex);
+	rc = db_stmt_query(get, p, 1);
+	if (rc != ST_OK)
+		goto cleanup;
+	r = db_stmt_fetch(get, c, 1);
+	if (r < 0) {
+		rc = r;
+		goto cleanup;
+	}
+	if (r == 1) {
+		db_stmt_done(get);
+		if (strcmp(stored, hex) != 0) {
+			LOG(LOG_ERROR, "applied migration has changed since; refusing to go on",
+			    LOG_S("file", name), LOG_S("applied_sha256", stored), LOG_S("file_sha256", hex));
+			rc = ST_ERR_MIGRATION_CHANGED;
+		}
+		goto cleanup;
+	}
+	rc = db_exec_script(db, sql, len);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "migration failed", LOG_S("file", name), LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	{
+		struct db_param pp[2] = { DBP_STR(name), DBP_STR(hex) };
+		rc = db_stmt_exec(put, pp, 2, NULL);
+	}
+	if (rc == ST_OK)
+		rc = db_commit(db);
+	if (rc == ST_OK) {
+		(*applied)++;
+		LOG(LOG_INFO, "migration applied", LOG_S("file", name), LOG_S("sha256", hex));
+	}
+cleanup:
+	free(sql);
+	return rc;
+}
+
+int migrate_main(const struct cfg *conf)
+{
+	struct db *db = NULL;
+	struct db_stmt *lock = NULL, *unlock = NULL, *get = NULL, *put = NULL;
+	char **names = NULL;
+	int count = 0, applied = 0, rc;
+	bool locked = false;
+
+	rc = db_open(&db, &conf->db);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", conf->db.redacted),
+		    LOG_S("error", st_strerror(rc)));
+		return 1;
+	}
+	rc = migrate_list(conf->migrations_dir, &names, &count);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
+		    LOG_S("error", strerror(errno)));
+		goto cleanup;
+	}
+	rc = db_prepare(db, &lock, "SELECT GET_LOCK(?, ?)");
+	if (rc == ST_OK)
+		rc = db_prepare(db, &unlock, "SELECT RELEASE_LOCK(?)");
+	if (rc != ST_OK)
+		goto cleanup;
+	{
+		struct db_param p[2] = { DBP_STR(MIGRATE_LOCK), DBP_I64(MIGRATE_LOCK_WAIT_S) };
+		struct db_col c[1] = { DBC_I64() };
+		rc = db_stmt_query(lock, p, 2);
+		if (rc == ST_OK && db_stmt_fetch(lock, c, 1) == 1 && !c[0].is_null && c[0].i64 == 1) {
+			db_stmt_done(lock);
+			locked = true;
+		} else {
+			LOG(LOG_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK));
+			rc = rc == ST_OK ? ST_ERR_TIMEOUT : rc;
+			goto cleanup;
+		}
+	}
+	rc = db_exec(db, "CREATE TABLE IF NOT EXISTS schema_migrations ("
+	                 " name VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,"
+	                 " sha256 CHAR(64) CHARACTER SET ascii NOT NULL,"
+	                 " applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB");
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot create schema_migrations", LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
+	if (rc == ST_OK)
+		rc = db_prepare(db, &put, "INSERT INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
+	for (int i = 0; rc == ST_OK && i < count; i++)
+		rc = migrate_one(db, get, put, conf->migrations_dir, names[i], &applied);
+	if (rc == ST_OK)
+		LOG(LOG_INFO, "migrations done", LOG_I("applied", applied), LOG_I("files", count),
+		    LOG_S("dir", conf->migrations_dir));
+cleanup:
+	if (locked) {
+		struct db_param p[1] = { DBP_STR(MIGRATE_LOCK) };
+		struct db_col c[1] = { DBC_I64() };
+		/* The lock also ends with the session; releasing it early only
+		 * lets a waiting migrator go sooner. */
+		if (db_stmt_query(unlock, p, 1) == ST_OK && db_stmt_fetch(unlock, c, 1) == 1)
+			db_stmt_done(unlock);
+	}
+	for (int i = 0; i < count; i++)
+		free(names[i]);
+	free(names);
+	db_close(&db);
+	return rc == ST_OK ? 0 : 1;
+}

@@ -1,0 +1,540 @@
+/*
+ * pool.c - the worker pool.
+ *
+ * Signals: main blocks SIGINT/SIGTERM before starting threads, so only its
+ * sigtimedwait sees them.  The first sets the stop flag: threads stop
+ * consuming, finish and ack the message in hand, close and exit.  A second
+ * signal exits at once (what is unacked is redelivered, which the inbox
+ * absorbs).
+ *
+ * Per delivery (worker_handle):
+ *   size and parse checks -> dead-letter on bad input (confirmed), then ack;
+ *   otherwise inbox_process in a retry loop: deadlock / lock wait time-out
+ *   retry with jittered exponential backoff up to max_retries, then
+ *   dead-letter as retries-exhausted; a lost database connection is never
+ *   the message's fault: keep it, reconnect with backoff, run it again.
+ *   Ack only after the commit (or after the dead-letter copy is confirmed).
+ */
+#include "pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "fault.h"
+#include "inbox.h"
+#include "log.h"
+#include "metrics.h"
+#include "mq.h"
+#include "msg.h"
+#include "outbox.h"
+#include "status.h"
+
+#define POOL_CONSUME_TIMEOUT_MS 250
+#define POOL_HOUSEKEEPING_MS 1000
+#define POOL_CLEANUP_S 600
+#define POOL_BACKOFF_MAX_MS 5000
+#define POOL_CONFIRM_TIMEOUT_MS 10000
+
+/* The one global: raised by the signal thread, read by workers. */
+static atomic_bool pool_stop;
+
+struct worker {
+	int index;
+	const struct cfg *conf;
+	pthread_t thread;
+	struct mq *consumer;
+	struct mq *publisher;
+	struct db *db;
+	struct inbox *inbox;
+	struct outbox *outbox;
+	char queue[300];
+	char name[64];
+	unsigned seed;
+	int64_t last_housekeeping_ms;
+	int64_t last_cleanup_ms;
+	int exit_code;
+};
+
+static int64_t pool_now_ms(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+		return 0;
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double pool_now_s(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+		return 0;
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sleep in short steps so that a stop request is seen within 100 ms. */
+static void pool_sleep_ms(int ms)
+{
+	while (ms > 0 && !atomic_load(&pool_stop)) {
+		int step = ms > 100 ? 100 : ms;
+		struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		ms -= step;
+	}
+}
+
+/* Full jitter: a random wait in [base/2, base], base doubling per attempt. */
+static int pool_backoff_ms(struct worker *w, int attempt, int first_ms)
+{
+	long base = first_ms;
+
+	for (int i = 0; i < attempt && base < POOL_BACKOFF_MAX_MS; i++)
+		base *= 2;
+	if (base > POOL_BACKOFF_MAX_MS)
+		base = POOL_BACKOFF_MAX_MS;
+	return (int)(base / 2 + rand_r(&w->seed) % (base / 2 + 1));
+}
+
+static void worker_close_db(struct worker *w)
+{
+	outbox_close(&w->outbox);
+	inbox_close(&w->inbox);
+	db_close(&w->db);
+}
+
+/* Connect (or reconnect) the database side until it works or we stop. */
+static int worker_db_up(struct worker *w)
+{
+	int attempt = 0;
+
+	while (!atomic_load(&pool_stop)) {
+		int rc;
+
+		if (w->db != NULL && db_connected(w->db))
+			return ST_OK;
+		if (w->db != NULL) {
+			rc = db_reconnect(w->db);
+		} else {
+			rc = db_open(&w->db, &w->conf->db);
+			if (rc == ST_OK)
+				rc = inbox_open(&w->inbox, w->db, w->conf);
+			if (rc == ST_OK)
+				rc = outbox_open(&w->outbox, w->db, w->conf);
+			if (rc != ST_OK && rc != ST_ERR_DB_CONN) {
+				/* A prepare failing means the schema is missing or
+				 * wrong: waiting will not fix it. */
+				LOG(LOG_ERROR, "database not usable (did you run `inbox-worker migrate`?)",
+				    LOG_I("worker", w->index), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+				worker_close_db(w);
+				return rc;
+			}
+			if (rc != ST_OK)
+				worker_close_db(w);
+		}
+		if (rc == ST_OK) {
+			if (attempt > 0) {
+				metrics_reconnect(METRICS_PEER_DB);
+				LOG(LOG_INFO, "database reconnected", LOG_I("worker", w->index));
+			}
+			return ST_OK;
+		}
+		metrics_thread_ready(w->index, false);
+		LOG(LOG_WARN, "database unavailable, retrying", LOG_I("worker", w->index),
+		    LOG_I("attempt", attempt + 1), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
+	}
+	return ST_ERR_STOPPED;
+}
+
+static int worker_mq_up(struct worker *w)
+{
+	int attempt = 0;
+
+	while (!atomic_load(&pool_stop)) {
+		int rc;
+
+		if (w->consumer != NULL)
+			return ST_OK;
+		rc = mq_open(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name);
+		if (rc == ST_OK)
+			rc = mq_declare_topology(w->consumer, w->conf);
+		if (rc == ST_OK)
+			rc = mq_consume_start(w->consumer, w->queue, w->conf->prefetch,
+			                      w->conf->ordering == CFG_ORDERING_SHARDED);
+		if (rc == ST_OK) {
+			if (attempt > 0)
+				metrics_reconnect(METRICS_PEER_AMQP);
+			LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", w->queue),
+			    LOG_I("prefetch", w->conf->prefetch));
+			return ST_OK;
+		}
+		if (rc == ST_ERR_MQ && w->consumer != NULL) {
+			/* The broker refused a declaration (e.g. the queue exists
+			 * with other arguments): retrying will not help. */
+			LOG(LOG_ERROR, "broker refused the topology", LOG_I("worker", w->index),
+			    LOG_S("error", mq_errmsg(w->consumer)));
+			mq_close(&w->consumer);
+			return rc;
+		}
+		mq_close(&w->consumer);
+		metrics_thread_ready(w->index, false);
+		LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index), LOG_I("attempt", attempt + 1));
+		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
+	}
+	return ST_ERR_STOPPED;
+}
+
+/* Publish one message on the thread's publisher, reconnecting once if the
+ * connection went idle and died meanwhile. */
+static int worker_publish(struct worker *w, const struct mq_message *m)
+{
+	int rc = ST_ERR_MQ_CONN;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (w->publisher == NULL) {
+			/* Heartbeats off: the publisher sits idle between
+			 * dead-letters and nothing would service them. */
+			rc = mq_open(&w->publisher, &w->conf->amqp, 0, w->name);
+			if (rc != ST_OK)
+				return rc;
+		}
+		rc = mq_publish_confirmed(w->publisher, m, POOL_CONFIRM_TIMEOUT_MS);
+		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
+			return rc;
+		mq_close(&w->publisher);
+	}
+	return rc;
+}
+
+static void worker_relay(struct worker *w)
+{
+	for (int round = 0; round < 100 && !atomic_load(&pool_stop); round++) {
+		int sent = 0, rc;
+
+		if (w->publisher == NULL && mq_open(&w->publisher, &w->conf->amqp, 0, w->name) != ST_OK)
+			return;
+		rc = outbox_relay(w->outbox, w->publisher, 64, &sent);
+		if (rc != ST_OK) {
+			LOG(LOG_WARN, "outbox relay failed; rows stay pending", LOG_I("worker", w->index),
+			    LOG_S("error", st_strerror(rc)));
+			if (rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK)
+				mq_close(&w->publisher);
+			return;
+		}
+		if (sent < 64)
+			return;
+	}
+}
+
+/* Dead-letter a delivery directly (it could not be claimed, or it conflicts
+ * or ran out of retries): original body and properties plus our headers,
+ * confirmed before the caller acks the original. */
+static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
+                              const char *reason, const char *detail)
+{
+	char *props = mq_delivery_props_json(d);
+	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", detail } };
+	struct mq_message m = {
+		.exchange = w->conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
+		.props_json = props, .headers = h, .nheaders = 2, .mandatory = true,
+	};
+	int rc;
+
+	if (props == NULL)
+		return ST_ERR_NOMEM;
+	rc = worker_publish(w, &m);
+	free(props);
+	return rc;
+}
+
+static char *worker_props_json(const void *arg)
+{
+	return mq_delivery_props_json(arg);
+}
+
+/* Handle one delivery.  Returns ST_OK when the delivery was acked, or the
+ * error that kept it unacked (then the caller drops the consumer connection
+ * so the broker redelivers it). */
+static int worker_handle(struct worker *w, const struct mq_delivery *d, const char *rk)
+{
+	struct msg m;
+	struct msg_props props = d->props;
+	enum msg_reason reason;
+	enum metrics_outcome mo;
+	struct inbox_result res;
+	double t0 = pool_now_s();
+	int rc, attempt = 0;
+
+	reason = msg_parse(d->body, d->len, (size_t)w->conf->max_body, &props, &m);
+	if (reason != MSG_REASON_NONE) {
+		rc = worker_dead_letter(w, d, rk, msg_reason_name(reason), m.detail);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
+			    LOG_S("reason", msg_reason_name(reason)), LOG_S("error", st_strerror(rc)));
+			return rc;
+		}
+		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
+		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", m.detail));
+		metrics_outcome(METRICS_DEAD_LETTERED);
+		goto ack;
+	}
+
+	for (;;) {
+		struct inbox_in in = {
+			.msg = &m, .body = d->body, .len = d->len, .routing_key = rk,
+			.props_json = worker_props_json, .props_arg = d, .published_us = d->published_us,
+		};
+
+		rc = worker_db_up(w);
+		if (rc != ST_OK)
+			return rc;
+		rc = inbox_process(w->inbox, &in, &res);
+		if (rc == ST_OK)
+			break;
+		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
+			metrics_db_retry();
+			if (attempt >= w->conf->max_retries) {
+				char detail[160];
+				snprintf(detail, sizeof detail, "%s after %d retries", st_strerror(rc), attempt);
+				rc = worker_dead_letter(w, d, rk, "retries-exhausted", detail);
+				if (rc != ST_OK)
+					return rc;
+				metrics_outcome(METRICS_DEAD_LETTERED);
+				LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
+				    LOG_S("reason", "retries-exhausted"));
+				goto ack;
+			}
+			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
+			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
+			pool_sleep_ms(pool_backoff_ms(w, attempt++, 10));
+			continue;
+		}
+		if (rc == ST_ERR_DB_CONN) {
+			/* Not the message's fault: keep it and wait for the
+			 * database (worker_db_up reconnects with backoff). */
+			LOG(LOG_WARN, "database connection lost; message kept", LOG_I("worker", w->index),
+			    LOG_S("msg", m.message_id));
+			metrics_thread_ready(w->index, false);
+			continue;
+		}
+		if (rc == ST_ERR_FAULT) {
+			/* Test hook: behave as if the process had failed before the
+			 * commit; the broker gets the message back. */
+			if (mq_reject(w->consumer, d->tag, true) != ST_OK)
+				return ST_ERR_MQ_CONN;
+			return ST_OK;
+		}
+		LOG(LOG_ERROR, "transaction failed; message kept", LOG_I("worker", w->index),
+		    LOG_S("msg", m.message_id), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+		return rc;
+	}
+
+	if (res.outcome == INBOX_CONFLICT) {
+		char detail[320];
+		snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
+		         m.message_id, m.source);
+		rc = worker_dead_letter(w, d, rk, "payload-conflict", detail);
+		if (rc != ST_OK)
+			return rc;
+		mo = METRICS_DEAD_LETTERED;
+	} else {
+		mo = (enum metrics_outcome)res.outcome; /* same order up to DUPLICATE */
+		if (res.outcome == INBOX_DUPLICATE)
+			mo = METRICS_DUPLICATE;
+	}
+	metrics_outcome(mo);
+	LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
+	    LOG_S("msg", m.message_id), LOG_S("order", m.order_id), LOG_S("type", m.type_name),
+	    LOG_S("outcome", inbox_outcome_name(res.outcome)), LOG_I("released", res.released));
+	if (fault_hit("after-commit")) {
+		/* Test hook: die between the commit and the ack, as a SIGKILL
+		 * would; the redelivery must be recognised as a duplicate. */
+		raise(SIGKILL);
+	}
+ack:
+	rc = mq_ack(w->consumer, d->tag, false);
+	if (rc != ST_OK)
+		return rc;
+	metrics_processing_seconds(pool_now_s() - t0);
+	if (reason == MSG_REASON_NONE && res.outbox_rows > 0)
+		worker_relay(w);
+	return ST_OK;
+}
+
+static void worker_housekeeping(struct worker *w)
+{
+	int64_t now = pool_now_ms();
+	int expired = 0;
+	int64_t pending;
+
+	if (now - w->last_housekeeping_ms < POOL_HOUSEKEEPING_MS)
+		return;
+	w->last_housekeeping_ms = now;
+	if (worker_db_up(w) != ST_OK)
+		return;
+	if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
+		LOG(LOG_WARN, "hold expiry failed", LOG_I("worker", w->index), LOG_S("error", db_errmsg(w->db)));
+	worker_relay(w);
+	if (w->index == 0 && outbox_pending(w->outbox, &pending) == ST_OK)
+		metrics_outbox_pending(pending);
+	if (w->index == 0 && now - w->last_cleanup_ms >= POOL_CLEANUP_S * 1000) {
+		uint64_t deleted = 0;
+		w->last_cleanup_ms = now;
+		if (inbox_cleanup(w->inbox, 1000, &deleted) == ST_OK && deleted > 0)
+			LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", deleted));
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct mq_delivery d;
+
+	db_thread_init();
+	w->last_cleanup_ms = pool_now_ms();
+	while (!atomic_load(&pool_stop)) {
+		int rc = worker_db_up(w);
+		if (rc == ST_OK)
+			rc = worker_mq_up(w);
+		if (rc == ST_ERR_STOPPED)
+			break;
+		if (rc != ST_OK) {
+			w->exit_code = 1;
+			atomic_store(&pool_stop, true);
+			break;
+		}
+		metrics_thread_ready(w->index, true);
+		rc = mq_consume(w->consumer, &d, POOL_CONSUME_TIMEOUT_MS);
+		if (rc == ST_ERR_TIMEOUT) {
+			worker_housekeeping(w);
+			continue;
+		}
+		if (rc == ST_OK) {
+			rc = worker_handle(w, &d, d.routing_key[0] ? d.routing_key : "order.unknown");
+			mq_delivery_release(w->consumer, &d);
+			if (rc == ST_OK)
+				continue;
+		}
+		/* The connection failed, or a message could not be settled:
+		 * drop the consumer so the broker redelivers what we hold. */
+		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
+		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
+		metrics_thread_ready(w->index, false);
+		mq_close(&w->consumer);
+		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
+	}
+	metrics_thread_ready(w->index, false);
+	mq_close(&w->consumer);
+	mq_close(&w->publisher);
+	worker_close_db(w);
+	db_thread_end();
+	return NULL;
+}
+
+int pool_main(const struct cfg *conf)
+{
+	struct worker *workers = NULL;
+	sigset_t set;
+	int started = 0, code = 0;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
+		LOG0(LOG_ERROR, "cannot block signals");
+		return 1;
+	}
+	workers = calloc((size_t)conf->threads, sizeof *workers);
+	if (workers == NULL) {
+		LOG0(LOG_ERROR, "out of memory");
+		return 1;
+	}
+	if (metrics_start(conf->metrics_addr) != 0) {
+		free(workers);
+		return 1;
+	}
+	metrics_set_threads(conf->threads);
+	LOG(LOG_INFO, "starting", LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
+	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
+	for (int i = 0; i < conf->threads; i++) {
+		struct worker *w = &workers[i];
+		w->index = i;
+		w->conf = conf;
+		w->seed = (unsigned)time(NULL) ^ (unsigned)getpid() ^ (unsigned)(i * 2654435761u);
+		snprintf(w->name, sizeof w->name, "inbox-worker pid=%d thread=%d", (int)getpid(), i);
+		if (mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0 ||
+		    pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+			LOG(LOG_ERROR, "cannot start worker thread", LOG_I("worker", i));
+			atomic_store(&pool_stop, true);
+			code = 1;
+			break;
+		}
+		started++;
+	}
+	/* The signal loop: the first signal asks for a graceful stop, the
+	 * second ends the process now. */
+	for (;;) {
+		struct timespec ts = { .tv_sec = 0, .tv_nsec = 200 * 1000000L };
+		int sig = sigtimedwait(&set, NULL, &ts);
+		bool all_done = true;
+
+		if (sig == SIGINT || sig == SIGTERM) {
+			if (atomic_load(&pool_stop)) {
+				LOG0(LOG_WARN, "second signal: exiting now");
+				_exit(1);
+			}
+			LOG(LOG_INFO, "stopping: finishing messages in hand", LOG_S("signal", sig == SIGINT ? "SIGINT" : "SIGTERM"));
+			atomic_store(&pool_stop, true);
+		}
+		for (int i = 0; i < started; i++)
+			if (workers[i].exit_code != 0)
+				atomic_store(&pool_stop, true);
+		if (!atomic_load(&pool_stop))
+			continue;
+		for (int i = 0; i < started; i++)
+			if (pthread_tryjoin_np(workers[i].thread, NULL) == EBUSY)
+				all_done = false;
+		if (all_done)
+			break;
+	}
+	for (int i = 0; i < started; i++)
+		if (workers[i].exit_code != 0)
+			code = workers[i].exit_code;
+	metrics_stop();
+	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
+	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
+	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
+	free(workers);
+	return code;
+}
+
+int cleanup_main(const struct cfg *conf)
+{
+	struct db *db = NULL;
+	struct inbox *ib = NULL;
+	uint64_t deleted = 0;
+	int rc;
+
+	rc = db_open(&db, &conf->db);
+	if (rc == ST_OK)
+		rc = inbox_open(&ib, db, conf);
+	if (rc == ST_OK)
+		rc = inbox_cleanup(ib, 1000, &deleted);
+	if (rc != ST_OK)
+		LOG(LOG_ERROR, "cleanup failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
+	else
+		LOG(LOG_INFO, "cleanup done", LOG_I("deleted", deleted), LOG_I("retention_s", conf->retention_s));
+	inbox_close(&ib);
+	db_close(&db);
+	return rc == ST_OK ? 0 : 1;
+}
