@@ -1,0 +1,400 @@
+/*
+ * itest.c - see itest.h.  Waits poll a condition with a bound; the bound is
+ * generous because the assertion is about the state reached, never about how
+ * fast it was reached.
+ */
+#include "itest.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "status.h"
+
+extern char **environ;
+
+static struct cfg itest_conf;
+static bool itest_loaded;
+static struct db *itest_conn;
+
+static void itest_sleep_ms(int ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+static double itest_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+const struct cfg *itest_cfg(void)
+{
+	if (!itest_loaded) {
+		char err[512];
+		char *argv[] = { "itest", NULL };
+		cr_assert_not_null(getenv("INBOX_AMQP_URL"),
+		                   "INBOX_AMQP_URL is not set: start the stack (scripts/stack up; eval \"$(scripts/stack env)\")");
+		cr_assert_not_null(getenv("INBOX_DB_URL"), "INBOX_DB_URL is not set: start the stack");
+		cr_assert_eq(cfg_load(&itest_conf, 1, argv, err, sizeof err), CFG_OK, "config: %s", err);
+		log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+		cr_assert_eq(db_global_init(), ST_OK);
+		itest_loaded = true;
+	}
+	return &itest_conf;
+}
+
+struct db *itest_db(void)
+{
+	if (itest_conn == NULL || !db_connected(itest_conn)) {
+		db_close(&itest_conn);
+		int rc = db_open(&itest_conn, &itest_cfg()->db);
+		cr_assert_eq(rc, ST_OK, "cannot connect to the database: %s", st_strerror(rc));
+	}
+	return itest_conn;
+}
+
+static int64_t itest_query(const char *sql, const char *arg, bool *found)
+{
+	struct db *d = itest_db();
+	struct db_stmt *s;
+	struct db_param p[1];
+	struct db_col c[1] = { DBC_I64() };
+	int rc, r;
+
+	/* Statements are few per test process; preparing each call keeps the
+	 * helper stateless. */
+	rc = db_prepare(d, &s, sql);
+	cr_assert_eq(rc, ST_OK, "prepare '%s': %s", sql, db_errmsg(d));
+	if (arg != NULL)
+		p[0] = DBP_STR(arg);
+	rc = db_stmt_query(s, p, arg != NULL ? 1 : 0);
+	cr_assert_eq(rc, ST_OK, "query '%s': %s", sql, db_errmsg(d));
+	r = db_stmt_fetch(s, c, 1);
+	cr_assert_geq(r, 0, "fetch '%s': %s", sql, db_errmsg(d));
+	if (r == 1)
+		db_stmt_done(s);
+	db_rollback(d);
+	*found = r == 1;
+	return r == 1 && !c[0].is_null ? c[0].i64 : 0;
+}
+
+int64_t itest_int(const char *sql)
+{
+	bool found;
+	return itest_query(sql, NULL, &found);
+}
+
+int64_t itest_int1(const char *sql, const char *arg)
+{
+	bool found;
+	return itest_query(sql, arg, &found);
+}
+
+bool itest_str1(const char *sql, const char *arg, char *buf, size_t cap)
+{
+	struct db *d = itest_db();
+	struct db_stmt *s;
+	struct db_param p[1];
+	struct db_col c[1] = { DBC_STR(buf, cap) };
+	int r;
+
+	cr_assert_eq(db_prepare(d, &s, sql), ST_OK, "prepare: %s", db_errmsg(d));
+	if (arg != NULL)
+		p[0] = DBP_STR(arg);
+	cr_assert_eq(db_stmt_query(s, p, arg ? 1 : 0), ST_OK, "query: %s", db_errmsg(d));
+	r = db_stmt_fetch(s, c, 1);
+	cr_assert_geq(r, 0);
+	if (r == 1)
+		db_stmt_done(s);
+	db_rollback(d);
+	return r == 1;
+}
+
+int64_t itest_wait_int(const char *sql, int64_t want, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	int64_t v;
+
+	for (;;) {
+		v = itest_int(sql);
+		if (v == want || itest_now() > end)
+			return v;
+		itest_sleep_ms(100);
+	}
+}
+
+const char *itest_source(const char *rel, char *buf, size_t cap)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is not set (run through meson test)");
+	snprintf(buf, cap, "%s/%s", root, rel);
+	return buf;
+}
+
+static void itest_drop_tables(void)
+{
+	static const char *const tables[] = { "order_events", "processed_messages", "orders", "order_locks",
+	                                      "held_events", "outbox", "schema_migrations" };
+	struct db *d = itest_db();
+	char sql[128];
+
+	for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+		snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s", tables[i]);
+		cr_assert_eq(db_exec(d, sql), ST_OK, "%s: %s", sql, db_errmsg(d));
+	}
+}
+
+static void itest_delete_queues(void)
+{
+	const struct cfg *c = itest_cfg();
+	struct mq *m = NULL;
+	char name[300];
+
+	cr_assert_eq(mq_open(&m, &c->amqp, 0, "itest-reset"), ST_OK, "cannot connect to the broker");
+	cr_assert_eq(mq_queue_delete(m, c->queue), ST_OK, "%s", mq_errmsg(m));
+	cr_assert_eq(mq_queue_delete(m, c->dlq), ST_OK, "%s", mq_errmsg(m));
+	for (int i = 0; i < 8; i++) {
+		snprintf(name, sizeof name, "%s.shard.%d", c->queue, i);
+		cr_assert_eq(mq_queue_delete(m, name), ST_OK, "%s", mq_errmsg(m));
+	}
+	mq_close(&m);
+}
+
+void itest_fresh(void)
+{
+	const char *args[] = { "migrate", NULL };
+	pid_t pid;
+	int st;
+
+	itest_cfg();
+	itest_drop_tables();
+	itest_delete_queues();
+	pid = itest_spawn(args, NULL);
+	st = itest_wait_exit(pid, 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate failed (status %d)", st);
+}
+
+pid_t itest_spawn(const char *const *args, const char *const *env)
+{
+	return itest_spawn_logged(args, env, NULL);
+}
+
+pid_t itest_spawn_logged(const char *const *args, const char *const *env, const char *log_path)
+{
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	char *argv[32];
+	int n = 0;
+	pid_t pid;
+
+	cr_assert_not_null(bin, "INBOX_WORKER_BIN is not set (run through meson test)");
+	argv[n++] = (char *)bin;
+	for (int i = 0; args[i] != NULL && n < 31; i++)
+		argv[n++] = (char *)args[i];
+	argv[n] = NULL;
+	pid = fork();
+	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		if (log_path != NULL) {
+			FILE *f = freopen(log_path, "w", stderr);
+			if (f == NULL)
+				_exit(126);
+		}
+		for (int i = 0; env != NULL && env[i] != NULL; i++)
+			putenv((char *)env[i]);
+		if (getenv("INBOX_LOG_LEVEL") == NULL)
+			setenv("INBOX_LOG_LEVEL", "info", 1);
+		/* Tests run several workers: no metrics port to fight over. */
+		setenv("INBOX_METRICS_ADDR", "", 0);
+		execv(bin, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+pid_t itest_worker(int threads, const char *const *env)
+{
+	char t[32];
+	const char *args[] = { "run", "--threads", t, NULL };
+	snprintf(t, sizeof t, "%d", threads);
+	return itest_spawn(args, env);
+}
+
+pid_t itest_worker_logged(int threads, const char *const *env, const char *log_path)
+{
+	char t[32];
+	const char *args[] = { "run", "--threads", t, NULL };
+	snprintf(t, sizeof t, "%d", threads);
+	return itest_spawn_logged(args, env, log_path);
+}
+
+int64_t itest_log_sum(const char *log_path, const char *marker, const char *key)
+{
+	FILE *f = fopen(log_path, "r");
+	char line[4096];
+	char pat[128];
+	int64_t sum = 0;
+
+	cr_assert_not_null(f, "cannot open %s", log_path);
+	snprintf(pat, sizeof pat, " %s=", key);
+	while (fgets(line, sizeof line, f) != NULL) {
+		char *p;
+		if (strstr(line, marker) == NULL || (p = strstr(line, pat)) == NULL)
+			continue;
+		sum += strtoll(p + strlen(pat), NULL, 10);
+	}
+	fclose(f);
+	return sum;
+}
+
+bool itest_log_has(const char *log_path, const char *text)
+{
+	FILE *f = fopen(log_path, "r");
+	char line[4096];
+	bool found = false;
+
+	if (f == NULL)
+		return false;
+	while (!found && fgets(line, sizeof line, f) != NULL)
+		found = strstr(line, text) != NULL;
+	fclose(f);
+	return found;
+}
+
+int itest_wait_exit(pid_t pid, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	int st = 0;
+
+	for (;;) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		cr_assert_neq(r, -1, "waitpid: %s", strerror(errno));
+		if (r == pid)
+			return st;
+		if (itest_now() > end) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			cr_assert_fail("process %d did not exit within %d s", (int)pid, timeout_s);
+		}
+		itest_sleep_ms(50);
+	}
+}
+
+int itest_stop(pid_t pid, int sig, int timeout_s)
+{
+	cr_assert_eq(kill(pid, sig), 0, "kill: %s", strerror(errno));
+	return itest_wait_exit(pid, timeout_s);
+}
+
+struct mq *itest_mq(void)
+{
+	struct mq *m = NULL;
+	int rc = mq_open(&m, &itest_cfg()->amqp, 0, "itest-publisher");
+
+	cr_assert_eq(rc, ST_OK, "cannot connect to the broker: %s", st_strerror(rc));
+	rc = mq_declare_topology(m, itest_cfg());
+	cr_assert_eq(rc, ST_OK, "declare: %s", mq_errmsg(m));
+	cr_assert_eq(mq_confirm_select(m), ST_OK);
+	return m;
+}
+
+static void itest_pub(struct mq *m, const char *type, const char *body, const char *mid, bool wait)
+{
+	char rk[64];
+	struct mq_message msg = {
+		.exchange = itest_cfg()->exchange, .routing_key = rk, .body = body, .len = strlen(body),
+		.message_id = mid,
+	};
+	snprintf(rk, sizeof rk, "order.%s", type);
+	cr_assert_eq(mq_publish(m, &msg), ST_OK, "publish: %s", mq_errmsg(m));
+	if (wait)
+		cr_assert_eq(mq_wait_confirms(m, 10000), ST_OK, "confirm: %s", mq_errmsg(m));
+}
+
+void itest_publish(struct mq *m, const char *type, const char *body, const char *mid)
+{
+	itest_pub(m, type, body, mid, true);
+}
+
+void itest_publish_async(struct mq *m, const char *type, const char *body, const char *mid)
+{
+	itest_pub(m, type, body, mid, false);
+}
+
+void itest_confirm_all(struct mq *m)
+{
+	cr_assert_eq(mq_wait_confirms(m, 30000), ST_OK, "confirm: %s", mq_errmsg(m));
+}
+
+void itest_event(char *buf, size_t cap, const char *message_id, const char *type, const char *order_id)
+{
+	snprintf(buf, cap,
+	         "{\"message_id\":\"%s\",\"source\":\"itest\",\"type\":\"%s\",\"order_id\":\"%s\","
+	         "\"occurred_at\":\"2026-11-29T18:00:00Z\",\"data\":{\"amount_cents\":4200}}",
+	         message_id, type, order_id);
+}
+
+uint32_t itest_queue_depth(const char *queue)
+{
+	struct mq *m = NULL;
+	uint32_t n = 0;
+	int rc;
+
+	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-inspect"), ST_OK);
+	rc = mq_queue_counts(m, queue, &n, NULL);
+	mq_close(&m);
+	return rc == ST_OK ? n : 0;
+}
+
+void itest_wait_queue_empty(const char *queue, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+
+	while (itest_queue_depth(queue) > 0) {
+		cr_assert(itest_now() < end, "queue %s not drained within %d s", queue, timeout_s);
+		itest_sleep_ms(100);
+	}
+}
+
+int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s)
+{
+	struct mq *m = NULL;
+	double end = itest_now() + timeout_s;
+	int n = 0;
+
+	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq"), ST_OK);
+	while (n < cap) {
+		struct mq_delivery d;
+		int rc = mq_get(m, itest_cfg()->dlq, &d);
+		if (rc == ST_ERR_NOT_FOUND) {
+			if (n >= expect || itest_now() > end)
+				break;
+			itest_sleep_ms(100);
+			continue;
+		}
+		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
+		memset(&out[n], 0, sizeof out[n]);
+		if (d.props.message_id != NULL)
+			snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
+			         d.props.message_id);
+		if (mq_delivery_header(&d, "x-inbox-reason", out[n].reason, sizeof out[n].reason) != ST_OK)
+			snprintf(out[n].reason, sizeof out[n].reason, "(none)");
+		if (mq_delivery_header(&d, "x-inbox-detail", out[n].detail, sizeof out[n].detail) != ST_OK)
+			out[n].detail[0] = '\0';
+		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
+		mq_delivery_release(m, &d);
+		n++;
+	}
+	mq_close(&m);
+	return n;
+}

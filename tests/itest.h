@@ -1,0 +1,87 @@
+/*
+ * itest.h - helpers for the integration suites: a fresh schema and fresh
+ * queues per test, the worker binary as a child process, publishing, and
+ * bounded waits for a database condition.  Every helper asserts (criterion)
+ * on failure, so a test reads as its scenario.
+ *
+ * The stack comes from `scripts/stack up`: INBOX_AMQP_URL and INBOX_DB_URL
+ * must be set; a missing one fails the test, never skips it.
+ */
+#ifndef INBOX_ITEST_H
+#define INBOX_ITEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cfg.h"
+#include "db.h"
+#include "mq.h"
+
+/* Load the configuration from the environment; drop every table, delete
+ * the test queues, run `inbox-worker migrate`. */
+void itest_fresh(void);
+const struct cfg *itest_cfg(void);
+
+/* A database connection for assertions (autocommit off; each query ends
+ * its own transaction). */
+struct db *itest_db(void);
+/* Run a fixed query returning one integer (COUNT, SUM...). */
+int64_t itest_int(const char *sql);
+/* Same, with one string parameter. */
+int64_t itest_int1(const char *sql, const char *arg);
+/* Read one string column of the first row into buf; false when no row. */
+bool itest_str1(const char *sql, const char *arg, char *buf, size_t cap);
+
+/* Poll sql until it returns want or timeout_s passes; returns the last value. */
+int64_t itest_wait_int(const char *sql, int64_t want, int timeout_s);
+
+/* Run the worker binary with args (NULL-terminated) and extra "K=V"
+ * environment entries (NULL-terminated, may be NULL).  Output goes to a log
+ * file named after the test. */
+pid_t itest_spawn(const char *const *args, const char *const *env);
+pid_t itest_worker(int threads, const char *const *env);
+/* The same with stderr sent to log_path (truncated first). */
+pid_t itest_spawn_logged(const char *const *args, const char *const *env, const char *log_path);
+pid_t itest_worker_logged(int threads, const char *const *env, const char *log_path);
+/* Sum of key=N over the lines of log_path that contain marker. */
+int64_t itest_log_sum(const char *log_path, const char *marker, const char *key);
+/* Whether log_path holds a line containing text. */
+bool itest_log_has(const char *log_path, const char *text);
+/* Send sig and wait (bounded) for the exit; returns the wait status. */
+int itest_stop(pid_t pid, int sig, int timeout_s);
+/* Wait for a child to exit by itself (bounded); returns the wait status. */
+int itest_wait_exit(pid_t pid, int timeout_s);
+
+/* A broker connection in confirm mode; topology declared. */
+struct mq *itest_mq(void);
+/* Publish body to the orders exchange with routing key order.<type>,
+ * confirmed.  message_id_prop / type_prop may be NULL. */
+void itest_publish(struct mq *m, const char *type, const char *body, const char *message_id_prop);
+/* Publish without waiting for the confirm (pipelined); call
+ * itest_confirm_all afterwards. */
+void itest_publish_async(struct mq *m, const char *type, const char *body, const char *message_id_prop);
+void itest_confirm_all(struct mq *m);
+
+/* A standard event body. */
+void itest_event(char *buf, size_t cap, const char *message_id, const char *type, const char *order_id);
+
+/* Messages ready in a queue (passive declare). */
+uint32_t itest_queue_depth(const char *queue);
+/* Wait until queue has no ready or unacked messages and (by polling the
+ * worker's effect) the condition holds. */
+void itest_wait_queue_empty(const char *queue, int timeout_s);
+
+/* Drain the DLQ: up to cap messages; for each, the message id (property or
+ * body) and the x-inbox-reason header. */
+struct itest_dead {
+	char message_id[129];
+	char reason[40];
+	char detail[200];
+};
+int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
+
+/* The path of a file in the source tree. */
+const char *itest_source(const char *rel, char *buf, size_t cap);
+
+#endif

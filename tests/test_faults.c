@@ -1,0 +1,166 @@
+/*
+ * test_faults.c - failures at the worst moments: a fault between the claim
+ * and the commit, a SIGKILL between the commit and the ack, MariaDB stopped
+ * while messages flow, RabbitMQ restarted under the pool, SIGTERM under
+ * load.  The build must have -Dfault_hooks=true (scripts/test sets it).
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "itest.h"
+#include "status.h"
+
+#define WAIT_S 180
+
+static void stack(const char *what)
+{
+	char root[4096], cmd[4300];
+	snprintf(cmd, sizeof cmd, "%s %s >&2", itest_source("scripts/stack", root, sizeof root), what);
+	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
+}
+
+static void publish_orders(struct mq *m, const char *prefix, int from, int to)
+{
+	char body[512], id[64], order[64];
+
+	for (int i = from; i < to; i++) {
+		snprintf(order, sizeof order, "%s-%d", prefix, i);
+		snprintf(id, sizeof id, "%s-c-%d", prefix, i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish_async(m, "OrderCreated", body, NULL);
+	}
+	itest_confirm_all(m);
+}
+
+Test(faults, failure_after_claim_before_commit_leaves_message_eligible)
+{
+	char logf[256], body[512];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-fault.log", (int)getpid());
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_FAULT=before-commit", "INBOX_FAULT_COUNT=1", NULL }, logf);
+	m = itest_mq();
+	itest_event(body, sizeof body, "f-1", "OrderCreated", "o-f");
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert(itest_log_has(logf, "fault injected point=before-commit"), "the fault must have fired");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1, "applied once after the redelivery");
+	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 0, "the rolled-back claim left no trace");
+}
+
+Test(faults, sigkill_after_commit_before_ack_redelivers_as_duplicate)
+{
+	char logf[256], body[512];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-kill.log", (int)getpid());
+	w = itest_worker(1, (const char *[]){ "INBOX_FAULT=after-commit", NULL });
+	m = itest_mq();
+	itest_event(body, sizeof body, "k-1", "OrderCreated", "o-k");
+	itest_publish(m, "OrderCreated", body, NULL);
+	st = itest_wait_exit(w, WAIT_S);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the worker must die by SIGKILL after the commit");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1, "the commit happened");
+
+	w = itest_worker_logged(1, NULL, logf);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 1, WAIT_S), 1);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 1, "the redelivery is a duplicate");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+	cr_assert_eq(itest_int1("SELECT version FROM orders WHERE id = ?", "o-k"), 1);
+}
+
+Test(faults, database_outage_dead_letters_nothing, .timeout = 900)
+{
+	enum { N = 400 };
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	w = itest_worker(4, NULL);
+	m = itest_mq();
+	publish_orders(m, "db", 0, N / 2);
+	stack("stop-db");
+	publish_orders(m, "db", N / 2, N);
+	sleep(4); /* the outage itself: messages flow while the database is down */
+	stack("start-db");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N, WAIT_S), N);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), N, "each applied once");
+	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT message_id) FROM order_events"), N);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "a database outage never dead-letters");
+}
+
+Test(faults, broker_restart_pool_reconnects_and_finishes, .timeout = 900)
+{
+	enum { N = 400 };
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	w = itest_worker(4, NULL);
+	m = itest_mq();
+	publish_orders(m, "mq", 0, N / 2);
+	mq_close(&m);
+	stack("restart-mq");
+	m = itest_mq();
+	publish_orders(m, "mq", N / 2, N);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N, WAIT_S), N);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), N);
+	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT message_id) FROM order_events"), N);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0);
+}
+
+Test(faults, sigterm_under_load_loses_nothing, .timeout = 600)
+{
+	enum { N = 3000 };
+	struct mq *m;
+	pid_t w;
+	int st;
+	int64_t done;
+	uint32_t ready;
+
+	itest_fresh();
+	m = itest_mq();
+	publish_orders(m, "term", 0, N);
+	w = itest_worker(4, NULL);
+	/* Stop it in the middle of the backlog. */
+	itest_wait_int("SELECT COUNT(*) >= 300 FROM processed_messages", 1, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM must exit 0");
+	done = itest_int("SELECT COUNT(*) FROM processed_messages");
+	ready = itest_queue_depth(itest_cfg()->queue);
+	cr_assert_eq(done + (int64_t)ready, N,
+	             "every message is either applied and acked or still ready (%lld applied, %u ready)",
+	             (long long)done, ready);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), done);
+	mq_close(&m);
+}

@@ -1,0 +1,296 @@
+/*
+ * test_inbox.c - the worker pool against the real stack: duplicates in a
+ * row, concurrent duplicates from many connections into threads and
+ * processes, payload conflicts, canonical hashing, and every class of bad
+ * input.  Each test asserts database state and queue contents.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "itest.h"
+#include "status.h"
+
+#define WAIT_S 120
+
+static void log_path(char *buf, size_t cap, const char *name)
+{
+	snprintf(buf, cap, "/tmp/inbox-itest-%d-%s.log", (int)getpid(), name);
+}
+
+static void stop_ok(pid_t w)
+{
+	int st = itest_stop(w, SIGTERM, 60);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker must exit 0 on SIGTERM (status %d)", st);
+}
+
+Test(inbox, same_message_twice_in_a_row_applies_once)
+{
+	char body[512], logf[256];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	log_path(logf, sizeof logf, "twice");
+	w = itest_worker_logged(2, NULL, logf);
+	m = itest_mq();
+	itest_event(body, sizeof body, "m-1", "OrderCreated", "o-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+	cr_assert_eq(itest_int1("SELECT version FROM orders WHERE id = ?", "o-1"), 1);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 1);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->queue), 0, "the duplicate must be acked");
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0);
+}
+
+/* The seeds' example: the same PaymentConfirmed handled twice reports
+ * processed, then duplicate. */
+Test(inbox, payment_confirmed_twice_is_processed_then_duplicate)
+{
+	char body[512], logf[256], status[32];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	log_path(logf, sizeof logf, "paycfm");
+	m = itest_mq();
+	itest_event(body, sizeof body, "c-1", "OrderCreated", "o-7");
+	itest_publish(m, "OrderCreated", body, NULL);
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", NULL }, logf);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders", 1, WAIT_S), 1);
+	itest_event(body, sizeof body, "pay-7", "PaymentConfirmed", "o-7");
+	itest_publish(m, "PaymentConfirmed", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 2, WAIT_S), 2);
+	itest_publish(m, "PaymentConfirmed", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 2, WAIT_S), 2);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "o-7", status, sizeof status));
+	cr_assert_str_eq(status, "Paid");
+	cr_assert_eq(itest_int1("SELECT paid_at IS NOT NULL FROM orders WHERE id = ?", "o-7"), 1);
+	cr_assert(itest_log_has(logf, "msg=pay-7 order=o-7 type=PaymentConfirmed outcome=applied"));
+	cr_assert(itest_log_has(logf, "msg=pay-7 order=o-7 type=PaymentConfirmed outcome=duplicate"));
+}
+
+/* Publish every message of a set from `conns` connections at the same
+ * moment (a barrier releases them together). */
+struct blast {
+	pthread_barrier_t *start;
+	int orders;
+};
+
+static void *blast_main(void *arg)
+{
+	struct blast *b = arg;
+	struct mq *m = itest_mq();
+	char body[512], id[64], order[64];
+
+	pthread_barrier_wait(b->start);
+	for (int i = 0; i < b->orders; i++) {
+		snprintf(order, sizeof order, "o-%d", i);
+		snprintf(id, sizeof id, "c-%d", i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish_async(m, "OrderCreated", body, NULL);
+		snprintf(id, sizeof id, "p-%d", i);
+		itest_event(body, sizeof body, id, "PaymentAuthorized", order);
+		itest_publish_async(m, "PaymentAuthorized", body, NULL);
+	}
+	itest_confirm_all(m);
+	mq_close(&m);
+	return NULL;
+}
+
+static void concurrent_duplicates(int processes, int threads)
+{
+	enum { CONNS = 8, ORDERS = 50 };
+	pthread_t t[CONNS];
+	pthread_barrier_t start;
+	struct blast b = { .start = &start, .orders = ORDERS };
+	char logf[2][256];
+	pid_t w[2];
+	int64_t dups = 0;
+
+	itest_fresh();
+	for (int p = 0; p < processes; p++) {
+		char name[32];
+		snprintf(name, sizeof name, "conc-%d-%d", processes, p);
+		log_path(logf[p], sizeof logf[p], name);
+		w[p] = itest_worker_logged(threads, NULL, logf[p]);
+	}
+	cr_assert_eq(pthread_barrier_init(&start, NULL, CONNS), 0);
+	for (int i = 0; i < CONNS; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, blast_main, &b), 0);
+	for (int i = 0; i < CONNS; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&start);
+
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 2 * ORDERS, WAIT_S), 2 * ORDERS);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	for (int p = 0; p < processes; p++)
+		stop_ok(w[p]);
+	/* Exactly one effect per message, whatever the interleaving. */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 2 * ORDERS);
+	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT message_id) FROM order_events"), 2 * ORDERS);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Paid' AND version = 2"), ORDERS);
+	/* Order of arrival is not guaranteed across connections: a payment
+	 * may be held and released, but nothing stays held. */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'applied'"), 0);
+	for (int p = 0; p < processes; p++)
+		dups += itest_log_sum(logf[p], "stopped", "duplicates");
+	cr_assert_eq(dups, (int64_t)(CONNS - 1) * 2 * ORDERS, "every other copy must be counted as a duplicate");
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0);
+}
+
+Test(inbox, concurrent_duplicates_apply_once_four_threads, .timeout = 600)
+{
+	concurrent_duplicates(1, 4);
+}
+
+Test(inbox, concurrent_duplicates_apply_once_two_processes, .timeout = 600)
+{
+	concurrent_duplicates(2, 4);
+}
+
+Test(inbox, conflicting_payload_first_stands_second_dead_lettered)
+{
+	char body[512];
+	struct itest_dead dead[4];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	m = itest_mq();
+	itest_event(body, sizeof body, "k-1", "OrderCreated", "o-1");
+	itest_publish(m, "OrderCreated", body, "k-1");
+	itest_event(body, sizeof body, "k-1", "OrderCreated", "o-2"); /* same key, other payload */
+	itest_publish(m, "OrderCreated", body, "k-1");
+	w = itest_worker(2, NULL);
+	cr_assert_eq(itest_dlq_drain(dead, 4, 1, WAIT_S), 1);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert_str_eq(dead[0].reason, "payload-conflict");
+	cr_assert_str_eq(dead[0].message_id, "k-1");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders"), 1);
+	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM orders WHERE id = ?", "o-1"), 1, "the first one stands");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+}
+
+Test(inbox, reserialised_payload_is_a_duplicate_not_a_conflict)
+{
+	const char *a = "{\"message_id\":\"r-1\",\"type\":\"OrderCreated\",\"order_id\":\"o-9\",\"data\":{\"x\":1,\"y\":[1,2]}}";
+	const char *b = "{ \"data\" : { \"y\" : [ 1 , 2 ] , \"x\" : 1 } ,\n  \"order_id\":\"o-9\",\t\"type\":\"OrderCreated\", \"message_id\" : \"r-1\" }";
+	char logf[256];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	log_path(logf, sizeof logf, "reser");
+	m = itest_mq();
+	itest_publish(m, "OrderCreated", a, NULL);
+	itest_publish(m, "OrderCreated", b, NULL);
+	w = itest_worker_logged(1, NULL, logf);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 1, WAIT_S), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 1);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "no conflict may be reported");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+}
+
+struct bad_case {
+	const char *id;      /* message-id property, to find it in the DLQ */
+	const char *reason;
+	const char *body;    /* NULL: generated */
+};
+
+Test(inbox, every_bad_input_class_is_dead_lettered_and_the_worker_goes_on, .timeout = 600)
+{
+	static char deep[6000], large[70000], badutf8[256], mismatch_type[256];
+	struct bad_case cases[] = {
+		{ "b-json", "malformed-json", "{\"message_id\": \"b-json\", " },
+		{ "b-array", "malformed-json", "[1, 2, 3]" },
+		{ "b-missing", "missing-field", "{\"message_id\":\"b-missing\",\"type\":\"OrderCreated\"}" },
+		{ "b-type", "invalid-field", "{\"message_id\":\"b-type\",\"type\":\"OrderCreated\",\"order_id\":42}" },
+		{ "b-chars", "invalid-field", "{\"message_id\":\"b-chars\",\"type\":\"OrderCreated\",\"order_id\":\"o 1;DROP\"}" },
+		{ "b-long", "invalid-field", NULL },
+		{ "b-unknown", "unknown-type", "{\"message_id\":\"b-unknown\",\"type\":\"OrderExploded\",\"order_id\":\"o-1\"}" },
+		{ "b-large", "too-large", large },
+		{ "b-utf8", "malformed-json", badutf8 },
+		{ "b-mismatch", "invalid-field", "{\"message_id\":\"other-id\",\"type\":\"OrderCreated\",\"order_id\":\"o-1\"}" },
+		{ "b-deep", "malformed-json", deep },
+		{ "b-typeprop", "invalid-field", mismatch_type },
+	};
+	enum { N = sizeof cases / sizeof cases[0] };
+	char longid[200], longbody[512], good[512];
+	struct itest_dead dead[N + 4];
+	struct mq *m;
+	pid_t w;
+	size_t off = 0;
+
+	memset(longid, 'x', 129);
+	longid[129] = '\0';
+	snprintf(longbody, sizeof longbody, "{\"message_id\":\"b-long\",\"type\":\"OrderCreated\",\"order_id\":\"%s\"}", longid);
+	cases[5].body = longbody;
+	snprintf(large, sizeof large, "{\"message_id\":\"b-large\",\"type\":\"OrderCreated\",\"order_id\":\"o-1\",\"data\":{\"pad\":\"");
+	off = strlen(large);
+	memset(large + off, 'a', 66000);
+	snprintf(large + off + 66000, sizeof large - off - 66000, "\"}}");
+	snprintf(badutf8, sizeof badutf8, "{\"message_id\":\"b-utf8\",\"type\":\"OrderCreated\",\"order_id\":\"o-1\",\"data\":{\"n\":\"\xff\xfe\"}}");
+	off = 0;
+	for (int i = 0; i < 2500; i++)
+		deep[off++] = '[';
+	for (int i = 0; i < 2500; i++)
+		deep[off++] = ']';
+	deep[off] = '\0';
+	snprintf(mismatch_type, sizeof mismatch_type, "{\"message_id\":\"b-typeprop\",\"type\":\"OrderCreated\",\"order_id\":\"o-1\"}");
+
+	itest_fresh();
+	w = itest_worker(2, NULL);
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		if (strcmp(cases[i].id, "b-typeprop") == 0) {
+			/* type property disagrees with the body */
+			struct mq_message msg = { .exchange = itest_cfg()->exchange, .routing_key = "order.X",
+			                          .body = cases[i].body, .len = strlen(cases[i].body),
+			                          .message_id = cases[i].id, .type = "PaymentAuthorized" };
+			cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+			continue;
+		}
+		itest_publish(m, "OrderCreated", cases[i].body, cases[i].id);
+	}
+	itest_event(good, sizeof good, "g-1", "OrderCreated", "o-good");
+	itest_publish(m, "OrderCreated", good, NULL);
+	cr_assert_eq(itest_dlq_drain(dead, N + 4, N, WAIT_S), N, "every bad message must reach the DLQ once");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'o-good'", 1, WAIT_S), 1,
+	             "the worker must go on with the next good message");
+	stop_ok(w);
+	mq_close(&m);
+	for (int i = 0; i < N; i++) {
+		bool found = false;
+		for (int j = 0; j < N; j++) {
+			if (strcmp(dead[j].message_id, cases[i].id) != 0)
+				continue;
+			found = true;
+			cr_expect_str_eq(dead[j].reason, cases[i].reason, "%s: reason %s, want %s (detail: %s)",
+			                 cases[i].id, dead[j].reason, cases[i].reason, dead[j].detail);
+			cr_expect_neq(strlen(dead[j].detail), 0, "%s: x-inbox-detail must say why", cases[i].id);
+		}
+		cr_expect(found, "%s not in the DLQ", cases[i].id);
+	}
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 1);
+}

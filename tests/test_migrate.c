@@ -1,0 +1,107 @@
+/*
+ * test_migrate.c - `inbox-worker migrate` against the real MariaDB: applies
+ * each file once, is a no-op the second time, survives two concurrent runs,
+ * and refuses an applied file that changed.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+static int run_migrate(const char *dir)
+{
+	char env[4200];
+	const char *args[] = { "migrate", NULL };
+	const char *envv[] = { env, NULL };
+	snprintf(env, sizeof env, "INBOX_MIGRATIONS_DIR=%s", dir);
+	return itest_wait_exit(itest_spawn(args, dir ? envv : NULL), 120);
+}
+
+static int count_migration_files(void)
+{
+	char dir[4096];
+	char cmd[4200];
+	FILE *p;
+	int n = -1;
+
+	snprintf(cmd, sizeof cmd, "ls %s | grep -c '^[0-9][0-9][0-9][0-9]_.*\\.sql$'",
+	         itest_source("migrations", dir, sizeof dir));
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	cr_assert_eq(fscanf(p, "%d", &n), 1);
+	pclose(p);
+	return n;
+}
+
+Test(migrate, second_run_is_a_noop)
+{
+	char dir[4096];
+	int files = count_migration_files();
+	int st;
+
+	itest_fresh(); /* drops everything and migrates once */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM schema_migrations"), files);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE()"
+	                       " AND table_name = 'processed_messages' AND index_name = 'uq_processed_messages_key'"
+	                       " AND non_unique = 0"),
+	             3, "UNIQUE (consumer, source, message_id) must exist");
+	int64_t before = itest_int("SELECT UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 FROM schema_migrations");
+	st = run_migrate(itest_source("migrations", dir, sizeof dir));
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM schema_migrations"), files);
+	cr_assert_eq(itest_int("SELECT UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 FROM schema_migrations"), before,
+	             "a second run must not re-apply anything");
+}
+
+Test(migrate, concurrent_runs_apply_each_file_once)
+{
+	char dir[4096];
+	const char *args[] = { "migrate", NULL };
+	char env[4200];
+	const char *envv[] = { env, NULL };
+	pid_t a, b;
+	int sa, sb;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE order_events, processed_messages, orders, order_locks,"
+	                                 " held_events, outbox, schema_migrations"), 0);
+	snprintf(env, sizeof env, "INBOX_MIGRATIONS_DIR=%s", itest_source("migrations", dir, sizeof dir));
+	a = itest_spawn(args, envv);
+	b = itest_spawn(args, envv);
+	sa = itest_wait_exit(a, 120);
+	sb = itest_wait_exit(b, 120);
+	cr_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "first migrate failed");
+	cr_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "second migrate failed");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM schema_migrations"), count_migration_files());
+	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT name) FROM schema_migrations"), count_migration_files());
+}
+
+Test(migrate, changed_applied_file_is_refused)
+{
+	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200];
+	FILE *f;
+	int st;
+
+	itest_fresh();
+	cr_assert_not_null(mkdtemp(tmpl));
+	snprintf(cmd, sizeof cmd, "cp %s/*.sql %s/", itest_source("migrations", src, sizeof src), tmpl);
+	cr_assert_eq(system(cmd), 0);
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unchanged copy must be accepted");
+
+	snprintf(path, sizeof path, "%s/0001_inbox.sql", tmpl);
+	f = fopen(path, "a");
+	cr_assert_not_null(f);
+	fputs("\n-- an edit after the fact\n", f);
+	cr_assert_eq(fclose(f), 0);
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a changed applied migration must be refused (exit 1)");
+
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+	cr_assert_eq(system(cmd), 0);
+}
