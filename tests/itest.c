@@ -356,13 +356,35 @@ uint32_t itest_queue_depth(const char *queue)
 	return rc == ST_OK ? n : 0;
 }
 
+/* Ready plus unacknowledged messages: only the broker's management view
+ * counts the unacked ones, so ask rabbitmqctl through scripts/stack. */
+static long itest_queue_total(const char *queue)
+{
+	char root[4096], cmd[4600], line[512];
+	FILE *p;
+	long total = -1;
+
+	snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox name messages 2>/dev/null",
+	         itest_source("scripts/stack", root, sizeof root));
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof line, p) != NULL) {
+		char name[300];
+		long n;
+		if (sscanf(line, "%299s %ld", name, &n) == 2 && strcmp(name, queue) == 0)
+			total = n;
+	}
+	pclose(p);
+	return total;
+}
+
 void itest_wait_queue_empty(const char *queue, int timeout_s)
 {
 	double end = itest_now() + timeout_s;
 
-	while (itest_queue_depth(queue) > 0) {
+	while (itest_queue_total(queue) != 0) {
 		cr_assert(itest_now() < end, "queue %s not drained within %d s", queue, timeout_s);
-		itest_sleep_ms(100);
+		itest_sleep_ms(200);
 	}
 }
 

@@ -50,11 +50,11 @@ Test(migrate, second_run_is_a_noop)
 	                       " AND table_name = 'processed_messages' AND index_name = 'uq_processed_messages_key'"
 	                       " AND non_unique = 0"),
 	             3, "UNIQUE (consumer, source, message_id) must exist");
-	int64_t before = itest_int("SELECT UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 FROM schema_migrations");
+	int64_t before = itest_int("SELECT CAST(UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 AS SIGNED) FROM schema_migrations");
 	st = run_migrate(itest_source("migrations", dir, sizeof dir));
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM schema_migrations"), files);
-	cr_assert_eq(itest_int("SELECT UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 FROM schema_migrations"), before,
+	cr_assert_eq(itest_int("SELECT CAST(UNIX_TIMESTAMP(MAX(applied_at)) * 1000000 AS SIGNED) FROM schema_migrations"), before,
 	             "a second run must not re-apply anything");
 }
 

@@ -1,0 +1,1183 @@
+/*
+ * cfg.c - the worker's configuration: defaults, then INBOX_* variables, then
+ * --flags, each value checked once at start-up.
+ *
+ * Why it is shaped so:
+ * - Every setting is one row of cfg_settings[] (variable, flag, default,
+ *   kind, bounds, help).  Loading, --help and the error messages all read
+ *   the same row, so a setting cannot be documented one way and parsed
+ *   another.  Defaults are strings parsed by the same code as user input.
+ * - Every error is one line that starts with the variable's name and says
+ *   what is wrong with the value ("INBOX_THREADS: not a number: 'abc'"), so
+ *   the operator knows what to fix without reading code.  Echoed values are
+ *   cut and stripped of control characters; URLs are never echoed, because a
+ *   URL that failed to parse cannot be trusted to show where its password
+ *   is.  A parsed URL keeps a `redacted` copy with the password as "***".
+ * - Numbers go through strtol with end-pointer and range checks (no atoi):
+ *   "8x", "" and "99999999999999999999" are errors, not 8, 0 and LONG_MAX.
+ */
+#include "cfg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+
+#define CFG_FILE_MAX 4096  /* a *_URL_FILE larger than this is not a URL */
+#define CFG_ECHO_MAX 64    /* bytes of a bad value quoted back in an error */
+#define CFG_REASON_MAX 256
+
+/* Values are written through int * into enum fields; keep that honest. */
+_Static_assert(sizeof(enum log_level) == sizeof(int), "enum log_level is an int");
+_Static_assert(sizeof(enum log_format) == sizeof(int), "enum log_format is an int");
+_Static_assert(sizeof(enum cfg_ordering) == sizeof(int), "enum cfg_ordering is an int");
+
+/* ---- small helpers ------------------------------------------------------ */
+
+__attribute__((format(printf, 3, 4)))
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err == NULL || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* A value fit to quote back in a one-line error: printable ASCII only,
+ * at most CFG_ECHO_MAX bytes. */
+static void echo(char *dst, size_t dstlen, const char *s)
+{
+	size_t n = 0;
+
+	if (s == NULL)
+		s = "";
+	for (; *s != '\0' && n + 1 < dstlen; s++) {
+		if (n == CFG_ECHO_MAX) {
+			snprintf(dst + n, dstlen - n, "...");
+			return;
+		}
+		dst[n++] = (*s >= 0x20 && *s < 0x7f) ? *s : '?';
+	}
+	dst[n] = '\0';
+}
+
+/* A NUL-terminated copy of s[0..n); the caller frees it. */
+static char *dup_range(const char *s, size_t n)
+{
+	char *p = malloc(n + 1);
+
+	if (p != NULL) {
+		memcpy(p, s, n);
+		p[n] = '\0';
+	}
+	return p;
+}
+
+static bool is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+static bool is_alnum(char c)
+{
+	return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+static int hex_value(char c)
+{
+	if (is_digit(c))
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
+static void fmt_duration(char *dst, size_t dstlen, long s)
+{
+	if (s != 0 && s % 86400 == 0)
+		snprintf(dst, dstlen, "%ldd", s / 86400);
+	else if (s != 0 && s % 3600 == 0)
+		snprintf(dst, dstlen, "%ldh", s / 3600);
+	else if (s != 0 && s % 60 == 0)
+		snprintf(dst, dstlen, "%ldm", s / 60);
+	else
+		snprintf(dst, dstlen, "%lds", s);
+}
+
+/* ---- numbers and durations --------------------------------------------- */
+
+int cfg_parse_long(const char *s, long min, long max, long *out, char *err, size_t errlen)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	char *end;
+	long v;
+
+	echo(shown, sizeof shown, s);
+	/* strtol alone would accept " 8", "+8" and "" (as 0). */
+	if (s == NULL || !(is_digit(s[0]) || (s[0] == '-' && is_digit(s[1])))) {
+		set_err(err, errlen, "not a number: '%s'", shown);
+		return -1;
+	}
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (*end != '\0') {
+		set_err(err, errlen, "not a number: '%s'", shown);
+		return -1;
+	}
+	if (errno == ERANGE || v < min || v > max) {
+		set_err(err, errlen, "out of range [%ld, %ld]: '%s'", min, max, shown);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	char *end;
+	long v, mult;
+
+	echo(shown, sizeof shown, s);
+	if (s == NULL || !is_digit(s[0]))
+		goto bad;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno == ERANGE)
+		goto too_large;
+	switch (*end) {
+	case '\0': mult = 1; break; /* a bare number means seconds */
+	case 's': mult = 1; break;
+	case 'm': mult = 60; break;
+	case 'h': mult = 3600; break;
+	case 'd': mult = 86400; break;
+	default: goto bad;
+	}
+	if (*end != '\0' && end[1] != '\0')
+		goto bad;
+	if (v > LONG_MAX / mult)
+		goto too_large;
+	*seconds = v * mult;
+	return 0;
+bad:
+	set_err(err, errlen, "bad duration: '%s' (use e.g. 30s, 10m, 7d)", shown);
+	return -1;
+too_large:
+	set_err(err, errlen, "duration too large: '%s'", shown);
+	return -1;
+}
+
+/* ---- URLs --------------------------------------------------------------- */
+
+/*
+ * Percent-decode s[0..n) into *out, which the caller frees.  Returns 0, or
+ * -1 with a reason naming `what` (never the text itself: it may be a
+ * password) and *out NULL.
+ */
+static int pct_decode(const char *s, size_t n, const char *what, char **out,
+                      char *err, size_t errlen)
+{
+	char *d = malloc(n + 1);
+	size_t j = 0;
+
+	*out = NULL;
+	if (d == NULL) {
+		set_err(err, errlen, "out of memory");
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] != '%') {
+			d[j++] = s[i];
+			continue;
+		}
+		int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
+		int lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
+
+		if (hi < 0 || lo < 0) {
+			set_err(err, errlen, "bad URL: bad percent escape in %s", what);
+			free(d);
+			return -1;
+		}
+		if (hi == 0 && lo == 0) {
+			set_err(err, errlen, "bad URL: %%00 not allowed in %s", what);
+			free(d);
+			return -1;
+		}
+		d[j++] = (char)(hi * 16 + lo);
+		i += 2;
+	}
+	d[j] = '\0';
+	*out = d;
+	return 0;
+}
+
+/* The pieces of scheme://user:pass@host:port/path?query, pointing into the
+ * URL.  Lengths rather than copies: nothing to free on the error paths. */
+struct url_view {
+	const char *user, *pass, *host, *port, *path, *query;
+	size_t user_len, pass_len, host_len, port_len, path_len, query_len;
+	bool has_user, has_pass, has_port, has_path, has_query;
+};
+
+static int url_port(const struct url_view *v, int *port, char *err, size_t errlen)
+{
+	long p = 0;
+
+	if (!v->has_port)
+		return 0;
+	if (v->port_len == 0) {
+		set_err(err, errlen, "bad URL: missing port after ':'");
+		return -1;
+	}
+	for (size_t i = 0; i < v->port_len; i++) {
+		if (!is_digit(v->port[i])) {
+			set_err(err, errlen, "bad URL: port is not a number");
+			return -1;
+		}
+		if (p <= 65535)
+			p = p * 10 + (v->port[i] - '0');
+	}
+	if (p < 1 || p > 65535) {
+		set_err(err, errlen, "bad URL: port out of range [1, 65535]");
+		return -1;
+	}
+	*port = (int)p;
+	return 0;
+}
+
+/*
+ * Split the part after "scheme://".  Only checks the shape; the callers
+ * decide what a missing host or a query means for them.
+ */
+static int url_split(const char *url, size_t scheme_len, struct url_view *v,
+                     char *err, size_t errlen)
+{
+	const char *p = url + scheme_len;
+	const char *auth_end, *at = NULL, *hp, *colon;
+
+	memset(v, 0, sizeof *v);
+	for (const char *q = url; *q != '\0'; q++) {
+		if ((unsigned char)*q <= 0x20 || *q == 0x7f) {
+			set_err(err, errlen, "bad URL: contains a space or control character");
+			return -1;
+		}
+	}
+	if (strchr(url, '#') != NULL) {
+		set_err(err, errlen, "bad URL: '#' is not allowed (percent-encode it as %%23)");
+		return -1;
+	}
+	auth_end = p + strcspn(p, "/?");
+	/* An '@' past the authority means a user name or password holds an
+	 * unencoded '/' or '?'; parsing on would put part of the password in
+	 * the host or path, and from there into logs. */
+	if (strchr(auth_end, '@') != NULL) {
+		set_err(err, errlen, "bad URL: '@' after the host "
+		        "(percent-encode '/', '?' and '@' in user name and password)");
+		return -1;
+	}
+	for (const char *q = p; q < auth_end; q++)
+		if (*q == '@')
+			at = q; /* the last one: an unencoded '@' in a password */
+	hp = p;
+	if (at != NULL) {
+		const char *c = memchr(p, ':', (size_t)(at - p));
+
+		v->has_user = true;
+		v->user = p;
+		v->user_len = (size_t)((c != NULL ? c : at) - p);
+		if (c != NULL) {
+			v->has_pass = true;
+			v->pass = c + 1;
+			v->pass_len = (size_t)(at - c - 1);
+		}
+		if (v->user_len == 0) {
+			set_err(err, errlen, "bad URL: empty user name");
+			return -1;
+		}
+		hp = at + 1;
+	}
+	if (*hp == '[') {
+		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
+
+		if (close == NULL) {
+			set_err(err, errlen, "bad URL: missing ']' after IPv6 address");
+			return -1;
+		}
+		v->host = hp + 1;
+		v->host_len = (size_t)(close - hp - 1);
+		for (size_t i = 0; i < v->host_len; i++) {
+			if (!(hex_value(v->host[i]) >= 0 || v->host[i] == ':' || v->host[i] == '.')) {
+				set_err(err, errlen, "bad URL: bad IPv6 address");
+				return -1;
+			}
+		}
+		if (v->host_len == 0) {
+			set_err(err, errlen, "bad URL: missing host");
+			return -1;
+		}
+		if (close + 1 != auth_end && close[1] != ':') {
+			set_err(err, errlen, "bad URL: expected ':' or '/' after ']'");
+			return -1;
+		}
+		colon = close + 1 != auth_end ? close + 1 : NULL;
+	} else {
+		colon = memchr(hp, ':', (size_t)(auth_end - hp));
+		v->host = hp;
+		v->host_len = (size_t)((colon != NULL ? colon : auth_end) - hp);
+		if (colon != NULL && memchr(colon + 1, ':', (size_t)(auth_end - colon - 1)) != NULL) {
+			set_err(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
+			return -1;
+		}
+		for (size_t i = 0; i < v->host_len; i++) {
+			char c = v->host[i];
+
+			if (!(is_alnum(c) || c == '.' || c == '-' || c == '_')) {
+				set_err(err, errlen, "bad URL: bad character in host");
+				return -1;
+			}
+		}
+	}
+	if (colon != NULL) {
+		v->has_port = true;
+		v->port = colon + 1;
+		v->port_len = (size_t)(auth_end - colon - 1);
+	}
+	if (*auth_end == '/') {
+		const char *q = strchr(auth_end, '?');
+
+		v->has_path = true;
+		v->path = auth_end + 1;
+		v->path_len = (size_t)((q != NULL ? q : auth_end + strlen(auth_end)) - v->path);
+		auth_end = q != NULL ? q : v->path + v->path_len;
+	}
+	if (*auth_end == '?') {
+		v->has_query = true;
+		v->query = auth_end + 1;
+		v->query_len = strlen(v->query);
+	}
+	return 0;
+}
+
+/* The URL with its password replaced by "***": safe to log.  The caller
+ * frees it; NULL when out of memory. */
+static char *url_redact(const char *url, const struct url_view *v)
+{
+	size_t pre, post, n;
+	char *r;
+
+	if (!v->has_pass)
+		return strdup(url);
+	pre = (size_t)(v->pass - url);
+	post = strlen(v->pass + v->pass_len);
+	n = pre + 3 + post;
+	r = malloc(n + 1);
+	if (r == NULL)
+		return NULL;
+	memcpy(r, url, pre);
+	memcpy(r + pre, "***", 3);
+	memcpy(r + pre + 3, v->pass + v->pass_len, post + 1);
+	return r;
+}
+
+void cfg_amqp_free(struct cfg_amqp *a)
+{
+	if (a == NULL)
+		return;
+	free(a->host);
+	free(a->user);
+	free(a->password);
+	free(a->vhost);
+	free(a->redacted);
+	memset(a, 0, sizeof *a);
+}
+
+int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
+{
+	struct cfg_amqp a = { 0 };
+	struct url_view v;
+	size_t scheme_len;
+
+	memset(out, 0, sizeof *out);
+	if (url == NULL || url[0] == '\0') {
+		set_err(err, errlen, "bad URL: empty");
+		return -1;
+	}
+	if (strncasecmp(url, "amqp://", 7) == 0) {
+		scheme_len = 7;
+		a.port = 5672;
+	} else if (strncasecmp(url, "amqps://", 8) == 0) {
+		scheme_len = 8;
+		a.port = 5671;
+		a.tls = true;
+	} else {
+		set_err(err, errlen, "bad URL: scheme must be amqp:// or amqps://");
+		return -1;
+	}
+	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
+	    url_port(&v, &a.port, err, errlen) != 0)
+		return -1;
+	if (v.host_len == 0) {
+		set_err(err, errlen, "bad URL: missing host");
+		return -1;
+	}
+	if (v.has_query) {
+		set_err(err, errlen, "bad URL: query options are not supported");
+		return -1;
+	}
+	if (v.has_path && memchr(v.path, '/', v.path_len) != NULL) {
+		set_err(err, errlen, "bad URL: vhost must not contain '/' (write it as %%2f)");
+		return -1;
+	}
+	/* rabbitmq-c's rules: user and password default to guest each. */
+	if (pct_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
+	               "user name", &a.user, err, errlen) != 0 ||
+	    pct_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
+	               "password", &a.password, err, errlen) != 0 ||
+	    pct_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
+	               "vhost", &a.vhost, err, errlen) != 0)
+		goto fail;
+	if (strlen(a.vhost) > 255) {
+		set_err(err, errlen, "bad URL: vhost longer than 255 bytes");
+		goto fail;
+	}
+	a.host = dup_range(v.host, v.host_len);
+	a.redacted = url_redact(url, &v);
+	if (a.host == NULL || a.redacted == NULL) {
+		set_err(err, errlen, "out of memory");
+		goto fail;
+	}
+	*out = a;
+	return 0;
+fail:
+	cfg_amqp_free(&a);
+	return -1;
+}
+
+void cfg_db_free(struct cfg_db *d)
+{
+	if (d == NULL)
+		return;
+	free(d->host);
+	free(d->user);
+	free(d->password);
+	free(d->database);
+	free(d->socket);
+	free(d->ssl_ca);
+	free(d->redacted);
+	memset(d, 0, sizeof *d);
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+	if (strcmp(s, "1") == 0 || strcasecmp(s, "true") == 0) {
+		*out = true;
+		return 0;
+	}
+	if (strcmp(s, "0") == 0 || strcasecmp(s, "false") == 0) {
+		*out = false;
+		return 0;
+	}
+	return -1;
+}
+
+/* One "name=value" of the query.  value is already percent-decoded. */
+static int db_option(struct cfg_db *d, const char *name, size_t name_len, const char *value,
+                     char *err, size_t errlen)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	char nm[CFG_ECHO_MAX + 1];
+	char reason[CFG_REASON_MAX];
+	char **path = NULL;
+	long t;
+
+	snprintf(nm, sizeof nm, "%.*s", (int)(name_len < CFG_ECHO_MAX ? name_len : CFG_ECHO_MAX),
+	         name);
+	echo(shown, sizeof shown, nm);
+	if (strcmp(nm, "ssl") == 0 || strcmp(nm, "ssl-verify") == 0) {
+		bool *b = nm[3] == '\0' ? &d->ssl : &d->ssl_verify;
+
+		if (parse_bool(value, b) != 0) {
+			set_err(err, errlen, "bad URL: %s must be 0, 1, true or false", nm);
+			return -1;
+		}
+		return 0;
+	}
+	if (strcmp(nm, "connect-timeout") == 0) {
+		if (cfg_parse_long(value, 1, 3600, &t, reason, sizeof reason) != 0) {
+			set_err(err, errlen, "bad URL: connect-timeout: %s", reason);
+			return -1;
+		}
+		d->connect_timeout_s = (int)t;
+		return 0;
+	}
+	if (strcmp(nm, "ssl-ca") == 0)
+		path = &d->ssl_ca;
+	else if (strcmp(nm, "socket") == 0)
+		path = &d->socket;
+	if (path == NULL || name_len > CFG_ECHO_MAX) {
+		set_err(err, errlen, "bad URL: unknown option '%s' "
+		        "(known: ssl, ssl-ca, ssl-verify, socket, connect-timeout)", shown);
+		return -1;
+	}
+	if (value[0] == '\0') {
+		set_err(err, errlen, "bad URL: %s needs a path", nm);
+		return -1;
+	}
+	free(*path);
+	*path = strdup(value);
+	if (*path == NULL) {
+		set_err(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size_t errlen)
+{
+	const char *end = q + n;
+
+	while (q < end) {
+		const char *amp = memchr(q, '&', (size_t)(end - q));
+		const char *seg_end = amp != NULL ? amp : end;
+		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
+		char *value;
+		int rc;
+
+		if (seg_end == q) {
+			set_err(err, errlen, "bad URL: empty option");
+			return -1;
+		}
+		if (eq == NULL) {
+			char nm[CFG_ECHO_MAX + 4], shown[CFG_ECHO_MAX + 4];
+			size_t len = (size_t)(seg_end - q);
+
+			snprintf(nm, sizeof nm, "%.*s", (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), q);
+			echo(shown, sizeof shown, nm);
+			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
+			return -1;
+		}
+		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
+		               err, errlen) != 0)
+			return -1;
+		rc = db_option(d, q, (size_t)(eq - q), value, err, errlen);
+		free(value);
+		if (rc != 0)
+			return -1;
+		q = amp != NULL ? amp + 1 : end;
+	}
+	return 0;
+}
+
+int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
+{
+	struct cfg_db d = { 0 };
+	struct url_view v;
+	size_t scheme_len;
+
+	memset(out, 0, sizeof *out);
+	if (url == NULL || url[0] == '\0') {
+		set_err(err, errlen, "bad URL: empty");
+		return -1;
+	}
+	if (strncasecmp(url, "mysql://", 8) == 0) {
+		scheme_len = 8;
+	} else if (strncasecmp(url, "mariadb://", 10) == 0) {
+		scheme_len = 10;
+	} else {
+		set_err(err, errlen, "bad URL: scheme must be mysql:// or mariadb://");
+		return -1;
+	}
+	d.port = 3306;
+	d.connect_timeout_s = 5;
+	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
+	    url_port(&v, &d.port, err, errlen) != 0)
+		return -1;
+	if (!v.has_user) {
+		set_err(err, errlen, "bad URL: missing user name (mysql://user:pass@host/db)");
+		return -1;
+	}
+	if (v.path_len == 0) {
+		set_err(err, errlen, "bad URL: missing database name (mysql://user:pass@host/db)");
+		return -1;
+	}
+	if (pct_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
+	    pct_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
+	               err, errlen) != 0 ||
+	    pct_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
+		goto fail;
+	{
+		size_t n = strlen(d.database);
+		bool ok = n >= 1 && n <= 64;
+
+		for (size_t i = 0; ok && i < n; i++)
+			ok = is_alnum(d.database[i]) || d.database[i] == '_' || d.database[i] == '$';
+		if (!ok) {
+			set_err(err, errlen,
+			        "bad URL: database name must be 1-64 characters of [A-Za-z0-9_$]");
+			goto fail;
+		}
+	}
+	if (v.has_query && db_options(&d, v.query, v.query_len, err, errlen) != 0)
+		goto fail;
+	if (v.host_len == 0 && d.socket == NULL) {
+		set_err(err, errlen, "bad URL: missing host");
+		goto fail;
+	}
+	/* With ?socket= and no host, the client library wants "localhost". */
+	d.host = v.host_len > 0 ? dup_range(v.host, v.host_len) : strdup("localhost");
+	d.redacted = url_redact(url, &v);
+	if (d.host == NULL || d.redacted == NULL) {
+		set_err(err, errlen, "out of memory");
+		goto fail;
+	}
+	*out = d;
+	return 0;
+fail:
+	cfg_db_free(&d);
+	return -1;
+}
+
+/* ---- the table of settings --------------------------------------------- */
+
+enum cfg_kind {
+	K_INT,      /* int field, [min, max] */
+	K_LONG,     /* long field, [min, max] */
+	K_DURATION, /* long field in seconds, [min, max] */
+	K_NAME,     /* char *, 1..max characters of [A-Za-z0-9._:-] */
+	K_PATH,     /* char *, not empty */
+	K_ADDR,     /* char *, host:port, or "" for off */
+	K_ENUM,     /* int-sized enum field, index into choices */
+	K_AMQP_URL, /* struct cfg_amqp */
+	K_DB_URL,   /* struct cfg_db */
+};
+
+struct cfg_setting {
+	const char *env;
+	const char *flag;      /* without the leading "--" */
+	const char *file_env;  /* URL kinds: read the value from this file */
+	const char *file_flag;
+	const char *def;       /* NULL: computed by default_value() */
+	enum cfg_kind kind;
+	size_t off;            /* of the field in struct cfg */
+	long min, max;
+	const char *const *choices; /* K_ENUM, NULL-terminated, index = value */
+	const char *help;
+};
+
+static const char *const log_format_choices[] = {
+	[LOG_FORMAT_TEXT] = "text", [LOG_FORMAT_JSON] = "json", NULL,
+};
+static const char *const log_level_choices[] = {
+	[LOG_ERROR] = "error", [LOG_WARN] = "warn", [LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+	NULL,
+};
+static const char *const ordering_choices[] = {
+	[CFG_ORDERING_SHARED] = "shared", [CFG_ORDERING_SHARDED] = "sharded", NULL,
+};
+
+#define F(field) offsetof(struct cfg, field)
+
+static const struct cfg_setting cfg_settings[] = {
+	{ "INBOX_AMQP_URL", "amqp-url", "INBOX_AMQP_URL_FILE", "amqp-url-file",
+	  "amqp://guest:guest@127.0.0.1:5672/%2f", K_AMQP_URL, F(amqp), 0, 0, NULL,
+	  "broker; amqps:// for TLS" },
+	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
+	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
+	  "database; options ?ssl=1&ssl-ca=PATH&ssl-verify=1&socket=PATH&connect-timeout=S" },
+	{ "INBOX_THREADS", "threads", NULL, NULL, "4", K_INT, F(threads), 1, 256, NULL,
+	  "worker threads, each with its own broker and database connection" },
+	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "32", K_INT, F(prefetch), 1, 65535, NULL,
+	  "basic.qos prefetch per thread" },
+	{ "INBOX_CONSUMER", "consumer", NULL, NULL, "order-status", K_NAME, F(consumer), 1, 64,
+	  NULL, "this handler's name: the first part of the dedup key" },
+	{ "INBOX_QUEUE", "queue", NULL, NULL, "orders.inbox", K_NAME, F(queue), 1, 255, NULL,
+	  "the queue consumed" },
+	{ "INBOX_EXCHANGE", "exchange", NULL, NULL, "orders", K_NAME, F(exchange), 1, 255, NULL,
+	  "the exchange the queue is bound to" },
+	{ "INBOX_DLX", "dlx", NULL, NULL, "orders.dlx", K_NAME, F(dlx), 1, 255, NULL,
+	  "dead-letter exchange" },
+	{ "INBOX_DLQ", "dlq", NULL, NULL, "orders.inbox.dlq", K_NAME, F(dlq), 1, 255, NULL,
+	  "dead-letter queue" },
+	{ "INBOX_OUT_EXCHANGE", "out-exchange", NULL, NULL, "orders.out", K_NAME,
+	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to" },
+	{ "INBOX_MAX_BODY", "max-body", NULL, NULL, "65536", K_LONG, F(max_body), 64,
+	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large" },
+	{ "INBOX_RETENTION", "retention", NULL, NULL, "7d", K_DURATION, F(retention_s), 60,
+	  3650L * 86400, NULL,
+	  "how long inbox rows are kept; must exceed the longest redelivery window" },
+	{ "INBOX_HOLD_TTL", "hold-ttl", NULL, NULL, "10m", K_DURATION, F(hold_ttl_s), 1,
+	  3650L * 86400, NULL, "how long an out-of-order event waits for its prerequisite" },
+	{ "INBOX_METRICS_ADDR", "metrics-addr", NULL, NULL, "127.0.0.1:9464", K_ADDR,
+	  F(metrics_addr), 0, 0, NULL, "HTTP address of /metrics, /healthz, /readyz; empty: off" },
+	{ "INBOX_LOG_FORMAT", "log-format", NULL, NULL, "text", K_ENUM, F(log_format), 0, 0,
+	  log_format_choices, "json gives one JSON object a line" },
+	{ "INBOX_LOG_LEVEL", "log-level", NULL, NULL, "info", K_ENUM, F(log_level), 0, 0,
+	  log_level_choices, "least severe level logged" },
+	{ "INBOX_DELIVERY_LIMIT", "delivery-limit", NULL, NULL, "5", K_INT, F(delivery_limit),
+	  1, 1000, NULL, "x-delivery-limit: deliveries before a message is dead-lettered" },
+	{ "INBOX_MAX_RETRIES", "max-retries", NULL, NULL, "8", K_INT, F(max_retries), 0, 100,
+	  NULL, "retries of a transaction after a deadlock or lock wait timeout" },
+	{ "INBOX_HEARTBEAT", "heartbeat", NULL, NULL, "30", K_INT, F(heartbeat_s), 0, 600, NULL,
+	  "AMQP heartbeat in seconds; 0 turns it off" },
+	{ "INBOX_ORDERING", "ordering", NULL, NULL, "shared", K_ENUM, F(ordering), 0, 0,
+	  ordering_choices, "one shared queue with holds, or sharded with one active consumer "
+	  "per shard" },
+	{ "INBOX_SHARDS", "shards", NULL, NULL, "4", K_INT, F(shards), 1, 64, NULL,
+	  "shard queues when ordering is sharded" },
+	{ "INBOX_BATCH", "batch", NULL, NULL, "1", K_INT, F(batch), 1, 500, NULL,
+	  "messages per transaction; at most INBOX_PREFETCH" },
+	{ "INBOX_MIGRATIONS_DIR", "migrations-dir", NULL, NULL, NULL, K_PATH,
+	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations" },
+};
+
+#define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])
+
+/* The source tree's migrations when running from a build directory, else
+ * the installed ones. */
+static const char *default_value(const struct cfg_setting *s)
+{
+	struct stat st;
+
+	if (s->def != NULL)
+		return s->def;
+	if (stat(INBOX_SOURCE_MIGRATIONS_DIR, &st) == 0 && S_ISDIR(st.st_mode))
+		return INBOX_SOURCE_MIGRATIONS_DIR;
+	return INBOX_MIGRATIONS_DIR_DEFAULT;
+}
+
+static int check_name(const char *v, long max, char *reason, size_t n)
+{
+	size_t len = strlen(v);
+	bool ok = len >= 1 && len <= (size_t)max;
+	char shown[CFG_ECHO_MAX + 4];
+
+	for (size_t i = 0; ok && i < len; i++)
+		ok = is_alnum(v[i]) || v[i] == '.' || v[i] == '_' || v[i] == ':' || v[i] == '-';
+	if (ok)
+		return 0;
+	echo(shown, sizeof shown, v);
+	set_err(reason, n, "must be 1-%ld characters of [A-Za-z0-9._:-]: '%s'", max, shown);
+	return -1;
+}
+
+/* host:port or [v6]:port; "" turns the listener off. */
+static int check_addr(const char *v, char *reason, size_t n)
+{
+	const char *colon;
+	char shown[CFG_ECHO_MAX + 4];
+	long port;
+	bool ok = true;
+
+	if (v[0] == '\0')
+		return 0;
+	if (v[0] == '[') {
+		const char *close = strchr(v, ']');
+
+		ok = close != NULL && close > v + 1 && close[1] == ':';
+		for (const char *p = v + 1; ok && p < close; p++)
+			ok = hex_value(*p) >= 0 || *p == ':' || *p == '.';
+		colon = ok ? close + 1 : NULL;
+	} else {
+		colon = strchr(v, ':');
+		ok = colon != NULL && colon > v && strchr(colon + 1, ':') == NULL;
+		for (const char *p = v; ok && p < colon; p++)
+			ok = is_alnum(*p) || *p == '.' || *p == '-' || *p == '_';
+	}
+	if (ok)
+		ok = cfg_parse_long(colon + 1, 1, 65535, &port, NULL, 0) == 0;
+	if (ok)
+		return 0;
+	echo(shown, sizeof shown, v);
+	set_err(reason, n, "bad address: '%s' (use host:port, e.g. 127.0.0.1:9464; "
+	        "empty turns it off)", shown);
+	return -1;
+}
+
+/* Parse `raw` into the field of `s`.  On error, reason has no name. */
+static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg *out,
+                       char *reason, size_t n)
+{
+	void *field = (char *)out + s->off;
+	char shown[CFG_ECHO_MAX + 4];
+	char lim[32];
+	long v;
+
+	switch (s->kind) {
+	case K_INT:
+	case K_LONG:
+		if (cfg_parse_long(raw, s->min, s->max, &v, reason, n) != 0)
+			return -1;
+		if (s->kind == K_INT)
+			*(int *)field = (int)v;
+		else
+			*(long *)field = v;
+		return 0;
+	case K_DURATION:
+		if (cfg_parse_duration(raw, &v, reason, n) != 0)
+			return -1;
+		if (v < s->min || v > s->max) {
+			echo(shown, sizeof shown, raw);
+			fmt_duration(lim, sizeof lim, v < s->min ? s->min : s->max);
+			set_err(reason, n, "must be at %s %s: '%s'", v < s->min ? "least" : "most",
+			        lim, shown);
+			return -1;
+		}
+		*(long *)field = v;
+		return 0;
+	case K_NAME:
+	case K_PATH:
+	case K_ADDR:
+		if (s->kind == K_NAME && check_name(raw, s->max, reason, n) != 0)
+			return -1;
+		if (s->kind == K_ADDR && check_addr(raw, reason, n) != 0)
+			return -1;
+		if (s->kind == K_PATH && raw[0] == '\0') {
+			set_err(reason, n, "must not be empty");
+			return -1;
+		}
+		*(char **)field = strdup(raw);
+		if (*(char **)field == NULL) {
+			set_err(reason, n, "out of memory");
+			return -1;
+		}
+		return 0;
+	case K_ENUM: {
+		char list[128] = "";
+		size_t used = 0;
+
+		for (int i = 0; s->choices[i] != NULL; i++) {
+			if (strcasecmp(raw, s->choices[i]) == 0) {
+				*(int *)field = i;
+				return 0;
+			}
+			used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+			                         i > 0 ? ", " : "", s->choices[i]);
+			if (used >= sizeof list)
+				break;
+		}
+		echo(shown, sizeof shown, raw);
+		set_err(reason, n, "must be one of %s: '%s'", list, shown);
+		return -1;
+	}
+	case K_AMQP_URL:
+		return cfg_parse_amqp_url(raw, field, reason, n);
+	case K_DB_URL:
+		return cfg_parse_db_url(raw, field, reason, n);
+	}
+	set_err(reason, n, "internal error: unknown kind");
+	return -1;
+}
+
+/* The content of a *_URL_FILE, trailing white space trimmed, in *out for
+ * the caller to free.  strerror is fine here: this runs before threads. */
+static int read_value_file(const char *path, char **out, char *reason, size_t n)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	char *buf = NULL;
+	size_t len = 0;
+	int fd;
+
+	*out = NULL;
+	echo(shown, sizeof shown, path);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		goto fail_errno;
+	buf = malloc(CFG_FILE_MAX + 1);
+	if (buf == NULL) {
+		set_err(reason, n, "out of memory");
+		goto fail;
+	}
+	for (;;) {
+		ssize_t r = read(fd, buf + len, CFG_FILE_MAX + 1 - len);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			goto fail_errno;
+		if (r == 0)
+			break;
+		len += (size_t)r;
+		if (len > CFG_FILE_MAX) {
+			set_err(reason, n, "'%s' is larger than %d bytes", shown, CFG_FILE_MAX);
+			goto fail;
+		}
+	}
+	close(fd);
+	fd = -1;
+	if (memchr(buf, '\0', len) != NULL) {
+		set_err(reason, n, "'%s' holds a NUL byte", shown);
+		goto fail;
+	}
+	while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' ||
+	                   buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+		len--;
+	buf[len] = '\0';
+	*out = buf;
+	return 0;
+fail_errno:
+	set_err(reason, n, "cannot read '%s': %s", shown, strerror(errno));
+fail:
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/*
+ * Pick the value of one setting (flag, else variable, else default), read
+ * it from a file when asked, and parse it.  Errors name the setting.
+ */
+static int load_setting(const struct cfg_setting *s, const char *flag_val,
+                        const char *flag_file, struct cfg *out, char *err, size_t errlen)
+{
+	char reason[CFG_REASON_MAX];
+	const char *name = s->env;
+	const char *raw = flag_val;
+	const char *file = flag_file;
+	char *owned = NULL;
+	int rc;
+
+	if (flag_val != NULL && flag_file != NULL) {
+		set_err(err, errlen, "%s: both --%s and --%s are given; use one", s->env, s->flag,
+		        s->file_flag);
+		return -1;
+	}
+	if (raw == NULL && file == NULL) {
+		raw = getenv(s->env);
+		file = s->file_env != NULL ? getenv(s->file_env) : NULL;
+		if (raw != NULL && file != NULL) {
+			set_err(err, errlen, "%s: both %s and %s are set; use one", s->env, s->env,
+			        s->file_env);
+			return -1;
+		}
+	}
+	if (file != NULL) {
+		name = s->file_env;
+		if (read_value_file(file, &owned, reason, sizeof reason) != 0) {
+			set_err(err, errlen, "%s: %s", name, reason);
+			return -1;
+		}
+		raw = owned;
+	}
+	if (raw == NULL)
+		raw = default_value(s);
+	rc = parse_value(s, raw, out, reason, sizeof reason);
+	if (rc != 0)
+		set_err(err, errlen, "%s: %s", name, reason);
+	free(owned);
+	return rc;
+}
+
+static const struct cfg_setting *find_flag(const char *name, size_t len, bool *is_file)
+{
+	for (size_t i = 0; i < CFG_NSETTINGS; i++) {
+		const struct cfg_setting *s = &cfg_settings[i];
+
+		if (strlen(s->flag) == len && strncmp(s->flag, name, len) == 0) {
+			*is_file = false;
+			return s;
+		}
+		if (s->file_flag != NULL && strlen(s->file_flag) == len &&
+		    strncmp(s->file_flag, name, len) == 0) {
+			*is_file = true;
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Collect flag values (pointers into argv) per setting.  --help and
+ * --version win over any error, so that "--thread 4 --help" still helps;
+ * otherwise the first error is reported.
+ */
+static enum cfg_result parse_flags(int argc, char **argv, const char **vals, const char **files,
+                                   char *err, size_t errlen)
+{
+	bool help = false, version = false, failed = false;
+
+	for (int i = 1; i < argc && argv != NULL; i++) {
+		const char *a = argv[i];
+		const struct cfg_setting *s;
+		const char *name, *eq, *value;
+		char shown[CFG_ECHO_MAX + 4];
+		size_t len;
+		bool is_file;
+
+		if (a == NULL)
+			break;
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			help = true;
+			continue;
+		}
+		if (strcmp(a, "--version") == 0) {
+			version = true;
+			continue;
+		}
+		if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+			/* Not echoed: it may be a URL with a password. */
+			if (!failed)
+				set_err(err, errlen, "argument %d: unexpected; settings are given as "
+				        "--flag value or INBOX_* variables (see --help)", i);
+			failed = true;
+			continue;
+		}
+		name = a + 2;
+		eq = strchr(name, '=');
+		len = eq != NULL ? (size_t)(eq - name) : strlen(name);
+		s = find_flag(name, len, &is_file);
+		if (s == NULL) {
+			char nm[CFG_ECHO_MAX + 1];
+
+			snprintf(nm, sizeof nm, "%.*s",
+			         (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), name);
+			echo(shown, sizeof shown, nm);
+			if (!failed)
+				set_err(err, errlen, "--%s: unknown flag (see --help)", shown);
+			failed = true;
+			continue;
+		}
+		if (eq != NULL) {
+			value = eq + 1;
+		} else if (i + 1 < argc && argv[i + 1] != NULL) {
+			value = argv[++i];
+		} else {
+			if (!failed)
+				set_err(err, errlen, "--%s: missing value",
+				        is_file ? s->file_flag : s->flag);
+			failed = true;
+			continue;
+		}
+		/* The last of a repeated flag wins, as with most tools. */
+		if (is_file)
+			files[s - cfg_settings] = value;
+		else
+			vals[s - cfg_settings] = value;
+	}
+	if (help)
+		return CFG_HELP;
+	if (version)
+		return CFG_VERSION;
+	return failed ? CFG_ERROR : CFG_OK;
+}
+
+enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen)
+{
+	const char *vals[CFG_NSETTINGS] = { 0 };
+	const char *files[CFG_NSETTINGS] = { 0 };
+	enum cfg_result r;
+
+	memset(out, 0, sizeof *out);
+	set_err(err, errlen, "%s", "");
+	r = parse_flags(argc, argv, vals, files, err, errlen);
+	if (r != CFG_OK)
+		return r;
+	for (size_t i = 0; i < CFG_NSETTINGS; i++) {
+		if (load_setting(&cfg_settings[i], vals[i], files[i], out, err, errlen) != 0)
+			goto fail;
+	}
+	/* A batch waits for `batch` deliveries; the broker sends at most
+	 * `prefetch` unacknowledged ones, so a larger batch would never fill. */
+	if (out->batch > out->prefetch) {
+		set_err(err, errlen, "INBOX_BATCH: must not exceed INBOX_PREFETCH (%d): '%d'",
+		        out->prefetch, out->batch);
+		goto fail;
+	}
+	return CFG_OK;
+fail:
+	cfg_free(out);
+	return CFG_ERROR;
+}
+
+void cfg_free(struct cfg *c)
+{
+	if (c == NULL)
+		return;
+	cfg_amqp_free(&c->amqp);
+	cfg_db_free(&c->db);
+	free(c->consumer);
+	free(c->queue);
+	free(c->exchange);
+	free(c->dlx);
+	free(c->dlq);
+	free(c->out_exchange);
+	free(c->metrics_addr);
+	free(c->migrations_dir);
+	memset(c, 0, sizeof *c);
+}
+
+static const char *kind_metavar(const struct cfg_setting *s)
+{
+	switch (s->kind) {
+	case K_INT:
+	case K_LONG: return "N";
+	case K_DURATION: return "DURATION";
+	case K_NAME: return "NAME";
+	case K_PATH: return "DIR";
+	case K_ADDR: return "HOST:PORT";
+	case K_ENUM: return "WORD";
+	case K_AMQP_URL:
+	case K_DB_URL: return "URL";
+	}
+	return "VALUE";
+}
+
+void cfg_print_help(FILE *f, const char *usage_line)
+{
+	char flag[64], lim[32], lim2[32];
+
+	if (usage_line != NULL)
+		fprintf(f, "%s\n\n", usage_line);
+	fprintf(f, "Settings: a flag overrides its variable, which overrides the default.\n"
+	           "Flags take --flag VALUE or --flag=VALUE.  Durations: 30s, 10m, 2h, 7d.\n\n");
+	for (size_t i = 0; i < CFG_NSETTINGS; i++) {
+		const struct cfg_setting *s = &cfg_settings[i];
+		const char *def = default_value(s);
+
+		snprintf(flag, sizeof flag, "--%s %s", s->flag, kind_metavar(s));
+		fprintf(f, "  %-22s %-28s default: %s\n", s->env, flag,
+		        def[0] != '\0' ? def : "(empty)");
+		fprintf(f, "      %s", s->help);
+		switch (s->kind) {
+		case K_INT:
+		case K_LONG:
+			fprintf(f, " [%ld, %ld]", s->min, s->max);
+			break;
+		case K_DURATION:
+			fmt_duration(lim, sizeof lim, s->min);
+			fmt_duration(lim2, sizeof lim2, s->max);
+			fprintf(f, " [%s, %s]", lim, lim2);
+			break;
+		case K_NAME:
+			fprintf(f, " (1-%ld of [A-Za-z0-9._:-])", s->max);
+			break;
+		case K_ENUM:
+			fprintf(f, " (");
+			for (int j = 0; s->choices[j] != NULL; j++)
+				fprintf(f, "%s%s", j > 0 ? "|" : "", s->choices[j]);
+			fprintf(f, ")");
+			break;
+		default:
+			break;
+		}
+		fprintf(f, "\n");
+		if (s->file_env != NULL)
+			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret)\n",
+			        s->file_env, s->file_flag);
+	}
+	fprintf(f, "\n  %-22s %-28s show this help\n", "", "--help, -h");
+	fprintf(f, "  %-22s %-28s show the version\n", "", "--version");
+}

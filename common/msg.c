@@ -1,0 +1,483 @@
+/*
+ * msg.c - turns an AMQP body into a validated struct msg, or into the one
+ * dead-letter reason that says why it cannot be one.
+ *
+ * Shape: size check, one jansson parse (duplicate keys rejected, so the hash
+ * is over an unambiguous document), then each field checked for type and
+ * length in a fixed order; the first failure wins.  message_id is read first
+ * so that even a rejected message can be logged under its id.  JSON null on
+ * any field counts as "absent": a required field that is null is
+ * missing-field, an optional one takes its default.
+ *
+ * The payload hash streams jansson's compact, key-sorted serialisation into
+ * SHA-256 through a small buffer, so no second copy of the body is built.  It
+ * covers the body only: AMQP properties never change the hash.
+ *
+ * Every detail line is bounded by MSG_DETAIL_MAX and scrubbed to printable
+ * ASCII, because it ends up in an AMQP header and in log lines.
+ */
+#include "msg.h"
+
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Untrusted strings quoted in a detail line are cut to this many bytes. */
+#define QUOTE_MAX 48
+
+/* Bytes gathered before each EVP_DigestUpdate: jansson hands out tokens of a
+ * few bytes, and one digest call per token would dominate the hash cost. */
+#define HASH_BUF 512
+
+static const char *const type_names[MSG_TYPE_COUNT] = {
+	[MSG_ORDER_CREATED] = "OrderCreated",
+	[MSG_PAYMENT_AUTHORIZED] = "PaymentAuthorized",
+	[MSG_INVENTORY_RESERVED] = "InventoryReserved",
+	[MSG_SHIPMENT_CREATED] = "ShipmentCreated",
+	[MSG_ORDER_CANCELLED] = "OrderCancelled",
+};
+
+static const char *const reason_names[MSG_REASON_COUNT] = {
+	[MSG_REASON_NONE] = "",
+	[MSG_REASON_MALFORMED_JSON] = "malformed-json",
+	[MSG_REASON_MISSING_FIELD] = "missing-field",
+	[MSG_REASON_INVALID_FIELD] = "invalid-field",
+	[MSG_REASON_UNKNOWN_TYPE] = "unknown-type",
+	[MSG_REASON_TOO_LARGE] = "too-large",
+	[MSG_REASON_PAYLOAD_CONFLICT] = "payload-conflict",
+	[MSG_REASON_HOLD_EXPIRED] = "hold-expired",
+	[MSG_REASON_INVALID_TRANSITION] = "invalid-transition",
+	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
+};
+
+const char *msg_type_name(enum msg_type t)
+{
+	if ((unsigned)t >= MSG_TYPE_COUNT)
+		return "";
+	return type_names[t];
+}
+
+int msg_type_from_name(const char *name, size_t len)
+{
+	if (name == NULL)
+		return -1;
+	for (int t = 0; t < MSG_TYPE_COUNT; t++) {
+		if (strlen(type_names[t]) == len && memcmp(type_names[t], name, len) == 0)
+			return t;
+	}
+	if (len == sizeof("PaymentConfirmed") - 1 && memcmp(name, "PaymentConfirmed", len) == 0)
+		return MSG_PAYMENT_AUTHORIZED;
+	return -1;
+}
+
+const char *msg_reason_name(enum msg_reason r)
+{
+	if ((unsigned)r >= MSG_REASON_COUNT)
+		return "";
+	return reason_names[r];
+}
+
+static bool id_char(unsigned char c)
+{
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+	       c == '.' || c == '_' || c == ':' || c == '-';
+}
+
+bool msg_id_valid(const char *s, size_t len, size_t min, size_t max)
+{
+	if (len < min || len > max)
+		return false;
+	if (len > 0 && s == NULL)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		if (!id_char((unsigned char)s[i]))
+			return false;
+	}
+	return true;
+}
+
+void msg_sha256_hex(const unsigned char sha[32], char out[65])
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < 32; i++) {
+		out[2 * i] = hex[sha[i] >> 4];
+		out[2 * i + 1] = hex[sha[i] & 0xf];
+	}
+	out[64] = '\0';
+}
+
+/* ---- detail lines -------------------------------------------------------- */
+
+__attribute__((format(printf, 2, 3)))
+static void set_detail(struct msg *out, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(out->detail, sizeof out->detail, fmt, ap);
+	va_end(ap);
+	/* Quoted values and jansson's "near '...'" come from the body: keep the
+	 * line one printable ASCII line whatever they hold. */
+	for (char *p = out->detail; *p != '\0'; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c < 0x20 || c > 0x7e)
+			*p = '?';
+	}
+}
+
+/* Length to print of an untrusted value, and the marker that it was cut. */
+static int qlen(size_t len)
+{
+	return len > QUOTE_MAX ? QUOTE_MAX : (int)len;
+}
+
+static const char *qcut(size_t len)
+{
+	return len > QUOTE_MAX ? "..." : "";
+}
+
+/* ---- field access -------------------------------------------------------- */
+
+/* A string field of the body.  Absent or null: *s = NULL and MSG_REASON_NONE.
+ * Any other non-string: invalid-field. */
+static enum msg_reason body_string(json_t *root, const char *key, const char **s, size_t *len,
+                                   struct msg *out)
+{
+	json_t *v = json_object_get(root, key);
+
+	*s = NULL;
+	*len = 0;
+	if (v == NULL || json_is_null(v))
+		return MSG_REASON_NONE;
+	if (!json_is_string(v)) {
+		set_detail(out, "%s must be a string", key);
+		return MSG_REASON_INVALID_FIELD;
+	}
+	*s = json_string_value(v);
+	*len = json_string_length(v);
+	return MSG_REASON_NONE;
+}
+
+/* The value from the body or from the AMQP property (empty means absent);
+ * when both are present they must agree. */
+static enum msg_reason body_or_prop(json_t *root, const char *key, const char *prop,
+                                    size_t prop_len, const char **s, size_t *len, struct msg *out)
+{
+	const char *b;
+	size_t blen;
+	enum msg_reason r = body_string(root, key, &b, &blen, out);
+
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (prop == NULL || prop_len == 0) {
+		prop = NULL;
+		prop_len = 0;
+	}
+	if (b != NULL && prop != NULL && (blen != prop_len || memcmp(b, prop, blen) != 0)) {
+		set_detail(out, "%s property '%.*s%s' differs from body '%.*s%s'", key,
+		           qlen(prop_len), prop, qcut(prop_len), qlen(blen), b, qcut(blen));
+		return MSG_REASON_INVALID_FIELD;
+	}
+	if (b == NULL && prop == NULL) {
+		set_detail(out, "%s is missing from body and properties", key);
+		return MSG_REASON_MISSING_FIELD;
+	}
+	*s = b != NULL ? b : prop;
+	*len = b != NULL ? blen : prop_len;
+	return MSG_REASON_NONE;
+}
+
+/* Copy a value already checked to fit. */
+static void copy_field(char *dst, const char *s, size_t len)
+{
+	memcpy(dst, s, len);
+	dst[len] = '\0';
+}
+
+/* Deeper than MSG_MAX_DEPTH object/array levels?  The recursion stops one
+ * level past the limit, so it is bounded whatever the body holds. */
+static bool too_deep(json_t *v, int depth)
+{
+	if (json_is_object(v)) {
+		const char *key;
+		json_t *child;
+
+		if (depth > MSG_MAX_DEPTH)
+			return true;
+		json_object_foreach(v, key, child) {
+			if (too_deep(child, depth + 1))
+				return true;
+		}
+	} else if (json_is_array(v)) {
+		size_t i;
+		json_t *child;
+
+		if (depth > MSG_MAX_DEPTH)
+			return true;
+		json_array_foreach(v, i, child) {
+			if (too_deep(child, depth + 1))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* ---- occurred_at --------------------------------------------------------- */
+
+static bool digits(const char *s, size_t n, int *val)
+{
+	int v = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+		v = v * 10 + (s[i] - '0');
+	}
+	*val = v;
+	return true;
+}
+
+static int days_in_month(int year, int month)
+{
+	static const int days[12] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+	bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+
+	return month == 2 && leap ? 29 : days[month - 1];
+}
+
+/* RFC 3339 date-time: YYYY-MM-DDTHH:MM:SS[.frac](Z|+HH:MM|-HH:MM), with the
+ * lowercase t/z the RFC also allows.  Second 60 is a leap second. */
+static bool rfc3339_valid(const char *s, size_t len)
+{
+	int year, month, day, hour, min, sec, oh, om;
+	size_t i = 19;
+
+	if (len < 20 || len > MSG_TIME_MAX)
+		return false;
+	if (!digits(s, 4, &year) || s[4] != '-' || !digits(s + 5, 2, &month) || s[7] != '-' ||
+	    !digits(s + 8, 2, &day) || (s[10] != 'T' && s[10] != 't') || !digits(s + 11, 2, &hour) ||
+	    s[13] != ':' || !digits(s + 14, 2, &min) || s[16] != ':' || !digits(s + 17, 2, &sec))
+		return false;
+	if (month < 1 || month > 12 || day < 1 || day > days_in_month(year, month) || hour > 23 ||
+	    min > 59 || sec > 60)
+		return false;
+	if (s[i] == '.') {
+		size_t start = ++i;
+		while (i < len && s[i] >= '0' && s[i] <= '9')
+			i++;
+		if (i == start)
+			return false;
+	}
+	if (i < len && (s[i] == 'Z' || s[i] == 'z'))
+		return i + 1 == len;
+	if (i < len && (s[i] == '+' || s[i] == '-')) {
+		if (len - i != 6 || !digits(s + i + 1, 2, &oh) || s[i + 3] != ':' ||
+		    !digits(s + i + 4, 2, &om))
+			return false;
+		return oh <= 23 && om <= 59;
+	}
+	return false;
+}
+
+/* ---- hash ---------------------------------------------------------------- */
+
+struct hash_ctx {
+	EVP_MD_CTX *md;
+	size_t used;
+	unsigned char buf[HASH_BUF];
+};
+
+static int hash_chunk(const char *chunk, size_t size, void *data)
+{
+	struct hash_ctx *h = data;
+
+	if (size > sizeof h->buf - h->used) {
+		if (h->used > 0 && EVP_DigestUpdate(h->md, h->buf, h->used) != 1)
+			return -1;
+		h->used = 0;
+		if (size > sizeof h->buf)
+			return EVP_DigestUpdate(h->md, chunk, size) == 1 ? 0 : -1;
+	}
+	memcpy(h->buf + h->used, chunk, size);
+	h->used += size;
+	return 0;
+}
+
+/* SHA-256 of the compact, key-sorted serialisation of root.  False when
+ * OpenSSL or jansson (out of memory) fails. */
+static bool body_hash(json_t *root, unsigned char sha[32])
+{
+	struct hash_ctx h;
+	unsigned int n = 0;
+	bool ok = false;
+
+	h.used = 0;
+	h.md = EVP_MD_CTX_new();
+	if (h.md == NULL)
+		goto out;
+	if (EVP_DigestInit_ex(h.md, EVP_sha256(), NULL) != 1)
+		goto out;
+	if (json_dump_callback(root, hash_chunk, &h, JSON_COMPACT | JSON_SORT_KEYS) != 0)
+		goto out;
+	if (h.used > 0 && EVP_DigestUpdate(h.md, h.buf, h.used) != 1)
+		goto out;
+	if (EVP_DigestFinal_ex(h.md, sha, &n) != 1 || n != 32)
+		goto out;
+	ok = true;
+out:
+	EVP_MD_CTX_free(h.md);
+	return ok;
+}
+
+/* ---- the parse ----------------------------------------------------------- */
+
+enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
+                          const struct msg_props *props, struct msg *out)
+{
+	static const struct msg_props no_props = { NULL, 0, NULL, 0 };
+	json_error_t err;
+	json_t *root = NULL;
+	json_t *data;
+	const char *s;
+	size_t slen;
+	int type;
+	enum msg_reason r = MSG_REASON_NONE;
+
+	if (out == NULL)
+		return MSG_REASON_MALFORMED_JSON;
+	memset(out, 0, sizeof *out);
+	if (props == NULL)
+		props = &no_props;
+	if (len > max_body) {
+		set_detail(out, "body of %zu bytes exceeds INBOX_MAX_BODY (%zu)", len, max_body);
+		return MSG_REASON_TOO_LARGE;
+	}
+	if (body == NULL) {
+		if (len > 0) {
+			set_detail(out, "no body");
+			return MSG_REASON_MALFORMED_JSON;
+		}
+		body = "";
+	}
+
+	root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &err);
+	if (root == NULL) {
+		set_detail(out, "invalid JSON at line %d column %d: %s", err.line, err.column, err.text);
+		r = MSG_REASON_MALFORMED_JSON;
+		goto cleanup;
+	}
+	if (!json_is_object(root)) {
+		set_detail(out, "body is not a JSON object");
+		r = MSG_REASON_MALFORMED_JSON;
+		goto cleanup;
+	}
+
+	/* message_id first: from here on a failure can be logged under it. */
+	r = body_or_prop(root, "message_id", props->message_id, props->message_id_len, &s, &slen,
+	                 out);
+	if (r != MSG_REASON_NONE)
+		goto cleanup;
+	if (!msg_id_valid(s, slen, 1, MSG_ID_MAX)) {
+		set_detail(out, "message_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
+		           qlen(slen), s, qcut(slen), MSG_ID_MAX);
+		r = MSG_REASON_INVALID_FIELD;
+		goto cleanup;
+	}
+	copy_field(out->message_id, s, slen);
+
+	if (too_deep(root, 1)) {
+		set_detail(out, "body nests objects/arrays deeper than %d levels", MSG_MAX_DEPTH);
+		r = MSG_REASON_INVALID_FIELD;
+		goto cleanup;
+	}
+
+	r = body_string(root, "source", &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		goto cleanup;
+	if (s != NULL) {
+		if (!msg_id_valid(s, slen, 0, MSG_SOURCE_MAX)) {
+			set_detail(out, "source '%.*s%s' is not 0..%d characters of [A-Za-z0-9._:-]",
+			           qlen(slen), s, qcut(slen), MSG_SOURCE_MAX);
+			r = MSG_REASON_INVALID_FIELD;
+			goto cleanup;
+		}
+		copy_field(out->source, s, slen);
+	}
+
+	r = body_or_prop(root, "type", props->type, props->type_len, &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		goto cleanup;
+	type = msg_type_from_name(s, slen);
+	if (type < 0) {
+		set_detail(out, "unknown event type '%.*s%s'", qlen(slen), s, qcut(slen));
+		r = MSG_REASON_UNKNOWN_TYPE;
+		goto cleanup;
+	}
+	out->type = (enum msg_type)type;
+	copy_field(out->type_name, s, slen); /* a known name: always fits */
+
+	r = body_string(root, "order_id", &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		goto cleanup;
+	if (s == NULL) {
+		set_detail(out, "order_id is missing");
+		r = MSG_REASON_MISSING_FIELD;
+		goto cleanup;
+	}
+	if (!msg_id_valid(s, slen, 1, MSG_ORDER_ID_MAX)) {
+		set_detail(out, "order_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
+		           qlen(slen), s, qcut(slen), MSG_ORDER_ID_MAX);
+		r = MSG_REASON_INVALID_FIELD;
+		goto cleanup;
+	}
+	copy_field(out->order_id, s, slen);
+
+	r = body_string(root, "occurred_at", &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		goto cleanup;
+	if (s != NULL) {
+		if (!rfc3339_valid(s, slen)) {
+			set_detail(out, "occurred_at '%.*s%s' is not an RFC 3339 date-time",
+			           qlen(slen), s, qcut(slen));
+			r = MSG_REASON_INVALID_FIELD;
+			goto cleanup;
+		}
+		copy_field(out->occurred_at, s, slen);
+	}
+
+	data = json_object_get(root, "data");
+	if (data != NULL && !json_is_null(data)) {
+		json_t *amount;
+
+		if (!json_is_object(data)) {
+			set_detail(out, "data must be an object");
+			r = MSG_REASON_INVALID_FIELD;
+			goto cleanup;
+		}
+		amount = json_object_get(data, "amount_cents");
+		if (amount != NULL && !json_is_null(amount)) {
+			if (!json_is_integer(amount) || json_integer_value(amount) < 0) {
+				set_detail(out, "data.amount_cents must be an integer >= 0");
+				r = MSG_REASON_INVALID_FIELD;
+				goto cleanup;
+			}
+			out->amount_cents = (int64_t)json_integer_value(amount);
+		}
+	}
+
+	if (!body_hash(root, out->sha256)) {
+		/* Only out of memory ends up here; jansson reports that as a parse
+		 * error too, so it shares the reason. */
+		set_detail(out, "cannot hash body (out of memory)");
+		r = MSG_REASON_MALFORMED_JSON;
+		goto cleanup;
+	}
+	r = MSG_REASON_NONE;
+
+cleanup:
+	json_decref(root);
+	return r;
+}
