@@ -636,6 +636,39 @@ int mq_publish(struct mq *m, const struct mq_message *msg)
 	return rc;
 }
 
+int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us)
+{
+	struct mq_outprops o;
+	amqp_bytes_t body = { .len = msg->len, .bytes = (void *)msg->body };
+	amqp_basic_properties_t *p = &o.p;
+	int rc;
+
+	if (m->broken)
+		return ST_ERR_MQ_CONN;
+	rc = mq_build_props(&o, msg);
+	if (rc == ST_OK && p->headers.num_entries >= MQ_HEADERS_MAX)
+		rc = ST_ERR_INVALID;
+	if (rc == ST_OK) {
+		amqp_table_entry_t *e = &o.h[p->headers.num_entries];
+
+		e->key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US);
+		e->value.kind = AMQP_FIELD_KIND_I64;
+		e->value.value.i64 = published_us;
+		p->headers.num_entries++;
+		p->headers.entries = o.h;
+		p->_flags |= AMQP_BASIC_HEADERS_FLAG;
+		rc = mq_status(m, amqp_basic_publish(m->conn, MQ_CHANNEL, mq_b(msg->exchange),
+		                                     mq_b(msg->routing_key), msg->mandatory, 0, p, body),
+		               "basic.publish");
+		if (rc == ST_ERR_TIMEOUT)
+			rc = mq_fail(m, ST_ERR_MQ_CONN, "basic.publish", "timed out");
+		if (rc == ST_OK && m->confirming)
+			m->next_seq++;
+	}
+	json_decref(o.saved);
+	return rc;
+}
+
 uint64_t mq_unconfirmed(const struct mq *m)
 {
 	return m->next_seq - 1 - m->confirmed;

@@ -99,6 +99,9 @@ int mq_confirm_select(struct mq *m);
 int mq_publish(struct mq *m, const struct mq_message *msg);
 int mq_wait_confirms(struct mq *m, int timeout_ms);
 int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms);
+/* mq_publish with MQ_HEADER_PUBLISHED_US added as an int64 header (the
+ * worker reads it as a number); for the load generator and benchmarks. */
+int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us);
 /* Publishes not yet confirmed. */
 uint64_t mq_unconfirmed(const struct mq *m);
 

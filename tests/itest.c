@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -205,6 +206,10 @@ pid_t itest_spawn_logged(const char *const *args, const char *const *env, const 
 	pid = fork();
 	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
 	if (pid == 0) {
+		/* A failed assertion ends the test process: its workers must
+		 * not outlive it and steal the next test's messages. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+			_exit(126);
 		if (log_path != NULL) {
 			FILE *f = freopen(log_path, "w", stderr);
 			if (f == NULL)

@@ -60,7 +60,8 @@ struct worker {
 	unsigned seed;
 	int64_t last_housekeeping_ms;
 	int64_t last_cleanup_ms;
-	int exit_code;
+	atomic_int exit_code; /* written by the thread, read by main */
+	bool joined;
 };
 
 static int64_t pool_now_ms(void)
@@ -409,7 +410,7 @@ static void *worker_main(void *arg)
 		if (rc == ST_ERR_STOPPED)
 			break;
 		if (rc != ST_OK) {
-			w->exit_code = 1;
+			atomic_store(&w->exit_code, 1);
 			atomic_store(&pool_stop, true);
 			break;
 		}
@@ -497,19 +498,25 @@ int pool_main(const struct cfg *conf)
 			atomic_store(&pool_stop, true);
 		}
 		for (int i = 0; i < started; i++)
-			if (workers[i].exit_code != 0)
+			if (atomic_load(&workers[i].exit_code) != 0)
 				atomic_store(&pool_stop, true);
 		if (!atomic_load(&pool_stop))
 			continue;
-		for (int i = 0; i < started; i++)
-			if (pthread_tryjoin_np(workers[i].thread, NULL) == EBUSY)
+		for (int i = 0; i < started; i++) {
+			if (workers[i].joined)
+				continue;
+			/* A joined thread must not be joined again. */
+			if (pthread_tryjoin_np(workers[i].thread, NULL) == 0)
+				workers[i].joined = true;
+			else
 				all_done = false;
+		}
 		if (all_done)
 			break;
 	}
 	for (int i = 0; i < started; i++)
-		if (workers[i].exit_code != 0)
-			code = workers[i].exit_code;
+		if (atomic_load(&workers[i].exit_code) != 0)
+			code = atomic_load(&workers[i].exit_code);
 	metrics_stop();
 	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
