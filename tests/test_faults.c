@@ -55,7 +55,7 @@ Test(faults, failure_after_claim_before_commit_leaves_message_eligible)
 	st = itest_stop(w, SIGTERM, 60);
 	mq_close(&m);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	cr_assert(itest_log_has(logf, "fault injected point=before-commit"), "the fault must have fired");
+	cr_assert(itest_log_has(logf, "\"fault injected\" point=before-commit"), "the fault must have fired");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 1);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1, "applied once after the redelivery");
 	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 0, "the rolled-back claim left no trace");
