@@ -1,0 +1,82 @@
+/*
+ * test_cli.c - the command line contract of SPEC.md: a configuration error
+ * exits 2 with one line naming the setting; --help and --version exit 0.
+ * Runs the real binary; needs no servers (the error is found before any
+ * connection is made).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Run the worker with env assignments prefixed, capture stderr. */
+static int run(const char *env, const char *args, char *err, size_t cap)
+{
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	char cmd[2048];
+	FILE *p;
+	size_t n;
+	int st;
+
+	cr_assert_not_null(bin);
+	snprintf(cmd, sizeof cmd, "env -i PATH=/usr/bin:/bin %s %s %s 2>&1 >/dev/null", env, bin, args);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	n = fread(err, 1, cap - 1, p);
+	err[n] = '\0';
+	st = pclose(p);
+	cr_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+struct bad {
+	const char *env;
+	const char *args;
+	const char *line;
+};
+
+Test(cli, every_class_of_bad_value_exits_2_with_one_line)
+{
+	static const struct bad cases[] = {
+		{ "INBOX_THREADS=abc", "run", "inbox-worker: INBOX_THREADS: not a number: 'abc'\n" },
+		{ "INBOX_THREADS=0", "run", "inbox-worker: INBOX_THREADS: out of range [1, 256]: '0'\n" },
+		{ "", "run --prefetch 70000", "inbox-worker: INBOX_PREFETCH: out of range [1, 65535]: '70000'\n" },
+		{ "INBOX_RETENTION=5x", "run", "inbox-worker: INBOX_RETENTION: bad duration: '5x' (use e.g. 30s, 10m, 7d)\n" },
+		{ "INBOX_AMQP_URL=http://h/", "run", NULL },
+		{ "INBOX_DB_URL=mysql://u:secret@/db", "run", NULL },
+		{ "INBOX_DB_URL_FILE=/nonexistent/url", "run",
+		  "inbox-worker: INBOX_DB_URL_FILE: cannot read '/nonexistent/url': No such file or directory\n" },
+		{ "INBOX_LOG_FORMAT=xml", "run", "inbox-worker: INBOX_LOG_FORMAT: must be one of text, json: 'xml'\n" },
+		{ "", "run --bogus", "inbox-worker: --bogus: unknown flag (see --help)\n" },
+	};
+	char err[1024];
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int code = run(cases[i].env, cases[i].args, err, sizeof err);
+		cr_expect_eq(code, 2, "%s %s: exit %d, want 2", cases[i].env, cases[i].args, code);
+		cr_expect_eq(strchr(err, '\n') - err + 1, (long)strlen(err), "%s: exactly one line: %s", cases[i].env, err);
+		cr_expect_null(strstr(err, "secret"), "a password must never be printed: %s", err);
+		if (cases[i].line != NULL)
+			cr_expect_str_eq(err, cases[i].line);
+		else
+			cr_expect(strstr(err, "_URL: ") != NULL, "the line names the URL setting: %s", err);
+	}
+}
+
+Test(cli, help_and_version_exit_0)
+{
+	char out[65536];
+
+	cr_assert_eq(run("", "--version", out, sizeof out), 0);
+	cr_assert_eq(run("", "run --help", out, sizeof out), 0);
+	cr_assert_eq(run("", "help", out, sizeof out), 0);
+}
+
+Test(cli, unknown_command_exits_2)
+{
+	char err[1024];
+
+	cr_assert_eq(run("", "frobnicate", err, sizeof err), 2);
+	cr_assert_eq(run("", "", err, sizeof err), 2);
+}
