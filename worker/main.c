@@ -23,7 +23,7 @@ static void usage(FILE *f)
 	           "  migrate   apply the SQL files of the migrations folder not yet applied\n"
 	           "  cleanup   delete inbox rows older than the retention window, then exit\n\n",
 	        USAGE);
-	cfg_print_help(f, USAGE);
+	cfg_print_help(f, NULL);
 }
 
 int main(int argc, char **argv)
