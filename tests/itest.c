@@ -349,6 +349,20 @@ void itest_publish_async(struct mq *m, const char *type, const char *body, const
 	itest_pub(m, type, body, mid, false);
 }
 
+void itest_publish_keyed(struct mq *m, const char *type, const char *body, const char *order_id, bool wait)
+{
+	char rk[64];
+	struct mq_header h[1] = { { "order_id", order_id } };
+	struct mq_message msg = {
+		.exchange = itest_cfg()->exchange, .routing_key = rk, .body = body, .len = strlen(body),
+		.headers = h, .nheaders = 1,
+	};
+	snprintf(rk, sizeof rk, "order.%s", type);
+	cr_assert_eq(mq_publish(m, &msg), ST_OK, "publish: %s", mq_errmsg(m));
+	if (wait)
+		cr_assert_eq(mq_wait_confirms(m, 10000), ST_OK, "confirm: %s", mq_errmsg(m));
+}
+
 void itest_confirm_all(struct mq *m)
 {
 	cr_assert_eq(mq_wait_confirms(m, 30000), ST_OK, "confirm: %s", mq_errmsg(m));
@@ -408,6 +422,20 @@ void itest_wait_queue_empty(const char *queue, int timeout_s)
 
 int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s)
 {
+	return itest_drain(itest_cfg()->dlq, out, cap, expect, timeout_s);
+}
+
+void itest_bind_queue(const char *queue, const char *exchange, const char *binding)
+{
+	struct mq *m = itest_mq();
+
+	cr_assert_eq(mq_queue_declare_bind(m, queue, exchange, binding, true), ST_OK, "%s", mq_errmsg(m));
+	cr_assert_eq(mq_queue_purge(m, queue), ST_OK, "%s", mq_errmsg(m));
+	mq_close(&m);
+}
+
+int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s)
+{
 	struct mq *m = NULL;
 	double end = itest_now() + timeout_s;
 	int n = 0;
@@ -415,7 +443,7 @@ int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s)
 	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq"), ST_OK);
 	while (n < cap) {
 		struct mq_delivery d;
-		int rc = mq_get(m, itest_cfg()->dlq, &d);
+		int rc = mq_get(m, queue, &d);
 		if (rc == ST_ERR_NOT_FOUND) {
 			if (n >= expect || itest_now() > end)
 				break;
@@ -427,6 +455,8 @@ int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s)
 		if (d.props.message_id != NULL)
 			snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
 			         d.props.message_id);
+		if (d.props.type != NULL)
+			snprintf(out[n].type, sizeof out[n].type, "%.*s", (int)d.props.type_len, d.props.type);
 		if (mq_delivery_header(&d, "x-inbox-reason", out[n].reason, sizeof out[n].reason) != ST_OK)
 			snprintf(out[n].reason, sizeof out[n].reason, "(none)");
 		if (mq_delivery_header(&d, "x-inbox-detail", out[n].detail, sizeof out[n].detail) != ST_OK)

@@ -62,6 +62,8 @@ void itest_publish(struct mq *m, const char *type, const char *body, const char 
  * itest_confirm_all afterwards. */
 void itest_publish_async(struct mq *m, const char *type, const char *body, const char *message_id_prop);
 void itest_confirm_all(struct mq *m);
+/* Publish with the order_id header that sharded mode hashes on. */
+void itest_publish_keyed(struct mq *m, const char *type, const char *body, const char *order_id, bool wait);
 
 /* A standard event body. */
 void itest_event(char *buf, size_t cap, const char *message_id, const char *type, const char *order_id);
@@ -78,8 +80,13 @@ struct itest_dead {
 	char message_id[129];
 	char reason[40];
 	char detail[200];
+	char type[40];
 };
 int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
+/* The same for any queue. */
+int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s);
+/* Declare a durable queue bound to exchange with binding, emptied. */
+void itest_bind_queue(const char *queue, const char *exchange, const char *binding);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);

@@ -519,6 +519,9 @@ int pool_main(const struct cfg *conf)
 			code = atomic_load(&workers[i].exit_code);
 	metrics_stop();
 	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
+	    LOG_I("held", metrics_outcome_count(METRICS_HELD)),
+	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
+	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
 	free(workers);
