@@ -817,6 +817,12 @@ int mq_queue_delete(struct mq *m, const char *queue)
 	return mq_rpc(m, "queue.delete");
 }
 
+int mq_exchange_delete(struct mq *m, const char *exchange)
+{
+	amqp_exchange_delete(m->conn, MQ_CHANNEL, mq_b(exchange), 0);
+	return mq_rpc(m, "exchange.delete");
+}
+
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable)
 {

@@ -117,6 +117,7 @@ int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, 
 /* Declare and purge are test and tool helpers. */
 int mq_queue_purge(struct mq *m, const char *queue);
 int mq_queue_delete(struct mq *m, const char *queue);
+int mq_exchange_delete(struct mq *m, const char *exchange);
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable);
 

@@ -182,6 +182,9 @@ static void itest_delete_queues(void)
 		snprintf(name, sizeof name, "%s.shard.%d", c->queue, i);
 		cr_assert_eq(mq_queue_delete(m, name), ST_OK, "%s", mq_errmsg(m));
 	}
+	/* A sharded test leaves orders -> orders.sharded bound. */
+	snprintf(name, sizeof name, "%s.sharded", c->exchange);
+	cr_assert_eq(mq_exchange_delete(m, name), ST_OK, "%s", mq_errmsg(m));
 	mq_close(&m);
 }
 
