@@ -17,6 +17,7 @@
 #include "inbox.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -506,7 +507,7 @@ static int inbox_settle_duplicate(struct inbox *ib, const struct msg *m, const c
 	return ST_OK;
 }
 
-int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
+int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
 {
 	const struct msg *m = in->msg;
 	char hex[65];
@@ -532,15 +533,15 @@ int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_resu
 		rc = db_stmt_exec(ib->claim, p, 8, NULL);
 	}
 	if (rc == ST_ERR_DB_DUPLICATE) {
-		rc = inbox_settle_duplicate(ib, m, hex, res);
-		db_rollback(ib->db);
-		return rc;
+		/* InnoDB rolled back the INSERT alone; whatever else this
+		 * transaction holds (a batch) stays. */
+		return inbox_settle_duplicate(ib, m, hex, res);
 	}
 	if (rc != ST_OK)
-		goto rollback;
+		return rc;
 	rc = inbox_lock_order(ib, m->order_id, &o);
 	if (rc != ST_OK)
-		goto rollback;
+		return rc;
 	v = order_decide(o.state, o.flags, m->type);
 	if (v.decision == ORDER_INVALID && in->props_json != NULL) {
 		props = in->props_json(in->props_arg);
@@ -555,27 +556,52 @@ int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_resu
 		                       inbox_reason_of(v.decision));
 	if (rc == ST_OK && changed && o.held > 0)
 		rc = inbox_release_held(ib, &o, res, m->order_id);
+	free(props);
 	if (rc != ST_OK)
-		goto rollback;
-	if (fault_hit("before-commit")) {
-		rc = ST_ERR_FAULT;
-		goto rollback;
-	}
-	/* If the connection breaks during COMMIT we cannot know whether it
-	 * happened.  That is safe: the caller reconnects and runs this again;
-	 * if the commit did happen, the claim now fails with 1062 and the
-	 * message is settled as a duplicate instead of applied twice. */
-	rc = db_commit(ib->db);
-	if (rc != ST_OK)
-		goto rollback;
+		return rc;
 	res->outcome = (enum inbox_outcome)v.decision; /* the enums agree up to DEAD_LETTERED */
 	res->state = o.state;
-	free(props);
 	return ST_OK;
-rollback:
-	free(props);
-	db_rollback(ib->db);
+}
+
+int inbox_commit(struct inbox *ib)
+{
+	int rc;
+
+	if (fault_hit("before-commit")) {
+		db_rollback(ib->db);
+		return ST_ERR_FAULT;
+	}
+	if (fault_hit("crash-before-commit"))
+		raise(SIGKILL); /* a message that kills its worker */
+	/* If the connection breaks during COMMIT we cannot know whether it
+	 * happened.  That is safe: the caller reconnects and runs the
+	 * messages again; if the commit did happen, their claims now fail with
+	 * 1062 and they are settled as duplicates instead of applied twice. */
+	rc = db_commit(ib->db);
+	if (rc != ST_OK)
+		db_rollback(ib->db);
 	return rc;
+}
+
+void inbox_abort(struct inbox *ib)
+{
+	db_rollback(ib->db);
+}
+
+int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
+{
+	int rc = inbox_apply(ib, in, res);
+
+	if (rc != ST_OK) {
+		inbox_abort(ib);
+		return rc;
+	}
+	if (res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT) {
+		inbox_abort(ib); /* nothing was written */
+		return ST_OK;
+	}
+	return inbox_commit(ib);
 }
 
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired)

@@ -71,6 +71,17 @@ void inbox_close(struct inbox **ib);
  */
 int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);
 
+/*
+ * The same in steps, for a batch of messages in one transaction:
+ * inbox_apply for each message (nothing is committed; a duplicate or a
+ * conflict writes nothing and leaves the rest of the transaction intact),
+ * then inbox_commit once.  After an error from inbox_apply call inbox_abort
+ * (a deadlock has already rolled everything back; the call is harmless).
+ */
+int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);
+int inbox_commit(struct inbox *ib);
+void inbox_abort(struct inbox *ib);
+
 /* Dead-letter held events older than the hold TTL through the outbox, at
  * most limit of them; *expired gets the count. */
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired);

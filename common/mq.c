@@ -22,6 +22,9 @@
 
 #define MQ_CHANNEL 1
 #define MQ_HEADERS_MAX 64
+/* Deliveries one connection can hold at once (a batch); each has its own
+ * envelope, so they can be settled together. */
+#define MQ_MAX_HELD 512
 
 struct mq {
 	amqp_connection_state_t conn;
@@ -30,8 +33,10 @@ struct mq {
 	uint64_t next_seq;      /* delivery tag of the next publish */
 	uint64_t confirmed;     /* all seq <= confirmed are settled */
 	bool nacked;            /* a nack or return arrived since the last wait */
-	amqp_envelope_t env;
-	bool has_env;
+	amqp_envelope_t envs[MQ_MAX_HELD];
+	bool env_used[MQ_MAX_HELD];
+	int free_slots[MQ_MAX_HELD];
+	int nfree;
 	amqp_message_t got;     /* basic.get result */
 	bool has_got;
 	char err[256];
@@ -108,6 +113,9 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 	if (m == NULL)
 		return ST_ERR_NOMEM;
 	m->next_seq = 1;
+	for (int i = 0; i < MQ_MAX_HELD; i++)
+		m->free_slots[i] = MQ_MAX_HELD - 1 - i;
+	m->nfree = MQ_MAX_HELD;
 	m->conn = amqp_new_connection();
 	if (m->conn == NULL) {
 		free(m);
@@ -153,8 +161,9 @@ void mq_close(struct mq **mp)
 	if (mp == NULL || *mp == NULL)
 		return;
 	m = *mp;
-	if (m->has_env)
-		amqp_destroy_envelope(&m->env);
+	for (int i = 0; i < MQ_MAX_HELD; i++)
+		if (m->env_used[i])
+			amqp_destroy_envelope(&m->envs[i]);
 	if (m->has_got)
 		amqp_destroy_message(&m->got);
 	if (!m->broken) {
@@ -353,13 +362,15 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 {
 	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000 };
 	amqp_rpc_reply_t r;
+	amqp_envelope_t *env;
+	int slot;
 
-	if (m->has_env) {
-		amqp_destroy_envelope(&m->env);
-		m->has_env = false;
-	}
+	if (m->nfree == 0)
+		return mq_fail(m, ST_ERR_INVALID, "consume", "too many deliveries held");
+	slot = m->free_slots[m->nfree - 1];
+	env = &m->envs[slot];
 	amqp_maybe_release_buffers(m->conn);
-	r = amqp_consume_message(m->conn, &m->env, &tv, 0);
+	r = amqp_consume_message(m->conn, env, &tv, 0);
 	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
 	    r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
 		/* A frame other than a delivery: on a consumer channel that is a
@@ -376,21 +387,25 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 	}
 	if (r.reply_type != AMQP_RESPONSE_NORMAL)
 		return mq_reply(m, r, "consume");
-	m->has_env = true;
-	d->tag = m->env.delivery_tag;
-	snprintf(d->routing_key, sizeof d->routing_key, "%.*s", (int)m->env.routing_key.len,
-	         (const char *)m->env.routing_key.bytes);
-	d->redelivered = m->env.redelivered != 0;
-	d->priv = &m->env.message;
-	mq_fill_delivery(d, &m->env.message);
+	m->nfree--;
+	m->env_used[slot] = true;
+	d->slot = slot;
+	d->tag = env->delivery_tag;
+	snprintf(d->routing_key, sizeof d->routing_key, "%.*s", (int)env->routing_key.len,
+	         (const char *)env->routing_key.bytes);
+	d->redelivered = env->redelivered != 0;
+	d->priv = &env->message;
+	mq_fill_delivery(d, &env->message);
 	return ST_OK;
 }
 
 void mq_delivery_release(struct mq *m, struct mq_delivery *d)
 {
-	if (d->priv == &m->env.message && m->has_env) {
-		amqp_destroy_envelope(&m->env);
-		m->has_env = false;
+	if (d->priv != NULL && d->priv != &m->got && d->slot >= 0 && d->slot < MQ_MAX_HELD &&
+	    m->env_used[d->slot] && d->priv == &m->envs[d->slot].message) {
+		amqp_destroy_envelope(&m->envs[d->slot]);
+		m->env_used[d->slot] = false;
+		m->free_slots[m->nfree++] = d->slot;
 	} else if (d->priv == &m->got && m->has_got) {
 		amqp_destroy_message(&m->got);
 		m->has_got = false;
@@ -800,6 +815,7 @@ int mq_get(struct mq *m, const char *queue, struct mq_delivery *d)
 	if (rc != ST_OK)
 		return rc;
 	m->has_got = true;
+	d->slot = -1;
 	d->priv = &m->got;
 	mq_fill_delivery(d, &m->got);
 	return ST_OK;

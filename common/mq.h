@@ -15,7 +15,8 @@
  *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
- * memory until mq_delivery_release or the next mq_consume.
+ * memory until mq_delivery_release; up to 512 may be held at once (a batch).
+ * A delivery from mq_get lives until the next mq_get or its release.
  */
 #ifndef INBOX_MQ_H
 #define INBOX_MQ_H
@@ -42,7 +43,8 @@ struct mq_delivery {
 	int64_t published_us;     /* MQ_HEADER_PUBLISHED_US, 0 when absent */
 	int64_t delivery_count;   /* x-delivery-count of quorum queues, 0 when absent */
 	char routing_key[256];    /* cut at 255 bytes (ours are short) */
-	void *priv;               /* the envelope; mq_ only */
+	void *priv;               /* the message; mq_ only */
+	int slot;                 /* the envelope slot; mq_ only */
 };
 
 /* A header added to an outgoing message. */

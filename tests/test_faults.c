@@ -164,3 +164,38 @@ Test(faults, sigterm_under_load_loses_nothing, .timeout = 600)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), done);
 	mq_close(&m);
 }
+
+/* A message that kills every worker that takes it must not loop forever:
+ * the quorum queue's delivery limit sends it to the DLQ. */
+Test(faults, poison_message_ends_in_the_dlq_by_delivery_limit, .timeout = 600)
+{
+	char body[512];
+	struct itest_dead dead[2];
+	struct mq *m;
+	const char *env[] = { "INBOX_FAULT=crash-before-commit", "INBOX_FAULT_COUNT=1000", NULL };
+	int deaths = 0, got = 0;
+	pid_t w;
+
+	/* Before the configuration is loaded: the test and its workers
+	 * declare the queue alike. */
+	cr_assert_eq(setenv("INBOX_DELIVERY_LIMIT", "2", 1), 0);
+	itest_fresh();
+	m = itest_mq();
+	itest_event(body, sizeof body, "poison-1", "OrderCreated", "o-p");
+	itest_publish(m, "OrderCreated", body, "poison-1");
+	while (got == 0 && deaths < 6) {
+		int st;
+		w = itest_worker(1, env);
+		st = itest_wait_exit(w, 120);
+		cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the poison kills the worker");
+		deaths++;
+		got = itest_drain(itest_cfg()->dlq, dead, 2, 0, 2);
+	}
+	if (got == 0) /* the last death may still be settling in the broker */
+		got = itest_dlq_drain(dead, 2, 1, 60);
+	mq_close(&m);
+	cr_assert_eq(got, 1, "dead-lettered by the broker after %d deaths", deaths);
+	cr_assert_str_eq(dead[0].message_id, "poison-1");
+	cr_assert_leq(deaths, 3, "delivery limit 2: at most three deliveries");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0, "never committed");
+}

@@ -112,7 +112,7 @@ static void *blast_main(void *arg)
 	return NULL;
 }
 
-static void concurrent_duplicates(int processes, int threads)
+static void concurrent_duplicates(int processes, int threads, const char *const *env)
 {
 	enum { CONNS = 8, ORDERS = 50 };
 	pthread_t t[CONNS];
@@ -127,7 +127,7 @@ static void concurrent_duplicates(int processes, int threads)
 		char name[32];
 		snprintf(name, sizeof name, "conc-%d-%d", processes, p);
 		log_path(logf[p], sizeof logf[p], name);
-		w[p] = itest_worker_logged(threads, NULL, logf[p]);
+		w[p] = itest_worker_logged(threads, env, logf[p]);
 	}
 	cr_assert_eq(pthread_barrier_init(&start, NULL, CONNS), 0);
 	for (int i = 0; i < CONNS; i++)
@@ -156,12 +156,19 @@ static void concurrent_duplicates(int processes, int threads)
 
 Test(inbox, concurrent_duplicates_apply_once_four_threads, .timeout = 600)
 {
-	concurrent_duplicates(1, 4);
+	concurrent_duplicates(1, 4, NULL);
 }
 
 Test(inbox, concurrent_duplicates_apply_once_two_processes, .timeout = 600)
 {
-	concurrent_duplicates(2, 4);
+	concurrent_duplicates(2, 4, NULL);
+}
+
+/* Several messages per transaction: a duplicate inside a batch must not
+ * undo the rest of it. */
+Test(inbox, concurrent_duplicates_apply_once_batched, .timeout = 600)
+{
+	concurrent_duplicates(2, 4, (const char *[]){ "INBOX_BATCH=16", NULL });
 }
 
 Test(inbox, conflicting_payload_first_stands_second_dead_lettered)

@@ -153,7 +153,8 @@ Test(saga, any_arrival_order_with_duplicates_ends_as_in_order, .timeout = 900)
 		char name[32];
 		snprintf(name, sizeof name, "prop-%d", p);
 		log_path(logf[p], sizeof logf[p], name);
-		w[p] = itest_worker_logged(3, NULL, logf[p]);
+		/* One process one message per transaction, the other batches. */
+		w[p] = itest_worker_logged(3, p == 0 ? NULL : (const char *[]){ "INBOX_BATCH=8", NULL }, logf[p]);
 	}
 	for (int c = 0; c < CONNS; c++) {
 		slices[c] = (struct pub_slice){ &set, c, set.n, CONNS, false };

@@ -42,6 +42,7 @@
 #define POOL_CLEANUP_S 600
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
+#define MQ_BATCH_MAX 500 /* the bound of INBOX_BATCH */
 
 /* The one global: raised by the signal thread, read by workers. */
 static atomic_bool pool_stop;
@@ -61,6 +62,7 @@ struct worker {
 	int64_t last_housekeeping_ms;
 	int64_t last_cleanup_ms;
 	atomic_int exit_code; /* written by the thread, read by main */
+	struct item *items;   /* INBOX_BATCH deliveries */
 	bool joined;
 };
 
@@ -263,111 +265,196 @@ static char *worker_props_json(const void *arg)
 	return mq_delivery_props_json(arg);
 }
 
-/* Handle one delivery.  Returns ST_OK when the delivery was acked, or the
- * error that kept it unacked (then the caller drops the consumer connection
- * so the broker redelivers it). */
-static int worker_handle(struct worker *w, const struct mq_delivery *d, const char *rk)
-{
+/* One delivery of a batch and what became of it. */
+struct item {
+	struct mq_delivery d;
 	struct msg m;
-	struct msg_props props = d->props;
-	enum msg_reason reason;
-	enum metrics_outcome mo;
+	enum msg_reason reason;     /* bad input: dead-lettered before the transaction */
 	struct inbox_result res;
-	double t0 = pool_now_s();
-	int rc, attempt = 0;
+	bool done;                  /* settled: ack it */
+};
 
-	reason = msg_parse(d->body, d->len, (size_t)w->conf->max_body, &props, &m);
-	if (reason != MSG_REASON_NONE) {
-		rc = worker_dead_letter(w, d, rk, msg_reason_name(reason), m.detail);
-		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
-			    LOG_S("reason", msg_reason_name(reason)), LOG_S("error", st_strerror(rc)));
-			return rc;
-		}
-		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
-		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", m.detail));
-		metrics_outcome(METRICS_DEAD_LETTERED);
-		goto ack;
-	}
+static const char *item_rk(const struct item *it)
+{
+	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
+}
+
+/* Run the transaction over the valid items of a batch, retrying the whole
+ * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
+ * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_FAULT when the test hook
+ * fired; another error when the batch cannot be settled now. */
+static int worker_transact(struct worker *w, struct item **v, int n)
+{
+	int attempt = 0;
 
 	for (;;) {
-		struct inbox_in in = {
-			.msg = &m, .body = d->body, .len = d->len, .routing_key = rk,
-			.props_json = worker_props_json, .props_arg = d, .published_us = d->published_us,
-		};
+		int rc = worker_db_up(w);
+		int i;
 
-		rc = worker_db_up(w);
 		if (rc != ST_OK)
 			return rc;
-		rc = inbox_process(w->inbox, &in, &res);
+		for (i = 0; i < n; i++) {
+			struct inbox_in in = {
+				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
+				.props_json = worker_props_json, .props_arg = &v[i]->d,
+				.published_us = v[i]->d.published_us,
+			};
+			rc = inbox_apply(w->inbox, &in, &v[i]->res);
+			if (rc != ST_OK)
+				break;
+		}
 		if (rc == ST_OK)
-			break;
+			rc = inbox_commit(w->inbox);
+		else
+			inbox_abort(w->inbox);
+		if (rc == ST_OK || rc == ST_ERR_FAULT)
+			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
 			metrics_db_retry();
-			if (attempt >= w->conf->max_retries) {
-				char detail[160];
-				snprintf(detail, sizeof detail, "%s after %d retries", st_strerror(rc), attempt);
-				rc = worker_dead_letter(w, d, rk, "retries-exhausted", detail);
-				if (rc != ST_OK)
-					return rc;
-				metrics_outcome(METRICS_DEAD_LETTERED);
-				LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
-				    LOG_S("reason", "retries-exhausted"));
-				goto ack;
-			}
-			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_S("msg", m.message_id),
+			if (attempt >= w->conf->max_retries)
+				return ST_ERR_DB_DEADLOCK;
+			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
 			pool_sleep_ms(pool_backoff_ms(w, attempt++, 10));
 			continue;
 		}
 		if (rc == ST_ERR_DB_CONN) {
-			/* Not the message's fault: keep it and wait for the
+			/* Not the messages' fault: keep them and wait for the
 			 * database (worker_db_up reconnects with backoff). */
-			LOG(LOG_WARN, "database connection lost; message kept", LOG_I("worker", w->index),
-			    LOG_S("msg", m.message_id));
+			LOG(LOG_WARN, "database connection lost; messages kept", LOG_I("worker", w->index),
+			    LOG_I("messages", n));
 			metrics_thread_ready(w->index, false);
 			continue;
 		}
-		if (rc == ST_ERR_FAULT) {
-			/* Test hook: behave as if the process had failed before the
-			 * commit; the broker gets the message back. */
-			if (mq_reject(w->consumer, d->tag, true) != ST_OK)
-				return ST_ERR_MQ_CONN;
-			return ST_OK;
-		}
-		LOG(LOG_ERROR, "transaction failed; message kept", LOG_I("worker", w->index),
-		    LOG_S("msg", m.message_id), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+		LOG(LOG_ERROR, "transaction failed; messages kept", LOG_I("worker", w->index), LOG_I("messages", n),
+		    LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
 		return rc;
 	}
+}
 
-	if (res.outcome == INBOX_CONFLICT) {
-		char detail[320];
-		snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
-		         m.message_id, m.source);
-		rc = worker_dead_letter(w, d, rk, "payload-conflict", detail);
+/* Settle the valid items: one transaction for all, or, when that cannot
+ * commit (retries exhausted, an unexpected error), one transaction each so
+ * that one bad apple does not hold the others back. */
+static int worker_settle(struct worker *w, struct item **v, int n)
+{
+	int rc = worker_transact(w, v, n);
+
+	if (rc == ST_OK) {
+		for (int i = 0; i < n; i++)
+			v[i]->done = true;
+		return ST_OK;
+	}
+	if (rc == ST_ERR_FAULT) {
+		/* Test hook: behave as if the process had failed before the
+		 * commit; the broker gets the messages back. */
+		for (int i = 0; i < n; i++)
+			if (mq_reject(w->consumer, v[i]->d.tag, true) != ST_OK)
+				return ST_ERR_MQ_CONN;
+		return ST_OK;
+	}
+	if (n > 1 && rc != ST_ERR_STOPPED) {
+		for (int i = 0; i < n; i++) {
+			rc = worker_settle(w, &v[i], 1);
+			if (rc != ST_OK)
+				return rc;
+		}
+		return ST_OK;
+	}
+	if (rc == ST_ERR_DB_DEADLOCK) {
+		char detail[160];
+		snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries", w->conf->max_retries);
+		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), "retries-exhausted", detail);
 		if (rc != ST_OK)
 			return rc;
-		mo = METRICS_DEAD_LETTERED;
-	} else {
-		mo = (enum metrics_outcome)res.outcome; /* same order up to DUPLICATE */
-		if (res.outcome == INBOX_DUPLICATE)
-			mo = METRICS_DUPLICATE;
+		v[0]->reason = MSG_REASON_RETRIES_EXHAUSTED;
+		v[0]->done = true;
+		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", v[0]->m.message_id),
+		    LOG_S("reason", "retries-exhausted"));
+		return ST_OK;
 	}
-	metrics_outcome(mo);
-	LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
-	    LOG_S("msg", m.message_id), LOG_S("order", m.order_id), LOG_S("type", m.type_name),
-	    LOG_S("outcome", inbox_outcome_name(res.outcome)), LOG_I("released", res.released));
+	return rc;
+}
+
+/* Handle a batch of deliveries.  Returns ST_OK when every delivery was
+ * acked (or handed back), or the error that kept some unacked (then the
+ * caller drops the consumer connection so the broker redelivers them). */
+static int worker_handle(struct worker *w, struct item *items, int n)
+{
+	struct item *valid[MQ_BATCH_MAX];
+	double t0 = pool_now_s();
+	int nvalid = 0, rc, outbox_rows = 0;
+
+	for (int i = 0; i < n; i++) {
+		struct item *it = &items[i];
+		struct msg_props props = it->d.props;
+
+		it->done = false;
+		it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->conf->max_body, &props, &it->m);
+		if (it->reason == MSG_REASON_NONE) {
+			valid[nvalid++] = it;
+			continue;
+		}
+		rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
+			    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("error", st_strerror(rc)));
+			return rc;
+		}
+		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", it->m.message_id),
+		    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("detail", it->m.detail));
+		it->done = true;
+	}
+	if (nvalid > 0) {
+		rc = worker_settle(w, valid, nvalid);
+		if (rc != ST_OK)
+			return rc;
+	}
+
+	for (int i = 0; i < nvalid; i++) {
+		struct item *it = valid[i];
+		enum metrics_outcome mo;
+
+		if (!it->done)
+			continue; /* handed back by the fault hook */
+		if (it->reason == MSG_REASON_RETRIES_EXHAUSTED) {
+			mo = METRICS_DEAD_LETTERED;
+		} else if (it->res.outcome == INBOX_CONFLICT) {
+			char detail[320];
+			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
+			         it->m.message_id, it->m.source);
+			rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
+			if (rc != ST_OK)
+				return rc;
+			mo = METRICS_DEAD_LETTERED;
+		} else if (it->res.outcome == INBOX_DUPLICATE) {
+			mo = METRICS_DUPLICATE;
+		} else {
+			mo = (enum metrics_outcome)it->res.outcome; /* same order up to DEAD_LETTERED */
+		}
+		metrics_outcome(mo);
+		outbox_rows += it->res.outbox_rows;
+		LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
+		    LOG_S("msg", it->m.message_id), LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
+		    LOG_S("outcome", it->reason == MSG_REASON_RETRIES_EXHAUSTED ? "retries-exhausted"
+		                                                                  : inbox_outcome_name(it->res.outcome)),
+		    LOG_I("released", it->res.released));
+	}
 	if (fault_hit("after-commit")) {
 		/* Test hook: die between the commit and the ack, as a SIGKILL
 		 * would; the redelivery must be recognised as a duplicate. */
 		raise(SIGKILL);
 	}
-ack:
-	rc = mq_ack(w->consumer, d->tag, false);
-	if (rc != ST_OK)
-		return rc;
-	metrics_processing_seconds(pool_now_s() - t0);
-	if (reason == MSG_REASON_NONE && res.outbox_rows > 0)
+	for (int i = 0; i < n; i++) {
+		if (!items[i].done)
+			continue;
+		if (items[i].reason != MSG_REASON_NONE && items[i].reason != MSG_REASON_RETRIES_EXHAUSTED)
+			metrics_outcome(METRICS_DEAD_LETTERED);
+		rc = mq_ack(w->consumer, items[i].d.tag, false);
+		if (rc != ST_OK)
+			return rc;
+		metrics_processing_seconds(pool_now_s() - t0);
+	}
+	if (outbox_rows > 0)
 		worker_relay(w);
 	return ST_OK;
 }
@@ -396,15 +483,22 @@ static void worker_housekeeping(struct worker *w)
 	}
 }
 
+static void worker_release(struct worker *w, int n)
+{
+	for (int i = 0; i < n; i++)
+		mq_delivery_release(w->consumer, &w->items[i].d);
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
-	struct mq_delivery d;
 
 	db_thread_init();
 	w->last_cleanup_ms = pool_now_ms();
 	while (!atomic_load(&pool_stop)) {
+		int n = 0;
 		int rc = worker_db_up(w);
+
 		if (rc == ST_OK)
 			rc = worker_mq_up(w);
 		if (rc == ST_ERR_STOPPED)
@@ -415,14 +509,24 @@ static void *worker_main(void *arg)
 			break;
 		}
 		metrics_thread_ready(w->index, true);
-		rc = mq_consume(w->consumer, &d, POOL_CONSUME_TIMEOUT_MS);
+		rc = mq_consume(w->consumer, &w->items[0].d, POOL_CONSUME_TIMEOUT_MS);
 		if (rc == ST_ERR_TIMEOUT) {
 			worker_housekeeping(w);
 			continue;
 		}
 		if (rc == ST_OK) {
-			rc = worker_handle(w, &d, d.routing_key[0] ? d.routing_key : "order.unknown");
-			mq_delivery_release(w->consumer, &d);
+			/* A batch is what is already here, never a wait for more:
+			 * batching must not add latency when traffic is light. */
+			for (n = 1; n < w->conf->batch; n++) {
+				rc = mq_consume(w->consumer, &w->items[n].d, 0);
+				if (rc != ST_OK)
+					break;
+			}
+			if (rc == ST_ERR_TIMEOUT)
+				rc = ST_OK;
+			if (rc == ST_OK)
+				rc = worker_handle(w, w->items, n);
+			worker_release(w, n);
 			if (rc == ST_OK)
 				continue;
 		}
@@ -473,7 +577,8 @@ int pool_main(const struct cfg *conf)
 		w->conf = conf;
 		w->seed = (unsigned)time(NULL) ^ (unsigned)getpid() ^ (unsigned)(i * 2654435761u);
 		snprintf(w->name, sizeof w->name, "inbox-worker pid=%d thread=%d", (int)getpid(), i);
-		if (mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0 ||
+		w->items = calloc((size_t)conf->batch, sizeof *w->items);
+		if (w->items == NULL ||mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0 ||
 		    pthread_create(&w->thread, NULL, worker_main, w) != 0) {
 			LOG(LOG_ERROR, "cannot start worker thread", LOG_I("worker", i));
 			atomic_store(&pool_stop, true);
@@ -524,6 +629,8 @@ int pool_main(const struct cfg *conf)
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
+	for (int i = 0; i < conf->threads; i++)
+		free(workers[i].items);
 	free(workers);
 	return code;
 }
