@@ -1,0 +1,329 @@
+/*
+ * main.c - inbox-loadgen: the duplicate-injection publisher and the
+ * verifier that proves every effect happened exactly once.
+ *
+ *   inbox-loadgen publish --ledger FILE [scenario options] [connection options]
+ *   inbox-loadgen verify  --ledger FILE [--timeout S] [connection options]
+ *
+ * The command's own options are taken first; everything left over goes to
+ * cfg_load, so the worker's environment (INBOX_AMQP_URL, INBOX_DB_URL,
+ * INBOX_QUEUE, ...) and flags (--amqp-url, ...) mean the same here.
+ * Exit codes follow SPEC.md: 2 for a usage or configuration error (one line
+ * naming the setting), 1 for a runtime failure — and for verify, 1 when
+ * anything is missing, doubled, wrong or unexpected.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "cfg.h"
+#include "db.h"
+#include "log.h"
+#include "msg.h"
+#include "publish.h"
+#include "scenario.h"
+#include "status.h"
+#include "verify.h"
+
+#define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options]"
+
+static void usage(FILE *f)
+{
+	fputs(USAGE "\n\n"
+	      "publish: build a deterministic scenario from --seed, write its ledger, publish it.\n"
+	      "  --ledger FILE          where to write the expected outcomes (JSON lines)\n"
+	      "  --seed N               scenario seed (1)\n"
+	      "  --run TAG              run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)\n"
+	      "  --orders N             orders (1000)\n"
+	      "  --messages N           instead of --orders: about N published messages\n"
+	      "  --cancel-share F       share of orders cancelled, split over the 3 cancel paths (0.3)\n"
+	      "  --invalid-share F      share of cancelled orders that also get a ShipmentCreated (0.01)\n"
+	      "  --dup-rate F           share of events published more than once (0.2)\n"
+	      "  --concurrent-dups F    of those, share sent at the same moment from several connections (0.25)\n"
+	      "  --delayed-dups F       of those, share sent again after the originals were processed (0.25)\n"
+	      "  --reorder-window W     shuffle each order's events within W positions (3)\n"
+	      "  --conflicts N          keys re-sent later with another payload (0)\n"
+	      "  --malformed N          malformed messages spread over every SPEC.md class (0)\n"
+	      "  --connections C        publisher connections, each a thread (4)\n"
+	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
+	      "  --settle-timeout S     wait at most S s for originals before the delayed phase (600)\n"
+	      "\n"
+	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n"
+	      "  --ledger FILE          the ledger publish wrote\n"
+	      "  --timeout S            wait at most S s for the worker to go idle (300)\n"
+	      "  --list N               ids listed per problem kind (20)\n"
+	      "\n",
+	      f);
+	cfg_print_help(f, "connection options (same as inbox-worker):");
+}
+
+struct lg_args {
+	struct lg_opts sc;
+	long messages;
+	struct lg_publish_opts po;
+	struct lg_verify_opts vo;
+};
+
+/* Value of option `name` at argv[*i] ("--name V" or "--name=V"); NULL when
+ * argv[*i] is another option.  *missing is set when the value is absent. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, bool *missing)
+{
+	size_t n = strlen(name);
+	const char *a = argv[*i];
+
+	if (strncmp(a, name, n) != 0)
+		return NULL;
+	if (a[n] == '=')
+		return a + n + 1;
+	if (a[n] != '\0')
+		return NULL;
+	if (*i + 1 >= argc) {
+		*missing = true;
+		return NULL;
+	}
+	return argv[++*i];
+}
+
+static int parse_share(const char *name, const char *v, double *out, char *err, size_t errlen)
+{
+	char *end;
+	double d;
+
+	errno = 0;
+	d = strtod(v, &end);
+	if (errno != 0 || end == v || *end != '\0' || !isfinite(d) || d < 0.0 || d > 1.0) {
+		snprintf(err, errlen, "%s: not a share between 0 and 1: '%s'", name, v);
+		return -1;
+	}
+	*out = d;
+	return 0;
+}
+
+static int parse_num(const char *name, const char *v, long min, long max, long *out, char *err, size_t errlen)
+{
+	char why[128];
+
+	if (cfg_parse_long(v, min, max, out, why, sizeof why) != 0) {
+		snprintf(err, errlen, "%s: %s", name, why);
+		return -1;
+	}
+	return 0;
+}
+
+/* Take the options this program knows out of argv; the rest is copied to
+ * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
+static int parse_args(bool publish, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
+                      char *err, size_t errlen)
+{
+	*nrest = 0;
+	rest[(*nrest)++] = argv[0];
+	for (int i = 1; i < argc; i++) {
+		bool missing = false;
+		const char *v;
+		long n;
+
+#define OPT(name) ((v = opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
+#define NEED(name)                                                              \
+	do {                                                                    \
+		if (missing) {                                                  \
+			snprintf(err, errlen, "%s: needs a value", name);       \
+			return -1;                                              \
+		}                                                               \
+	} while (0)
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+			return 1;
+		if (OPT("--ledger")) {
+			NEED("--ledger");
+			a->po.ledger = v;
+			a->vo.ledger = v;
+		} else if (!publish && OPT("--timeout")) {
+			NEED("--timeout");
+			if (parse_num("--timeout", v, 1, 86400, &n, err, errlen) != 0)
+				return -1;
+			a->vo.timeout_s = (int)n;
+		} else if (!publish && OPT("--list")) {
+			NEED("--list");
+			if (parse_num("--list", v, 1, 100000, &n, err, errlen) != 0)
+				return -1;
+			a->vo.list_max = (int)n;
+		} else if (publish && OPT("--seed")) {
+			NEED("--seed");
+			if (parse_num("--seed", v, 0, INT64_MAX, &n, err, errlen) != 0)
+				return -1;
+			a->sc.seed = (uint64_t)n;
+		} else if (publish && OPT("--run")) {
+			NEED("--run");
+			if (strlen(v) == 0 || strlen(v) > 16 || strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != strlen(v)) {
+				snprintf(err, errlen, "--run: 1..16 characters of [A-Za-z0-9]: '%s'", v);
+				return -1;
+			}
+			snprintf(a->sc.run, sizeof a->sc.run, "%s", v);
+		} else if (publish && OPT("--orders")) {
+			NEED("--orders");
+			if (parse_num("--orders", v, 0, 10000000, &a->sc.orders, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--messages")) {
+			NEED("--messages");
+			if (parse_num("--messages", v, 1, 40000000, &a->messages, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--cancel-share")) {
+			NEED("--cancel-share");
+			if (parse_share("--cancel-share", v, &a->sc.cancel_share, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--invalid-share")) {
+			NEED("--invalid-share");
+			if (parse_share("--invalid-share", v, &a->sc.invalid_share, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--dup-rate")) {
+			NEED("--dup-rate");
+			if (parse_share("--dup-rate", v, &a->sc.dup_rate, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--concurrent-dups")) {
+			NEED("--concurrent-dups");
+			if (parse_share("--concurrent-dups", v, &a->sc.concurrent_dups, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--delayed-dups")) {
+			NEED("--delayed-dups");
+			if (parse_share("--delayed-dups", v, &a->sc.delayed_dups, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--reorder-window")) {
+			NEED("--reorder-window");
+			if (parse_num("--reorder-window", v, 0, 8, &n, err, errlen) != 0)
+				return -1;
+			a->sc.reorder_window = (int)n;
+		} else if (publish && OPT("--conflicts")) {
+			NEED("--conflicts");
+			if (parse_num("--conflicts", v, 0, 10000000, &a->sc.conflicts, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--malformed")) {
+			NEED("--malformed");
+			if (parse_num("--malformed", v, 0, 1000000, &a->sc.malformed, err, errlen) != 0)
+				return -1;
+		} else if (publish && OPT("--connections")) {
+			NEED("--connections");
+			if (parse_num("--connections", v, 1, 64, &n, err, errlen) != 0)
+				return -1;
+			a->sc.connections = (int)n;
+		} else if (publish && OPT("--rate")) {
+			NEED("--rate");
+			if (parse_num("--rate", v, 0, 10000000, &n, err, errlen) != 0)
+				return -1;
+			a->po.rate = (double)n;
+		} else if (publish && OPT("--settle-timeout")) {
+			NEED("--settle-timeout");
+			if (parse_num("--settle-timeout", v, 1, 86400, &n, err, errlen) != 0)
+				return -1;
+			a->po.settle_timeout_s = (int)n;
+		} else {
+			rest[(*nrest)++] = argv[i];
+		}
+#undef OPT
+#undef NEED
+	}
+	rest[*nrest] = NULL;
+	if (a->po.ledger == NULL) {
+		snprintf(err, errlen, "--ledger: required");
+		return -1;
+	}
+	if (a->sc.cancel_share + a->sc.invalid_share > 1.0) {
+		snprintf(err, errlen, "--cancel-share: with --invalid-share more than 1");
+		return -1;
+	}
+	if (a->sc.concurrent_dups + a->sc.delayed_dups > 1.0) {
+		snprintf(err, errlen, "--concurrent-dups: with --delayed-dups more than 1");
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct lg_args a = {
+		.sc = { .seed = 1, .orders = 1000, .cancel_share = 0.3, .invalid_share = 0.01, .dup_rate = 0.2,
+		        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .connections = 4 },
+		.po = { .settle_timeout_s = 600 },
+		.vo = { .timeout_s = 300, .list_max = 20 },
+	};
+	struct cfg conf;
+	char err[512];
+	char **rest;
+	int nrest, rc, code = 1;
+	bool publish;
+
+	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("inbox-loadgen %s\n", INBOX_VERSION);
+		return 0;
+	}
+	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0) {
+		fprintf(stderr, "inbox-loadgen: unknown command '%s'\n%s\n", argv[1], USAGE);
+		return 2;
+	}
+	publish = strcmp(argv[1], "publish") == 0;
+	rest = calloc((size_t)argc + 1, sizeof *rest);
+	if (rest == NULL)
+		return 1;
+	rc = parse_args(publish, argc - 1, argv + 1, &a, rest, &nrest, err, sizeof err);
+	if (rc == 1) {
+		usage(stdout);
+		free(rest);
+		return 0;
+	}
+	if (rc != 0) {
+		fprintf(stderr, "inbox-loadgen: %s\n", err);
+		free(rest);
+		return 2;
+	}
+	switch (cfg_load(&conf, nrest, rest, err, sizeof err)) {
+	case CFG_OK:
+		break;
+	case CFG_HELP:
+		usage(stdout);
+		free(rest);
+		return 0;
+	case CFG_VERSION:
+		printf("inbox-loadgen %s\n", INBOX_VERSION);
+		free(rest);
+		return 0;
+	default:
+		fprintf(stderr, "inbox-loadgen: %s\n", err);
+		free(rest);
+		return 2;
+	}
+	free(rest);
+	/* Library logs (connect failures) at warn and above only: the report
+	 * is what this program is for. */
+	log_setup(conf.log_level < LOG_WARN ? conf.log_level : LOG_WARN, conf.log_format);
+	if (db_global_init() != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: cannot initialise the database client\n");
+		cfg_free(&conf);
+		return 1;
+	}
+	if (publish) {
+		struct lg_scenario s;
+
+		a.sc.max_body = conf.max_body;
+		if (a.messages > 0) {
+			a.sc.orders = (long)((double)a.messages / lg_messages_per_order(&a.sc) + 0.5);
+			if (a.sc.orders < 1)
+				a.sc.orders = 1;
+		}
+		if (lg_scenario_build(&s, &a.sc) != 0) {
+			fprintf(stderr, "inbox-loadgen: cannot build the scenario\n");
+		} else {
+			code = lg_publish(&conf, &s, &a.po);
+			lg_scenario_free(&s);
+		}
+	} else {
+		code = lg_verify(&conf, &a.vo);
+	}
+	db_global_end();
+	cfg_free(&conf);
+	return code;
+}

@@ -1,0 +1,28 @@
+/*
+ * publish.h - inbox-loadgen publish: puts a scenario on the broker through
+ * several confirmed connections and writes its ledger.
+ */
+#ifndef INBOX_LG_PUBLISH_H
+#define INBOX_LG_PUBLISH_H
+
+#include "cfg.h"
+#include "scenario.h"
+
+struct lg_publish_opts {
+	double rate;            /* messages per second over all connections, 0 = unlimited */
+	int settle_timeout_s;   /* bound on waiting for originals before the late phase */
+	const char *ledger;     /* path */
+};
+
+/* Returns the process exit code: 0, or 1 on a runtime failure. */
+int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_publish_opts *po);
+
+/* "<out_exchange>.verify" into buf. */
+void lg_verify_queue_name(const struct cfg *conf, char *buf, size_t cap);
+
+/* Microseconds since the epoch (CLOCK_REALTIME) and monotonic seconds. */
+int64_t lg_now_us(void);
+double lg_mono(void);
+void lg_sleep_ms(int ms);
+
+#endif

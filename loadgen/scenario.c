@@ -1,0 +1,612 @@
+/*
+ * scenario.c - builds the load scenario from the seed and writes its ledger.
+ *
+ * Why the expectations are computed and not hard-coded: each order's final
+ * state, version and emitted messages come from order_decide folded over the
+ * canonical sequence, the same table the worker uses, and SPEC.md promises
+ * that any arrival order ends there.  The one thing that does depend on
+ * arrival order is whether an effect is recorded as `applied` or
+ * `compensated` (Created, Cancelled, Paid compensates the payment), so the
+ * ledger's hard expectation is "one effect", and the outcome it gives for
+ * publication order (`nominal`) is informative.
+ *
+ * Layout of a publish: orders are interleaved in chunks (so one order's
+ * events travel through the queue among other orders' and reach different
+ * workers), each order's events are shuffled within the reorder window,
+ * immediate copies land a few hundred messages after their original, and a
+ * concurrent copy sits in the same row as its original so that another
+ * connection publishes it at the same moment.
+ */
+#include "scenario.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define LG_CHUNK 32           /* orders interleaved together */
+#define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events) */
+#define LG_IMMEDIATE_SPREAD 2000.0 /* key units an immediate copy may trail its original */
+#define LG_EPOCH 1798761600LL /* 2027-01-01T00:00:00Z: occurred_at base */
+
+static const char *const lg_bad_names[LG_BAD_COUNT] = {
+	[LG_BAD_NONE] = "",
+	[LG_BAD_JSON] = "truncated-json",
+	[LG_BAD_UTF8] = "invalid-utf8",
+	[LG_BAD_MISSING] = "missing-order-id",
+	[LG_BAD_INVALID] = "invalid-order-id",
+	[LG_BAD_ID_MISMATCH] = "message-id-mismatch",
+	[LG_BAD_UNKNOWN_TYPE] = "unknown-type",
+	[LG_BAD_TOO_LARGE] = "too-large",
+};
+
+/* The reason SPEC.md gives for each malformed class. */
+static const enum msg_reason lg_bad_reason[LG_BAD_COUNT] = {
+	[LG_BAD_NONE] = MSG_REASON_NONE,
+	[LG_BAD_JSON] = MSG_REASON_MALFORMED_JSON,
+	[LG_BAD_UTF8] = MSG_REASON_MALFORMED_JSON,
+	[LG_BAD_MISSING] = MSG_REASON_MISSING_FIELD,
+	[LG_BAD_INVALID] = MSG_REASON_INVALID_FIELD,
+	[LG_BAD_ID_MISMATCH] = MSG_REASON_INVALID_FIELD,
+	[LG_BAD_UNKNOWN_TYPE] = MSG_REASON_UNKNOWN_TYPE,
+	[LG_BAD_TOO_LARGE] = MSG_REASON_TOO_LARGE,
+};
+
+/* splitmix64: tiny, fast, and the same sequence on every platform. */
+struct lg_rng {
+	uint64_t s;
+};
+
+static uint64_t lg_next(struct lg_rng *r)
+{
+	uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+static double lg_unit(struct lg_rng *r)
+{
+	return (double)(lg_next(r) >> 11) / 9007199254740992.0; /* [0, 1) */
+}
+
+static uint32_t lg_below(struct lg_rng *r, uint32_t n)
+{
+	return n == 0 ? 0 : (uint32_t)(lg_next(r) % n);
+}
+
+static const enum msg_type lg_paths[LG_PATH_COUNT][4] = {
+	[LG_PATH_HAPPY] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED, MSG_SHIPMENT_CREATED },
+	[LG_PATH_CANCEL_NEW] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED },
+	[LG_PATH_CANCEL_PAID] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_ORDER_CANCELLED },
+	[LG_PATH_CANCEL_RESERVED] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED,
+	                              MSG_ORDER_CANCELLED },
+	[LG_PATH_INVALID_SHIP] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED, MSG_SHIPMENT_CREATED },
+};
+static const unsigned lg_path_len[LG_PATH_COUNT] = { 4, 2, 3, 4, 3 };
+
+static const char *lg_source_of(enum msg_type t)
+{
+	switch (t) {
+	case MSG_PAYMENT_AUTHORIZED:
+		return "payments";
+	case MSG_INVENTORY_RESERVED:
+		return "inventory";
+	case MSG_SHIPMENT_CREATED:
+		return "shipping";
+	default:
+		return "orders";
+	}
+}
+
+double lg_messages_per_order(const struct lg_opts *o)
+{
+	double happy = 1.0 - o->cancel_share - o->invalid_share;
+	double per = happy * 4 + o->cancel_share * (2 + 3 + 4) / 3.0 + o->invalid_share * 3;
+	return per * (1.0 + o->dup_rate * (1.0 + o->concurrent_dups * 0.5));
+}
+
+/* An entry of the main phase before it is laid out in rows. */
+struct lg_entry {
+	double key;
+	uint32_t msg;
+	uint8_t variant;
+	uint8_t group; /* slots needed in one row: the original and its concurrent copies */
+};
+
+static int lg_entry_cmp(const void *a, const void *b)
+{
+	const struct lg_entry *x = a, *y = b;
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	if (x->msg != y->msg)
+		return x->msg < y->msg ? -1 : 1;
+	return (int)x->variant - (int)y->variant;
+}
+
+/* Lay entries out in rows of `cols` slots; a group stays in one row. */
+static int lg_layout(struct lg_phase *ph, const struct lg_entry *e, size_t n, int cols, struct lg_rng *r)
+{
+	size_t cap = n * 2 + 16, row = 0, col = 0, total = 0;
+	struct lg_item hole = { UINT32_MAX, 0, 0 };
+
+	for (size_t i = 0; i < n; i++)
+		total += e[i].group;
+	cap = total * 2 + (size_t)cols;
+	ph->slots = malloc(cap * sizeof *ph->slots);
+	if (ph->slots == NULL)
+		return -1;
+	for (size_t i = 0; i < cap; i++)
+		ph->slots[i] = hole;
+	ph->items = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned g = e[i].group;
+		if (cols == 1 || g <= 1) {
+			for (unsigned k = 0; k < g; k++) {
+				struct lg_item it = { e[i].msg, k == 0 ? e[i].variant :
+				                      (uint8_t)(lg_below(r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 0 };
+				ph->slots[row * (size_t)cols + col] = it;
+				ph->items++;
+				if (++col == (size_t)cols) {
+					col = 0;
+					row++;
+				}
+			}
+			continue;
+		}
+		if (col + g > (size_t)cols) {
+			col = 0;
+			row++;
+		}
+		for (unsigned k = 0; k < g; k++) {
+			struct lg_item it = { e[i].msg, k == 0 ? e[i].variant :
+			                      (uint8_t)(lg_below(r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 0 };
+			ph->slots[row * (size_t)cols + col + k] = it;
+			ph->items++;
+		}
+		col += g;
+		if (col == (size_t)cols) {
+			col = 0;
+			row++;
+		}
+	}
+	ph->rows = row + (col > 0 ? 1 : 0);
+	return 0;
+}
+
+/* The outcome of each event if one worker handled them in this order,
+ * holds included: "applied", "held-then-applied", "compensated", ... */
+static void lg_nominal(struct lg_scenario *s, const struct lg_order *o, const uint32_t *seq, unsigned n)
+{
+	enum order_state st = ORDER_NONE;
+	unsigned flags = 0;
+	uint32_t held[8];
+	unsigned nheld = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		struct lg_msg *m = &s->msgs[seq[i]];
+		struct order_verdict v = order_decide(st, flags, m->type);
+		bool progress;
+
+		if (v.decision == ORDER_HOLD) {
+			held[nheld++] = seq[i];
+			m->nominal = "held";
+			continue;
+		}
+		m->nominal = order_decision_outcome(v.decision);
+		if (v.decision != ORDER_APPLY && v.decision != ORDER_COMPENSATE)
+			continue;
+		st = v.next;
+		flags = v.flags;
+		do {
+			progress = false;
+			for (unsigned h = 0; h < nheld; h++) {
+				struct lg_msg *hm = &s->msgs[held[h]];
+				struct order_verdict hv = order_decide(st, flags, hm->type);
+				if (hv.decision == ORDER_HOLD)
+					continue;
+				switch (hv.decision) {
+				case ORDER_APPLY: hm->nominal = "held-then-applied"; break;
+				case ORDER_COMPENSATE: hm->nominal = "held-then-compensated"; break;
+				case ORDER_IGNORE: hm->nominal = "held-then-ignored"; break;
+				default: hm->nominal = "held-then-dead_lettered"; break;
+				}
+				if (hv.decision == ORDER_APPLY || hv.decision == ORDER_COMPENSATE) {
+					st = hv.next;
+					flags = hv.flags;
+				}
+				held[h] = held[--nheld];
+				progress = true;
+				break;
+			}
+		} while (progress);
+	}
+	(void)o;
+}
+
+static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+{
+	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
+	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
+	struct msg parsed;
+	size_t len;
+	char *body = lg_body(s, &it, &len);
+	enum msg_reason r;
+
+	if (body == NULL)
+		return -1;
+	r = msg_parse(body, len, (size_t)s->opts.max_body, &props, &parsed);
+	if (r != m->reason)
+		fprintf(stderr, "inbox-loadgen: note: msg_parse says '%s' for the %s class, SPEC.md says '%s'\n",
+		        msg_reason_name(r), lg_bad_names[m->bad], msg_reason_name(m->reason));
+	free(body);
+	return 0;
+}
+
+/* Fill sha256 (the canonical payload hash) of a valid message. */
+static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+{
+	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
+	struct msg parsed;
+	size_t len;
+	char *body = lg_body(s, &it, &len);
+	enum msg_reason r;
+
+	if (body == NULL)
+		return -1;
+	r = msg_parse(body, len, (size_t)s->opts.max_body, NULL, &parsed);
+	free(body);
+	if (r != MSG_REASON_NONE) {
+		fprintf(stderr, "inbox-loadgen: generated an invalid event %s: %s\n", m->id, parsed.detail);
+		return -1;
+	}
+	memcpy(m->sha256, parsed.sha256, sizeof m->sha256);
+	return 0;
+}
+
+int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
+{
+	struct lg_rng r = { o->seed };
+	struct lg_entry *ent = NULL, *late = NULL;
+	size_t nent = 0, nlate = 0, cap;
+	size_t nvalid = 0;
+	int cols = o->connections;
+	int rc = -1;
+
+	memset(s, 0, sizeof *s);
+	s->opts = *o;
+	if (o->run[0] != '\0') {
+		snprintf(s->prefix, sizeof s->prefix, "lg%llu-%s", (unsigned long long)(o->seed % 1000000), o->run);
+	} else {
+		struct timespec ts;
+		if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+			return -1;
+		snprintf(s->prefix, sizeof s->prefix, "lg%llu-%llx", (unsigned long long)(o->seed % 1000000),
+		         (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL);
+	}
+	s->norders = (size_t)o->orders;
+	s->orders = calloc(s->norders > 0 ? s->norders : 1, sizeof *s->orders);
+	cap = s->norders * 4 + (size_t)o->malformed + 1;
+	s->msgs = calloc(cap, sizeof *s->msgs);
+	if (s->orders == NULL || s->msgs == NULL)
+		goto out;
+
+	/* Orders and their canonical sequences. */
+	for (size_t i = 0; i < s->norders; i++) {
+		struct lg_order *od = &s->orders[i];
+		double u = lg_unit(&r);
+		enum order_state st = ORDER_NONE;
+		unsigned flags = 0;
+
+		if (u < o->cancel_share)
+			od->path = (enum lg_path)(LG_PATH_CANCEL_NEW + (int)(u / o->cancel_share * 3.0));
+		else if (u < o->cancel_share + o->invalid_share)
+			od->path = LG_PATH_INVALID_SHIP;
+		else
+			od->path = LG_PATH_HAPPY;
+		if (od->path > LG_PATH_INVALID_SHIP)
+			od->path = LG_PATH_CANCEL_RESERVED;
+		snprintf(od->id, sizeof od->id, "%s-o%zu", s->prefix, i);
+		od->amount_cents = 100 + (int64_t)lg_below(&r, 100000);
+		od->first_msg = (uint32_t)s->nmsgs;
+		od->nmsg = lg_path_len[od->path];
+		for (unsigned k = 0; k < od->nmsg; k++) {
+			struct lg_msg *m = &s->msgs[s->nmsgs++];
+			struct order_verdict v;
+
+			snprintf(m->id, sizeof m->id, "%s-%zu-%u", s->prefix, i, k);
+			m->order = (int32_t)i;
+			m->type = lg_paths[od->path][k];
+			m->confirmed_alias = m->type == MSG_PAYMENT_AUTHORIZED && lg_below(&r, 10) == 0;
+			m->source = lg_source_of(m->type);
+			v = order_decide(st, flags, m->type);
+			if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
+				m->expect = LG_EXPECT_EFFECT;
+				od->final_version++;
+				od->emits |= v.emits;
+				st = v.next;
+				flags = v.flags;
+			} else if (v.decision == ORDER_INVALID) {
+				m->expect = LG_EXPECT_DEAD;
+				m->reason = MSG_REASON_INVALID_TRANSITION;
+			} else {
+				fprintf(stderr, "inbox-loadgen: path %d step %u is %s in canonical order\n", od->path, k,
+				        order_decision_outcome(v.decision));
+				goto out;
+			}
+			nvalid++;
+		}
+		od->final_state = st;
+	}
+	s->originals = nvalid;
+
+	/* Malformed messages, an even spread over the classes. */
+	for (long i = 0; i < o->malformed; i++) {
+		struct lg_msg *m = &s->msgs[s->nmsgs];
+		snprintf(m->id, sizeof m->id, "%s-bad-%ld", s->prefix, i);
+		m->order = -1;
+		m->type = MSG_ORDER_CREATED;
+		m->source = "orders";
+		m->bad = (enum lg_bad)(1 + i % (LG_BAD_COUNT - 1));
+		m->expect = LG_EXPECT_DEAD;
+		m->reason = lg_bad_reason[m->bad];
+		m->nominal = "dead_lettered";
+		if (lg_check_bad(s, m, (uint32_t)s->nmsgs) != 0)
+			goto out;
+		s->nmsgs++;
+		s->malformed++;
+	}
+
+	/* Duplicates and conflicts. */
+	for (size_t i = 0; i < nvalid; i++) {
+		struct lg_msg *m = &s->msgs[i];
+		double u;
+
+		if (lg_unit(&r) >= o->dup_rate)
+			continue;
+		u = lg_unit(&r);
+		if (u < o->concurrent_dups && cols > 1) {
+			unsigned most = cols - 1 < 2 ? (unsigned)cols - 1 : 2;
+			m->dup_concurrent = (uint16_t)(1 + lg_below(&r, most));
+			s->copies_concurrent += m->dup_concurrent;
+		} else if (u < o->concurrent_dups + o->delayed_dups) {
+			m->dup_delayed = 1;
+			s->copies_delayed++;
+		} else {
+			m->dup_immediate = 1;
+			s->copies_immediate++;
+		}
+	}
+	for (long c = 0; c < o->conflicts && nvalid > 0; c++) {
+		/* Pick a message without a conflict yet; a bounded search keeps
+		 * this deterministic and finite. */
+		for (int tries = 0; tries < 64; tries++) {
+			struct lg_msg *m = &s->msgs[lg_below(&r, (uint32_t)nvalid)];
+			if (m->conflicts == 0 && m->expect == LG_EXPECT_EFFECT) {
+				m->conflicts = 1;
+				s->conflict_copies++;
+				break;
+			}
+		}
+	}
+	for (size_t i = 0; i < nvalid; i++) {
+		if (s->msgs[i].conflicts > 0 && lg_hash(s, &s->msgs[i], (uint32_t)i) != 0)
+			goto out;
+	}
+
+	/* Main phase: keys, then rows. */
+	ent = malloc((nvalid + s->copies_immediate + s->malformed + 1) * sizeof *ent);
+	late = malloc((s->copies_delayed + s->conflict_copies + 1) * sizeof *late);
+	if (ent == NULL || late == NULL)
+		goto out;
+	for (size_t i = 0; i < s->norders; i++) {
+		struct lg_order *od = &s->orders[i];
+		double chunk_base = (double)(i / LG_CHUNK) * LG_CHUNK * LG_SLOTS_PER_ORDER;
+		double jkey[8];
+		uint32_t seq[8];
+		unsigned n = od->nmsg;
+
+		/* Shuffle within the window: sort by position plus a random
+		 * offset below window+1, so no event moves further than that. */
+		for (unsigned k = 0; k < n; k++) {
+			seq[k] = od->first_msg + k;
+			jkey[k] = (double)k + (o->reorder_window > 0 ? lg_unit(&r) * (o->reorder_window + 1) : 0.0);
+		}
+		for (unsigned a = 1; a < n; a++) {
+			for (unsigned b = a; b > 0 && jkey[b - 1] > jkey[b]; b--) {
+				double tk = jkey[b];
+				uint32_t ts = seq[b];
+				jkey[b] = jkey[b - 1];
+				seq[b] = seq[b - 1];
+				jkey[b - 1] = tk;
+				seq[b - 1] = ts;
+			}
+		}
+		lg_nominal(s, od, seq, n);
+		for (unsigned p = 0; p < n; p++) {
+			struct lg_msg *m = &s->msgs[seq[p]];
+			double key = chunk_base + (double)p * LG_CHUNK + (double)(i % LG_CHUNK);
+			ent[nent++] = (struct lg_entry){ key, seq[p], LG_VAR_ORIGINAL, (uint8_t)(1 + m->dup_concurrent) };
+			if (m->dup_immediate > 0)
+				ent[nent++] = (struct lg_entry){ key + 1.0 + lg_unit(&r) * LG_IMMEDIATE_SPREAD, seq[p],
+				                                 (uint8_t)(lg_below(&r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 1 };
+			if (m->dup_delayed > 0)
+				late[nlate++] = (struct lg_entry){ lg_unit(&r), seq[p], LG_VAR_DUP_SAME, 1 };
+			if (m->conflicts > 0)
+				late[nlate++] = (struct lg_entry){ lg_unit(&r), seq[p], LG_VAR_CONFLICT, 1 };
+		}
+	}
+	{
+		double span = (double)((s->norders + LG_CHUNK - 1) / LG_CHUNK) * LG_CHUNK * LG_SLOTS_PER_ORDER;
+		for (size_t i = nvalid; i < s->nmsgs; i++)
+			ent[nent++] = (struct lg_entry){ lg_unit(&r) * (span > 0 ? span : 1.0), (uint32_t)i,
+			                                 LG_VAR_ORIGINAL, 1 };
+	}
+	qsort(ent, nent, sizeof *ent, lg_entry_cmp);
+	qsort(late, nlate, sizeof *late, lg_entry_cmp);
+	if (lg_layout(&s->main, ent, nent, cols, &r) != 0 || lg_layout(&s->late, late, nlate, cols, &r) != 0)
+		goto out;
+	rc = 0;
+out:
+	free(ent);
+	free(late);
+	if (rc != 0)
+		lg_scenario_free(s);
+	return rc;
+}
+
+void lg_scenario_free(struct lg_scenario *s)
+{
+	free(s->orders);
+	free(s->msgs);
+	free(s->main.slots);
+	free(s->late.slots);
+	s->orders = NULL;
+	s->msgs = NULL;
+	s->main.slots = NULL;
+	s->late.slots = NULL;
+}
+
+void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap)
+{
+	(void)s;
+	if (m->bad == LG_BAD_UNKNOWN_TYPE)
+		snprintf(buf, cap, "order.OrderTeleported");
+	else
+		snprintf(buf, cap, "order.%s", m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type));
+}
+
+static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap)
+{
+	long long t = LG_EPOCH + (m->order >= 0 ? (long long)m->order * 60 : 0) +
+	              (long long)(m - s->msgs) % 60;
+	time_t tt = (time_t)t;
+	struct tm tm;
+
+	if (gmtime_r(&tt, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(buf, cap, "2027-01-01T00:00:00Z");
+}
+
+char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
+{
+	const struct lg_msg *m = &s->msgs[it->msg];
+	const char *order_id = m->order >= 0 ? s->orders[m->order].id : m->id;
+	int64_t amount = m->order >= 0 ? s->orders[m->order].amount_cents : 4200;
+	const char *type = m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type);
+	char when[32], other[LG_ID_MAX + 8];
+	size_t flags = JSON_COMPACT;
+	json_t *o, *data;
+	char *body = NULL;
+
+	if (it->variant == LG_VAR_CONFLICT)
+		amount += 1 + it->copy;
+	if (it->variant == LG_VAR_DUP_RESHAPED)
+		flags = JSON_INDENT(2) | JSON_SORT_KEYS;
+	lg_occurred_at(s, m, when, sizeof when);
+	if (m->bad == LG_BAD_UTF8) {
+		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
+		char buf[512];
+		int n = snprintf(buf, sizeof buf,
+		                 "{\"message_id\":\"%s\",\"source\":\"orders\",\"type\":\"OrderCreated\","
+		                 "\"order_id\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}", m->id, order_id);
+		if (n < 0 || (size_t)n >= sizeof buf)
+			return NULL;
+		body = strdup(buf);
+		if (body != NULL)
+			*len = (size_t)n;
+		return body;
+	}
+	if (m->bad == LG_BAD_INVALID)
+		order_id = "not a valid id!";
+	if (m->bad == LG_BAD_UNKNOWN_TYPE)
+		type = "OrderTeleported";
+	snprintf(other, sizeof other, "%s-other", m->id);
+	o = json_pack("{s:s, s:s, s:s}", "message_id", m->bad == LG_BAD_ID_MISMATCH ? other : m->id,
+	              "source", m->source, "type", type);
+	data = json_pack("{s:I}", "amount_cents", (json_int_t)amount);
+	if (o == NULL || data == NULL)
+		goto out;
+	if (m->bad != LG_BAD_MISSING && json_object_set_new(o, "order_id", json_string(order_id)) != 0)
+		goto out;
+	if (json_object_set_new(o, "occurred_at", json_string(when)) != 0)
+		goto out;
+	if (m->bad == LG_BAD_TOO_LARGE) {
+		size_t n = (size_t)s->opts.max_body + 64;
+		char *pad = malloc(n + 1);
+		if (pad == NULL)
+			goto out;
+		memset(pad, 'x', n);
+		pad[n] = '\0';
+		if (json_object_set_new(data, "padding", json_string(pad)) != 0) {
+			free(pad);
+			goto out;
+		}
+		free(pad);
+	}
+	if (json_object_set(o, "data", data) != 0)
+		goto out;
+	body = json_dumps(o, flags);
+	if (body == NULL)
+		goto out;
+	if (m->bad == LG_BAD_JSON)
+		body[strlen(body) / 2] = '\0';
+	*len = strlen(body);
+out:
+	json_decref(data);
+	json_decref(o);
+	return body;
+}
+
+static const char *lg_emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+
+int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, const char *queue,
+                    const char *dlq, const char *verify_queue)
+{
+	const struct lg_opts *o = &s->opts;
+	size_t total = s->main.items + s->late.items;
+
+	/* Every string written here is from our id alphabet or a fixed name,
+	 * so no JSON escaping is needed. */
+	if (fprintf(f,
+	            "{\"k\":\"run\",\"prefix\":\"%s\",\"seed\":%llu,\"consumer\":\"%s\",\"queue\":\"%s\","
+	            "\"dlq\":\"%s\",\"verify_queue\":\"%s\",\"orders\":%zu,\"messages\":%zu,\"published\":%zu,"
+	            "\"originals\":%zu,\"copies_immediate\":%zu,\"copies_concurrent\":%zu,\"copies_delayed\":%zu,"
+	            "\"conflicts\":%zu,\"malformed\":%zu,\"reorder_window\":%d,\"connections\":%d}\n",
+	            s->prefix, (unsigned long long)o->seed, consumer, queue, dlq, verify_queue, s->norders,
+	            s->nmsgs, total, s->originals, s->copies_immediate, s->copies_concurrent, s->copies_delayed,
+	            s->conflict_copies, s->malformed, o->reorder_window, o->connections) < 0)
+		return -1;
+	for (size_t i = 0; i < s->norders; i++) {
+		const struct lg_order *od = &s->orders[i];
+		if (fprintf(f, "{\"k\":\"order\",\"id\":\"%s\",\"status\":\"%s\",\"version\":%u,\"emits\":[",
+		            od->id, order_state_name(od->final_state), od->final_version) < 0)
+			return -1;
+		for (unsigned e = 0, n = 0; e < 3; e++) {
+			if ((od->emits & (1u << e)) && fprintf(f, "%s\"%s\"", n++ ? "," : "", lg_emit_names[e]) < 0)
+				return -1;
+		}
+		if (fputs("]}\n", f) < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < s->nmsgs; i++) {
+		const struct lg_msg *m = &s->msgs[i];
+		char hex[65] = "";
+
+		if (m->conflicts > 0)
+			msg_sha256_hex(m->sha256, hex);
+		if (fprintf(f,
+		            "{\"k\":\"msg\",\"id\":\"%s\",\"source\":\"%s\",\"order\":\"%s\",\"type\":\"%s\","
+		            "\"expect\":\"%s\",\"reason\":\"%s\",\"nominal\":\"%s\",\"class\":\"%s\",\"copies\":%u,"
+		            "\"concurrent\":%u,\"delayed\":%u,\"conflicts\":%u,\"sha256\":\"%s\"}\n",
+		            m->id, m->source, m->order >= 0 ? s->orders[m->order].id : "",
+		            m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type),
+		            m->expect == LG_EXPECT_EFFECT ? "effect" : "dead_lettered", msg_reason_name(m->reason),
+		            m->nominal != NULL ? m->nominal : "", lg_bad_names[m->bad],
+		            1u + m->dup_immediate + m->dup_concurrent + m->dup_delayed, m->dup_concurrent,
+		            m->dup_delayed, m->conflicts, hex) < 0)
+			return -1;
+	}
+	return fflush(f) == 0 && !ferror(f) ? 0 : -1;
+}

@@ -1,0 +1,801 @@
+/*
+ * verify.c - the verifying half of inbox-loadgen.
+ *
+ * It first waits, with a bound, until the run is settled: the inbox queue
+ * holds no ready message, none of the run's events is held, its outbox rows
+ * are all sent, and the number of its inbox rows has stopped changing.
+ * Then it reads what the worker left behind — processed_messages,
+ * order_events, orders, the dead-letter queue, and the `<out>.verify` queue
+ * that publish bound to the out exchange — and holds each against the
+ * ledger:
+ *
+ *   missing    an effect without its order_events row (or without an inbox
+ *              row, or still held), an expected dead-letter or emitted
+ *              message that never came;
+ *   doubled    a message with more than one order_events row;
+ *   wrong      an order whose status or version differs, an outcome or
+ *              stored hash other than the ledger's;
+ *   unexpected a dead-letter or emitted message the ledger does not foresee.
+ *
+ * Everything is matched by id, so rows of other runs in the same database
+ * are ignored (the run prefix selects ours).  Draining the two queues acks
+ * what it reads: the verifier is their consumer.
+ */
+#include "verify.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "mq.h"
+#include "publish.h"
+#include "scenario.h"
+#include "status.h"
+
+#define V_REASON_MAX 40
+#define V_EMIT_REFUND 0x1u
+#define V_EMIT_RELEASE 0x2u
+#define V_EMIT_PAID 0x4u
+
+struct v_order {
+	char id[LG_ID_MAX];
+	char status[24];
+	unsigned version;
+	unsigned emits;      /* expected V_EMIT_* */
+	unsigned seen;       /* emitted messages seen */
+	bool found;
+	char got_status[24];
+	int64_t got_version;
+};
+
+struct v_msg {
+	char id[LG_ID_MAX];
+	char order[LG_ID_MAX];
+	bool effect;
+	char reason[V_REASON_MAX];
+	int conflicts;
+	char sha[65];
+	bool row;
+	char got_outcome[20];
+	char got_reason[V_REASON_MAX];
+	char got_sha[65];
+	int64_t events;
+	int dlq_hits;       /* DLQ copies with the expected reason */
+	int conflict_hits;  /* DLQ copies marked payload-conflict */
+};
+
+/* Open addressing from an id to an index; ids are unique per kind. */
+struct v_map {
+	uint32_t *slot; /* index + 1, 0 = empty */
+	size_t cap;
+};
+
+static uint64_t v_hash(const char *s, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)s[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+static int v_map_init(struct v_map *m, size_t n)
+{
+	m->cap = 16;
+	while (m->cap < n * 2 + 16)
+		m->cap *= 2;
+	m->slot = calloc(m->cap, sizeof *m->slot);
+	return m->slot != NULL ? 0 : -1;
+}
+
+/* Find key (len bytes); names(i) gives entry i's id.  Returns the index
+ * or -1; with insert >= 0 stores that index when absent. */
+static long v_map_find(struct v_map *m, const char *key, size_t len, const char *(*name)(const void *, uint32_t),
+                       const void *arr, long insert)
+{
+	size_t i = (size_t)v_hash(key, len) & (m->cap - 1);
+
+	while (m->slot[i] != 0) {
+		const char *n = name(arr, m->slot[i] - 1);
+		if (strlen(n) == len && memcmp(n, key, len) == 0)
+			return (long)m->slot[i] - 1;
+		i = (i + 1) & (m->cap - 1);
+	}
+	if (insert >= 0)
+		m->slot[i] = (uint32_t)insert + 1;
+	return -1;
+}
+
+static const char *v_order_name(const void *arr, uint32_t i)
+{
+	return ((const struct v_order *)arr)[i].id;
+}
+
+static const char *v_msg_name(const void *arr, uint32_t i)
+{
+	return ((const struct v_msg *)arr)[i].id;
+}
+
+/* A list of problems: counted in full, the first `max` kept for the report. */
+struct v_list {
+	const char *title;
+	long count;
+	int max;
+	char (*lines)[200];
+};
+
+__attribute__((format(printf, 2, 3)))
+static void v_add(struct v_list *l, const char *fmt, ...)
+{
+	if (l->count < l->max) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(l->lines[l->count], sizeof l->lines[0], fmt, ap);
+		va_end(ap);
+	}
+	l->count++;
+}
+
+struct v_state {
+	const struct cfg *conf;
+	char prefix[LG_PREFIX_MAX];
+	char like[LG_PREFIX_MAX + 4];
+	char verify_queue[300];
+	struct v_order *orders;
+	size_t norders;
+	struct v_msg *msgs;
+	size_t nmsgs;
+	struct v_map omap, mmap;
+	json_t *run;
+	struct v_list missing, doubled, wrong, unexpected;
+	long foreign;       /* queue messages of other runs (acked, ignored) */
+	long republished;   /* emitted messages seen more than once (allowed) */
+	long outcome_count[6];
+	int64_t *lat;       /* publish -> commit, microseconds */
+	size_t nlat;
+	int64_t first_pub, last_done;
+	struct db *db;
+};
+
+static const char *const v_outcomes[6] = { "applied", "compensated", "ignored", "dead_lettered", "held", "other" };
+
+static int v_outcome_index(const char *s)
+{
+	for (int i = 0; i < 5; i++) {
+		if (strcmp(s, v_outcomes[i]) == 0)
+			return i;
+	}
+	return 5;
+}
+
+static unsigned v_emit_bit(const char *name)
+{
+	if (strcmp(name, "RefundRequested") == 0)
+		return V_EMIT_REFUND;
+	if (strcmp(name, "InventoryReleaseRequested") == 0)
+		return V_EMIT_RELEASE;
+	if (strcmp(name, "OrderPaid") == 0)
+		return V_EMIT_PAID;
+	return 0;
+}
+
+static void v_copy(char *dst, size_t cap, json_t *v)
+{
+	snprintf(dst, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
+}
+
+static int v_load(struct v_state *st, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *line = NULL;
+	size_t lcap = 0, ocap = 0, mcap = 0;
+	ssize_t n;
+	long lineno = 0;
+	int rc = -1;
+
+	if (f == NULL) {
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	while ((n = getline(&line, &lcap, f)) > 0) {
+		json_error_t jerr;
+		json_t *o = json_loadb(line, (size_t)n, 0, &jerr);
+		const char *k;
+
+		lineno++;
+		if (o == NULL || !json_is_object(o)) {
+			fprintf(stderr, "inbox-loadgen: %s:%ld: not a ledger line: %s\n", path, lineno, jerr.text);
+			json_decref(o);
+			goto out;
+		}
+		k = json_string_value(json_object_get(o, "k"));
+		if (k == NULL) {
+			json_decref(o);
+			continue;
+		}
+		if (strcmp(k, "run") == 0) {
+			json_t *a = json_object_get(o, "orders"), *b = json_object_get(o, "messages");
+			st->run = json_incref(o);
+			v_copy(st->prefix, sizeof st->prefix, json_object_get(o, "prefix"));
+			ocap = (size_t)json_integer_value(a) + 1;
+			mcap = (size_t)json_integer_value(b) + 1;
+			st->orders = calloc(ocap, sizeof *st->orders);
+			st->msgs = calloc(mcap, sizeof *st->msgs);
+			if (st->orders == NULL || st->msgs == NULL || v_map_init(&st->omap, ocap) != 0 ||
+			    v_map_init(&st->mmap, mcap) != 0) {
+				json_decref(o);
+				goto out;
+			}
+		} else if (st->run == NULL) {
+			fprintf(stderr, "inbox-loadgen: %s: the first line must be the run line\n", path);
+			json_decref(o);
+			goto out;
+		} else if (strcmp(k, "order") == 0 && st->norders < ocap) {
+			struct v_order *od = &st->orders[st->norders];
+			json_t *e;
+			size_t i;
+			v_copy(od->id, sizeof od->id, json_object_get(o, "id"));
+			v_copy(od->status, sizeof od->status, json_object_get(o, "status"));
+			od->version = (unsigned)json_integer_value(json_object_get(o, "version"));
+			json_array_foreach(json_object_get(o, "emits"), i, e) {
+				if (json_is_string(e))
+					od->emits |= v_emit_bit(json_string_value(e));
+			}
+			v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
+			st->norders++;
+		} else if (strcmp(k, "msg") == 0 && st->nmsgs < mcap) {
+			struct v_msg *m = &st->msgs[st->nmsgs];
+			const char *ex = json_string_value(json_object_get(o, "expect"));
+			v_copy(m->id, sizeof m->id, json_object_get(o, "id"));
+			v_copy(m->order, sizeof m->order, json_object_get(o, "order"));
+			v_copy(m->reason, sizeof m->reason, json_object_get(o, "reason"));
+			v_copy(m->sha, sizeof m->sha, json_object_get(o, "sha256"));
+			m->effect = ex != NULL && strcmp(ex, "effect") == 0;
+			m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
+			v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
+			st->nmsgs++;
+		}
+		json_decref(o);
+	}
+	if (st->run == NULL) {
+		fprintf(stderr, "inbox-loadgen: %s holds no run line\n", path);
+		goto out;
+	}
+	snprintf(st->like, sizeof st->like, "%s-%%", st->prefix);
+	rc = 0;
+out:
+	free(line);
+	fclose(f);
+	return rc;
+}
+
+static bool v_ours(const struct v_state *st, const char *id, size_t len)
+{
+	size_t pl = strlen(st->prefix);
+	return len > pl && memcmp(id, st->prefix, pl) == 0 && id[pl] == '-';
+}
+
+/* One integer from a query with the run's LIKE pattern (and the consumer
+ * when with_consumer). */
+static int v_count(struct v_state *st, const char *sql, bool with_consumer, int64_t *out)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2];
+	struct db_col c[1] = { DBC_I64() };
+	int n = 0, rc;
+
+	if (with_consumer)
+		p[n++] = DBP_STR(st->conf->consumer);
+	p[n++] = DBP_STR(st->like);
+	rc = db_prepare(st->db, &q, sql);
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, n);
+	if (rc == ST_OK) {
+		int r = db_stmt_fetch(q, c, 1);
+		if (r < 0)
+			rc = r;
+		else if (r == 1) {
+			*out = c[0].is_null ? 0 : c[0].i64;
+			db_stmt_done(q);
+		}
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+static int v_ready_messages(struct v_state *st, struct mq *m, uint32_t *ready)
+{
+	const struct cfg *c = st->conf;
+	int nq = c->ordering == CFG_ORDERING_SHARDED ? c->shards : 1;
+
+	*ready = 0;
+	for (int i = 0; i < nq; i++) {
+		char q[300];
+		uint32_t n = 0;
+		int rc;
+
+		if (mq_consume_queue_name(c, i, q, sizeof q) != 0)
+			return ST_ERR_INVALID;
+		rc = mq_queue_counts(m, q, &n, NULL);
+		if (rc != ST_OK)
+			return rc;
+		*ready += n;
+	}
+	return ST_OK;
+}
+
+/* Wait until the run is settled or timeout_s passes (then verify anyway
+ * and let the report show what is missing). */
+static int v_wait_idle(struct v_state *st, int timeout_s)
+{
+	struct mq *m = NULL;
+	double end = lg_mono() + timeout_s, stable_since = 0;
+	int64_t last_rows = -1;
+	int64_t expected = json_integer_value(json_object_get(st->run, "originals"));
+	bool tty = isatty(2) != 0;
+	int rc;
+
+	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
+	if (rc != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: broker: %s\n", st_strerror(rc));
+		return -1;
+	}
+	for (;;) {
+		uint32_t ready = 0;
+		int64_t held = 0, pending = 0, rows = 0;
+		double now;
+
+		rc = v_ready_messages(st, m, &ready);
+		if (rc != ST_OK) {
+			fprintf(stderr, "inbox-loadgen: queue counts: %s\n", mq_errmsg(m));
+			break;
+		}
+		rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true, &held);
+		if (rc == ST_OK)
+			rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false,
+			             &pending);
+		if (rc == ST_OK)
+			rc = v_count(st, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?",
+			             true, &rows);
+		if (rc != ST_OK) {
+			fprintf(stderr, "inbox-loadgen: database: %s\n", db_errmsg(st->db));
+			break;
+		}
+		now = lg_mono();
+		if (rows != last_rows) {
+			last_rows = rows;
+			stable_since = now;
+		}
+		if (ready == 0 && held == 0 && pending == 0) {
+			/* All rows there: one quiet second is enough; otherwise give
+			 * in-flight deliveries five seconds to show up. */
+			double need = rows >= expected ? 1.0 : 5.0;
+			if (now - stable_since >= need)
+				break;
+		}
+		if (now > end) {
+			fprintf(stderr,
+			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld);"
+			        " verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held, (long long)pending,
+			        (long long)rows, (long long)expected);
+			break;
+		}
+		if (tty)
+			fprintf(stderr, "\rwaiting for the worker: ready %u, held %lld, outbox %lld, inbox rows %lld/%lld   ",
+			        ready, (long long)held, (long long)pending, (long long)rows, (long long)expected);
+		lg_sleep_ms(500);
+	}
+	if (tty)
+		fprintf(stderr, "\r%-90s\r", "");
+	mq_close(&m);
+	return rc == ST_OK ? 0 : -1;
+}
+
+static int v_read_inbox(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	char id[MSG_ID_MAX + 1], outcome[20], reason[V_REASON_MAX], sha[65];
+	size_t cap = 1024;
+	int rc, r;
+
+	st->lat = malloc(cap * sizeof *st->lat);
+	if (st->lat == NULL)
+		return ST_ERR_NOMEM;
+	st->first_pub = INT64_MAX;
+	st->last_done = INT64_MIN;
+	/* Times relative to a fixed DATETIME, so the session time zone does
+	 * not matter. */
+	rc = db_prepare(st->db, &q,
+	                "SELECT message_id, outcome, COALESCE(reason, ''), payload_sha256,"
+	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', published_at),"
+	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', processed_at)"
+	                " FROM processed_messages WHERE consumer = ? AND message_id LIKE ?");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 2);
+	while (rc == ST_OK) {
+		struct db_col c[6] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
+		                       DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64() };
+		long i;
+
+		r = db_stmt_fetch(q, c, 6);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		st->outcome_count[v_outcome_index(outcome)]++;
+		if (!c[4].is_null) {
+			if (st->nlat == cap) {
+				int64_t *n = realloc(st->lat, cap * 2 * sizeof *n);
+				if (n == NULL) {
+					db_stmt_done(q);
+					rc = ST_ERR_NOMEM;
+					break;
+				}
+				st->lat = n;
+				cap *= 2;
+			}
+			st->lat[st->nlat++] = c[5].i64 - c[4].i64;
+			if (c[4].i64 < st->first_pub)
+				st->first_pub = c[4].i64;
+		}
+		if (c[5].i64 > st->last_done)
+			st->last_done = c[5].i64;
+		i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+		if (i < 0) {
+			v_add(&st->unexpected, "%s: inbox row (%s) for a message the ledger does not know", id, outcome);
+			continue;
+		}
+		st->msgs[i].row = true;
+		snprintf(st->msgs[i].got_outcome, sizeof st->msgs[i].got_outcome, "%s", outcome);
+		snprintf(st->msgs[i].got_reason, sizeof st->msgs[i].got_reason, "%s", reason);
+		snprintf(st->msgs[i].got_sha, sizeof st->msgs[i].got_sha, "%s", sha);
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+static int v_read_events(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	char id[MSG_ID_MAX + 1];
+	int rc, r;
+
+	/* Counted per message id, not per (consumer, source, message_id): a
+	 * second effect of one message is a double whatever else differs. */
+	rc = db_prepare(st->db, &q, "SELECT message_id, COUNT(*) FROM order_events WHERE consumer = ?"
+	                            " AND message_id LIKE ? GROUP BY message_id");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 2);
+	while (rc == ST_OK) {
+		struct db_col c[2] = { DBC_STR(id, sizeof id), DBC_I64() };
+		long i;
+
+		r = db_stmt_fetch(q, c, 2);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+		if (i < 0)
+			v_add(&st->unexpected, "%s: order_events row for a message the ledger does not know%s", id, "");
+		else
+			st->msgs[i].events = c[1].i64;
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+static int v_read_orders(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[1] = { DBP_STR(st->like) };
+	char id[MSG_ORDER_ID_MAX + 1], status[24];
+	int rc, r;
+
+	rc = db_prepare(st->db, &q, "SELECT id, status, version FROM orders WHERE id LIKE ?");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 1);
+	while (rc == ST_OK) {
+		struct db_col c[3] = { DBC_STR(id, sizeof id), DBC_STR(status, sizeof status), DBC_I64() };
+		long i;
+
+		r = db_stmt_fetch(q, c, 3);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		i = v_map_find(&st->omap, id, strlen(id), v_order_name, st->orders, -1);
+		if (i < 0) {
+			v_add(&st->unexpected, "%s: order row the ledger does not know%s", id, "");
+			continue;
+		}
+		st->orders[i].found = true;
+		snprintf(st->orders[i].got_status, sizeof st->orders[i].got_status, "%s", status);
+		st->orders[i].got_version = c[2].i64;
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+/* The message id of a queued message: its property, else its body's. */
+static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap)
+{
+	buf[0] = '\0';
+	if (d->props.message_id != NULL) {
+		snprintf(buf, cap, "%.*s", (int)d->props.message_id_len, d->props.message_id);
+		return;
+	}
+	{
+		json_error_t jerr;
+		json_t *o = json_loadb(d->body, d->len, 0, &jerr);
+		v_copy(buf, cap, json_object_get(o, "message_id"));
+		json_decref(o);
+	}
+}
+
+/* Consume a queue until it stays empty for a moment; on_msg sees each. */
+static int v_drain(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
+{
+	struct mq *m = NULL;
+	struct mq_delivery d;
+	uint64_t last_tag = 0;
+	int unacked = 0, rc;
+
+	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
+	if (rc == ST_OK)
+		rc = mq_consume_start(m, queue, 500, false);
+	if (rc != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: cannot consume %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
+		mq_close(&m);
+		return rc;
+	}
+	memset(&d, 0, sizeof d);
+	for (;;) {
+		rc = mq_consume(m, &d, 1500);
+		if (rc == ST_ERR_TIMEOUT) {
+			rc = ST_OK;
+			break;
+		}
+		if (rc != ST_OK) {
+			fprintf(stderr, "inbox-loadgen: consuming %s: %s\n", queue, mq_errmsg(m));
+			break;
+		}
+		on_msg(st, &d);
+		last_tag = d.tag;
+		if (++unacked >= 200) {
+			rc = mq_ack(m, last_tag, true);
+			if (rc != ST_OK)
+				break;
+			unacked = 0;
+		}
+	}
+	if (rc == ST_OK && unacked > 0)
+		rc = mq_ack(m, last_tag, true);
+	mq_close(&m);
+	return rc;
+}
+
+static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
+{
+	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
+	struct v_msg *m;
+	long i;
+
+	v_delivery_id(d, id, sizeof id);
+	if (!v_ours(st, id, strlen(id))) {
+		st->foreign++;
+		return;
+	}
+	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		snprintf(reason, sizeof reason, "(none)");
+	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+	if (i < 0) {
+		v_add(&st->unexpected, "%s: dead-lettered (%s), not in the ledger", id, reason);
+		return;
+	}
+	m = &st->msgs[i];
+	if (!m->effect && strcmp(reason, m->reason) == 0)
+		m->dlq_hits++;
+	else if (m->conflicts > 0 && strcmp(reason, "payload-conflict") == 0)
+		m->conflict_hits++;
+	else
+		v_add(&st->unexpected, "%s: dead-lettered as %s", id, reason);
+}
+
+static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
+{
+	json_error_t jerr;
+	json_t *o = json_loadb(d->body, d->len, 0, &jerr);
+	const char *type = json_string_value(json_object_get(o, "type"));
+	const char *order = json_string_value(json_object_get(o, "order_id"));
+	unsigned bit;
+	long i;
+
+	if (type == NULL || order == NULL || !v_ours(st, order, strlen(order))) {
+		st->foreign++;
+		json_decref(o);
+		return;
+	}
+	bit = v_emit_bit(type);
+	i = v_map_find(&st->omap, order, strlen(order), v_order_name, st->orders, -1);
+	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit))
+		v_add(&st->unexpected, "%s: emitted %s, not in the ledger", order, type);
+	else if (st->orders[i].seen & bit)
+		st->republished++; /* the outbox is at-least-once; downstream dedups by message-id */
+	else
+		st->orders[i].seen |= bit;
+	json_decref(o);
+}
+
+static int v_cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void v_judge(struct v_state *st, long *effects_expected, long *effects_found, long *dead_expected,
+                    long *emits_expected)
+{
+	static const char *const emit_names[3] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+
+	for (size_t i = 0; i < st->nmsgs; i++) {
+		struct v_msg *m = &st->msgs[i];
+		bool malformed = m->order[0] == '\0';
+
+		if (m->effect) {
+			(*effects_expected)++;
+			if (m->events == 1)
+				(*effects_found)++;
+			if (m->events == 0)
+				v_add(&st->missing, "%s: no order_events row%s", m->id,
+				      !m->row ? " and no inbox row" : strcmp(m->got_outcome, "held") == 0 ? " (still held)" : "");
+			else if (m->events > 1) {
+				char n[24];
+				snprintf(n, sizeof n, "%lld", (long long)m->events);
+				v_add(&st->doubled, "%s: %s order_events rows", m->id, n);
+			}
+			if (m->row && m->events >= 1 && strcmp(m->got_outcome, "applied") != 0 &&
+			    strcmp(m->got_outcome, "compensated") != 0)
+				v_add(&st->wrong, "%s: outcome %s, expected applied or compensated", m->id, m->got_outcome);
+		} else {
+			(*dead_expected)++;
+			if (m->dlq_hits == 0)
+				v_add(&st->missing, "%s: no dead-letter with reason %s", m->id, m->reason);
+			if (m->events > 0)
+				v_add(&st->doubled, "%s: has an order_events row but must be dead-lettered (%s)", m->id, m->reason);
+			if (malformed && m->row)
+				v_add(&st->wrong, "%s: malformed message has an inbox row (%s)", m->id, m->got_outcome);
+			if (!malformed && m->row && strcmp(m->got_outcome, "dead_lettered") != 0)
+				v_add(&st->wrong, "%s: outcome %s, expected dead_lettered", m->id, m->got_outcome);
+		}
+		if (m->conflicts > 0) {
+			if (m->conflict_hits < m->conflicts)
+				v_add(&st->missing, "%s: conflicting payload not dead-lettered as %s", m->id, "payload-conflict");
+			if (m->row && strcmp(m->got_sha, m->sha) != 0)
+				v_add(&st->wrong, "%s: stored payload hash is not the original's (the conflict won)%s", m->id, "");
+		}
+	}
+	for (size_t i = 0; i < st->norders; i++) {
+		struct v_order *o = &st->orders[i];
+		if (!o->found) {
+			v_add(&st->missing, "%s: no order row (expected %s)", o->id, o->status);
+		} else if (strcmp(o->got_status, o->status) != 0 || o->got_version != (int64_t)o->version) {
+			char exp[64];
+			snprintf(exp, sizeof exp, "%s v%u, found %s v%lld", o->status, o->version, o->got_status,
+			         (long long)o->got_version);
+			v_add(&st->wrong, "%s: expected %s", o->id, exp);
+		}
+		for (unsigned b = 0; b < 3; b++) {
+			if (!(o->emits & (1u << b)))
+				continue;
+			(*emits_expected)++;
+			if (!(o->seen & (1u << b)))
+				v_add(&st->missing, "%s: %s not emitted", o->id, emit_names[b]);
+		}
+	}
+}
+
+static void v_print_list(const struct v_list *l)
+{
+	if (l->count == 0)
+		return;
+	printf("%s (%ld; first %ld):\n", l->title, l->count, l->count < l->max ? l->count : (long)l->max);
+	for (long i = 0; i < l->count && i < l->max; i++)
+		printf("  %s\n", l->lines[i]);
+}
+
+int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
+{
+	struct v_state st;
+	long eff_exp = 0, eff_found = 0, dead_exp = 0, emit_exp = 0, emits_seen = 0, dead_seen = 0;
+	char (*lines)[200] = NULL;
+	int exit_code = 1, rc;
+
+	memset(&st, 0, sizeof st);
+	st.conf = conf;
+	lines = calloc((size_t)vo->list_max * 4, sizeof *lines);
+	if (lines == NULL)
+		return 1;
+	st.missing = (struct v_list){ "MISSING", 0, vo->list_max, lines };
+	st.doubled = (struct v_list){ "DOUBLED", 0, vo->list_max, lines + vo->list_max };
+	st.wrong = (struct v_list){ "WRONG", 0, vo->list_max, lines + 2 * vo->list_max };
+	st.unexpected = (struct v_list){ "UNEXPECTED", 0, vo->list_max, lines + 3 * vo->list_max };
+	if (v_load(&st, vo->ledger) != 0)
+		goto out;
+	v_copy(st.verify_queue, sizeof st.verify_queue, json_object_get(st.run, "verify_queue"));
+	rc = db_open(&st.db, &conf->db);
+	if (rc != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: database: %s\n", st.db ? db_errmsg(st.db) : st_strerror(rc));
+		goto out;
+	}
+	if (v_wait_idle(&st, vo->timeout_s) != 0)
+		goto out;
+	if (v_read_inbox(&st) != ST_OK || v_read_events(&st) != ST_OK || v_read_orders(&st) != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: reading the database: %s\n", db_errmsg(st.db));
+		goto out;
+	}
+	if (v_drain(&st, conf->dlq, v_on_dead) != ST_OK || v_drain(&st, st.verify_queue, v_on_emitted) != ST_OK)
+		goto out;
+	v_judge(&st, &eff_exp, &eff_found, &dead_exp, &emit_exp);
+	for (size_t i = 0; i < st.nmsgs; i++)
+		dead_seen += st.msgs[i].dlq_hits > 0 ? 1 : 0;
+	for (size_t i = 0; i < st.norders; i++)
+		emits_seen += __builtin_popcount(st.orders[i].seen);
+
+	printf("inbox-loadgen verify: run %s, ledger %s\n", st.prefix, vo->ledger);
+	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
+	       " %lld conflicts, %lld malformed; %lld orders\n",
+	       (long long)json_integer_value(json_object_get(st.run, "published")),
+	       (long long)json_integer_value(json_object_get(st.run, "originals")),
+	       (long long)json_integer_value(json_object_get(st.run, "copies_immediate")),
+	       (long long)json_integer_value(json_object_get(st.run, "copies_concurrent")),
+	       (long long)json_integer_value(json_object_get(st.run, "copies_delayed")),
+	       (long long)json_integer_value(json_object_get(st.run, "conflicts")),
+	       (long long)json_integer_value(json_object_get(st.run, "malformed")), (long long)st.norders);
+	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
+	       st.outcome_count[0], st.outcome_count[1], st.outcome_count[2], st.outcome_count[3], st.outcome_count[4]);
+	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", eff_exp, eff_found,
+	       st.missing.count, st.doubled.count);
+	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count);
+	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld)\n", dead_exp,
+	       dead_seen, emit_exp, emits_seen, st.republished);
+	printf("unexpected  %ld (other runs' queue messages ignored: %ld)\n", st.unexpected.count, st.foreign);
+	if (st.nlat > 0 && st.last_done > st.first_pub) {
+		double span = (double)(st.last_done - st.first_pub) / 1e6;
+		size_t rows = 0;
+		for (int i = 0; i < 5; i++)
+			rows += (size_t)st.outcome_count[i];
+		qsort(st.lat, st.nlat, sizeof *st.lat, v_cmp_i64);
+		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n",
+		       (double)rows / span, rows, span);
+		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+		       (double)st.lat[st.nlat / 2] / 1e3, (double)st.lat[(st.nlat * 99) / 100] / 1e3,
+		       (double)st.lat[st.nlat - 1] / 1e3);
+	}
+	v_print_list(&st.missing);
+	v_print_list(&st.doubled);
+	v_print_list(&st.wrong);
+	v_print_list(&st.unexpected);
+	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
+	printf("result      %s\n", exit_code == 0 ? "OK: every effect exactly once" : "FAIL");
+out:
+	db_close(&st.db);
+	json_decref(st.run);
+	free(st.orders);
+	free(st.msgs);
+	free(st.omap.slot);
+	free(st.mmap.slot);
+	free(st.lat);
+	free(lines);
+	return exit_code;
+}
