@@ -40,6 +40,10 @@
 #define POOL_CONSUME_TIMEOUT_MS 250
 #define POOL_HOUSEKEEPING_MS 1000
 #define POOL_CLEANUP_S 600
+/* Under load the outbox is relayed at most this often per thread, so that
+ * a busy thread pays one relay round for many emitted rows; when idle,
+ * housekeeping relays what is left. */
+#define POOL_RELAY_MS 100
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
 #define MQ_BATCH_MAX 500 /* the bound of INBOX_BATCH */
@@ -61,6 +65,8 @@ struct worker {
 	unsigned seed;
 	int64_t last_housekeeping_ms;
 	int64_t last_cleanup_ms;
+	int64_t last_relay_ms;
+	bool relay_due;       /* this thread committed outbox rows not yet relayed */
 	atomic_int exit_code; /* written by the thread, read by main */
 	struct item *items;   /* INBOX_BATCH deliveries */
 	bool joined;
@@ -221,6 +227,8 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 
 static void worker_relay(struct worker *w)
 {
+	w->last_relay_ms = pool_now_ms();
+	w->relay_due = false;
 	for (int round = 0; round < 100 && !atomic_load(&pool_stop); round++) {
 		int sent = 0, rc;
 
@@ -455,7 +463,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		metrics_processing_seconds(pool_now_s() - t0);
 	}
 	if (outbox_rows > 0)
-		worker_relay(w);
+		w->relay_due = true;
 	return ST_OK;
 }
 
@@ -527,6 +535,8 @@ static void *worker_main(void *arg)
 			if (rc == ST_OK)
 				rc = worker_handle(w, w->items, n);
 			worker_release(w, n);
+			if (rc == ST_OK && w->relay_due && pool_now_ms() - w->last_relay_ms >= POOL_RELAY_MS)
+				worker_relay(w);
 			if (rc == ST_OK)
 				continue;
 		}
