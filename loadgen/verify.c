@@ -572,6 +572,7 @@ static int v_drain(struct v_state *st, const char *queue, void (*on_msg)(struct 
 		}
 		on_msg(st, &d);
 		last_tag = d.tag;
+		mq_delivery_release(m, &d);
 		if (++unacked >= 200) {
 			rc = mq_ack(m, last_tag, true);
 			if (rc != ST_OK)
