@@ -1,0 +1,39 @@
+# scripts/lib.sh — shell helpers shared by scripts/test, scripts/demo and
+# bench/run.  Source it; it defines functions only and changes nothing.
+
+# inbox_install_deps PKG... — install the Debian packages of the list that
+# are not installed yet, with apt-get when we are root; otherwise print the
+# command to run and return 1.  The servers (RabbitMQ, MariaDB) are
+# scripts/stack's business, not this list's.
+inbox_install_deps() {
+    local p missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        printf '\n==> installing %s\n' "${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    else
+        echo "missing packages: ${missing[*]}" >&2
+        echo "run as root: apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y ${missing[*]}" >&2
+        return 1
+    fi
+}
+
+# The packages the build needs (tests add libcriterion-dev and valgrind).
+INBOX_BUILD_DEPS=(meson ninja-build pkg-config gcc libc6-dev librabbitmq-dev libmariadb-dev
+    libjansson-dev libssl-dev libmicrohttpd-dev)
+
+# inbox_meson_setup DIR OPTIONS... — configure DIR, or reconfigure it when
+# it was configured before (so changed options take effect).
+inbox_meson_setup() {
+    local dir="$1"; shift
+    if [ -f "$dir/meson-private/coredata.dat" ]; then
+        meson setup --reconfigure "$dir" "$@"
+    else
+        rm -rf "$dir"
+        meson setup "$dir" "$@"
+    fi
+}
