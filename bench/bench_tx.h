@@ -1,0 +1,85 @@
+/*
+ * bench_tx.h - the one inbox transaction both ceilings run: claim the key in
+ * processed_messages, bump the order, write its ledger row, commit.  Shared
+ * by bare_tx (no broker) and min_pipeline (broker, nothing else) so that the
+ * two ceilings differ only by the broker.
+ *
+ * It is deliberately the least the inbox can do: three statements on a
+ * connection with autocommit off (no BEGIN round trip), prepared once.  The
+ * order row is an upsert and the ledger row reads the version the upsert
+ * left, so events of one order never collide on (order_id, version).
+ */
+#ifndef INBOX_BENCH_TX_H
+#define INBOX_BENCH_TX_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "db.h"
+#include "status.h"
+
+struct bench_tx {
+	struct db *db;
+	struct db_stmt *claim, *order, *ledger;
+};
+
+struct bench_msg {
+	const char *consumer, *source, *message_id, *type, *order_id;
+	char sha_hex[65];
+	int64_t published_us;
+};
+
+static inline int bench_tx_open(struct bench_tx *t, const struct cfg_db *conf)
+{
+	int rc;
+
+	memset(t, 0, sizeof *t);
+	rc = db_open(&t->db, conf);
+	if (rc == ST_OK)
+		rc = db_prepare(t->db, &t->claim,
+		                "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type,"
+		                " order_id, outcome, published_at, processed_at) VALUES (?, ?, ?, ?, ?, ?, 'applied',"
+		                " IF(? > 0, FROM_UNIXTIME(? / 1000000), NULL), NOW(6))");
+	if (rc == ST_OK)
+		rc = db_prepare(t->db, &t->order,
+		                "INSERT INTO orders (id, status, version, flags, created_at, updated_at)"
+		                " VALUES (?, ?, 1, 0, NOW(6), NOW(6))"
+		                " ON DUPLICATE KEY UPDATE status = VALUES(status), version = version + 1,"
+		                " updated_at = NOW(6)");
+	if (rc == ST_OK)
+		rc = db_prepare(t->db, &t->ledger,
+		                "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome,"
+		                " from_status, to_status, version, applied_at)"
+		                " SELECT id, ?, ?, ?, ?, 'applied', '', status, version, NOW(6) FROM orders WHERE id = ?");
+	return rc;
+}
+
+/* ST_OK committed, ST_ERR_DB_DUPLICATE (rolled back: a duplicate), or an
+ * error (rolled back). */
+static inline int bench_tx_run(struct bench_tx *t, const struct bench_msg *m)
+{
+	struct db_param c[8] = { DBP_STR(m->consumer), DBP_STR(m->source), DBP_STR(m->message_id),
+	                         DBP_STR(m->sha_hex), DBP_STR(m->type), DBP_STR(m->order_id),
+	                         DBP_I64(m->published_us), DBP_I64(m->published_us) };
+	struct db_param o[2] = { DBP_STR(m->order_id), DBP_STR(m->type) };
+	struct db_param l[5] = { DBP_STR(m->consumer), DBP_STR(m->source), DBP_STR(m->message_id),
+	                         DBP_STR(m->type), DBP_STR(m->order_id) };
+	int rc = db_stmt_exec(t->claim, c, 8, NULL);
+
+	if (rc == ST_OK)
+		rc = db_stmt_exec(t->order, o, 2, NULL);
+	if (rc == ST_OK)
+		rc = db_stmt_exec(t->ledger, l, 5, NULL);
+	if (rc == ST_OK)
+		rc = db_commit(t->db);
+	if (rc != ST_OK)
+		db_rollback(t->db);
+	return rc;
+}
+
+static inline void bench_tx_close(struct bench_tx *t)
+{
+	db_close(&t->db);
+}
+
+#endif
