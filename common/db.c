@@ -481,6 +481,13 @@ void db_stmt_done(struct db_stmt *s)
 		/* Drains unread rows locally (no round trip, unlike
 		 * mysql_stmt_reset); a failure surfaces on the next statement. */
 		(void)mysql_stmt_free_result(s->st);
+		/* A CALL ends with a status result of its own; it is already on
+		 * the wire, so reading it past costs no round trip. */
+		while (mysql_stmt_more_results(s->st)) {
+			if (mysql_stmt_next_result(s->st) != 0)
+				break;
+			(void)mysql_stmt_free_result(s->st);
+		}
 	}
 	s->has_result = false;
 }

@@ -6,7 +6,9 @@
  *      fails here with 1062 before anything else is touched; the stored hash
  *      then tells a duplicate from a conflict.
  *   2. Lock the order's order_locks row (creating it for a new order) and
- *      read the order in the same statement.
+ *      read the order.
+ *   Steps 1 and 2 run server-side in one CALL (inbox_claim, migration 0003):
+ *   round trips on loopback are what a message costs.
  *   3. Decide with order_decide and carry the verdict out: order row,
  *      ledger row, outbox rows, or a held row.
  *   4. If the order changed and it has held events, re-evaluate them in a
@@ -33,8 +35,7 @@
 struct inbox {
 	struct db *db;
 	const struct cfg *conf;
-	struct db_stmt *claim;
-	struct db_stmt *stored_hash;
+	struct db_stmt *claim_lock;
 	struct db_stmt *set_outcome;
 	struct db_stmt *lock_read;
 	struct db_stmt *lock_create;
@@ -116,11 +117,9 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		if (rc != ST_OK)                                \
 			goto fail;                              \
 	} while (0)
-	PREP(claim, "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type,"
-	            " order_id, outcome, published_at, processed_at)"
-	            " VALUES (?, ?, ?, ?, ?, ?, 'applied', IF(? > 0, FROM_UNIXTIME(? / 1000000), NULL), NOW(6))");
-	PREP(stored_hash, "SELECT payload_sha256 FROM processed_messages"
-	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
+	/* migrations/0003_claim_procedure.sql: the claim, the duplicate's
+	 * stored hash or the order lock, in one round trip. */
+	PREP(claim_lock, "CALL inbox_claim(?, ?, ?, ?, ?, ?, ?)");
 	PREP(set_outcome, "UPDATE processed_messages SET outcome = ?, reason = ?, processed_at = NOW(6)"
 	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
 	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
@@ -485,25 +484,51 @@ static int inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct 
 	return rc;
 }
 
-/* After 1062 on the claim: same hash is a duplicate, another is a conflict. */
-static int inbox_settle_duplicate(struct inbox *ib, const struct msg *m, const char *hex,
-                                  struct inbox_result *res)
+/* Claim the key and lock the order (inbox_claim, one round trip).  On a
+ * duplicate key res->outcome says DUPLICATE or CONFLICT by the stored
+ * hash; a failed INSERT is rolled back alone, so the rest of a batch's
+ * transaction stands. */
+static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const char *hex, struct inbox_order *o,
+                            struct inbox_result *res)
 {
-	char stored[65];
-	struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
-	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
+	const struct msg *m = in->msg;
+	char stored[65], status[32];
+	struct db_param p[7] = {
+		DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
+		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us),
+	};
+	struct db_col c[6] = {
+		DBC_I64(), DBC_STR(stored, sizeof stored), DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(),
+		DBC_I64(),
+	};
 	int rc, r;
 
-	rc = db_stmt_query(ib->stored_hash, p, 3);
+	rc = db_stmt_query(ib->claim_lock, p, 7);
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ib->stored_hash, c, 1);
+	r = db_stmt_fetch(ib->claim_lock, c, 6);
 	if (r < 0)
 		return r;
 	if (r == 0)
 		return ST_ERR_DB_DEADLOCK; /* the first claim rolled back meanwhile: retry */
-	db_stmt_done(ib->stored_hash);
-	res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+	db_stmt_done(ib->claim_lock);
+	if (c[0].i64 == 1) {
+		res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+		return ST_OK;
+	}
+	o->held = c[2].i64;
+	if (c[3].is_null) {
+		o->state = ORDER_NONE;
+		o->version = 0;
+		o->flags = 0;
+	} else {
+		int st = order_state_from_name(status);
+		if (st < 0)
+			return ST_ERR_DB;
+		o->state = (enum order_state)st;
+		o->version = c[4].i64;
+		o->flags = (unsigned)c[5].i64;
+	}
 	return ST_OK;
 }
 
@@ -524,23 +549,8 @@ int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result
 
 	memset(res, 0, sizeof *res);
 	msg_sha256_hex(m->sha256, hex);
-	{
-		struct db_param p[8] = {
-			DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
-			DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us),
-			DBP_I64(in->published_us),
-		};
-		rc = db_stmt_exec(ib->claim, p, 8, NULL);
-	}
-	if (rc == ST_ERR_DB_DUPLICATE) {
-		/* InnoDB rolled back the INSERT alone; whatever else this
-		 * transaction holds (a batch) stays. */
-		return inbox_settle_duplicate(ib, m, hex, res);
-	}
-	if (rc != ST_OK)
-		return rc;
-	rc = inbox_lock_order(ib, m->order_id, &o);
-	if (rc != ST_OK)
+	rc = inbox_claim_lock(ib, in, hex, &o, res);
+	if (rc != ST_OK || res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT)
 		return rc;
 	v = order_decide(o.state, o.flags, m->type);
 	if (v.decision == ORDER_INVALID && in->props_json != NULL) {
