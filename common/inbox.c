@@ -137,7 +137,8 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(hold_add, "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key,"
 	               " props, body, held_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
 	PREP(held_count, "UPDATE order_locks SET held = held + ? WHERE order_id = ?");
-	PREP(held_list, "SELECT id FROM held_events WHERE order_id = ? ORDER BY id");
+	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
+	                " ORDER BY id");
 	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body FROM held_events"
 	               " WHERE id = ? AND consumer = ?");
 	PREP(held_del, "DELETE FROM held_events WHERE id = ?");
@@ -377,75 +378,105 @@ static const char *inbox_reason_of(enum order_decision d)
 	return d == ORDER_INVALID ? "invalid-transition" : NULL;
 }
 
+/* A held event as listed for re-evaluation; body and properties are read
+ * only if it turns out to need a dead-letter copy. */
+struct inbox_held {
+	int64_t id;
+	char source[MSG_SOURCE_MAX + 1];
+	char message_id[MSG_ID_MAX + 1];
+	char type[MSG_TYPE_NAME_MAX + 1];
+};
+
+/* Read a held event's routing key, properties and body into the inbox's
+ * buffers (for its dead-letter copy). */
+static int inbox_held_payload(struct inbox *ib, int64_t id, char *rk, size_t rk_cap, struct inbox_event *ev)
+{
+	char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1];
+	struct db_param p[2] = { DBP_I64(id), DBP_STR(ib->conf->consumer) };
+	struct db_col c[6] = {
+		DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
+		DBC_STR(rk, rk_cap), DBC_STR(ib->props, INBOX_PROPS_MAX), DBC_BLOB(ib->body, ib->body_cap),
+	};
+	int rc = db_stmt_query(ib->held_get, p, 2);
+	int r;
+
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_fetch(ib->held_get, c, 6);
+	if (r < 0)
+		return r;
+	if (r == 0)
+		return ST_ERR_NOT_FOUND;
+	db_stmt_done(ib->held_get);
+	ev->body = ib->body;
+	ev->len = c[5].len;
+	ev->routing_key = rk;
+	ev->props = c[4].is_null ? NULL : ib->props;
+	return ST_OK;
+}
+
 /* Re-evaluate the order's held events until a pass settles none.  Each
  * settled event leaves held_events and gets its final inbox outcome. */
 static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
                               const char *order_id)
 {
 	enum { BATCH = 64 };
+	struct inbox_held held[BATCH];
+	struct inbox_held spill; /* rows past BATCH wait for the next pass */
 	bool progress = true;
 	int rc;
 
 	while (progress && o->held > 0) {
-		int64_t ids[BATCH];
 		int n = 0;
-		struct db_param p[1] = { DBP_STR(order_id) };
-		struct db_col c[1];
+		struct db_param p[2] = { DBP_STR(order_id), DBP_STR(ib->conf->consumer) };
 
 		progress = false;
-		rc = db_stmt_query(ib->held_list, p, 1);
+		rc = db_stmt_query(ib->held_list, p, 2);
 		if (rc != ST_OK)
 			return rc;
 		for (;;) {
-			int r;
-			c[0] = DBC_I64();
-			r = db_stmt_fetch(ib->held_list, c, 1);
+			struct inbox_held *h = n < BATCH ? &held[n] : &spill;
+			struct db_col c[4] = {
+				DBC_I64(), DBC_STR(h->source, sizeof h->source),
+				DBC_STR(h->message_id, sizeof h->message_id), DBC_STR(h->type, sizeof h->type),
+			};
+			int r = db_stmt_fetch(ib->held_list, c, 4);
 			if (r < 0)
 				return r;
 			if (r == 0)
 				break;
+			h->id = c[0].i64;
 			if (n < BATCH)
-				ids[n++] = c[0].i64;
+				n++;
 		}
 		for (int i = 0; i < n; i++) {
-			char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], rk[256];
-			struct db_param gp[2] = { DBP_I64(ids[i]), DBP_STR(ib->conf->consumer) };
-			struct db_col gc[6] = {
-				DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
-				DBC_STR(rk, sizeof rk), DBC_STR(ib->props, INBOX_PROPS_MAX),
-				DBC_BLOB(ib->body, ib->body_cap),
+			const struct inbox_held *h = &held[i];
+			char rk[256];
+			struct inbox_event ev = {
+				.source = h->source, .message_id = h->message_id, .type_name = h->type,
+				.order_id = order_id,
 			};
-			struct inbox_event ev;
 			struct order_verdict v;
 			bool changed;
-			int t, r;
+			int t = msg_type_from_name(h->type, strlen(h->type));
 
-			rc = db_stmt_query(ib->held_get, gp, 2);
-			if (rc != ST_OK)
-				return rc;
-			r = db_stmt_fetch(ib->held_get, gc, 6);
-			if (r < 0)
-				return r;
-			if (r == 0)
-				continue;
-			db_stmt_done(ib->held_get);
-			t = msg_type_from_name(type, strlen(type));
 			if (t < 0)
 				return ST_ERR_DB; /* we only ever store validated types */
-			v = order_decide(o->state, o->flags, (enum msg_type)t);
+			ev.type = (enum msg_type)t;
+			v = order_decide(o->state, o->flags, ev.type);
 			if (v.decision == ORDER_HOLD)
 				continue;
-			ev = (struct inbox_event){
-				.source = source, .message_id = mid, .type_name = type, .type = (enum msg_type)t,
-				.order_id = order_id, .body = ib->body, .len = gc[5].len, .routing_key = rk,
-				.props = gc[4].is_null ? NULL : ib->props,
-			};
+			if (v.decision == ORDER_INVALID) {
+				rc = inbox_held_payload(ib, h->id, rk, sizeof rk, &ev);
+				if (rc != ST_OK)
+					return rc;
+			}
 			rc = inbox_act(ib, o, &ev, v, res, &changed);
 			if (rc == ST_OK)
-				rc = inbox_set_outcome(ib, source, mid, order_decision_outcome(v.decision),
+				rc = inbox_set_outcome(ib, h->source, h->message_id, order_decision_outcome(v.decision),
 				                       inbox_reason_of(v.decision));
 			if (rc == ST_OK) {
-				struct db_param dp[1] = { DBP_I64(ids[i]) };
+				struct db_param dp[1] = { DBP_I64(h->id) };
 				rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
 			}
 			if (rc != ST_OK)
@@ -453,7 +484,7 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 			o->held--;
 			res->released++;
 			progress = true;
-			LOG(LOG_DEBUG, "held event settled", LOG_S("msg", mid), LOG_S("order", order_id),
+			LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h->message_id), LOG_S("order", order_id),
 			    LOG_S("outcome", order_decision_outcome(v.decision)));
 		}
 	}

@@ -45,6 +45,8 @@ static void usage(FILE *f)
 	      "  --concurrent-dups F    of those, share sent at the same moment from several connections (0.25)\n"
 	      "  --delayed-dups F       of those, share sent again after the originals were processed (0.25)\n"
 	      "  --reorder-window W     shuffle each order's events within W positions (3)\n"
+	      "  --interleave N         orders whose events are interleaved: an order's events\n"
+	      "                         lie about N messages apart in the queue (32)\n"
 	      "  --conflicts N          keys re-sent later with another payload (0)\n"
 	      "  --malformed N          malformed messages spread over every SPEC.md class (0)\n"
 	      "  --connections C        publisher connections, each a thread (4)\n"
@@ -194,6 +196,10 @@ static int parse_args(bool publish, int argc, char **argv, struct lg_args *a, ch
 			if (parse_num("--reorder-window", v, 0, 8, &n, err, errlen) != 0)
 				return -1;
 			a->sc.reorder_window = (int)n;
+		} else if (publish && OPT("--interleave")) {
+			NEED("--interleave");
+			if (parse_num("--interleave", v, 1, 1000000, &a->sc.interleave, err, errlen) != 0)
+				return -1;
 		} else if (publish && OPT("--conflicts")) {
 			NEED("--conflicts");
 			if (parse_num("--conflicts", v, 0, 10000000, &a->sc.conflicts, err, errlen) != 0)
@@ -243,7 +249,7 @@ int main(int argc, char **argv)
 {
 	struct lg_args a = {
 		.sc = { .seed = 1, .orders = 1000, .cancel_share = 0.3, .invalid_share = 0.01, .dup_rate = 0.2,
-		        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .connections = 4 },
+		        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .interleave = 32, .connections = 4 },
 		.po = { .settle_timeout_s = 600 },
 		.vo = { .timeout_s = 300, .list_max = 20 },
 	};

@@ -25,7 +25,6 @@
 #include <string.h>
 #include <time.h>
 
-#define LG_CHUNK 32           /* orders interleaved together */
 #define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events) */
 #define LG_IMMEDIATE_SPREAD 2000.0 /* key units an immediate copy may trail its original */
 #define LG_EPOCH 1798761600LL /* 2027-01-01T00:00:00Z: occurred_at base */
@@ -403,7 +402,8 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 		goto out;
 	for (size_t i = 0; i < s->norders; i++) {
 		struct lg_order *od = &s->orders[i];
-		double chunk_base = (double)(i / LG_CHUNK) * LG_CHUNK * LG_SLOTS_PER_ORDER;
+		double chunk = (double)o->interleave;
+		double chunk_base = (double)(i / (size_t)o->interleave) * chunk * LG_SLOTS_PER_ORDER;
 		double jkey[8];
 		uint32_t seq[8];
 		unsigned n = od->nmsg;
@@ -427,7 +427,7 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 		lg_nominal(s, od, seq, n);
 		for (unsigned p = 0; p < n; p++) {
 			struct lg_msg *m = &s->msgs[seq[p]];
-			double key = chunk_base + (double)p * LG_CHUNK + (double)(i % LG_CHUNK);
+			double key = chunk_base + (double)p * chunk + (double)(i % (size_t)o->interleave);
 			ent[nent++] = (struct lg_entry){ key, seq[p], LG_VAR_ORIGINAL, (uint8_t)(1 + m->dup_concurrent) };
 			if (m->dup_immediate > 0)
 				ent[nent++] = (struct lg_entry){ key + 1.0 + lg_unit(&r) * LG_IMMEDIATE_SPREAD, seq[p],
@@ -439,7 +439,8 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 		}
 	}
 	{
-		double span = (double)((s->norders + LG_CHUNK - 1) / LG_CHUNK) * LG_CHUNK * LG_SLOTS_PER_ORDER;
+		size_t il = (size_t)o->interleave;
+		double span = (double)((s->norders + il - 1) / il) * (double)il * LG_SLOTS_PER_ORDER;
 		for (size_t i = nvalid; i < s->nmsgs; i++)
 			ent[nent++] = (struct lg_entry){ lg_unit(&r) * (span > 0 ? span : 1.0), (uint32_t)i,
 			                                 LG_VAR_ORIGINAL, 1 };

@@ -119,6 +119,7 @@ struct lg_opts {
 	double concurrent_dups;
 	double delayed_dups;
 	int reorder_window;
+	long interleave;        /* orders whose events are interleaved in the queue */
 	long conflicts;
 	long malformed;
 	int connections;

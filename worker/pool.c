@@ -402,6 +402,13 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 			valid[nvalid++] = it;
 			continue;
 		}
+		if (it->m.message_id[0] == '\0' && it->d.props.message_id != NULL) {
+			/* For the log line: the body did not yield an id, the
+			 * property may (the logger escapes what it prints). */
+			size_t len = it->d.props.message_id_len < MSG_ID_MAX ? it->d.props.message_id_len : MSG_ID_MAX;
+			memcpy(it->m.message_id, it->d.props.message_id, len);
+			it->m.message_id[len] = '\0';
+		}
 		rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
 		if (rc != ST_OK) {
 			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
