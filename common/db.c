@@ -19,7 +19,7 @@
 #include "log.h"
 #include "status.h"
 
-#define DB_MAX_PARAMS 24
+#define DB_MAX_PARAMS 64
 #define DB_MAX_COLS 24
 
 struct db_stmt {

@@ -49,8 +49,22 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 	rc = db_prepare(db, &ob->take,
 	                "SELECT id, message_id, exchange, routing_key, type, props, headers, body FROM outbox"
 	                " WHERE sent_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
-	if (rc == ST_OK)
-		rc = db_prepare(db, &ob->mark, "UPDATE outbox SET sent_at = NOW(6) WHERE id = ?");
+	if (rc == ST_OK) {
+		/* One statement marks a whole batch: unused places repeat the
+		 * first id, which changes nothing. */
+		static const char head[] = "UPDATE outbox SET sent_at = NOW(6) WHERE id IN (?";
+		char sql[sizeof head + OUTBOX_BATCH_MAX * 3];
+		size_t len = sizeof head - 1;
+
+		memcpy(sql, head, len);
+		for (int i = 1; i < OUTBOX_BATCH_MAX; i++) {
+			memcpy(sql + len, ", ?", 3);
+			len += 3;
+		}
+		sql[len++] = ')';
+		sql[len] = '\0';
+		rc = db_prepare(db, &ob->mark, sql);
+	}
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->count, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL");
 	if (rc != ST_OK)
@@ -162,9 +176,11 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, int *sent)
 	rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
 	if (rc != ST_OK)
 		goto rollback;
-	for (int i = 0; i < n; i++) {
-		struct db_param mp[1] = { DBP_I64(ids[i]) };
-		rc = db_stmt_exec(ob->mark, mp, 1, NULL);
+	{
+		struct db_param mp[OUTBOX_BATCH_MAX];
+		for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
+			mp[i] = DBP_I64(ids[i < n ? i : 0]);
+		rc = db_stmt_exec(ob->mark, mp, OUTBOX_BATCH_MAX, NULL);
 		if (rc != ST_OK)
 			goto rollback;
 	}

@@ -38,18 +38,24 @@
 #include "status.h"
 
 #define POOL_CONSUME_TIMEOUT_MS 250
-#define POOL_HOUSEKEEPING_MS 1000
-#define POOL_CLEANUP_S 600
-/* Under load the outbox is relayed at most this often per thread, so that
- * a busy thread pays one relay round for many emitted rows; when idle,
- * housekeeping relays what is left. */
-#define POOL_RELAY_MS 100
+#define POOL_HOUSEKEEPING_MS 1000  /* hold expiry and the outbox gauge */
+#define POOL_CLEANUP_S 600         /* retention cleanup */
+#define POOL_RELAY_IDLE_MS 250     /* relay rows of crashed peers at least this often */
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
 #define MQ_BATCH_MAX 500 /* the bound of INBOX_BATCH */
 
 /* The one global: raised by the signal thread, read by workers. */
 static atomic_bool pool_stop;
+
+/* Workers wake the janitor through this when they committed outbox rows,
+ * so emitted messages leave within milliseconds without the worker
+ * waiting for the broker's confirms itself. */
+struct kick {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool pending;
+};
 
 struct worker {
 	int index;
@@ -63,10 +69,7 @@ struct worker {
 	char queue[300];
 	char name[64];
 	unsigned seed;
-	int64_t last_housekeeping_ms;
-	int64_t last_cleanup_ms;
-	int64_t last_relay_ms;
-	bool relay_due;       /* this thread committed outbox rows not yet relayed */
+	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
 	atomic_int exit_code; /* written by the thread, read by main */
 	struct item *items;   /* INBOX_BATCH deliveries */
 	bool joined;
@@ -227,8 +230,6 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 
 static void worker_relay(struct worker *w)
 {
-	w->last_relay_ms = pool_now_ms();
-	w->relay_due = false;
 	for (int round = 0; round < 100 && !atomic_load(&pool_stop); round++) {
 		int sent = 0, rc;
 
@@ -469,33 +470,71 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 			return rc;
 		metrics_processing_seconds(pool_now_s() - t0);
 	}
-	if (outbox_rows > 0)
-		w->relay_due = true;
+	if (outbox_rows > 0 && pthread_mutex_lock(&w->kick->mu) == 0) {
+		w->kick->pending = true;
+		pthread_cond_signal(&w->kick->cv);
+		pthread_mutex_unlock(&w->kick->mu);
+	}
 	return ST_OK;
 }
 
-static void worker_housekeeping(struct worker *w)
+/*
+ * The janitor: one thread per process that publishes the outbox (woken by
+ * the workers, and every POOL_RELAY_IDLE_MS for rows left by a crashed
+ * process), expires holds, updates the outbox gauge and cleans up past the
+ * retention window.  It has its own database and publisher connections, so
+ * consuming threads never wait for a publisher confirm of the outbox.
+ */
+static void *janitor_main(void *arg)
 {
-	int64_t now = pool_now_ms();
-	int expired = 0;
-	int64_t pending;
+	struct worker *w = arg;
+	int64_t last_housekeeping = 0, last_cleanup = pool_now_ms();
 
-	if (now - w->last_housekeeping_ms < POOL_HOUSEKEEPING_MS)
-		return;
-	w->last_housekeeping_ms = now;
-	if (worker_db_up(w) != ST_OK)
-		return;
-	if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
-		LOG(LOG_WARN, "hold expiry failed", LOG_I("worker", w->index), LOG_S("error", db_errmsg(w->db)));
-	worker_relay(w);
-	if (w->index == 0 && outbox_pending(w->outbox, &pending) == ST_OK)
-		metrics_outbox_pending(pending);
-	if (w->index == 0 && now - w->last_cleanup_ms >= POOL_CLEANUP_S * 1000) {
-		uint64_t deleted = 0;
-		w->last_cleanup_ms = now;
-		if (inbox_cleanup(w->inbox, 1000, &deleted) == ST_OK && deleted > 0)
-			LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", deleted));
+	db_thread_init();
+	while (!atomic_load(&pool_stop)) {
+		struct timespec until;
+		int64_t now;
+
+		if (clock_gettime(CLOCK_MONOTONIC, &until) == 0) {
+			until.tv_nsec += POOL_RELAY_IDLE_MS * 1000000L;
+			until.tv_sec += until.tv_nsec / 1000000000L;
+			until.tv_nsec %= 1000000000L;
+		}
+		if (pthread_mutex_lock(&w->kick->mu) == 0) {
+			while (!w->kick->pending && !atomic_load(&pool_stop))
+				if (pthread_cond_timedwait(&w->kick->cv, &w->kick->mu, &until) != 0)
+					break; /* time-out: relay anyway */
+			w->kick->pending = false;
+			pthread_mutex_unlock(&w->kick->mu);
+		}
+		if (worker_db_up(w) != ST_OK)
+			continue;
+		worker_relay(w);
+		now = pool_now_ms();
+		if (now - last_housekeeping >= POOL_HOUSEKEEPING_MS) {
+			int expired = 0;
+			int64_t pending;
+
+			last_housekeeping = now;
+			if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
+				LOG(LOG_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
+			if (expired > 0)
+				worker_relay(w);
+			if (outbox_pending(w->outbox, &pending) == ST_OK)
+				metrics_outbox_pending(pending);
+		}
+		if (now - last_cleanup >= POOL_CLEANUP_S * 1000) {
+			uint64_t deleted = 0;
+
+			last_cleanup = now;
+			if (inbox_cleanup(w->inbox, 1000, &deleted) == ST_OK && deleted > 0)
+				LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", deleted));
+		}
 	}
+	mq_close(&w->publisher);
+	worker_close_db(w);
+	db_thread_end();
+	return NULL;
 }
 
 static void worker_release(struct worker *w, int n)
@@ -509,7 +548,6 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 
 	db_thread_init();
-	w->last_cleanup_ms = pool_now_ms();
 	while (!atomic_load(&pool_stop)) {
 		int n = 0;
 		int rc = worker_db_up(w);
@@ -525,10 +563,8 @@ static void *worker_main(void *arg)
 		}
 		metrics_thread_ready(w->index, true);
 		rc = mq_consume(w->consumer, &w->items[0].d, POOL_CONSUME_TIMEOUT_MS);
-		if (rc == ST_ERR_TIMEOUT) {
-			worker_housekeeping(w);
+		if (rc == ST_ERR_TIMEOUT)
 			continue;
-		}
 		if (rc == ST_OK) {
 			/* A batch is what is already here, never a wait for more:
 			 * batching must not add latency when traffic is light. */
@@ -542,8 +578,6 @@ static void *worker_main(void *arg)
 			if (rc == ST_OK)
 				rc = worker_handle(w, w->items, n);
 			worker_release(w, n);
-			if (rc == ST_OK && w->relay_due && pool_now_ms() - w->last_relay_ms >= POOL_RELAY_MS)
-				worker_relay(w);
 			if (rc == ST_OK)
 				continue;
 		}
@@ -566,8 +600,11 @@ static void *worker_main(void *arg)
 int pool_main(const struct cfg *conf)
 {
 	struct worker *workers = NULL;
+	struct kick kick = { .pending = false };
+	pthread_condattr_t ca;
 	sigset_t set;
 	int started = 0, code = 0;
+	const int nthreads = conf->threads + 1; /* the workers and the janitor */
 
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -576,27 +613,46 @@ int pool_main(const struct cfg *conf)
 		LOG0(LOG_ERROR, "cannot block signals");
 		return 1;
 	}
-	workers = calloc((size_t)conf->threads, sizeof *workers);
+	/* The janitor's timed wait runs on the monotonic clock: a wall clock
+	 * step must not stall the outbox. */
+	if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
+	    pthread_cond_init(&kick.cv, &ca) != 0 || pthread_mutex_init(&kick.mu, NULL) != 0) {
+		LOG0(LOG_ERROR, "cannot initialise the janitor's condition variable");
+		return 1;
+	}
+	pthread_condattr_destroy(&ca);
+	workers = calloc((size_t)nthreads, sizeof *workers);
 	if (workers == NULL) {
 		LOG0(LOG_ERROR, "out of memory");
-		return 1;
+		goto done;
 	}
 	if (metrics_start(conf->metrics_addr) != 0) {
 		free(workers);
-		return 1;
+		workers = NULL;
+		goto done;
 	}
 	metrics_set_threads(conf->threads);
 	LOG(LOG_INFO, "starting", LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
-	for (int i = 0; i < conf->threads; i++) {
+	for (int i = 0; i < nthreads; i++) {
 		struct worker *w = &workers[i];
-		w->index = i;
+		bool janitor = i == conf->threads;
+		w->index = janitor ? -1 : i;
 		w->conf = conf;
+		w->kick = &kick;
 		w->seed = (unsigned)time(NULL) ^ (unsigned)getpid() ^ (unsigned)(i * 2654435761u);
-		snprintf(w->name, sizeof w->name, "inbox-worker pid=%d thread=%d", (int)getpid(), i);
-		w->items = calloc((size_t)conf->batch, sizeof *w->items);
-		if (w->items == NULL ||mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0 ||
-		    pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+		snprintf(w->name, sizeof w->name, "inbox-worker pid=%d %s=%d", (int)getpid(),
+		         janitor ? "janitor" : "thread", i);
+		if (!janitor) {
+			w->items = calloc((size_t)conf->batch, sizeof *w->items);
+			if (w->items == NULL || mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0) {
+				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
+				atomic_store(&pool_stop, true);
+				code = 1;
+				break;
+			}
+		}
+		if (pthread_create(&w->thread, NULL, janitor ? janitor_main : worker_main, w) != 0) {
 			LOG(LOG_ERROR, "cannot start worker thread", LOG_I("worker", i));
 			atomic_store(&pool_stop, true);
 			code = 1;
@@ -646,10 +702,13 @@ int pool_main(const struct cfg *conf)
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
-	for (int i = 0; i < conf->threads; i++)
+	for (int i = 0; i < nthreads; i++)
 		free(workers[i].items);
 	free(workers);
-	return code;
+done:
+	pthread_cond_destroy(&kick.cv);
+	pthread_mutex_destroy(&kick.mu);
+	return workers == NULL && code == 0 ? 1 : code;
 }
 
 int cleanup_main(const struct cfg *conf)
