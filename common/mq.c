@@ -621,6 +621,13 @@ static int mq_build_props(struct mq_outprops *o, const struct mq_message *msg)
 		o->h[n].value.kind = AMQP_FIELD_KIND_UTF8;
 		o->h[n].value.value.bytes = amqp_cstring_bytes(msg->headers[i].value);
 	}
+	if (msg->published_us > 0 && n < MQ_HEADERS_MAX) {
+		/* An integer header: the worker reads it as a number. */
+		o->h[n].key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US);
+		o->h[n].value.kind = AMQP_FIELD_KIND_I64;
+		o->h[n].value.value.i64 = msg->published_us;
+		n++;
+	}
 	if (n > 0) {
 		p->headers.num_entries = n;
 		p->headers.entries = o->h;
@@ -653,35 +660,10 @@ int mq_publish(struct mq *m, const struct mq_message *msg)
 
 int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us)
 {
-	struct mq_outprops o;
-	amqp_bytes_t body = { .len = msg->len, .bytes = (void *)msg->body };
-	amqp_basic_properties_t *p = &o.p;
-	int rc;
+	struct mq_message stamped = *msg;
 
-	if (m->broken)
-		return ST_ERR_MQ_CONN;
-	rc = mq_build_props(&o, msg);
-	if (rc == ST_OK && p->headers.num_entries >= MQ_HEADERS_MAX)
-		rc = ST_ERR_INVALID;
-	if (rc == ST_OK) {
-		amqp_table_entry_t *e = &o.h[p->headers.num_entries];
-
-		e->key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US);
-		e->value.kind = AMQP_FIELD_KIND_I64;
-		e->value.value.i64 = published_us;
-		p->headers.num_entries++;
-		p->headers.entries = o.h;
-		p->_flags |= AMQP_BASIC_HEADERS_FLAG;
-		rc = mq_status(m, amqp_basic_publish(m->conn, MQ_CHANNEL, mq_b(msg->exchange),
-		                                     mq_b(msg->routing_key), msg->mandatory, 0, p, body),
-		               "basic.publish");
-		if (rc == ST_ERR_TIMEOUT)
-			rc = mq_fail(m, ST_ERR_MQ_CONN, "basic.publish", "timed out");
-		if (rc == ST_OK && m->confirming)
-			m->next_seq++;
-	}
-	json_decref(o.saved);
-	return rc;
+	stamped.published_us = published_us;
+	return mq_publish(m, &stamped);
 }
 
 uint64_t mq_unconfirmed(const struct mq *m)

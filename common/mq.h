@@ -67,6 +67,7 @@ struct mq_message {
 	const struct mq_header *headers;
 	int nheaders;
 	bool mandatory; /* unroutable -> ST_ERR_MQ_NACK (dead-letters must land) */
+	int64_t published_us; /* > 0: sent as the MQ_HEADER_PUBLISHED_US header */
 };
 
 int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name);
