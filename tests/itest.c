@@ -210,13 +210,20 @@ pid_t itest_spawn(const char *const *args, const char *const *env)
 pid_t itest_spawn_logged(const char *const *args, const char *const *env, const char *log_path)
 {
 	const char *bin = getenv("INBOX_WORKER_BIN");
-	char *argv[32];
+
+	cr_assert_not_null(bin, "INBOX_WORKER_BIN is not set (run through meson test)");
+	return itest_spawn_program(bin, args, env, log_path, false);
+}
+
+pid_t itest_spawn_program(const char *bin, const char *const *args, const char *const *env, const char *log_path,
+                          bool with_stdout)
+{
+	char *argv[40];
 	int n = 0;
 	pid_t pid;
 
-	cr_assert_not_null(bin, "INBOX_WORKER_BIN is not set (run through meson test)");
 	argv[n++] = (char *)bin;
-	for (int i = 0; args[i] != NULL && n < 31; i++)
+	for (int i = 0; args[i] != NULL && n < 39; i++)
 		argv[n++] = (char *)args[i];
 	argv[n] = NULL;
 	pid = fork();
@@ -227,8 +234,9 @@ pid_t itest_spawn_logged(const char *const *args, const char *const *env, const 
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
 			_exit(126);
 		if (log_path != NULL) {
-			FILE *f = freopen(log_path, "w", stderr);
-			if (f == NULL)
+			if (freopen(log_path, "w", stderr) == NULL)
+				_exit(126);
+			if (with_stdout && dup2(fileno(stderr), 1) < 0)
 				_exit(126);
 		}
 		for (int i = 0; env != NULL && env[i] != NULL; i++)

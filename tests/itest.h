@@ -44,6 +44,9 @@ pid_t itest_worker(int threads, const char *const *env);
 /* The same with stderr sent to log_path (truncated first). */
 pid_t itest_spawn_logged(const char *const *args, const char *const *env, const char *log_path);
 pid_t itest_worker_logged(int threads, const char *const *env, const char *log_path);
+/* Any program: stderr (and stdout too, when with_stdout) into log_path. */
+pid_t itest_spawn_program(const char *bin, const char *const *args, const char *const *env, const char *log_path,
+                          bool with_stdout);
 /* Sum of key=N over the lines of log_path that contain marker. */
 int64_t itest_log_sum(const char *log_path, const char *marker, const char *key);
 /* Whether log_path holds a line containing text. */

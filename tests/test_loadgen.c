@@ -25,26 +25,10 @@
 static int lg_run(const char *const *args, const char *log_path, int timeout_s)
 {
 	const char *bin = getenv("INBOX_LOADGEN_BIN");
-	char *argv[40];
-	int n = 0, st;
-	pid_t pid;
+	int st;
 
 	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
-	argv[n++] = (char *)bin;
-	for (int i = 0; args[i] != NULL && n < 39; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-	pid = fork();
-	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-			_exit(126);
-		if (freopen(log_path, "w", stdout) == NULL || dup2(fileno(stdout), 2) < 0)
-			_exit(126);
-		execv(bin, argv);
-		_exit(127);
-	}
-	st = itest_wait_exit(pid, timeout_s);
+	st = itest_wait_exit(itest_spawn_program(bin, args, NULL, log_path, true), timeout_s);
 	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
 	return WEXITSTATUS(st);
 }
