@@ -7,13 +7,19 @@
  * signal exits at once (what is unacked is redelivered, which the inbox
  * absorbs).
  *
- * Per delivery (worker_handle):
- *   size and parse checks -> dead-letter on bad input (confirmed), then ack;
- *   otherwise inbox_process in a retry loop: deadlock / lock wait time-out
- *   retry with jittered exponential backoff up to max_retries, then
- *   dead-letter as retries-exhausted; a lost database connection is never
- *   the message's fault: keep it, reconnect with backoff, run it again.
- *   Ack only after the commit (or after the dead-letter copy is confirmed).
+ * Per batch of deliveries (worker_handle; a batch is one delivery unless
+ * INBOX_BATCH > 1, and never waits for more than is already here):
+ *   size and parse checks -> dead-letter on bad input (confirmed);
+ *   the valid ones in one transaction (worker_transact): deadlock / lock
+ *   wait time-out retry with jittered exponential backoff up to
+ *   max_retries; a batch that still cannot commit is split into single
+ *   messages, and a single one then goes to the DLQ as retries-exhausted;
+ *   a lost database connection is never the messages' fault: keep them,
+ *   reconnect with backoff, run them again.  Ack only after the commit (or
+ *   after the dead-letter copy is confirmed).
+ *
+ * Each process also runs one janitor thread (janitor_main): the outbox
+ * relay, hold expiry, the outbox gauge and retention cleanup.
  */
 #include "pool.h"
 
