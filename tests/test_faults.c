@@ -199,3 +199,48 @@ Test(faults, poison_message_ends_in_the_dlq_by_delivery_limit, .timeout = 600)
 	cr_assert_leq(deaths, 3, "delivery limit 2: at most three deliveries");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0, "never committed");
 }
+
+/* A worker that cannot finish the message in hand (its transaction waits on
+ * a row lock held elsewhere) stops on the second signal at once; the
+ * message, never acked, is still in the queue. */
+Test(faults, second_signal_exits_at_once_and_keeps_the_message, .timeout = 300)
+{
+	char body[512];
+	struct db *holder = NULL;
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_open(&holder, &itest_cfg()->db), ST_OK);
+	/* Another transaction holds the order's lock row. */
+	cr_assert_eq(db_exec(holder, "INSERT INTO order_locks (order_id, held) VALUES ('o-stuck', 0)"), ST_OK);
+	cr_assert_eq(db_commit(holder), ST_OK);
+	cr_assert_eq(db_exec(holder, "SELECT * FROM order_locks WHERE order_id = 'o-stuck' FOR UPDATE"), ST_OK);
+	w = itest_worker(1, NULL);
+	m = itest_mq();
+	itest_event(body, sizeof body, "stuck-1", "OrderCreated", "o-stuck");
+	itest_publish(m, "OrderCreated", body, NULL);
+	/* Once delivered, the message is in hand: its transaction waits on
+	 * the lock, and a graceful stop would have to wait with it. */
+	for (int i = 0; i < 600 && itest_queue_depth(itest_cfg()->queue) > 0; i++)
+		usleep(100 * 1000);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->queue), 0, "the worker must have taken the message");
+	cr_assert_eq(kill(w, SIGTERM), 0);
+	usleep(300 * 1000);
+	st = itest_stop(w, SIGTERM, 20); /* well inside the 50 s lock wait */
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "the second signal exits at once (status %d)", st);
+	db_rollback(holder);
+	db_close(&holder);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0, "nothing committed");
+	{
+		uint32_t ready = 0;
+		for (int i = 0; i < 100 && ready == 0; i++) {
+			ready = itest_queue_depth(itest_cfg()->queue);
+			if (ready == 0)
+				usleep(100 * 1000);
+		}
+		cr_assert_eq(ready, 1, "the unacked message is back in the queue");
+	}
+	mq_close(&m);
+}
