@@ -170,6 +170,29 @@ void inbox_close(struct inbox **ibp)
 	*ibp = NULL;
 }
 
+/* Fill o from a locked read: held count, and status/version/flags of the
+ * order row (status NULL: the order does not exist yet). */
+static int inbox_order_from_row(struct inbox_order *o, const struct db_col *held, const struct db_col *status,
+                                const struct db_col *version, const struct db_col *flags)
+{
+	int st;
+
+	o->held = held->i64;
+	if (status->is_null) {
+		o->state = ORDER_NONE;
+		o->version = 0;
+		o->flags = 0;
+		return ST_OK;
+	}
+	st = order_state_from_name(status->buf);
+	if (st < 0)
+		return ST_ERR_DB;
+	o->state = (enum order_state)st;
+	o->version = version->i64;
+	o->flags = (unsigned)flags->i64;
+	return ST_OK;
+}
+
 /* Lock the order (creating its lock row on first sight) and read it. */
 static int inbox_lock_order(struct inbox *ib, const char *order_id, struct inbox_order *o)
 {
@@ -191,20 +214,7 @@ static int inbox_lock_order(struct inbox *ib, const char *order_id, struct inbox
 			return r;
 		if (r == 1) {
 			db_stmt_done(ib->lock_read);
-			o->held = c[0].i64;
-			if (c[1].is_null) {
-				o->state = ORDER_NONE;
-				o->version = 0;
-				o->flags = 0;
-			} else {
-				int s = order_state_from_name(status);
-				if (s < 0)
-					return ST_ERR_DB;
-				o->state = (enum order_state)s;
-				o->version = c[2].i64;
-				o->flags = (unsigned)c[3].i64;
-			}
-			return ST_OK;
+			return inbox_order_from_row(o, &c[0], &c[1], &c[2], &c[3]);
 		}
 		/* First event of this order.  A concurrent first event makes our
 		 * INSERT wait for its commit and fail with 1062; then the
@@ -547,20 +557,7 @@ static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const c
 		res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
 		return ST_OK;
 	}
-	o->held = c[2].i64;
-	if (c[3].is_null) {
-		o->state = ORDER_NONE;
-		o->version = 0;
-		o->flags = 0;
-	} else {
-		int st = order_state_from_name(status);
-		if (st < 0)
-			return ST_ERR_DB;
-		o->state = (enum order_state)st;
-		o->version = c[4].i64;
-		o->flags = (unsigned)c[5].i64;
-	}
-	return ST_OK;
+	return inbox_order_from_row(o, &c[2], &c[3], &c[4], &c[5]);
 }
 
 int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)

@@ -53,7 +53,7 @@
 #define POOL_RELAY_MIN_GAP_MS 50
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
-#define MQ_BATCH_MAX 500 /* the bound of INBOX_BATCH */
+#define POOL_BATCH_MAX 500 /* the bound of INBOX_BATCH */
 
 /* The one global: raised by the signal thread, read by workers. */
 static atomic_bool pool_stop;
@@ -399,7 +399,7 @@ static int worker_settle(struct worker *w, struct item **v, int n)
  * caller drops the consumer connection so the broker redelivers them). */
 static int worker_handle(struct worker *w, struct item *items, int n)
 {
-	struct item *valid[MQ_BATCH_MAX];
+	struct item *valid[POOL_BATCH_MAX];
 	double t0 = pool_now_s();
 	int nvalid = 0, rc, outbox_rows = 0;
 
