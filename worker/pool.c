@@ -82,6 +82,12 @@ struct worker {
 	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
 	atomic_int exit_code; /* written by the thread, read by main */
 	struct item *items;   /* INBOX_BATCH deliveries */
+	/* Settled deliveries not yet acked: every tag up to ack_tag is done
+	 * (committed or confirmed in the DLQ), so one basic.ack with
+	 * multiple=true settles them all (see worker_ack_flush). */
+	uint64_t ack_tag;
+	int ack_pending;
+	int ack_limit; /* flush at this many (half the prefetch) */
 	bool joined;
 };
 
@@ -187,6 +193,7 @@ static int worker_mq_up(struct worker *w)
 
 		if (w->consumer != NULL)
 			return ST_OK;
+		w->ack_pending = 0; /* delivery tags belong to the channel that is gone */
 		rc = mq_open(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name);
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
@@ -394,6 +401,24 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 	return rc;
 }
 
+/* Ack every settled delivery in one frame.  Acks are deferred only while
+ * more deliveries are already waiting (worker_main): in a backlog one
+ * cumulative ack per several messages spares the broker a settle per
+ * message (on a quorum queue each is a log entry), and when traffic is
+ * light nothing waits, so each ack still leaves right after its commit.  A
+ * crash between a commit and the deferred ack only means redeliveries,
+ * which the inbox settles as duplicates. */
+static int worker_ack_flush(struct worker *w)
+{
+	int rc;
+
+	if (w->ack_pending == 0)
+		return ST_OK;
+	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
+	w->ack_pending = 0;
+	return rc;
+}
+
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back), or the error that kept some unacked (then the
  * caller drops the consumer connection so the broker redelivers them). */
@@ -402,6 +427,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	struct item *valid[POOL_BATCH_MAX];
 	double t0 = pool_now_s();
 	int nvalid = 0, rc, outbox_rows = 0;
+	bool all_done;
 
 	for (int i = 0; i < n; i++) {
 		struct item *it = &items[i];
@@ -470,15 +496,30 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		 * would; the redelivery must be recognised as a duplicate. */
 		raise(SIGKILL);
 	}
+	all_done = true;
+	for (int i = 0; i < n; i++)
+		all_done = all_done && items[i].done;
+	if (!all_done) {
+		/* Some were handed back (the fault hook rejected them): a
+		 * cumulative ack must not reach past them, so ack one by one. */
+		rc = worker_ack_flush(w);
+		if (rc != ST_OK)
+			return rc;
+	}
 	for (int i = 0; i < n; i++) {
 		if (!items[i].done)
 			continue;
 		if (items[i].reason != MSG_REASON_NONE && items[i].reason != MSG_REASON_RETRIES_EXHAUSTED)
 			metrics_outcome(METRICS_DEAD_LETTERED);
+		metrics_processing_seconds(pool_now_s() - t0);
+		if (all_done) {
+			w->ack_tag = items[i].d.tag;
+			w->ack_pending++;
+			continue;
+		}
 		rc = mq_ack(w->consumer, items[i].d.tag, false);
 		if (rc != ST_OK)
 			return rc;
-		metrics_processing_seconds(pool_now_s() - t0);
 	}
 	if (outbox_rows > 0 && pthread_mutex_lock(&w->kick->mu) == 0) {
 		w->kick->pending = true;
@@ -575,7 +616,16 @@ static void *worker_main(void *arg)
 			break;
 		}
 		metrics_thread_ready(w->index, true);
-		rc = mq_consume(w->consumer, &w->items[0].d, POOL_CONSUME_TIMEOUT_MS);
+		rc = ST_ERR_TIMEOUT;
+		if (w->ack_pending > 0 && w->ack_pending < w->ack_limit)
+			rc = mq_consume(w->consumer, &w->items[0].d, 0);
+		if (rc == ST_ERR_TIMEOUT) {
+			/* Nothing more is here (or enough acks are owed): settle
+			 * before waiting, so the broker can send more. */
+			rc = worker_ack_flush(w);
+			if (rc == ST_OK)
+				rc = mq_consume(w->consumer, &w->items[0].d, POOL_CONSUME_TIMEOUT_MS);
+		}
 		if (rc == ST_ERR_TIMEOUT)
 			continue;
 		if (rc == ST_OK) {
@@ -599,10 +649,14 @@ static void *worker_main(void *arg)
 		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
 		metrics_thread_ready(w->index, false);
+		if (w->consumer != NULL)
+			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
 		mq_close(&w->consumer);
 		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
 	}
 	metrics_thread_ready(w->index, false);
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", LOG_I("worker", w->index));
 	mq_close(&w->consumer);
 	mq_close(&w->publisher);
 	worker_close_db(w);
@@ -658,6 +712,7 @@ int pool_main(const struct cfg *conf)
 		         janitor ? "janitor" : "thread", i);
 		if (!janitor) {
 			w->items = calloc((size_t)conf->batch, sizeof *w->items);
+			w->ack_limit = conf->prefetch / 2 > 1 ? conf->prefetch / 2 : 1;
 			if (w->items == NULL || mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0) {
 				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
