@@ -62,6 +62,7 @@ static void *pt_main(void *arg)
 		goto out;
 	}
 	for (uint64_t i = 0; pt_now() < t->end;) {
+		struct inbox_result res = { .ended = false };
 		int n;
 		for (n = 0; n < t->batch; n++, i++) {
 			int len = snprintf(body, sizeof body,
@@ -75,13 +76,15 @@ static void *pt_main(void *arg)
 			}
 		}
 		for (int k = 0; k < n; k++) {
-			struct inbox_in in = { .msg = &m[k], .routing_key = "order.bench" };
-			struct inbox_result res;
+			struct inbox_in in = { .msg = &m[k], .routing_key = "order.bench", .alone = n == 1 };
 			t->rc = inbox_apply(ib, &in, &res);
 			if (t->rc != ST_OK)
 				break;
 		}
-		t->rc = t->rc == ST_OK ? inbox_commit(ib) : (inbox_abort(ib), t->rc);
+		if (t->rc != ST_OK)
+			inbox_abort(ib);
+		else if (!(n == 1 && res.ended))
+			t->rc = inbox_commit(ib);
 		if (t->rc != ST_OK) {
 			fprintf(stderr, "pool_tx: thread %d: %s\n", t->index, db_errmsg(db));
 			goto out;

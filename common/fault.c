@@ -31,6 +31,11 @@ static void fault_load(void)
 	atomic_store(&fault_left, v);
 }
 
+bool fault_armed(const char *point)
+{
+	return pthread_once(&fault_once, fault_load) == 0 && fault_point != NULL && strcmp(fault_point, point) == 0;
+}
+
 bool fault_hit(const char *point)
 {
 	if (pthread_once(&fault_once, fault_load) != 0 || fault_point == NULL ||

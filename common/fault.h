@@ -18,8 +18,15 @@
 
 #if INBOX_FAULT_HOOKS
 bool fault_hit(const char *point);
+/* Whether point is the configured one (without using up a hit). */
+bool fault_armed(const char *point);
 #else
 static inline bool fault_hit(const char *point)
+{
+	(void)point;
+	return false;
+}
+static inline bool fault_armed(const char *point)
 {
 	(void)point;
 	return false;

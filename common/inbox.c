@@ -7,13 +7,16 @@
  *      then tells a duplicate from a conflict.
  *   2. Lock the order's order_locks row (creating it for a new order) and
  *      read the order.
- *   Steps 1 and 2 run server-side in one CALL (inbox_claim, migration 0003):
- *   round trips on loopback are what a message costs.
+ *   Steps 1 and 2 run server-side in one CALL (inbox_claim, migrations
+ *   0003/0004): round trips on loopback are what a message costs.
  *   3. Decide with order_decide and carry the verdict out: order row,
- *      ledger row, outbox rows, or a held row.
+ *      ledger row, outbox row and inbox outcome in one CALL (inbox_settle,
+ *      0004), or a held row.
  *   4. If the order changed and it has held events, re-evaluate them in a
  *      loop until a pass settles none.
- *   5. COMMIT.  The caller acks only after this returns ST_OK.
+ *   5. COMMIT.  The caller acks only after this returns ST_OK.  A message
+ *      alone in its transaction commits inside the CALL of step 3 (and a
+ *      lone duplicate rolls back inside step 1): two round trips a message.
  * Autocommit is off, so statement 1 opens the transaction.
  */
 #include "inbox.h"
@@ -36,12 +39,10 @@ struct inbox {
 	struct db *db;
 	const struct cfg *conf;
 	struct db_stmt *claim_lock;
+	struct db_stmt *settle;
 	struct db_stmt *set_outcome;
 	struct db_stmt *lock_read;
 	struct db_stmt *lock_create;
-	struct db_stmt *order_insert;
-	struct db_stmt *order_update;
-	struct db_stmt *ledger;
 	struct db_stmt *outbox_add;
 	struct db_stmt *hold_add;
 	struct db_stmt *held_count;
@@ -119,19 +120,14 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	} while (0)
 	/* migrations/0003_claim_procedure.sql: the claim, the duplicate's
 	 * stored hash or the order lock, in one round trip. */
-	PREP(claim_lock, "CALL inbox_claim(?, ?, ?, ?, ?, ?, ?)");
+	PREP(claim_lock, "CALL inbox_claim(?, ?, ?, ?, ?, ?, ?, ?)");
+	/* 0004: order row, ledger row, one outbox row, outcome, COMMIT. */
+	PREP(settle, "CALL inbox_settle(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
 	PREP(set_outcome, "UPDATE processed_messages SET outcome = ?, reason = ?, processed_at = NOW(6)"
 	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
 	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
 	                " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id = ? FOR UPDATE");
 	PREP(lock_create, "INSERT INTO order_locks (order_id, held) VALUES (?, 0)");
-	PREP(order_insert, "INSERT INTO orders (id, status, version, flags, amount_cents, created_at, updated_at)"
-	                   " VALUES (?, ?, 1, ?, ?, NOW(6), NOW(6))");
-	PREP(order_update, "UPDATE orders SET status = ?, version = version + 1, flags = ?,"
-	                   " paid_at = IF(? AND paid_at IS NULL, NOW(6), paid_at),"
-	                   " amount_cents = COALESCE(?, amount_cents), updated_at = NOW(6) WHERE id = ?");
-	PREP(ledger, "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome,"
-	             " from_status, to_status, version, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
 	PREP(outbox_add, "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props,"
 	                 " headers, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
 	PREP(hold_add, "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key,"
@@ -255,137 +251,187 @@ static int inbox_outbox(struct inbox *ib, const char *message_id, const char *ex
 	return db_stmt_exec(ib->outbox_add, p, 8, NULL);
 }
 
+/* One outbox row as it is about to be written. */
+struct inbox_outrow {
+	char id[MSG_ID_MAX + 1];
+	char rk[256];
+	const char *exchange;
+	const char *type;
+	const char *props;   /* JSON or NULL */
+	char *headers;       /* malloc'd JSON or NULL */
+	char *body;          /* malloc'd, or borrowed when body_owned is false */
+	size_t len;
+	bool body_owned;
+};
+
+static void inbox_outrow_free(struct inbox_outrow *r)
+{
+	free(r->headers);
+	if (r->body_owned)
+		free(r->body);
+	r->headers = NULL;
+	r->body = NULL;
+}
+
 /* An emitted event in SPEC's envelope; its id is stable per order and type
  * so that a re-publish after a crash is recognisable downstream. */
-static int inbox_emit(struct inbox *ib, const char *type, const struct inbox_event *cause)
+static int inbox_emit_row(struct inbox *ib, const char *type, const struct inbox_event *cause,
+                          struct inbox_outrow *r)
 {
-	char id[MSG_ID_MAX + 1];
-	char rk[64];
-	char *body = NULL;
 	json_t *o = NULL;
+	char ts[32];
+	time_t now = time(NULL);
+	struct tm tm;
 	int rc = ST_ERR_NOMEM;
 
-	snprintf(id, sizeof id, "%s:%s", type, cause->order_id);
-	snprintf(rk, sizeof rk, "order.%s", type);
-	o = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", ib->conf->consumer,
-	              "type", type, "order_id", cause->order_id, "data", "cause_message_id",
+	memset(r, 0, sizeof *r);
+	snprintf(r->id, sizeof r->id, "%s:%s", type, cause->order_id);
+	snprintf(r->rk, sizeof r->rk, "order.%s", type);
+	r->exchange = ib->conf->out_exchange;
+	r->type = type;
+	r->body_owned = true;
+	/* occurred_at: the time of the emission, RFC 3339 UTC. */
+	if (gmtime_r(&now, &tm) == NULL || strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		return ST_ERR_INVALID;
+	o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", r->id, "source", ib->conf->consumer,
+	              "type", type, "order_id", cause->order_id, "occurred_at", ts, "data", "cause_message_id",
 	              cause->message_id, "cause_type", cause->type_name);
 	if (o == NULL)
 		goto cleanup;
-	{
-		/* occurred_at: the time of the emission, RFC 3339 UTC. */
-		char ts[32];
-		time_t now = time(NULL);
-		struct tm tm;
-		if (gmtime_r(&now, &tm) == NULL || strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-			goto cleanup;
-		if (json_object_set_new(o, "occurred_at", json_string(ts)) != 0)
-			goto cleanup;
-	}
-	body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-	if (body == NULL)
+	r->body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+	if (r->body == NULL)
 		goto cleanup;
-	rc = inbox_outbox(ib, id, ib->conf->out_exchange, rk, type, cause->order_id, NULL, NULL, body,
-	                  strlen(body));
+	r->len = strlen(r->body);
+	rc = ST_OK;
 cleanup:
-	free(body);
 	json_decref(o);
 	return rc;
 }
 
 /* The dead-letter copy of an event whose transition is impossible (or whose
  * hold expired): original body and properties, plus our reason headers. */
-static int inbox_dead_letter(struct inbox *ib, const struct inbox_event *ev, const char *reason,
-                             const char *detail)
+static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev, const char *reason,
+                                 const char *detail, struct inbox_outrow *r)
 {
 	json_t *h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", detail);
-	char *hs = h ? json_dumps(h, JSON_COMPACT) : NULL;
-	int rc = ST_ERR_NOMEM;
 
-	if (hs != NULL)
-		rc = inbox_outbox(ib, ev->message_id, ib->conf->dlx, ev->routing_key, ev->type_name, ev->order_id,
-		                  ev->props, hs, ev->body, ev->len);
-	free(hs);
+	memset(r, 0, sizeof *r);
+	snprintf(r->id, sizeof r->id, "%s", ev->message_id);
+	snprintf(r->rk, sizeof r->rk, "%s", ev->routing_key);
+	r->exchange = ib->conf->dlx;
+	r->type = ev->type_name;
+	r->props = ev->props;
+	r->body = (char *)ev->body;
+	r->len = ev->len;
+	r->headers = h != NULL ? json_dumps(h, JSON_COMPACT) : NULL;
 	json_decref(h);
-	return rc;
+	return r->headers != NULL ? ST_OK : ST_ERR_NOMEM;
 }
 
-/* Carry out a verdict on a locked order.  *settled is set when the order row
- * changed (held events may now apply). */
-static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
-                     struct order_verdict v, struct inbox_result *res, bool *changed)
+static int inbox_outrow_insert(struct inbox *ib, const struct inbox_outrow *r, const char *order_id)
 {
-	int rc = ST_OK;
+	return inbox_outbox(ib, r->id, r->exchange, r->rk, r->type, order_id, r->props, r->headers, r->body, r->len);
+}
 
-	*changed = false;
-	switch (v.decision) {
-	case ORDER_APPLY:
-	case ORDER_COMPENSATE: {
-		const char *from = o->state == ORDER_NONE ? "None" : order_state_name(o->state);
-		const char *to = order_state_name(v.next);
-		bool paid_now = (v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID);
-		if (o->state == ORDER_NONE) {
-			struct db_param p[4] = {
-				DBP_STR(ev->order_id), DBP_STR(to), DBP_I64(v.flags),
-				ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(),
-			};
-			rc = db_stmt_exec(ib->order_insert, p, 4, NULL);
-		} else {
-			struct db_param p[5] = {
-				DBP_STR(to), DBP_I64(v.flags), DBP_I64(paid_now ? 1 : 0),
-				ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(), DBP_STR(ev->order_id),
-			};
-			rc = db_stmt_exec(ib->order_update, p, 5, NULL);
-		}
-		if (rc != ST_OK)
-			return rc;
-		o->version++;
-		{
-			struct db_param p[9] = {
-				DBP_STR(ev->order_id), DBP_STR(ib->conf->consumer), DBP_STR(ev->source),
-				DBP_STR(ev->message_id), DBP_STR(ev->type_name),
-				DBP_STR(order_decision_outcome(v.decision)), DBP_STR(from), DBP_STR(to),
-				DBP_I64(o->version),
-			};
-			rc = db_stmt_exec(ib->ledger, p, 9, NULL);
-			if (rc != ST_OK)
-				return rc;
-		}
-		if (v.emits & ORDER_EMIT_PAID) {
-			rc = inbox_emit(ib, "OrderPaid", ev);
-			res->outbox_rows++;
-		}
-		if (rc == ST_OK && (v.emits & ORDER_EMIT_REFUND)) {
-			rc = inbox_emit(ib, "RefundRequested", ev);
-			res->outbox_rows++;
-		}
-		if (rc == ST_OK && (v.emits & ORDER_EMIT_RELEASE)) {
-			rc = inbox_emit(ib, "InventoryReleaseRequested", ev);
-			res->outbox_rows++;
-		}
-		o->state = v.next;
-		o->flags = v.flags;
-		*changed = true;
-		return rc;
-	}
-	case ORDER_INVALID: {
-		char detail[160];
-		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
-		         order_state_name(o->state));
-		rc = inbox_dead_letter(ib, ev, "invalid-transition", detail);
-		res->outbox_rows++;
-		return rc;
-	}
-	case ORDER_IGNORE:
-	case ORDER_HOLD:
-		return ST_OK;
-	}
-	return ST_OK;
+/* Everything one inbox_settle call writes (migrations/0004). */
+struct inbox_write {
+	enum { INBOX_ORDER_KEEP = 0, INBOX_ORDER_CREATE = 1, INBOX_ORDER_UPDATE = 2 } order_op;
+	const char *status;    /* the order's new state; ledger to_status */
+	const char *from;      /* ledger from_status */
+	unsigned flags;
+	bool paid_now;
+	int64_t version;       /* the ledger row's version */
+	bool set_outcome;      /* record outcome/reason on the inbox row */
+	const char *outcome;
+	const char *reason;
+	const struct inbox_outrow *out; /* NULL: no outbox row */
+	bool commit;
+};
+
+static int inbox_settle(struct inbox *ib, const struct inbox_event *ev, const struct inbox_write *w)
+{
+	const struct inbox_outrow *r = w->out;
+	struct db_param p[23] = {
+		DBP_STR(ib->conf->consumer), DBP_STR(ev->source), DBP_STR(ev->message_id), DBP_STR(ev->type_name),
+		DBP_STR(ev->order_id), DBP_I64(w->order_op),
+		w->status ? DBP_STR(w->status) : DBP_NULL(), DBP_I64(w->flags), DBP_I64(w->paid_now ? 1 : 0),
+		ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(),
+		w->from ? DBP_STR(w->from) : DBP_NULL(), DBP_I64(w->version), DBP_I64(w->set_outcome ? 1 : 0),
+		DBP_STR(w->outcome), w->reason ? DBP_STR(w->reason) : DBP_NULL(),
+		r ? DBP_STR(r->id) : DBP_NULL(), r ? DBP_STR(r->exchange) : DBP_NULL(),
+		r ? DBP_STR(r->rk) : DBP_NULL(), r ? DBP_STR(r->type) : DBP_NULL(),
+		r && r->props ? DBP_STR(r->props) : DBP_NULL(), r && r->headers ? DBP_STR(r->headers) : DBP_NULL(),
+		r ? DBP_BLOB(r->body, r->len) : DBP_NULL(), DBP_I64(w->commit ? 1 : 0),
+	};
+	return db_stmt_exec(ib->settle, p, 23, NULL);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
 {
 	return d == ORDER_INVALID ? "invalid-transition" : NULL;
+}
+
+/* Carry out a verdict (not ORDER_HOLD) on a locked order in one
+ * inbox_settle call, plus a plain INSERT for each outbox row past the
+ * first.  held_row: the event comes from held_events (its inbox row says
+ * 'held' and must get the final outcome).  commit: end the transaction in
+ * the same call.  *changed is set when the order row changed (held events
+ * may now apply). */
+static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
+                     struct order_verdict v, bool held_row, bool commit, struct inbox_result *res, bool *changed)
+{
+	static const struct {
+		unsigned bit;
+		const char *type;
+	} emits[] = {
+		{ ORDER_EMIT_PAID, "OrderPaid" },
+		{ ORDER_EMIT_REFUND, "RefundRequested" },
+		{ ORDER_EMIT_RELEASE, "InventoryReleaseRequested" },
+	};
+	struct inbox_outrow rows[3];
+	struct inbox_write w = {
+		.set_outcome = held_row || v.decision != ORDER_APPLY,
+		.outcome = order_decision_outcome(v.decision),
+		.reason = inbox_reason_of(v.decision),
+		.commit = commit,
+	};
+	int nrows = 0, rc = ST_OK;
+
+	*changed = false;
+	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
+		w.order_op = o->state == ORDER_NONE ? INBOX_ORDER_CREATE : INBOX_ORDER_UPDATE;
+		w.from = o->state == ORDER_NONE ? "None" : order_state_name(o->state);
+		w.status = order_state_name(v.next);
+		w.flags = v.flags;
+		w.paid_now = (v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID);
+		w.version = o->version + 1;
+		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++)
+			if (v.emits & emits[i].bit)
+				rc = inbox_emit_row(ib, emits[i].type, ev, &rows[nrows++]);
+	} else if (v.decision == ORDER_INVALID) {
+		char detail[160];
+		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
+		         order_state_name(o->state));
+		rc = inbox_dead_letter_row(ib, ev, "invalid-transition", detail, &rows[nrows++]);
+	}
+	/* Rows past the last go first, so the outbox keeps their order. */
+	for (int i = 0; rc == ST_OK && i < nrows - 1; i++)
+		rc = inbox_outrow_insert(ib, &rows[i], ev->order_id);
+	w.out = nrows > 0 ? &rows[nrows - 1] : NULL;
+	if (rc == ST_OK)
+		rc = inbox_settle(ib, ev, &w);
+	for (int i = 0; i < nrows; i++)
+		inbox_outrow_free(&rows[i]);
+	if (rc != ST_OK)
+		return rc;
+	res->outbox_rows += nrows;
+	if (w.order_op != INBOX_ORDER_KEEP) {
+		o->version++;
+		o->state = v.next;
+		o->flags = v.flags;
+		*changed = true;
+	}
+	return ST_OK;
 }
 
 /* A held event as listed for re-evaluation; body and properties are read
@@ -481,10 +527,7 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 				if (rc != ST_OK)
 					return rc;
 			}
-			rc = inbox_act(ib, o, &ev, v, res, &changed);
-			if (rc == ST_OK)
-				rc = inbox_set_outcome(ib, h->source, h->message_id, order_decision_outcome(v.decision),
-				                       inbox_reason_of(v.decision));
+			rc = inbox_act(ib, o, &ev, v, true, false, res, &changed);
 			if (rc == ST_OK) {
 				struct db_param dp[1] = { DBP_I64(h->id) };
 				rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
@@ -507,6 +550,8 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 	return ST_OK;
 }
 
+/* Keep the event in held_events and count it on its order's lock row; the
+ * caller records the 'held' outcome. */
 static int inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct inbox_event *ev)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
@@ -528,15 +573,16 @@ static int inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct 
 /* Claim the key and lock the order (inbox_claim, one round trip).  On a
  * duplicate key res->outcome says DUPLICATE or CONFLICT by the stored
  * hash; a failed INSERT is rolled back alone, so the rest of a batch's
- * transaction stands. */
-static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const char *hex, struct inbox_order *o,
-                            struct inbox_result *res)
+ * transaction stands, and with alone set the procedure ends the
+ * transaction itself. */
+static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const char *hex, bool alone,
+                            struct inbox_order *o, struct inbox_result *res)
 {
 	const struct msg *m = in->msg;
 	char stored[65], status[32];
-	struct db_param p[7] = {
+	struct db_param p[8] = {
 		DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
-		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us),
+		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us), DBP_I64(alone ? 1 : 0),
 	};
 	struct db_col c[6] = {
 		DBC_I64(), DBC_STR(stored, sizeof stored), DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(),
@@ -544,7 +590,7 @@ static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const c
 	};
 	int rc, r;
 
-	rc = db_stmt_query(ib->claim_lock, p, 7);
+	rc = db_stmt_query(ib->claim_lock, p, 8);
 	if (rc != ST_OK)
 		return rc;
 	r = db_stmt_fetch(ib->claim_lock, c, 6);
@@ -555,6 +601,7 @@ static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const c
 	db_stmt_done(ib->claim_lock);
 	if (c[0].i64 == 1) {
 		res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+		res->ended = alone;
 		return ST_OK;
 	}
 	return inbox_order_from_row(o, &c[2], &c[3], &c[4], &c[5]);
@@ -570,28 +617,34 @@ int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result
 		.order_id = m->order_id, .body = in->body, .len = in->len, .routing_key = in->routing_key,
 		.props = NULL, .amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED,
 	};
+	/* The test hooks fire between the last statement and COMMIT, so with
+	 * one armed the COMMIT stays a statement of its own. */
+	bool alone = in->alone && !fault_armed("before-commit") && !fault_armed("crash-before-commit");
 	struct order_verdict v;
-	bool changed = false;
+	bool changed = false, commit;
 	char *props = NULL;
 	int rc;
 
 	memset(res, 0, sizeof *res);
 	msg_sha256_hex(m->sha256, hex);
-	rc = inbox_claim_lock(ib, in, hex, &o, res);
+	rc = inbox_claim_lock(ib, in, hex, alone, &o, res);
 	if (rc != ST_OK || res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT)
 		return rc;
 	v = order_decide(o.state, o.flags, m->type);
-	if (v.decision == ORDER_INVALID && in->props_json != NULL) {
-		props = in->props_json(in->props_arg);
-		ev.props = props;
-	}
-	if (v.decision == ORDER_HOLD)
+	/* Held events to re-evaluate keep the transaction open. */
+	commit = alone && !(o.held > 0 && (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE));
+	if (v.decision == ORDER_HOLD) {
+		struct inbox_write w = { .set_outcome = true, .outcome = "held", .commit = commit };
 		rc = inbox_hold(ib, in, &ev);
-	else
-		rc = inbox_act(ib, &o, &ev, v, res, &changed);
-	if (rc == ST_OK && v.decision != ORDER_APPLY)
-		rc = inbox_set_outcome(ib, m->source, m->message_id, order_decision_outcome(v.decision),
-		                       inbox_reason_of(v.decision));
+		if (rc == ST_OK)
+			rc = inbox_settle(ib, &ev, &w);
+	} else {
+		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
+			props = in->props_json(in->props_arg);
+			ev.props = props;
+		}
+		rc = inbox_act(ib, &o, &ev, v, false, commit, res, &changed);
+	}
 	if (rc == ST_OK && changed && o.held > 0)
 		rc = inbox_release_held(ib, &o, res, m->order_id);
 	free(props);
@@ -599,6 +652,7 @@ int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result
 		return rc;
 	res->outcome = (enum inbox_outcome)v.decision; /* the enums agree up to DEAD_LETTERED */
 	res->state = o.state;
+	res->ended = commit;
 	return ST_OK;
 }
 
@@ -629,12 +683,17 @@ void inbox_abort(struct inbox *ib)
 
 int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
 {
-	int rc = inbox_apply(ib, in, res);
+	struct inbox_in one = *in;
+	int rc;
 
+	one.alone = true;
+	rc = inbox_apply(ib, &one, res);
 	if (rc != ST_OK) {
 		inbox_abort(ib);
 		return rc;
 	}
+	if (res->ended)
+		return ST_OK;
 	if (res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT) {
 		inbox_abort(ib); /* nothing was written */
 		return ST_OK;
@@ -706,7 +765,13 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 		};
 		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
 		         type, ib->conf->hold_ttl_s);
-		rc = inbox_dead_letter(ib, &ev, "hold-expired", detail);
+		{
+			struct inbox_outrow row;
+			rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
+			if (rc == ST_OK)
+				rc = inbox_outrow_insert(ib, &row, orders[i]);
+			inbox_outrow_free(&row);
+		}
 		if (rc == ST_OK)
 			rc = inbox_set_outcome(ib, source, mid, "dead_lettered", "hold-expired");
 		if (rc == ST_OK) {

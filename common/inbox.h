@@ -19,6 +19,7 @@
 #ifndef INBOX_INBOX_H
 #define INBOX_INBOX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +50,10 @@ struct inbox_in {
 	char *(*props_json)(const void *arg); /* malloc'd JSON of the AMQP properties */
 	const void *props_arg;
 	int64_t published_us; /* 0 when unknown */
+	/* Nothing else shares the transaction: inbox_apply may end it itself
+	 * (COMMIT in its last statement, or ROLLBACK of a duplicate) and says
+	 * so in inbox_result.ended, saving the caller a round trip. */
+	bool alone;
 };
 
 struct inbox_result {
@@ -56,6 +61,7 @@ struct inbox_result {
 	int released;      /* held events applied/settled by this transaction */
 	int outbox_rows;   /* rows written to the outbox */
 	enum order_state state;
+	bool ended;        /* the transaction is over: do not commit or abort it */
 };
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf);
@@ -75,7 +81,8 @@ int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_resu
  * The same in steps, for a batch of messages in one transaction:
  * inbox_apply for each message (nothing is committed; a duplicate or a
  * conflict writes nothing and leaves the rest of the transaction intact),
- * then inbox_commit once.  After an error from inbox_apply call inbox_abort
+ * then inbox_commit once — unless the message was alone and
+ * inbox_result.ended says inbox_apply already ended the transaction.  After an error from inbox_apply call inbox_abort
  * (a deadlock has already rolled everything back; the call is harmless).
  */
 int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);

@@ -323,16 +323,16 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			struct inbox_in in = {
 				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
 				.props_json = worker_props_json, .props_arg = &v[i]->d,
-				.published_us = v[i]->d.published_us,
+				.published_us = v[i]->d.published_us, .alone = n == 1,
 			};
 			rc = inbox_apply(w->inbox, &in, &v[i]->res);
 			if (rc != ST_OK)
 				break;
 		}
-		if (rc == ST_OK)
-			rc = inbox_commit(w->inbox);
-		else
+		if (rc != ST_OK)
 			inbox_abort(w->inbox);
+		else if (!(n == 1 && v[0]->res.ended))
+			rc = inbox_commit(w->inbox);
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
