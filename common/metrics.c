@@ -156,7 +156,7 @@ int metrics_render(char *buf, size_t cap)
 	                "inbox_reconnects_total{peer=\"db\"} %llu\n",
 	            (unsigned long long)atomic_load(&metrics.reconnects[METRICS_PEER_AMQP]),
 	            (unsigned long long)atomic_load(&metrics.reconnects[METRICS_PEER_DB]));
-	metrics_put(&b, "# HELP inbox_processing_seconds Time from delivery to ack.\n"
+	metrics_put(&b, "# HELP inbox_processing_seconds Time from delivery to settlement (commit, or dead-letter confirm).\n"
 	                "# TYPE inbox_processing_seconds histogram\n");
 	for (size_t i = 0; i <= METRICS_NBUCKETS; i++) {
 		cum += atomic_load(&metrics.hist[i]);
