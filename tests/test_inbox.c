@@ -57,6 +57,51 @@ Test(inbox, same_message_twice_in_a_row_applies_once)
 	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0);
 }
 
+/* A backlog makes the thread defer its acks (one cumulative ack per half a
+ * prefetch window).  Once the backlog is gone the worker must owe the
+ * broker nothing: the queue is empty counting unacked messages, and a
+ * SIGKILL then hands nothing back. */
+Test(inbox, backlog_acks_are_all_settled_once_idle, .timeout = 300)
+{
+	enum { N = 307 }; /* not a multiple of the ack window: some acks are owed at the end */
+	char body[512], id[32], order[32];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "ack-%d", i);
+		snprintf(order, sizeof order, "ack-o%d", i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish_async(m, "OrderCreated", body, NULL);
+	}
+	itest_confirm_all(m);
+	mq_close(&m);
+	w = itest_worker(1, (const char *[]){ "INBOX_PREFETCH=40", NULL });
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, WAIT_S), N);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGKILL, 30);
+	cr_assert(WIFSIGNALED(st), "status %d", st);
+	{
+		/* The broker returns a dead consumer's unacked messages when it
+		 * drops the consumer: once none is left, the count is final. */
+		struct mq *q = NULL;
+		uint32_t ready = 0, consumers = 1;
+		cr_assert_eq(mq_open(&q, &itest_cfg()->amqp, 0, "itest-acks"), ST_OK);
+		for (int i = 0; i < WAIT_S * 10 && consumers > 0; i++) {
+			cr_assert_eq(mq_queue_counts(q, itest_cfg()->queue, &ready, &consumers), ST_OK);
+			if (consumers > 0)
+				usleep(100 * 1000);
+		}
+		mq_close(&q);
+		cr_assert_eq(consumers, 0, "the killed worker's consumer is still registered");
+		cr_assert_eq(ready, 0, "a killed idle worker owed no acks, so nothing comes back");
+	}
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), N);
+}
+
 /* The seeds' example: the same PaymentConfirmed handled twice reports
  * processed, then duplicate. */
 Test(inbox, payment_confirmed_twice_is_processed_then_duplicate)
