@@ -16,7 +16,9 @@
  *   messages, and a single one then goes to the DLQ as retries-exhausted;
  *   a lost database connection is never the messages' fault: keep them,
  *   reconnect with backoff, run them again.  Ack only after the commit (or
- *   after the dead-letter copy is confirmed).
+ *   after the dead-letter copy is confirmed); while more deliveries are
+ *   already waiting, acks are gathered into one cumulative ack
+ *   (worker_ack_flush).
  *
  * Each process also runs one janitor thread (janitor_main): the outbox
  * relay, hold expiry, the outbox gauge and retention cleanup.
