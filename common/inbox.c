@@ -414,7 +414,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		         order_state_name(o->state));
 		rc = inbox_dead_letter_row(ib, ev, "invalid-transition", detail, &rows[nrows++]);
 	}
-	/* Rows past the last go first, so the outbox keeps their order. */
+	/* Every row but the last is a plain INSERT before the CALL, which
+	 * writes the last one: the outbox keeps their order. */
 	for (int i = 0; rc == ST_OK && i < nrows - 1; i++)
 		rc = inbox_outrow_insert(ib, &rows[i], ev->order_id);
 	w.out = nrows > 0 ? &rows[nrows - 1] : NULL;
