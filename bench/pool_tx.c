@@ -1,6 +1,6 @@
 /*
  * pool_tx.c - the pool's own transaction without a broker: N threads run
- * inbox_process (claim, order lock, state machine, order row, ledger row,
+ * inbox_apply (claim, order lock, state machine, order row, ledger row,
  * outbox rows, commit) over synthetic orders going through the happy path,
  * for a fixed time.  Set against bare_tx it shows what the database side of
  * our guarantees costs, apart from the broker.
@@ -83,7 +83,7 @@ static void *pt_main(void *arg)
 		}
 		if (t->rc != ST_OK)
 			inbox_abort(ib);
-		else if (!(n == 1 && res.ended))
+		else if (!res.ended)
 			t->rc = inbox_commit(ib);
 		if (t->rc != ST_OK) {
 			fprintf(stderr, "pool_tx: thread %d: %s\n", t->index, db_errmsg(db));

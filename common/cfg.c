@@ -262,6 +262,25 @@ static int url_port(const struct url_view *v, int *port, char *err, size_t errle
  * Split the part after "scheme://".  Only checks the shape; the callers
  * decide what a missing host or a query means for them.
  */
+/* Which of schemes (NULL-terminated, each ending in "://") url starts with,
+ * case-insensitively: its index, with *len its length; or -1 with err set
+ * (want names the accepted schemes). */
+static int url_scheme(const char *url, const char *const *schemes, const char *want, size_t *len, char *err,
+                      size_t errlen)
+{
+	if (url == NULL || url[0] == '\0') {
+		set_err(err, errlen, "bad URL: empty");
+		return -1;
+	}
+	for (int i = 0; schemes[i] != NULL; i++) {
+		*len = strlen(schemes[i]);
+		if (strncasecmp(url, schemes[i], *len) == 0)
+			return i;
+	}
+	set_err(err, errlen, "bad URL: scheme must be %s", want);
+	return -1;
+}
+
 static int url_split(const char *url, size_t scheme_len, struct url_view *v,
                      char *err, size_t errlen)
 {
@@ -406,26 +425,18 @@ void cfg_amqp_free(struct cfg_amqp *a)
 
 int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
 {
+	static const char *const schemes[] = { "amqp://", "amqps://", NULL };
 	struct cfg_amqp a = { 0 };
 	struct url_view v;
 	size_t scheme_len;
+	int scheme;
 
 	memset(out, 0, sizeof *out);
-	if (url == NULL || url[0] == '\0') {
-		set_err(err, errlen, "bad URL: empty");
+	scheme = url_scheme(url, schemes, "amqp:// or amqps://", &scheme_len, err, errlen);
+	if (scheme < 0)
 		return -1;
-	}
-	if (strncasecmp(url, "amqp://", 7) == 0) {
-		scheme_len = 7;
-		a.port = 5672;
-	} else if (strncasecmp(url, "amqps://", 8) == 0) {
-		scheme_len = 8;
-		a.port = 5671;
-		a.tls = true;
-	} else {
-		set_err(err, errlen, "bad URL: scheme must be amqp:// or amqps://");
-		return -1;
-	}
+	a.tls = scheme == 1;
+	a.port = a.tls ? 5671 : 5672;
 	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
 	    url_port(&v, &a.port, err, errlen) != 0)
 		return -1;
@@ -583,23 +594,14 @@ static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size
 
 int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
 {
+	static const char *const schemes[] = { "mysql://", "mariadb://", NULL };
 	struct cfg_db d = { 0 };
 	struct url_view v;
 	size_t scheme_len;
 
 	memset(out, 0, sizeof *out);
-	if (url == NULL || url[0] == '\0') {
-		set_err(err, errlen, "bad URL: empty");
+	if (url_scheme(url, schemes, "mysql:// or mariadb://", &scheme_len, err, errlen) < 0)
 		return -1;
-	}
-	if (strncasecmp(url, "mysql://", 8) == 0) {
-		scheme_len = 8;
-	} else if (strncasecmp(url, "mariadb://", 10) == 0) {
-		scheme_len = 10;
-	} else {
-		set_err(err, errlen, "bad URL: scheme must be mysql:// or mariadb://");
-		return -1;
-	}
 	d.port = 3306;
 	d.connect_timeout_s = 5;
 	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||

@@ -682,26 +682,6 @@ void inbox_abort(struct inbox *ib)
 	db_rollback(ib->db);
 }
 
-int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
-{
-	struct inbox_in one = *in;
-	int rc;
-
-	one.alone = true;
-	rc = inbox_apply(ib, &one, res);
-	if (rc != ST_OK) {
-		inbox_abort(ib);
-		return rc;
-	}
-	if (res->ended)
-		return ST_OK;
-	if (res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT) {
-		inbox_abort(ib); /* nothing was written */
-		return ST_OK;
-	}
-	return inbox_commit(ib);
-}
-
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 {
 	enum { MAXN = 64 };

@@ -68,22 +68,19 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf);
 void inbox_close(struct inbox **ib);
 
 /*
- * Run the transaction for one message.  ST_OK: committed (or, for
- * DUPLICATE/CONFLICT, rolled back with nothing to do).  ST_ERR_DB_DEADLOCK /
- * ST_ERR_DB_LOCK_TIMEOUT: rolled back, retry the whole call.
- * ST_ERR_DB_CONN: the connection is gone and the outcome may be unknown if it
- * broke during COMMIT; reconnect and call again — the claim makes the retry
- * safe.  ST_ERR_FAULT: a test fault fired after the claim; rolled back.
- */
-int inbox_process(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);
-
-/*
- * The same in steps, for a batch of messages in one transaction:
+ * A message's transaction, also for a batch of messages in one transaction:
  * inbox_apply for each message (nothing is committed; a duplicate or a
  * conflict writes nothing and leaves the rest of the transaction intact),
  * then inbox_commit once — unless the message was alone and
- * inbox_result.ended says inbox_apply already ended the transaction.  After an error from inbox_apply call inbox_abort
- * (a deadlock has already rolled everything back; the call is harmless).
+ * inbox_result.ended says inbox_apply already ended the transaction (a lone
+ * duplicate or conflict is then rolled back).
+ * ST_ERR_DB_DEADLOCK / ST_ERR_DB_LOCK_TIMEOUT: call inbox_abort and retry the
+ * whole transaction.  ST_ERR_DB_CONN: the connection is gone and the outcome
+ * may be unknown if it broke during COMMIT; reconnect and run it again — the
+ * claim makes the retry safe.  ST_ERR_FAULT (inbox_commit): a test fault
+ * fired before COMMIT; rolled back.  After any other error from inbox_apply
+ * call inbox_abort (after a deadlock everything is already rolled back; the
+ * call is harmless).
  */
 int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);
 int inbox_commit(struct inbox *ib);

@@ -89,7 +89,6 @@ struct worker {
 	 * multiple=true settles them all (see worker_ack_flush). */
 	uint64_t ack_tag;
 	int ack_pending;
-	int ack_limit; /* flush at this many (half the prefetch) */
 	bool joined;
 };
 
@@ -333,7 +332,7 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		}
 		if (rc != ST_OK)
 			inbox_abort(w->inbox);
-		else if (!(n == 1 && v[0]->res.ended))
+		else if (!v[n - 1]->res.ended) /* only a lone message ends it itself */
 			rc = inbox_commit(w->inbox);
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
@@ -619,7 +618,9 @@ static void *worker_main(void *arg)
 		}
 		metrics_thread_ready(w->index, true);
 		rc = ST_ERR_TIMEOUT;
-		if (w->ack_pending > 0 && w->ack_pending < w->ack_limit)
+		/* Owe at most half the prefetch window, so the broker's
+		 * next deliveries are on their way before the buffer runs dry. */
+		if (w->ack_pending > 0 && 2 * w->ack_pending < w->conf->prefetch)
 			rc = mq_consume(w->consumer, &w->items[0].d, 0);
 		if (rc == ST_ERR_TIMEOUT) {
 			/* Nothing more is here (or enough acks are owed): settle
@@ -714,7 +715,6 @@ int pool_main(const struct cfg *conf)
 		         janitor ? "janitor" : "thread", i);
 		if (!janitor) {
 			w->items = calloc((size_t)conf->batch, sizeof *w->items);
-			w->ack_limit = conf->prefetch / 2 > 1 ? conf->prefetch / 2 : 1;
 			if (w->items == NULL || mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0) {
 				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
