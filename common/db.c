@@ -21,6 +21,9 @@
 
 #define DB_MAX_PARAMS 64
 #define DB_MAX_COLS 24
+#define DB_GROW_FIRST 4096
+/* Our own number for a DBC_GROW value over its max (mapped to ST_ERR_DB_DATA). */
+#define DB_ERRNO_TOO_LONG 0xfffe
 
 struct db_stmt {
 	struct db *db;
@@ -60,6 +63,19 @@ static int db_map_errno(unsigned e)
 	case ER_CONNECTION_KILLED:
 	case 4031: /* ER_CLIENT_INTERACTION_TIMEOUT */
 		return ST_ERR_DB_CONN;
+	/* The value itself is wrong for its column: retrying cannot help,
+	 * and it is the fault of whoever supplied the value. */
+	case ER_DATA_TOO_LONG:
+	case ER_TRUNCATED_WRONG_VALUE_FOR_FIELD:
+	case ER_TRUNCATED_WRONG_VALUE:
+	case ER_WARN_DATA_OUT_OF_RANGE:
+	case WARN_DATA_TRUNCATED:
+	case ER_BAD_NULL_ERROR:
+	case ER_INVALID_CHARACTER_STRING:
+	case ER_NET_PACKET_TOO_LARGE:
+	case ER_DIVISION_BY_ZERO:
+	case DB_ERRNO_TOO_LONG:
+		return ST_ERR_DB_DATA;
 	default:
 		return ST_ERR_DB;
 	}
@@ -418,6 +434,40 @@ int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n)
 	return ST_OK;
 }
 
+/* A fetch reported truncation: grow the DBC_GROW columns that did not fit
+ * and read them again with mysql_stmt_fetch_column (no round trip: the row
+ * is already here).  Any other column cut short means the schema and the
+ * code disagree. */
+static int db_fetch_grow(struct db_stmt *s, MYSQL_BIND *b, const my_bool *errs, struct db_col *cols, int ncols)
+{
+	for (int i = 0; i < ncols; i++) {
+		struct db_col *c = &cols[i];
+		char *nb;
+
+		if (!errs[i])
+			continue;
+		if (c->grow == NULL)
+			return db_fail(s->db, 0xffff, "column value longer than its buffer");
+		if (c->len > c->max) {
+			char msg[120];
+			snprintf(msg, sizeof msg, "stored value of %lu bytes is over the limit of %zu", c->len, c->max);
+			return db_fail(s->db, DB_ERRNO_TOO_LONG, msg);
+		}
+		nb = realloc(*c->grow, (size_t)c->len + 1);
+		if (nb == NULL)
+			return db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
+		*c->grow = nb;
+		*c->grow_cap = (size_t)c->len + 1;
+		c->buf = nb;
+		c->cap = *c->grow_cap;
+		b[i].buffer = nb;
+		b[i].buffer_length = (unsigned long)c->len;
+		if (mysql_stmt_fetch_column(s->st, &b[i], (unsigned)i, 0) != 0)
+			return db_fail_stmt(s);
+	}
+	return ST_OK;
+}
+
 int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 {
 	MYSQL_BIND b[DB_MAX_COLS];
@@ -445,6 +495,16 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 			break;
 		case DB_STR:
 		case DB_BLOB:
+			if (c->grow != NULL && *c->grow == NULL) {
+				*c->grow = malloc(DB_GROW_FIRST);
+				if (*c->grow == NULL)
+					return db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
+				*c->grow_cap = DB_GROW_FIRST;
+			}
+			if (c->grow != NULL) {
+				c->buf = *c->grow;
+				c->cap = *c->grow_cap;
+			}
 			b[i].buffer_type = c->type == DB_STR ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
 			b[i].buffer = c->buf;
 			b[i].buffer_length = c->cap > 0 ? (unsigned long)c->cap - 1 : 0;
@@ -461,14 +521,22 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 	if (r == 1)
 		return db_fail_stmt(s);
 	if (r == MYSQL_DATA_TRUNCATED) {
-		/* Our columns are bounded by the schema; a longer value means the
-		 * schema and the code disagree. */
-		db_stmt_done(s);
-		return db_fail(s->db, 0xffff, "column value longer than its buffer");
+		r = db_fetch_grow(s, b, errs, cols, ncols);
+		if (r != ST_OK) {
+			db_stmt_done(s);
+			return r;
+		}
 	}
 	for (int i = 0; i < ncols; i++) {
 		struct db_col *c = &cols[i];
 		c->is_null = nulls[i] != 0;
+		if (c->grow != NULL && !c->is_null && c->len > c->max) {
+			/* It fitted a buffer grown for an earlier row. */
+			char msg[120];
+			snprintf(msg, sizeof msg, "stored value of %lu bytes is over the limit of %zu", c->len, c->max);
+			db_stmt_done(s);
+			return db_fail(s->db, DB_ERRNO_TOO_LONG, msg);
+		}
 		if ((c->type == DB_STR || c->type == DB_BLOB) && c->cap > 0)
 			((char *)c->buf)[c->is_null ? 0 : c->len] = '\0';
 	}

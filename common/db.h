@@ -61,12 +61,23 @@ struct db_col {
 	int64_t i64;
 	double dbl;
 	bool is_null;
+	/* DBC_GROW: a heap buffer owned by the caller that db_stmt_fetch
+	 * grows (realloc) to fit the value, up to max bytes. */
+	char **grow;
+	size_t *grow_cap;
+	size_t max;
 };
 
 #define DBC_I64() ((struct db_col){ .type = DB_I64 })
 #define DBC_STR(b, n) ((struct db_col){ .type = DB_STR, .buf = (b), .cap = (n) })
 #define DBC_BLOB(b, n) ((struct db_col){ .type = DB_BLOB, .buf = (b), .cap = (n) })
 #define DBC_DBL() ((struct db_col){ .type = DB_DOUBLE })
+/* A value whose width the data, not the schema, bounds (a stored body
+ * written under a larger INBOX_MAX_BODY than today's): *pbuf (malloc'd or
+ * NULL, capacity *pcap, owned by the caller, freed with free) grows to fit
+ * up to max bytes plus a NUL; a longer value is ST_ERR_DB_TOO_LONG. */
+#define DBC_GROW(pbuf, pcap, maxlen) \
+	((struct db_col){ .type = DB_BLOB, .grow = (pbuf), .grow_cap = (pcap), .max = (maxlen) })
 
 int db_global_init(void);
 void db_global_end(void);

@@ -27,10 +27,13 @@ enum st_code {
 	ST_ERR_FAULT = -14,         /* a test fault hook fired */
 	ST_ERR_NOT_FOUND = -15,     /* the row, file or key does not exist */
 	ST_ERR_STOPPED = -16,       /* the stop flag was raised while waiting */
+	ST_ERR_DB_DATA = -17,       /* the database refused a value for its column (too
+	                             * long, invalid characters, out of range): the fault
+	                             * of the data, not of the connection */
 };
 
 /* The lowest code, for tests that walk the enum. */
-#define ST_CODE_MIN ST_ERR_STOPPED
+#define ST_CODE_MIN ST_ERR_DB_DATA
 
 /* A static string for code; never NULL, "unknown status" for foreign values. */
 const char *st_strerror(int code);
