@@ -47,7 +47,6 @@
 
 #define POOL_CONSUME_TIMEOUT_MS 250
 #define POOL_HOUSEKEEPING_MS 1000  /* hold expiry and the outbox gauge */
-#define POOL_CLEANUP_S 600         /* retention cleanup */
 #define POOL_RELAY_IDLE_MS 250     /* relay rows of crashed peers at least this often */
 /* At most this often the janitor relays: each round ends in a COMMIT, and
  * on a busy database a commit (its fsync) per emitted row would cost the
@@ -578,7 +577,7 @@ static void *janitor_main(void *arg)
 			if (outbox_pending(w->outbox, &pending) == ST_OK)
 				metrics_outbox_pending(pending);
 		}
-		if (now - last_cleanup >= POOL_CLEANUP_S * 1000) {
+		if (now - last_cleanup >= w->conf->cleanup_interval_s * 1000) {
 			uint64_t deleted = 0;
 
 			last_cleanup = now;
