@@ -50,8 +50,6 @@ struct inbox {
 	struct db_stmt *held_get;
 	struct db_stmt *held_del;
 	struct db_stmt *expired_list;
-	struct db_stmt *cleanup_inbox;
-	struct db_stmt *cleanup_outbox;
 	/* Buffers for a held event read back; sized once, reused. */
 	char *body;
 	size_t body_cap;
@@ -140,10 +138,6 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(held_del, "DELETE FROM held_events WHERE id = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
-	PREP(cleanup_inbox, "DELETE FROM processed_messages WHERE processed_at < NOW(6) - INTERVAL ? SECOND"
-	                    " AND outcome <> 'held' ORDER BY processed_at LIMIT ?");
-	PREP(cleanup_outbox, "DELETE FROM outbox WHERE sent_at IS NOT NULL"
-	                     " AND sent_at < NOW(6) - INTERVAL ? SECOND ORDER BY sent_at LIMIT ?");
 #undef PREP
 	*out = ib;
 	return ST_OK;
@@ -774,27 +768,4 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 rollback:
 	db_rollback(ib->db);
 	return rc;
-}
-
-int inbox_cleanup(struct inbox *ib, int batch, uint64_t *deleted)
-{
-	struct db_stmt *stmts[2] = { ib->cleanup_inbox, ib->cleanup_outbox };
-	int rc;
-
-	*deleted = 0;
-	for (int s = 0; s < 2; s++) {
-		uint64_t n;
-		do {
-			struct db_param p[2] = { DBP_I64(ib->conf->retention_s), DBP_I64(batch) };
-			rc = db_stmt_exec(stmts[s], p, 2, &n);
-			if (rc == ST_OK)
-				rc = db_commit(ib->db);
-			if (rc != ST_OK) {
-				db_rollback(ib->db);
-				return rc;
-			}
-			*deleted += n;
-		} while (n == (uint64_t)batch);
-	}
-	return ST_OK;
 }

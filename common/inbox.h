@@ -90,15 +90,6 @@ void inbox_abort(struct inbox *ib);
  * most limit of them; *expired gets the count. */
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired);
 
-/* Rows one cleanup DELETE (one short transaction) removes at most, and the
- * slices a janitor tick runs at most before it returns to the relay. */
-#define INBOX_CLEANUP_SLICE_ROWS 500
-#define INBOX_CLEANUP_TICK_SLICES 8
-
-/* Delete inbox rows and sent outbox rows older than the retention window in
- * batches of batch rows; *deleted gets the total. */
-int inbox_cleanup(struct inbox *ib, int batch, uint64_t *deleted);
-
 const char *inbox_outcome_name(enum inbox_outcome o);
 
 #endif

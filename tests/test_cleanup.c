@@ -13,8 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "inbox.h"
 #include "itest.h"
+#include "retention.h"
 #include "status.h"
 
 #define WAIT_S 120
@@ -93,15 +93,15 @@ Test(cleanup, two_cleanups_at_once_only_one_deletes, .timeout = 300)
 	cr_assert_eq(itest_int(EXPIRED_SQL), 0);
 }
 
-/* The janitor deletes in slices of INBOX_CLEANUP_SLICE_ROWS rows, at most
- * INBOX_CLEANUP_TICK_SLICES of them before it goes back to the relay.  An
+/* The janitor deletes in slices of RETENTION_SLICE_ROWS rows, at most
+ * RETENTION_TICK_SLICES of them before it goes back to the relay.  An
  * OrderPaid committed while 50,000 expired rows are being deleted must be
  * relayed before the cleanup is done, with at most one tick's rows deleted
  * between its commit and its relay (two ticks allowed, for the moment the
  * test reads the count).  Not a timed assertion: it counts rows. */
 Test(cleanup, janitor_slices_leave_the_relay_running, .timeout = 600)
 {
-	const int64_t tick_rows = (int64_t)INBOX_CLEANUP_SLICE_ROWS * INBOX_CLEANUP_TICK_SLICES;
+	const int64_t tick_rows = (int64_t)RETENTION_SLICE_ROWS * RETENTION_TICK_SLICES;
 	const char *out = "itest.out";
 	struct itest_dead got[4];
 	char body[512], logf[256];
@@ -152,7 +152,7 @@ Test(cleanup, rows_inside_the_window_held_and_unsent_are_kept, .timeout = 300)
 	int st;
 
 	itest_fresh();
-	seed_expired(3 * INBOX_CLEANUP_SLICE_ROWS + 7);
+	seed_expired(3 * RETENTION_SLICE_ROWS + 7);
 	/* Held rows among the expired ones, older than the window. */
 	exec_ok("UPDATE processed_messages SET outcome = 'held' WHERE source = 'expired'"
 	        " AND message_id IN ('exp-1', 'exp-250', 'exp-700', 'exp-1200', 'exp-1507')");
@@ -181,5 +181,5 @@ Test(cleanup, rows_inside_the_window_held_and_unsent_are_kept, .timeout = 300)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'old-sent-%'"), 0);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'new-sent-%'"), 3);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"), 3, "unsent rows stay");
-	cr_assert_eq(itest_log_sum(logf, "cleanup done", "deleted"), 3 * INBOX_CLEANUP_SLICE_ROWS + 7 - 5 + 700);
+	cr_assert_eq(itest_log_sum(logf, "cleanup done", "deleted"), 3 * RETENTION_SLICE_ROWS + 7 - 5 + 700);
 }
