@@ -85,6 +85,7 @@ struct worker {
 	struct db *db;
 	struct inbox *inbox;
 	struct outbox *outbox;
+	struct retention *retention; /* the janitor's, prepared on first use */
 	char queue[300];
 	char name[64];
 	unsigned seed;
@@ -143,6 +144,7 @@ static int pool_backoff_ms(struct worker *w, int attempt, int first_ms)
 
 static void worker_close_db(struct worker *w)
 {
+	retention_close(&w->retention);
 	outbox_close(&w->outbox);
 	inbox_close(&w->inbox);
 	db_close(&w->db);
@@ -539,8 +541,6 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 /* A retention pass of the janitor, spread over ticks. */
 struct janitor_pass {
-	struct retention *retention;
-	struct db *db;          /* the connection retention was prepared on */
 	bool due;               /* a pass is under way */
 	int64_t next_pass_ms;   /* when the next pass starts */
 	int64_t next_tick_ms;
@@ -577,18 +577,15 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 	}
 	if (now < p->next_tick_ms)
 		return;
-	if (p->retention != NULL && p->db != w->db)
-		retention_close(&p->retention);
-	if (p->retention == NULL) {
-		rc = retention_open(&p->retention, w->db, w->conf);
+	if (w->retention == NULL) {
+		rc = retention_open(&w->retention, w->db, w->conf);
 		if (rc != ST_OK) {
 			LOG(LOG_WARN, "retention cleanup cannot prepare its statements", LOG_S("error", db_errmsg(w->db)));
 			p->next_tick_ms = now + POOL_CLEANUP_TICK_MS;
 			return;
 		}
-		p->db = w->db;
 	}
-	rc = retention_run(p->retention, &lim, &state, &n);
+	rc = retention_run(w->retention, &lim, &state, &n);
 	p->deleted += n;
 	p->ticks++;
 	now = pool_now_ms();
@@ -659,7 +656,6 @@ static void *janitor_main(void *arg)
 		}
 		janitor_retention(w, &pass, now);
 	}
-	retention_close(&pass.retention);
 	mq_close(&w->publisher);
 	worker_close_db(w);
 	db_thread_end();
