@@ -32,6 +32,8 @@ static struct {
 	atomic_uint_fast64_t hist[METRICS_NBUCKETS + 1];
 	atomic_uint_fast64_t hist_sum_us;
 	atomic_int_fast64_t outbox_pending;
+	atomic_uint_fast64_t outbox_failed;
+	atomic_int_fast64_t outbox_oldest_ms;
 	atomic_int threads;
 	atomic_bool ready[METRICS_MAX_THREADS];
 } metrics;
@@ -82,6 +84,17 @@ void metrics_processing_seconds(double s)
 void metrics_outbox_pending(int64_t n)
 {
 	atomic_store_explicit(&metrics.outbox_pending, n, memory_order_relaxed);
+}
+
+void metrics_outbox_failed(int n)
+{
+	if (n > 0)
+		atomic_fetch_add_explicit(&metrics.outbox_failed, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_outbox_oldest_pending(double seconds)
+{
+	atomic_store_explicit(&metrics.outbox_oldest_ms, (int_fast64_t)(seconds * 1000), memory_order_relaxed);
 }
 
 void metrics_set_threads(int n)
@@ -172,6 +185,15 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_pending gauge\n"
 	                "inbox_outbox_pending %lld\n",
 	            (long long)atomic_load(&metrics.outbox_pending));
+	metrics_put(&b, "# HELP inbox_outbox_failed_total Outbox publishes that failed for their own row"
+	                " (returned unroutable, nacked, unpublishable); each is retried with a backoff.\n"
+	                "# TYPE inbox_outbox_failed_total counter\n"
+	                "inbox_outbox_failed_total %llu\n",
+	            (unsigned long long)atomic_load(&metrics.outbox_failed));
+	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
+	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
+	                "inbox_outbox_oldest_pending_seconds %.3f\n",
+	            (double)atomic_load(&metrics.outbox_oldest_ms) / 1000.0);
 	return b.overflow ? -1 : (int)b.len;
 }
 

@@ -34,6 +34,10 @@ void metrics_db_retry(void);
 void metrics_reconnect(enum metrics_peer p);
 void metrics_processing_seconds(double s);
 void metrics_outbox_pending(int64_t n);
+/* Outbox publishes that failed for their own row (returned, nacked,
+ * unpublishable) and the age of the oldest pending row. */
+void metrics_outbox_failed(int n);
+void metrics_outbox_oldest_pending(double seconds);
 /* Thread readiness for /readyz: threads call it as their connections come
  * and go. */
 void metrics_set_threads(int n);

@@ -33,6 +33,16 @@ struct mq {
 	uint64_t next_seq;      /* delivery tag of the next publish */
 	uint64_t confirmed;     /* all seq <= confirmed are settled */
 	bool nacked;            /* a nack or return arrived since the last wait */
+	/* Outcomes of the last MQ_TRACK_MAX publishes, at seq % MQ_TRACK_MAX
+	 * (see mq_outcome); track_pending counts those still awaiting their
+	 * ack or nack, so that a wait ends only when each one is settled. */
+	struct mq_track {
+		uint64_t seq;
+		uint8_t outcome;    /* enum mq_outcome */
+		bool returned;
+	} track[MQ_TRACK_MAX];
+	int track_pending;
+	uint64_t mandatory_seq; /* the latest mandatory publish: a return is its */
 	amqp_envelope_t envs[MQ_MAX_HELD];
 	bool env_used[MQ_MAX_HELD];
 	int free_slots[MQ_MAX_HELD];
@@ -180,6 +190,11 @@ void mq_close(struct mq **mp)
 const char *mq_errmsg(const struct mq *m)
 {
 	return m->err;
+}
+
+bool mq_broken(const struct mq *m)
+{
+	return m->broken;
 }
 
 static int mq_exchange(struct mq *m, const char *name, const char *type, amqp_table_t args)
@@ -651,8 +666,16 @@ int mq_publish(struct mq *m, const struct mq_message *msg)
 		               "basic.publish");
 		if (rc == ST_ERR_TIMEOUT)
 			rc = mq_fail(m, ST_ERR_MQ_CONN, "basic.publish", "timed out");
-		if (rc == ST_OK && m->confirming)
+		if (rc == ST_OK && m->confirming) {
+			struct mq_track *t = &m->track[m->next_seq % MQ_TRACK_MAX];
+			if (t->seq != 0 && t->outcome == MQ_OUTCOME_PENDING)
+				m->track_pending--; /* overwritten: no longer tracked */
+			*t = (struct mq_track){ .seq = m->next_seq, .outcome = MQ_OUTCOME_PENDING };
+			m->track_pending++;
+			if (msg->mandatory)
+				m->mandatory_seq = m->next_seq;
 			m->next_seq++;
+		}
 	}
 	json_decref(o.saved);
 	return rc;
@@ -671,9 +694,69 @@ uint64_t mq_unconfirmed(const struct mq *m)
 	return m->next_seq - 1 - m->confirmed;
 }
 
+uint64_t mq_next_seq(const struct mq *m)
+{
+	return m->next_seq;
+}
+
+enum mq_outcome mq_outcome(const struct mq *m, uint64_t seq)
+{
+	const struct mq_track *t = &m->track[seq % MQ_TRACK_MAX];
+
+	if (seq == 0 || t->seq != seq)
+		return MQ_OUTCOME_UNKNOWN;
+	if (t->returned)
+		return MQ_OUTCOME_RETURNED;
+	return (enum mq_outcome)t->outcome;
+}
+
+/* Settle one tracked publish (a no-op for one settled or no longer tracked). */
+static void mq_track_settle(struct mq *m, uint64_t seq, enum mq_outcome o)
+{
+	struct mq_track *t = &m->track[seq % MQ_TRACK_MAX];
+
+	if (t->seq != seq || t->outcome != MQ_OUTCOME_PENDING)
+		return;
+	t->outcome = (uint8_t)o;
+	m->track_pending--;
+}
+
+/* An ack or nack for tag, or with multiple for every publish up to tag. */
+static void mq_track_confirm(struct mq *m, uint64_t tag, bool multiple, enum mq_outcome o)
+{
+	uint64_t from = tag;
+
+	if (m->track_pending == 0)
+		return;
+	if (multiple)
+		from = tag >= MQ_TRACK_MAX ? tag - MQ_TRACK_MAX + 1 : 1;
+	for (uint64_t seq = from; seq <= tag; seq++)
+		mq_track_settle(m, seq, o);
+}
+
+/* A channel.close or connection.close from the broker, as a log line. */
+static int mq_closed_by_broker(struct mq *m, const amqp_frame_t *f, const char *what)
+{
+	char buf[200];
+
+	if (f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD) {
+		const amqp_channel_close_t *c = f->payload.method.decoded;
+		snprintf(buf, sizeof buf, "channel closed by broker: %u %.*s", c->reply_code, (int)c->reply_text.len,
+		         (const char *)c->reply_text.bytes);
+		return mq_fail(m, ST_ERR_MQ, what, buf);
+	}
+	{
+		const amqp_connection_close_t *c = f->payload.method.decoded;
+		snprintf(buf, sizeof buf, "connection closed by broker: %u %.*s", c->reply_code,
+		         (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+		return mq_fail(m, ST_ERR_MQ_CONN, what, buf);
+	}
+}
+
 /* Read frames until every publish is settled.  Acks and nacks may cover
  * several publishes ("multiple"); a basic.return (unroutable mandatory
- * publish) is followed by its ack, so it is remembered as a failure. */
+ * publish) is followed by its ack, so it is remembered as a failure.  Each
+ * tracked publish gets its own outcome (mq_outcome). */
 int mq_wait_confirms(struct mq *m, int timeout_ms)
 {
 	struct timespec start, now;
@@ -683,7 +766,7 @@ int mq_wait_confirms(struct mq *m, int timeout_ms)
 		return ST_OK;
 	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
 		return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
-	while (m->confirmed + 1 < m->next_seq) {
+	while (m->confirmed + 1 < m->next_seq || m->track_pending > 0) {
 		amqp_frame_t f;
 		struct timeval tv;
 		long left;
@@ -710,22 +793,30 @@ int mq_wait_confirms(struct mq *m, int timeout_ms)
 			m->confirmed = a->multiple ? a->delivery_tag : (a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed);
 			/* Single acks may arrive out of order only for tags above
 			 * confirmed; RabbitMQ confirms in order per channel, so the
-			 * high-water mark is exact. */
+			 * high-water mark is exact.  The tracked outcomes do not
+			 * rely on it. */
+			mq_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_ACKED);
 			break;
 		}
 		case AMQP_BASIC_NACK_METHOD: {
 			amqp_basic_nack_t *a = f.payload.method.decoded;
 			m->confirmed = a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed;
 			m->nacked = true;
+			mq_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_NACKED);
 			break;
 		}
-		case AMQP_BASIC_RETURN_METHOD:
+		case AMQP_BASIC_RETURN_METHOD: {
+			/* No delivery tag: the latest mandatory publish (see mq.h).
+			 * Its ack follows and settles it. */
+			struct mq_track *t = &m->track[m->mandatory_seq % MQ_TRACK_MAX];
+			if (m->mandatory_seq != 0 && t->seq == m->mandatory_seq && t->outcome == MQ_OUTCOME_PENDING)
+				t->returned = true;
 			m->nacked = true;
 			break;
+		}
 		case AMQP_CHANNEL_CLOSE_METHOD:
-			return mq_fail(m, ST_ERR_MQ, "confirm", "channel closed by broker");
 		case AMQP_CONNECTION_CLOSE_METHOD:
-			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "connection closed by broker");
+			return mq_closed_by_broker(m, &f, "confirm");
 		default:
 			break;
 		}
@@ -828,4 +919,10 @@ int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
 	if (mq_rpc(m, "queue.declare") != ST_OK)
 		return ST_ERR_MQ;
 	return mq_bind(m, queue, exchange, binding);
+}
+
+int mq_queue_unbind(struct mq *m, const char *queue, const char *exchange, const char *binding)
+{
+	amqp_queue_unbind(m->conn, MQ_CHANNEL, mq_b(queue), mq_b(exchange), mq_b(binding), amqp_empty_table);
+	return mq_rpc(m, "queue.unbind");
 }

@@ -10,8 +10,9 @@
  *
  * Errors become st_code values: ST_ERR_MQ_CONN when the connection is gone
  * (reconnect), ST_ERR_MQ when the broker refused something (channel closed,
- * e.g. a declare with other arguments), ST_ERR_MQ_NACK when a publish was
- * nacked or returned unroutable, ST_ERR_TIMEOUT when a bounded wait ran out.
+ * e.g. a declare with other arguments, or a publish to a missing exchange),
+ * ST_ERR_MQ_NACK when a publish was nacked or returned unroutable,
+ * ST_ERR_TIMEOUT when a bounded wait ran out.
  *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
@@ -74,6 +75,8 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 void mq_close(struct mq **m);
 /* A short human line for the last broker error (for logs). */
 const char *mq_errmsg(const struct mq *m);
+/* Whether a failure other than a time-out ended the connection's use. */
+bool mq_broken(const struct mq *m);
 
 /* Declare exchanges, queues and bindings of SPEC.md (idempotent). */
 int mq_declare_topology(struct mq *m, const struct cfg *conf);
@@ -108,6 +111,29 @@ int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_
 /* Publishes not yet confirmed. */
 uint64_t mq_unconfirmed(const struct mq *m);
 
+/* Per-publish outcomes, for callers that settle each publish on its own
+ * (the outbox relay).  In confirm mode every publish gets a sequence number
+ * (its delivery tag in the broker's acks and nacks): mq_next_seq before
+ * mq_publish gives it.  After mq_wait_confirms (whatever it returned),
+ * mq_outcome tells what became of it; the last MQ_TRACK_MAX publishes are
+ * remembered, older ones are MQ_OUTCOME_UNKNOWN.
+ *
+ * A basic.return carries no delivery tag: it is put on the latest
+ * mandatory publish.  That is exact only while at most one mandatory
+ * publish is unconfirmed, so a caller that needs exact outcomes waits for
+ * the confirms before each mandatory publish (non-mandatory publishes are
+ * never returned and may be pipelined around it). */
+#define MQ_TRACK_MAX 256
+enum mq_outcome {
+	MQ_OUTCOME_UNKNOWN = 0, /* not tracked (too old), or never published */
+	MQ_OUTCOME_PENDING,     /* no ack or nack yet (e.g. the connection failed) */
+	MQ_OUTCOME_ACKED,       /* the broker took it: routed, or unroutable and not mandatory */
+	MQ_OUTCOME_NACKED,      /* the broker could not take it */
+	MQ_OUTCOME_RETURNED,    /* mandatory and unroutable (returned, then acked) */
+};
+uint64_t mq_next_seq(const struct mq *m);
+enum mq_outcome mq_outcome(const struct mq *m, uint64_t seq);
+
 /* Passive queue inspection for tests and the verifier: message and
  * consumer counts; ST_ERR_NOT_FOUND when the queue does not exist. */
 int mq_queue_counts(struct mq *m, const char *queue, uint32_t *messages, uint32_t *consumers);
@@ -123,5 +149,6 @@ int mq_queue_delete(struct mq *m, const char *queue);
 int mq_exchange_delete(struct mq *m, const char *exchange);
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable);
+int mq_queue_unbind(struct mq *m, const char *queue, const char *exchange, const char *binding);
 
 #endif

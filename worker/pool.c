@@ -246,22 +246,31 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 	return rc;
 }
 
+/* Relay rounds while they come back full.  Each row is settled on its own
+ * (common/outbox.c): a row the broker returns or refuses is pushed back by
+ * its own backoff and logged there, so a round only fails for the broker
+ * connection or the database as a whole. */
 static void worker_relay(struct worker *w)
 {
 	for (int round = 0; round < 100 && !atomic_load(&pool_stop); round++) {
-		int sent = 0, rc;
+		struct outbox_round r;
+		int rc;
 
 		if (w->publisher == NULL && mq_open(&w->publisher, &w->conf->amqp, 0, w->name) != ST_OK)
 			return;
-		rc = outbox_relay(w->outbox, w->publisher, 64, &sent);
+		rc = outbox_relay(w->outbox, w->publisher, 64, &r);
+		metrics_outbox_failed(r.failed);
 		if (rc != ST_OK) {
-			LOG(LOG_WARN, "outbox relay failed; rows stay pending", LOG_I("worker", w->index),
-			    LOG_S("error", st_strerror(rc)));
-			if (rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK)
+			bool broker = rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK;
+			/* A refusal already charged to its row was logged with it. */
+			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
+			    LOG_I("worker", w->index), LOG_I("sent", r.sent),
+			    LOG_S("error", broker ? mq_errmsg(w->publisher) : st_strerror(rc)));
+			if (broker)
 				mq_close(&w->publisher);
 			return;
 		}
-		if (sent < 64)
+		if (r.taken < 64)
 			return;
 	}
 }
@@ -569,14 +578,17 @@ static void *janitor_main(void *arg)
 		if (now - last_housekeeping >= POOL_HOUSEKEEPING_MS) {
 			int expired = 0;
 			int64_t pending;
+			double oldest;
 
 			last_housekeeping = now;
 			if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
 				LOG(LOG_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
 			if (expired > 0)
 				worker_relay(w);
-			if (outbox_pending(w->outbox, &pending) == ST_OK)
+			if (outbox_stats(w->outbox, &pending, &oldest) == ST_OK) {
 				metrics_outbox_pending(pending);
+				metrics_outbox_oldest_pending(oldest);
+			}
 		}
 		if (now - last_cleanup >= POOL_CLEANUP_S * 1000) {
 			uint64_t deleted = 0;
