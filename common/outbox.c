@@ -276,7 +276,8 @@ static void outbox_publish(struct outbox *ob, struct mq *pub, struct outbox_row 
 	*mqrc = rc;
 	if (alone) {
 		/* Nothing else was in flight: the broker's refusal (e.g. "no
-		 * exchange") is this row's. */
+		 * exchange") is this row's.  A real outage charges at most
+		 * this one row, which only delays it by its backoff. */
 		row->seq = 0;
 		outbox_why(row, "publish failed: ", mq_errmsg(pub), "");
 	}
