@@ -31,6 +31,7 @@
 
 #include "fault.h"
 #include "log.h"
+#include "mq.h"
 #include "status.h"
 
 #define INBOX_PROPS_MAX 65536
@@ -313,7 +314,14 @@ cleanup:
 static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev, const char *reason,
                                  const char *detail, struct inbox_outrow *r)
 {
-	json_t *h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", detail);
+	char note[400], full[640];
+	json_t *h;
+
+	/* What the saved properties had to escape or drop, said where the
+	 * DLQ reader looks (mq.c keeps the note ASCII). */
+	mq_props_json_note(ev->props, note, sizeof note);
+	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", full);
 
 	memset(r, 0, sizeof *r);
 	snprintf(r->id, sizeof r->id, "%s", ev->message_id);

@@ -14,7 +14,6 @@
 #include <criterion/criterion.h>
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,7 +178,7 @@ static const unsigned char NOT_UTF8[] = { 0xff, 0xfe, 0x00, 0x41, 0x80, 0xc3 };
 Test(poison, bytes_header_poison_is_dead_lettered_alone, .timeout = 300)
 {
 	enum { N = 100 };
-	char body[512], id[32], order[32], logf[256], reason[64], detail[256];
+	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
 	amqp_connection_state_t c;
 	amqp_table_entry_t h[2];
 	amqp_basic_properties_t p = { 0 };
@@ -239,14 +238,15 @@ Test(poison, bytes_header_poison_is_dead_lettered_alone, .timeout = 300)
 /* Every kind of header value and property a producer may send: nested
  * tables and arrays, decimals, void, floats JSON cannot carry, a huge
  * value, more headers than are kept, bytes that are not UTF-8 in the
- * message-id.  The message is held (its order is unseen), so its
+ * correlation-id.  (No unsigned 64-bit value and no NaN: RabbitMQ refuses
+ * both in a frame, so they never reach a consumer.)  The message is held (its order is unseen), so its
  * properties go through held_events.props and, when the hold expires,
  * come back on the dead-letter copy the outbox publishes. */
 Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 {
 	enum { NH = 90 };
 	static char huge[40000];
-	char body[512], logf[256], reason[64], detail[256], key[NH][16];
+	char body[512], logf[256], reason[64], detail[512], key[NH][16];
 	amqp_connection_state_t c;
 	amqp_table_entry_t h[NH], inner[2];
 	amqp_field_value_t arr[3];
@@ -276,10 +276,6 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 	                                .value = { .kind = AMQP_FIELD_KIND_DECIMAL,
 	                                           .value.decimal = { .decimals = 2, .value = 12345 } } };
 	h[nh++] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("nothing"), .value = { .kind = AMQP_FIELD_KIND_VOID } };
-	h[nh++] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("nan"),
-	                                .value = { .kind = AMQP_FIELD_KIND_F64, .value.f64 = NAN } };
-	h[nh++] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("big"),
-	                                .value = { .kind = AMQP_FIELD_KIND_U64, .value.u64 = UINT64_MAX } };
 	h[nh++] = entry("huge", fv_bytes(AMQP_FIELD_KIND_UTF8, huge, sizeof huge - 1));
 	while (nh < NH) {
 		snprintf(key[nh], sizeof key[nh], "h%02d", nh);
@@ -329,11 +325,7 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 		v = hdr(&got, "nothing");
 		cr_assert_not_null(v, "void is kept");
 		cr_expect_eq(v->kind, AMQP_FIELD_KIND_VOID);
-		v = hdr(&got, "big");
-		cr_assert_not_null(v, "a u64 is kept");
-		cr_expect(v->kind == AMQP_FIELD_KIND_U64 && v->value.u64 == UINT64_MAX);
 		cr_expect_null(hdr(&got, "huge"), "a huge value is dropped, not stored");
-		cr_expect_null(hdr(&got, "nan"), "NaN has no JSON form: dropped");
 		cr_expect_not_null(hdr(&got, "h10"), "the first headers are kept");
 		cr_expect_null(hdr(&got, "h89"), "headers past the limit are dropped");
 	}
@@ -352,7 +344,7 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
 {
 	enum { N = 20 };
-	char body[512], id[32], order[32], logf[256], reason[64], detail[256];
+	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
 	amqp_connection_state_t c;
 	amqp_basic_properties_t p = { 0 };
 	amqp_message_t got;
@@ -395,7 +387,7 @@ Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
 Test(poison, value_refused_by_the_database_is_unprocessable, .timeout = 300)
 {
 	enum { N = 12 };
-	char body[512], id[32], order[32], logf[256], reason[64], detail[256];
+	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
 	amqp_connection_state_t c;
 	amqp_basic_properties_t p = { 0 };
 	amqp_message_t got;
@@ -486,7 +478,6 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 	amqp_connection_state_t c;
 	amqp_basic_properties_t p = { 0 };
 	amqp_message_t got;
-	struct mq *m;
 	pid_t w;
 
 	itest_fresh();
@@ -502,15 +493,15 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 	p._flags = AMQP_BASIC_MESSAGE_ID_FLAG;
 	p.message_id = amqp_cstring_bytes("unbound-1");
 	raw_publish(c, "order.OrderCreated", "{not json", &p);
-	m = itest_mq();
+	/* Raw publishes: itest_mq would declare the topology, binding the
+	 * DLQ again. */
 	for (int i = 0; i < N; i++) {
 		snprintf(id, sizeof id, "ub-%d", i);
 		snprintf(order, sizeof order, "o-%d", i);
 		itest_event(body, sizeof body, id, "OrderCreated", order);
-		itest_publish_async(m, "OrderCreated", body, NULL);
+		p = (amqp_basic_properties_t){ 0 };
+		raw_publish(c, "order.OrderCreated", body, &p);
 	}
-	itest_confirm_all(m);
-	mq_close(&m);
 	wait_log(logf, "dead-letter publish failed", 60);
 	usleep(1500 * 1000); /* a few retries; not an assertion */
 	cr_assert_not_null(amqp_queue_bind(c, 1, amqp_cstring_bytes(itest_cfg()->dlq),
