@@ -35,6 +35,11 @@
 #include "status.h"
 
 #define INBOX_PROPS_MAX 65536
+/* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
+ * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
+ * The header only measures latency, so a value out of range is dropped
+ * instead of costing the message anything. */
+#define INBOX_PUBLISHED_US_MAX (INT64_C(2147483647) * 1000000)
 
 struct inbox {
 	struct db *db;
@@ -589,9 +594,10 @@ static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const c
 {
 	const struct msg *m = in->msg;
 	char stored[65], status[32];
+	int64_t published_us = in->published_us > 0 && in->published_us <= INBOX_PUBLISHED_US_MAX ? in->published_us : 0;
 	struct db_param p[8] = {
 		DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
-		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us), DBP_I64(alone ? 1 : 0),
+		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(published_us), DBP_I64(alone ? 1 : 0),
 	};
 	struct db_col c[6] = {
 		DBC_I64(), DBC_STR(stored, sizeof stored), DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(),

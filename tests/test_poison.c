@@ -520,3 +520,33 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 	stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
 }
+
+/* x-published-us only measures latency: a value the DATETIME column cannot
+ * hold (FROM_UNIXTIME ends in 2038 on MariaDB 10.11; strict mode then
+ * refuses the row) must not cost a valid message anything. */
+Test(poison, absurd_published_header_is_ignored, .timeout = 300)
+{
+	char body[512], logf[256];
+	amqp_connection_state_t c;
+	amqp_table_entry_t h[1];
+	amqp_basic_properties_t p = { 0 };
+	pid_t w;
+
+	itest_fresh();
+	log_path(logf, sizeof logf, "published");
+	topology();
+	c = raw_open();
+	h[0] = (amqp_table_entry_t){ .key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US),
+	                             .value = { .kind = AMQP_FIELD_KIND_I64, .value.i64 = INT64_C(100000000000000000) } };
+	p._flags = AMQP_BASIC_HEADERS_FLAG;
+	p.headers = (amqp_table_t){ .num_entries = 1, .entries = h };
+	itest_event(body, sizeof body, "pub-1", "OrderCreated", "o-1");
+	raw_publish(c, "order.OrderCreated", body, &p);
+	raw_close(c);
+	w = itest_worker_logged(1, NULL, logf);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1, "applied (see %s)", logf);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE published_at IS NULL"), 1);
+	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 0);
+}
