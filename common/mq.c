@@ -488,8 +488,9 @@ static void mq_list_add(char *list, size_t cap, size_t *len, int *more, const ch
 {
 	size_t n = strlen(item);
 
-	/* Room is kept for ", +NN more" at the end. */
-	if (*len + n + 2 + 12 >= cap) {
+	/* Room is kept for ", +NN more" at the end; once one item did not
+	 * fit, none after it is listed, so the list stays in frame order. */
+	if (*more > 0 || *len + n + 2 + 12 >= cap) {
 		(*more)++;
 		return;
 	}
@@ -668,7 +669,7 @@ static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char 
 {
 	json_t *o = json_object();
 	size_t used = 2;
-	int kept = 0, past = 0;
+	int past = 0;
 
 	if (o == NULL)
 		return NULL;
@@ -690,7 +691,7 @@ static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char 
 			mq_dropped(e, name, "repeated key");
 			continue;
 		}
-		if (max_entries > 0 && kept >= max_entries) {
+		if (max_entries > 0 && i >= max_entries) {
 			past++;
 			continue;
 		}
@@ -708,7 +709,6 @@ static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char 
 			return NULL;
 		}
 		used += sz;
-		kept++;
 	}
 	if (past > 0) {
 		char what[80];
