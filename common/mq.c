@@ -662,6 +662,13 @@ static bool mq_b64_decode(amqp_pool_t *pool, const char *s, amqp_bytes_t *out)
 
 static json_t *mq_enc_value(struct mq_enc *e, const amqp_field_value_t *v, const char *path, int depth);
 
+/* jansson refuses a NULL pointer even for no bytes; a decoder may give
+ * one for an empty string. */
+static json_t *mq_jstring(amqp_bytes_t b)
+{
+	return b.len == 0 ? json_string("") : json_stringn(b.bytes, b.len);
+}
+
 /* A table's entries into a JSON object, in frame order; max_entries and
  * budget bound what is kept (0: no bound of their own). */
 static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char *path, int depth,
@@ -682,7 +689,7 @@ static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char 
 		mq_safe_name(name, sizeof name, path, en->key);
 		if (en->key.len == 0 || en->key.len >= sizeof key || memchr(en->key.bytes, 0, en->key.len) != NULL ||
 		    !mq_utf8_valid(en->key.bytes, en->key.len)) {
-			mq_dropped(e, name, "key not UTF-8");
+			mq_dropped(e, name, en->key.len == 0 ? "empty key" : "key not UTF-8");
 			continue;
 		}
 		memcpy(key, en->key.bytes, en->key.len);
@@ -749,7 +756,7 @@ static json_t *mq_enc_value(struct mq_enc *e, const amqp_field_value_t *v, const
 				mq_escaped(e, path);
 			return mq_b64_tagged(v->kind == AMQP_FIELD_KIND_BYTES ? "$bytes" : "$utf8b64", v->value.bytes);
 		}
-		return json_stringn(v->value.bytes.bytes, v->value.bytes.len);
+		return mq_jstring(v->value.bytes);
 	}
 	case AMQP_FIELD_KIND_BOOLEAN:
 		return json_boolean(v->value.boolean);
@@ -810,8 +817,8 @@ static int mq_enc_prop(struct mq_enc *e, json_t *o, const char *k, amqp_bytes_t 
 {
 	json_t *v;
 
-	if (mq_utf8_valid(b.bytes, b.len) && memchr(b.bytes, 0, b.len) == NULL) {
-		v = json_stringn(b.bytes, b.len);
+	if (b.len == 0 || (mq_utf8_valid(b.bytes, b.len) && memchr(b.bytes, 0, b.len) == NULL)) {
+		v = mq_jstring(b);
 	} else {
 		mq_escaped(e, k);
 		v = mq_b64_tagged("$bytes", b);

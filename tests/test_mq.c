@@ -193,3 +193,21 @@ Test(mq, headers_past_the_limit_are_dropped_and_counted)
 	json_decref(o);
 	free(j);
 }
+
+/* A decoder may hand empty strings and keys as NULL pointers. */
+Test(mq, empty_values_with_null_pointers)
+{
+	amqp_message_t msg = { 0 };
+	amqp_table_entry_t h[2] = {
+		{ .key = amqp_cstring_bytes("e"), .value = { .kind = AMQP_FIELD_KIND_BYTES } },
+		{ .key = { .len = 0, .bytes = NULL }, .value = { .kind = AMQP_FIELD_KIND_UTF8 } },
+	};
+	char note[400], *j;
+
+	msg.properties._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_APP_ID_FLAG;
+	msg.properties.app_id = (amqp_bytes_t){ .len = 0, .bytes = NULL };
+	msg.properties.headers = (amqp_table_t){ .num_entries = 2, .entries = h };
+	j = convert(&msg, note, sizeof note);
+	cr_expect_str_eq(j, "{\"app_id\":\"\",\"headers\":{\"e\":{\"$bytes\":\"\"}},\"inbox_note\":\"dropped:  (empty key)\"}");
+	free(j);
+}
