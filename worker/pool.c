@@ -9,16 +9,25 @@
  *
  * Per batch of deliveries (worker_handle; a batch is one delivery unless
  * INBOX_BATCH > 1, and never waits for more than is already here):
- *   size and parse checks -> dead-letter on bad input (confirmed);
+ *   size, parse and routing key checks -> dead-letter on bad input
+ *   (confirmed);
  *   the valid ones in one transaction (worker_transact): deadlock / lock
  *   wait time-out retry with jittered exponential backoff up to
- *   max_retries; a batch that still cannot commit is split into single
- *   messages, and a single one then goes to the DLQ as retries-exhausted;
- *   a lost database connection is never the messages' fault: keep them,
- *   reconnect with backoff, run them again.  Ack only after the commit (or
- *   after the dead-letter copy is confirmed); while more deliveries are
- *   already waiting, acks are gathered into one cumulative ack
- *   (worker_ack_flush).
+ *   max_retries; a batch that still cannot commit, or that holds a value
+ *   the database refuses, is split into single messages, and a single one
+ *   then goes to the DLQ as retries-exhausted or unprocessable;
+ *   a lost database connection, or any other database fault, is never the
+ *   messages': keep them, wait with backoff, run them again.  Ack only
+ *   after the commit (or after the dead-letter copy is confirmed; a nacked
+ *   or unroutable copy is retried with backoff, the original kept); while
+ *   more deliveries are already waiting, acks are gathered into one
+ *   cumulative ack (worker_ack_flush).
+ *
+ * One message's fault stays its own (SPEC.md): nothing about a delivery
+ * makes worker_handle fail, so the consumer channel is reset only when the
+ * broker connection itself fails.  A reset hands every prefetched delivery
+ * back and raises its delivery count, which would push innocent messages
+ * towards the delivery limit.
  *
  * Each process also runs one janitor thread (janitor_main): the outbox
  * relay, hold expiry, the outbox gauge and retention cleanup.
