@@ -243,7 +243,8 @@ static int worker_mq_up(struct worker *w)
 }
 
 /* Publish one message on the thread's publisher, reconnecting once if the
- * connection went idle and died meanwhile. */
+ * connection went idle and died meanwhile (or the broker closed its
+ * channel). */
 static int worker_publish(struct worker *w, const struct mq_message *m)
 {
 	int rc = ST_ERR_MQ_CONN;
@@ -291,11 +292,14 @@ static void worker_relay(struct worker *w)
  * Nothing about the message can make this fail: its properties always
  * serialise (mq_delivery_props_json escapes or drops what JSON cannot
  * carry, and the detail says so).  A nack, an unroutable return (the DLQ
- * unbound from the DLX) or a lost publisher connection is the broker's or
- * the topology's fault: the message stays unacked and the publish is
- * retried with backoff until it is confirmed, without touching the
- * consumer channel.  Returns ST_OK, or ST_ERR_STOPPED when asked to stop
- * meanwhile (the message is then left unacked for the broker to redeliver). */
+ * unbound from the DLX) or a channel the broker closed (an exchange
+ * missing) is the topology's fault: the message stays unacked and the
+ * publish is retried with backoff until it is confirmed, without touching
+ * the consumer channel.  Returns ST_OK; ST_ERR_STOPPED when asked to stop
+ * meanwhile; ST_ERR_MQ_CONN when the broker cannot be reached even on a
+ * fresh connection: that is a broker fault, the consumer connection is
+ * most likely gone too, and the caller resets it (the message, unacked,
+ * comes again). */
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
@@ -318,6 +322,8 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		LOG(LOG_WARN, "dead-letter publish failed; message kept, retrying", LOG_I("worker", w->index),
 		    LOG_S("reason", reason), LOG_S("error", st_strerror(rc)),
 		    LOG_S("broker", w->publisher != NULL ? mq_errmsg(w->publisher) : ""), LOG_I("attempt", attempt + 1));
+		if (rc == ST_ERR_MQ_CONN)
+			break;
 		if (atomic_load(&pool_stop)) {
 			rc = ST_ERR_STOPPED;
 			break;
@@ -495,9 +501,10 @@ static int worker_ack_flush(struct worker *w)
 	return rc;
 }
 
-/* Asked to stop with a batch half settled: ack what is settled (one by
- * one: a cumulative ack must not reach past the rest), so that nothing
- * already dead-lettered comes back to be dead-lettered twice. */
+/* A batch left half settled (asked to stop, or the broker gone): ack what
+ * is settled, one by one (a cumulative ack must not reach past the rest),
+ * so that nothing already dead-lettered comes back to be dead-lettered
+ * twice.  Best effort: a dead consumer connection acks nothing. */
 static void worker_ack_settled(struct worker *w, struct item *items, int n)
 {
 	if (w->consumer == NULL || worker_ack_flush(w) != ST_OK)
@@ -510,8 +517,9 @@ static void worker_ack_settled(struct worker *w, struct item *items, int n)
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
  * that is not the messages' kept some (they stay unacked); or a broker
- * connection error (then the caller drops the consumer connection so the
- * broker redelivers what is unacked).  Nothing about one message makes it
+ * connection error, of the consumer or of the publisher on a fresh
+ * connection (then the caller drops the consumer connection so the broker
+ * redelivers what is unacked).  Nothing about one message makes it
  * return an error: each ends acked, in the database or in the DLQ. */
 static int worker_handle(struct worker *w, struct item *items, int n)
 {
@@ -559,8 +567,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	if (nvalid > 0) {
 		rc = worker_settle(w, valid, nvalid);
 		if (rc != ST_OK) {
-			if (rc == ST_ERR_STOPPED)
-				worker_ack_settled(w, items, n);
+			worker_ack_settled(w, items, n);
 			return rc;
 		}
 	}
