@@ -31,9 +31,15 @@
 
 #include "fault.h"
 #include "log.h"
+#include "mq.h"
 #include "status.h"
 
 #define INBOX_PROPS_MAX 65536
+/* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
+ * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
+ * The header only measures latency, so a value out of range is dropped
+ * instead of costing the message anything. */
+#define INBOX_PUBLISHED_US_MAX (INT64_C(2147483647) * 1000000)
 
 struct inbox {
 	struct db *db;
@@ -313,7 +319,14 @@ cleanup:
 static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev, const char *reason,
                                  const char *detail, struct inbox_outrow *r)
 {
-	json_t *h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", detail);
+	char note[400], full[640];
+	json_t *h;
+
+	/* What the saved properties had to escape or drop, said where the
+	 * DLQ reader looks (mq.c keeps the note ASCII). */
+	mq_props_json_note(ev->props, note, sizeof note);
+	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", full);
 
 	memset(r, 0, sizeof *r);
 	snprintf(r->id, sizeof r->id, "%s", ev->message_id);
@@ -581,9 +594,10 @@ static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const c
 {
 	const struct msg *m = in->msg;
 	char stored[65], status[32];
+	int64_t published_us = in->published_us > 0 && in->published_us <= INBOX_PUBLISHED_US_MAX ? in->published_us : 0;
 	struct db_param p[8] = {
 		DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
-		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(in->published_us), DBP_I64(alone ? 1 : 0),
+		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(published_us), DBP_I64(alone ? 1 : 0),
 	};
 	struct db_col c[6] = {
 		DBC_I64(), DBC_STR(stored, sizeof stored), DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(),

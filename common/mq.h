@@ -44,6 +44,9 @@ struct mq_delivery {
 	int64_t published_us;     /* MQ_HEADER_PUBLISHED_US, 0 when absent */
 	int64_t delivery_count;   /* x-delivery-count of quorum queues, 0 when absent */
 	char routing_key[256];    /* cut at 255 bytes (ours are short) */
+	/* The routing key as sent is storable text: UTF-8 without NUL bytes
+	 * (held_events.routing_key and outbox.routing_key are utf8mb4). */
+	bool routing_key_valid;
 	void *priv;               /* the message; mq_ only */
 	int slot;                 /* the envelope slot; mq_ only */
 };
@@ -94,9 +97,25 @@ int mq_ack(struct mq *m, uint64_t tag, bool multiple);
  * that could not be finished. */
 int mq_reject(struct mq *m, uint64_t tag, bool requeue);
 
+/* The saved properties are at most this long (they go into TEXT columns
+ * of 65,535 bytes), with at most MQ_HEADERS_KEEP headers. */
+#define MQ_PROPS_JSON_MAX 32768
+#define MQ_HEADERS_KEEP 60
+
 /* Save a delivery's properties and headers as a JSON object (malloc'd,
- * caller frees) so that a dead-letter made later keeps them. */
+ * caller frees) so that a dead-letter made later keeps them.  Never fails
+ * for what the producer sent: values JSON cannot carry are escaped (kept,
+ * and restored as the same AMQP value by a publish with props_json) or
+ * dropped, deterministically, and the result is bounded by
+ * MQ_PROPS_JSON_MAX.  NULL only when memory ran out or d holds no message.
+ * d->priv must point at the amqp_message_t (mq_consume and mq_get do so). */
 char *mq_delivery_props_json(const struct mq_delivery *d);
+/* The same, and note (when not NULL) gets one human line saying which
+ * values were escaped or dropped ("" when none), for x-inbox-detail. */
+char *mq_delivery_props_json_note(const struct mq_delivery *d, char *note, size_t note_cap);
+/* The note kept inside saved properties, for a dead-letter copy made
+ * later from a stored row; "" when none. */
+void mq_props_json_note(const char *props_json, char *buf, size_t cap);
 
 /* Publisher: confirm.select once, then publish and wait for the broker's
  * acks.  mq_publish_confirmed is the one path every publish of the worker

@@ -9,16 +9,25 @@
  *
  * Per batch of deliveries (worker_handle; a batch is one delivery unless
  * INBOX_BATCH > 1, and never waits for more than is already here):
- *   size and parse checks -> dead-letter on bad input (confirmed);
+ *   size, parse and routing key checks -> dead-letter on bad input
+ *   (confirmed);
  *   the valid ones in one transaction (worker_transact): deadlock / lock
  *   wait time-out retry with jittered exponential backoff up to
- *   max_retries; a batch that still cannot commit is split into single
- *   messages, and a single one then goes to the DLQ as retries-exhausted;
- *   a lost database connection is never the messages' fault: keep them,
- *   reconnect with backoff, run them again.  Ack only after the commit (or
- *   after the dead-letter copy is confirmed); while more deliveries are
- *   already waiting, acks are gathered into one cumulative ack
- *   (worker_ack_flush).
+ *   max_retries; a batch that still cannot commit, or that holds a value
+ *   the database refuses, is split into single messages, and a single one
+ *   then goes to the DLQ as retries-exhausted or unprocessable;
+ *   a lost database connection, or any other database fault, is never the
+ *   messages': keep them, wait with backoff, run them again.  Ack only
+ *   after the commit (or after the dead-letter copy is confirmed; a nacked
+ *   or unroutable copy is retried with backoff, the original kept); while
+ *   more deliveries are already waiting, acks are gathered into one
+ *   cumulative ack (worker_ack_flush).
+ *
+ * One message's fault stays its own (SPEC.md): nothing about a delivery
+ * makes worker_handle fail, so the consumer channel is reset only when the
+ * broker connection itself fails.  A reset hands every prefetched delivery
+ * back and raises its delivery count, which would push innocent messages
+ * towards the delivery limit.
  *
  * Each process also runs one janitor thread (janitor_main): the outbox
  * relay, hold expiry, the outbox gauge and retention cleanup.
@@ -134,6 +143,15 @@ static int pool_backoff_ms(struct worker *w, int attempt, int first_ms)
 	return (int)(base / 2 + rand_r(&w->seed) % (base / 2 + 1));
 }
 
+/* Wait in the paths that keep a message because of a fault that is not
+ * its own (database, broker, topology).  For now a plain sleep; it is the
+ * one place that is to service the consumer's heartbeats meanwhile. */
+static void worker_wait(struct worker *w, int ms)
+{
+	(void)w;
+	pool_sleep_ms(ms);
+}
+
 static void worker_close_db(struct worker *w)
 {
 	outbox_close(&w->outbox);
@@ -225,7 +243,8 @@ static int worker_mq_up(struct worker *w)
 }
 
 /* Publish one message on the thread's publisher, reconnecting once if the
- * connection went idle and died meanwhile. */
+ * connection went idle and died meanwhile (or the broker closed its
+ * channel). */
 static int worker_publish(struct worker *w, const struct mq_message *m)
 {
 	int rc = ST_ERR_MQ_CONN;
@@ -275,14 +294,27 @@ static void worker_relay(struct worker *w)
 	}
 }
 
-/* Dead-letter a delivery directly (it could not be claimed, or it conflicts
- * or ran out of retries): original body and properties plus our headers,
- * confirmed before the caller acks the original. */
+/* Dead-letter a delivery directly (bad input, a conflict, retries run
+ * out, a value the database refused): original body and properties plus
+ * our headers, confirmed before the caller acks the original.
+ *
+ * Nothing about the message can make this fail: its properties always
+ * serialise (mq_delivery_props_json escapes or drops what JSON cannot
+ * carry, and the detail says so).  A nack, an unroutable return (the DLQ
+ * unbound from the DLX) or a channel the broker closed (an exchange
+ * missing) is the topology's fault: the message stays unacked and the
+ * publish is retried with backoff until it is confirmed, without touching
+ * the consumer channel.  Returns ST_OK; ST_ERR_STOPPED when asked to stop
+ * meanwhile; ST_ERR_MQ_CONN when the broker cannot be reached even on a
+ * fresh connection: that is a broker fault, the consumer connection is
+ * most likely gone too, and the caller resets it (the message, unacked,
+ * comes again). */
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char *props = mq_delivery_props_json(d);
-	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", detail } };
+	char note[400], full[640];
+	char *props = mq_delivery_props_json_note(d, note, sizeof note);
+	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
 	struct mq_message m = {
 		.exchange = w->conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
 		.props_json = props, .headers = h, .nheaders = 2, .mandatory = true,
@@ -290,8 +322,23 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 	int rc;
 
 	if (props == NULL)
-		return ST_ERR_NOMEM;
-	rc = worker_publish(w, &m);
+		snprintf(note, sizeof note, "not kept (out of memory)");
+	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	for (int attempt = 0;; attempt++) {
+		rc = worker_publish(w, &m);
+		if (rc == ST_OK)
+			break;
+		LOG(LOG_WARN, "dead-letter publish failed; message kept, retrying", LOG_I("worker", w->index),
+		    LOG_S("reason", reason), LOG_S("error", st_strerror(rc)),
+		    LOG_S("broker", w->publisher != NULL ? mq_errmsg(w->publisher) : ""), LOG_I("attempt", attempt + 1));
+		if (rc == ST_ERR_MQ_CONN)
+			break;
+		if (atomic_load(&pool_stop)) {
+			rc = ST_ERR_STOPPED;
+			break;
+		}
+		worker_wait(w, pool_backoff_ms(w, attempt, 200));
+	}
 	free(props);
 	return rc;
 }
@@ -305,7 +352,8 @@ static char *worker_props_json(const void *arg)
 struct item {
 	struct mq_delivery d;
 	struct msg m;
-	enum msg_reason reason;     /* bad input: dead-lettered before the transaction */
+	enum msg_reason reason;     /* why it was dead-lettered (NONE: it was not) */
+	bool valid;                 /* passed the checks: went to the transaction */
 	struct inbox_result res;
 	bool done;                  /* settled: ack it */
 };
@@ -317,11 +365,15 @@ static const char *item_rk(const struct item *it)
 
 /* Run the transaction over the valid items of a batch, retrying the whole
  * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
- * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_FAULT when the test hook
- * fired; another error when the batch cannot be settled now. */
+ * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_DB_DATA when the database
+ * refused a value of one of the messages; ST_ERR_FAULT when the test hook
+ * fired; ST_ERR_STOPPED when asked to stop while waiting.  Any other fault
+ * (connection lost, a missing table, a statement the server refuses) is
+ * not the messages': they are kept and the batch is run again after a
+ * backoff, as during a database outage. */
 static int worker_transact(struct worker *w, struct item **v, int n)
 {
-	int attempt = 0;
+	int attempt = 0, outage = 0;
 
 	for (;;) {
 		int rc = worker_db_up(w);
@@ -351,8 +403,13 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 				return ST_ERR_DB_DEADLOCK;
 			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
-			pool_sleep_ms(pool_backoff_ms(w, attempt++, 10));
+			worker_wait(w, pool_backoff_ms(w, attempt++, 10));
 			continue;
+		}
+		if (rc == ST_ERR_DB_DATA) {
+			LOG(LOG_WARN, "database refused a value", LOG_I("worker", w->index), LOG_I("messages", n),
+			    LOG_S("error", db_errmsg(w->db)));
+			return rc;
 		}
 		if (rc == ST_ERR_DB_CONN) {
 			/* Not the messages' fault: keep them and wait for the
@@ -362,10 +419,28 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			metrics_thread_ready(w->index, false);
 			continue;
 		}
-		LOG(LOG_ERROR, "transaction failed; messages kept", LOG_I("worker", w->index), LOG_I("messages", n),
-		    LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
-		return rc;
+		/* A missing table, a privilege, a full disk...: the database's
+		 * fault, not the messages' nor the broker's.  Keep the batch
+		 * and the channel; try again later. */
+		LOG(LOG_ERROR, "transaction failed; messages kept, retrying", LOG_I("worker", w->index),
+		    LOG_I("messages", n), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)),
+		    LOG_I("attempt", outage + 1));
+		metrics_thread_ready(w->index, false);
+		if (atomic_load(&pool_stop))
+			return ST_ERR_STOPPED;
+		worker_wait(w, pool_backoff_ms(w, outage++, 200));
 	}
+}
+
+/* The server's message for a value it refused, as one ASCII line (it
+ * may quote the value). */
+static void worker_db_detail(struct worker *w, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "the database refused a value: %s", db_errmsg(w->db));
+
+	for (int i = 0; i < n && (size_t)i < cap && buf[i] != '\0'; i++)
+		if ((unsigned char)buf[i] < 0x20 || (unsigned char)buf[i] > 0x7e)
+			buf[i] = '?';
 }
 
 /* Settle the valid items: one transaction for all, or, when that cannot
@@ -396,16 +471,22 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 		}
 		return ST_OK;
 	}
-	if (rc == ST_ERR_DB_DEADLOCK) {
-		char detail[160];
-		snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries", w->conf->max_retries);
-		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), "retries-exhausted", detail);
+	if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_DATA) {
+		char detail[300];
+		enum msg_reason reason = rc == ST_ERR_DB_DATA ? MSG_REASON_UNPROCESSABLE : MSG_REASON_RETRIES_EXHAUSTED;
+
+		if (rc == ST_ERR_DB_DATA)
+			worker_db_detail(w, detail, sizeof detail);
+		else
+			snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries",
+			         w->conf->max_retries);
+		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), msg_reason_name(reason), detail);
 		if (rc != ST_OK)
 			return rc;
-		v[0]->reason = MSG_REASON_RETRIES_EXHAUSTED;
+		v[0]->reason = reason;
 		v[0]->done = true;
 		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", v[0]->m.message_id),
-		    LOG_S("reason", "retries-exhausted"));
+		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", detail));
 		return ST_OK;
 	}
 	return rc;
@@ -429,9 +510,26 @@ static int worker_ack_flush(struct worker *w)
 	return rc;
 }
 
+/* A batch left half settled (asked to stop, or the broker gone): ack what
+ * is settled, one by one (a cumulative ack must not reach past the rest),
+ * so that nothing already dead-lettered comes back to be dead-lettered
+ * twice.  Best effort: a dead consumer connection acks nothing. */
+static void worker_ack_settled(struct worker *w, struct item *items, int n)
+{
+	if (w->consumer == NULL || worker_ack_flush(w) != ST_OK)
+		return;
+	for (int i = 0; i < n; i++)
+		if (items[i].done && mq_ack(w->consumer, items[i].d.tag, false) != ST_OK)
+			return;
+}
+
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
- * acked (or handed back), or the error that kept some unacked (then the
- * caller drops the consumer connection so the broker redelivers them). */
+ * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
+ * that is not the messages' kept some (they stay unacked); or a broker
+ * connection error, of the consumer or of the publisher on a fresh
+ * connection (then the caller drops the consumer connection so the broker
+ * redelivers what is unacked).  Nothing about one message makes it
+ * return an error: each ends acked, in the database or in the DLQ. */
 static int worker_handle(struct worker *w, struct item *items, int n)
 {
 	struct item *valid[POOL_BATCH_MAX];
@@ -444,8 +542,18 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		struct msg_props props = it->d.props;
 
 		it->done = false;
+		it->valid = false;
 		it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->conf->max_body, &props, &it->m);
+		if (it->reason == MSG_REASON_NONE && !it->d.routing_key_valid) {
+			/* It would be stored with a held event or a dead-letter
+			 * row, whose utf8mb4 column refuses it: say so now, the
+			 * same whatever the order of arrival. */
+			it->reason = MSG_REASON_INVALID_FIELD;
+			snprintf(it->m.detail, sizeof it->m.detail,
+			         "routing key is not valid UTF-8 or holds a NUL byte");
+		}
 		if (it->reason == MSG_REASON_NONE) {
+			it->valid = true;
 			valid[nvalid++] = it;
 			continue;
 		}
@@ -458,8 +566,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		}
 		rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
-			    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("error", st_strerror(rc)));
+			worker_ack_settled(w, items, n);
 			return rc;
 		}
 		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", it->m.message_id),
@@ -468,8 +575,10 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	}
 	if (nvalid > 0) {
 		rc = worker_settle(w, valid, nvalid);
-		if (rc != ST_OK)
+		if (rc != ST_OK) {
+			worker_ack_settled(w, items, n);
 			return rc;
+		}
 	}
 
 	for (int i = 0; i < nvalid; i++) {
@@ -478,15 +587,18 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 		if (!it->done)
 			continue; /* handed back by the fault hook */
-		if (it->reason == MSG_REASON_RETRIES_EXHAUSTED) {
-			mo = METRICS_DEAD_LETTERED;
+		if (it->reason != MSG_REASON_NONE) {
+			mo = METRICS_DEAD_LETTERED; /* retries-exhausted, unprocessable */
 		} else if (it->res.outcome == INBOX_CONFLICT) {
 			char detail[320];
 			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
 			         it->m.message_id, it->m.source);
 			rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
-			if (rc != ST_OK)
+			if (rc != ST_OK) {
+				it->done = false; /* not in the DLQ yet: must come again */
+				worker_ack_settled(w, items, n);
 				return rc;
+			}
 			mo = METRICS_DEAD_LETTERED;
 		} else if (it->res.outcome == INBOX_DUPLICATE) {
 			mo = METRICS_DUPLICATE;
@@ -497,8 +609,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		outbox_rows += it->res.outbox_rows;
 		LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
 		    LOG_S("msg", it->m.message_id), LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
-		    LOG_S("outcome", it->reason == MSG_REASON_RETRIES_EXHAUSTED ? "retries-exhausted"
-		                                                                  : inbox_outcome_name(it->res.outcome)),
+		    LOG_S("outcome", it->reason != MSG_REASON_NONE ? msg_reason_name(it->reason)
+		                                                    : inbox_outcome_name(it->res.outcome)),
 		    LOG_I("released", it->res.released));
 	}
 	if (fault_hit("after-commit")) {
@@ -519,8 +631,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	for (int i = 0; i < n; i++) {
 		if (!items[i].done)
 			continue;
-		if (items[i].reason != MSG_REASON_NONE && items[i].reason != MSG_REASON_RETRIES_EXHAUSTED)
-			metrics_outcome(METRICS_DEAD_LETTERED);
+		if (!items[i].valid)
+			metrics_outcome(METRICS_DEAD_LETTERED); /* the valid ones are counted above */
 		metrics_processing_seconds(pool_now_s() - t0);
 		if (all_done) {
 			w->ack_tag = items[i].d.tag;
@@ -658,9 +770,13 @@ static void *worker_main(void *arg)
 			worker_release(w, n);
 			if (rc == ST_OK)
 				continue;
+			if (rc == ST_ERR_STOPPED)
+				break; /* what is unacked goes back when we close */
 		}
-		/* The connection failed, or a message could not be settled:
-		 * drop the consumer so the broker redelivers what we hold. */
+		/* The broker connection failed (never one message: worker_handle
+		 * settles each, in the database or in the DLQ, and waits out
+		 * database and dead-letter faults itself): drop the consumer so
+		 * the broker redelivers what we hold. */
 		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
 		metrics_thread_ready(w->index, false);
