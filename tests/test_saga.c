@@ -425,3 +425,56 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'applied'"), 0);
 }
+
+/* Fewer threads than shards: every shard must still have a consumer in
+ * every process, or the events hashed to the uncovered shards sit in their
+ * queues with nobody to take them while /readyz says ready. */
+Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout = 900)
+{
+	enum { ORDERS = 150, SHARDS = 4 };
+	static struct pub all[ORDERS * 4];
+	static char page[8192];
+	struct pub_set set = { all, 0 };
+	struct pub_slice slice = { &set, 0, 0, 1, true };
+	pthread_t t;
+	char logf[2][256], addr[2][64];
+	pid_t w[2];
+	struct mq *m;
+
+	for (int i = 0; i < 4; i++)
+		for (int o = 0; o < ORDERS; o++) {
+			struct pub *p = &all[set.n++];
+			snprintf(p->order, sizeof p->order, "strand-%d", o);
+			snprintf(p->id, sizeof p->id, "strand-%d-%d", o, i);
+			p->type = seq_happy[i];
+		}
+	slice.to = set.n;
+	itest_fresh();
+	for (int p = 0; p < 2; p++) {
+		char name[32];
+		snprintf(name, sizeof name, "strand-%d", p);
+		log_path(logf[p], sizeof logf[p], name);
+		snprintf(addr[p], sizeof addr[p], "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(p));
+		w[p] = itest_worker_logged(2, (const char *[]){ "INBOX_ORDERING=sharded", addr[p], NULL }, logf[p]);
+	}
+	for (int p = 0; p < 2; p++)
+		cr_assert_eq(itest_wait_http(itest_metrics_port(p), "/readyz", 200, page, sizeof page, WAIT_S), 200,
+		             "%s", page);
+	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS,
+	             "every event applied, none left in a shard queue");
+	m = itest_mq();
+	for (int s = 0; s < SHARDS; s++) {
+		char q[300];
+		uint32_t ready = 0, consumers = 0;
+		snprintf(q, sizeof q, "%s.shard.%d", itest_cfg()->queue, s);
+		cr_assert_eq(mq_queue_counts(m, q, &ready, &consumers), ST_OK, "%s", mq_errmsg(m));
+		cr_assert_eq(ready, 0, "%s is drained", q);
+		cr_assert_eq(consumers, 2, "%s has a consumer in each process", q);
+	}
+	mq_close(&m);
+	for (int p = 0; p < 2; p++)
+		stop_ok(w[p]);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
+}
