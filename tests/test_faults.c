@@ -289,7 +289,7 @@ Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), N + 1, "each applied once");
 	cr_assert(itest_log_has(logf, "database unavailable"), "the outage must have been seen");
 	cr_assert(!itest_log_has(logf, "broker connection reset"), "the consumer connection was dropped");
-	cr_assert_eq(itest_log_count(logf, "\"consuming\""), 1, "one consume, never a second");
+	cr_assert_eq(itest_log_count(logf, " consuming worker="), 1, "one consume, never a second");
 	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 0, "nothing came twice");
 	cr_assert_eq(itest_log_sum(logf, "stopped", "redelivered"), 0, "no delivery was returned to the queue");
 	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "no delivery count reached the limit");
@@ -309,9 +309,15 @@ static void set_max_queues(int n)
 /* The broker cancels a consumer whose queue is deleted: the worker must
  * hear it (consumer_cancel_notify), say so on /readyz while it has no
  * consumer, declare the queue again and consume from it. */
+/* After the test, pass or fail: no limit may outlive it (clearing limits
+ * that are already gone fails, which is fine here). */
 static void clear_max_queues(void)
 {
-	set_max_queues(-1);
+	char root[4096], cmd[4300];
+	snprintf(cmd, sizeof cmd, "%s ctl -q clear_vhost_limits -p inbox >/dev/null 2>&1",
+	         itest_source("scripts/stack", root, sizeof root));
+	if (system(cmd) != 0)
+		return;
 }
 
 Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
@@ -334,7 +340,7 @@ Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini
 		 * can be seen: no new queue may be declared for a while. */
 		char root[4096], line[512];
 		FILE *p;
-		snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox name 2>/dev/null",
+		snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox --no-table-headers name 2>/dev/null",
 		         itest_source("scripts/stack", root, sizeof root));
 		p = popen(cmd, "r");
 		cr_assert_not_null(p);
