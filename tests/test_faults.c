@@ -320,16 +320,26 @@ static void clear_max_queues(void)
 		return;
 }
 
-Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
+/* Delete a queue the worker consumes (the inbox queue, or shard 1 of two)
+ * while no new queue may be declared, see /readyz say 503 (naming what is
+ * missing), allow declarations again, and see the worker consume again and
+ * apply a message published afterwards. */
+static void deleted_queue_case(bool sharded)
 {
 	static char page[8192];
-	char logf[256], body[512], cmd[400];
+	char logf[256], body[512], cmd[400], queue[300];
 	const int port = itest_metrics_port(0);
 	char addr[64];
 	struct mq *m;
 	pid_t w;
 	int st, nqueues = 0;
 
+	if (sharded) {
+		/* The test declares the topology too: with the worker's
+		 * arguments. */
+		cr_assert_eq(setenv("INBOX_ORDERING", "sharded", 1), 0);
+		cr_assert_eq(setenv("INBOX_SHARDS", "2", 1), 0);
+	}
 	itest_fresh();
 	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-cancel.log", (int)getpid());
 	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
@@ -350,20 +360,40 @@ Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini
 	}
 	cr_assert_gt(nqueues, 1);
 	set_max_queues(nqueues - 1);
-	snprintf(cmd, sizeof cmd, "ctl -q delete_queue -p inbox %s", itest_cfg()->queue);
+	if (sharded)
+		snprintf(queue, sizeof queue, "%s.shard.1", itest_cfg()->queue);
+	else
+		snprintf(queue, sizeof queue, "%s", itest_cfg()->queue);
+	snprintf(cmd, sizeof cmd, "ctl -q delete_queue -p inbox %s", queue);
 	stack(cmd);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, page, sizeof page, 60), 503,
 	             "a thread without a consumer is not ready: %s", page);
+	cr_assert_neq(strstr(page, "thread 0 has no consumer"), NULL, "%s", page);
+	if (sharded)
+		cr_assert_neq(strstr(page, "shard 1 has no consumer"), NULL, "%s", page);
 	set_max_queues(-1);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 200, page, sizeof page, WAIT_S), 200, "%s", page);
 	m = itest_mq();
 	itest_event(body, sizeof body, "cancel-1", "OrderCreated", "o-cancel");
-	itest_publish(m, "OrderCreated", body, NULL);
+	if (sharded)
+		itest_publish_keyed(m, "OrderCreated", body, "o-cancel", true);
+	else
+		itest_publish(m, "OrderCreated", body, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1,
 	             "a message published after the queue came back is applied");
-	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_wait_queue_empty(queue, WAIT_S);
 	st = itest_stop(w, SIGTERM, 60);
 	mq_close(&m);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	cr_assert(itest_log_has(logf, "consumer cancelled by the broker"));
+}
+
+Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
+{
+	deleted_queue_case(false);
+}
+
+Test(faults, deleted_shard_queue_is_named_by_readyz_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
+{
+	deleted_queue_case(true);
 }
