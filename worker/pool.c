@@ -147,6 +147,24 @@ static void worker_ready(struct worker *w, bool ready)
 	metrics_thread_shards(w->index, ready ? w->shard_mask : 0);
 }
 
+/* Ack every settled delivery in one frame.  Acks are deferred only while
+ * more deliveries are already waiting (worker_main): in a backlog one
+ * cumulative ack per several messages spares the broker a settle per
+ * message (on a quorum queue each is a log entry), and when traffic is
+ * light nothing waits, so each ack still leaves right after its commit.  A
+ * crash between a commit and the deferred ack only means redeliveries,
+ * which the inbox settles as duplicates. */
+static int worker_ack_flush(struct worker *w)
+{
+	int rc;
+
+	if (w->ack_pending == 0)
+		return ST_OK;
+	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
+	w->ack_pending = 0;
+	return rc;
+}
+
 /*
  * Wait ms while keeping the consumer connection alive.  rabbitmq-c sends
  * and answers heartbeats only while the thread is inside the library, so a
@@ -156,12 +174,19 @@ static void worker_ready(struct worker *w, bool ready)
  * could push valid messages over the delivery limit).  Here the thread
  * waits for frames instead; deliveries that arrive are kept aside by
  * mq_service and handed out by mq_consume later, so no new work is taken
- * meanwhile.  Without a consumer it just sleeps.  Stops within 100 ms of
+ * meanwhile.  Without a consumer it just sleeps.  Deliveries of the batch
+ * in hand stay unacked; the ones already settled are acked first.  Stops within 100 ms of
  * the stop flag either way.
  */
 static void worker_wait(struct worker *w, int ms)
 {
 	int64_t end = pool_now_ms() + ms;
+
+	/* What is settled is acked before a wait that may be long (a
+	 * database outage): a crash meanwhile must not redeliver it. */
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
+		    LOG_I("worker", w->index));
 
 	while (!atomic_load(&pool_stop)) {
 		int64_t left = end - pool_now_ms();
@@ -469,24 +494,6 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 		    LOG_S("reason", "retries-exhausted"));
 		return ST_OK;
 	}
-	return rc;
-}
-
-/* Ack every settled delivery in one frame.  Acks are deferred only while
- * more deliveries are already waiting (worker_main): in a backlog one
- * cumulative ack per several messages spares the broker a settle per
- * message (on a quorum queue each is a log entry), and when traffic is
- * light nothing waits, so each ack still leaves right after its commit.  A
- * crash between a commit and the deferred ack only means redeliveries,
- * which the inbox settles as duplicates. */
-static int worker_ack_flush(struct worker *w)
-{
-	int rc;
-
-	if (w->ack_pending == 0)
-		return ST_OK;
-	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
-	w->ack_pending = 0;
 	return rc;
 }
 
