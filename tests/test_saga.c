@@ -503,3 +503,44 @@ Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout
 		stop_ok(w[p]);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
 }
+
+/* More threads than shards: the extra threads are standby consumers of a
+ * shard (single active consumer), so nothing changes for ordering and
+ * nothing is stranded. */
+Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 900)
+{
+	enum { ORDERS = 60 };
+	static struct pub all[ORDERS * 4];
+	static char page[8192];
+	struct pub_set set = { all, 0 };
+	struct pub_slice slice = { &set, 0, 0, 1, true };
+	pthread_t t;
+	char logf[256], addr[64];
+	pid_t w;
+
+	for (int i = 0; i < 4; i++)
+		for (int o = 0; o < ORDERS; o++) {
+			struct pub *p = &all[set.n++];
+			snprintf(p->order, sizeof p->order, "standby-%d", o);
+			snprintf(p->id, sizeof p->id, "standby-%d-%d", o, i);
+			p->type = seq_happy[i];
+		}
+	slice.to = set.n;
+	cr_assert_eq(setenv("INBOX_ORDERING", "sharded", 1), 0);
+	cr_assert_eq(setenv("INBOX_SHARDS", "2", 1), 0);
+	itest_fresh();
+	log_path(logf, sizeof logf, "standby");
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
+	w = itest_worker_logged(3, (const char *[]){ addr, NULL }, logf);
+	cr_assert_eq(itest_wait_http(itest_metrics_port(0), "/readyz", 200, page, sizeof page, WAIT_S), 200, "%s", page);
+	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS);
+	cr_assert_eq(shard_consumers("orders.inbox.shard.0"), 2, "threads 0 and 2");
+	cr_assert_eq(shard_consumers("orders.inbox.shard.1"), 1, "thread 1");
+	stop_ok(w);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "held"), 0, "in-order publishing needs no holds");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"
+	                       " WHERE message_id <> CONCAT(order_id, '-', version - 1)"),
+	             0);
+}
