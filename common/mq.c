@@ -29,6 +29,16 @@
  * envelope, so they can be settled together. */
 #define MQ_MAX_HELD 512
 
+/* Consumers one channel can carry: a thread consumes at most every shard. */
+#define MQ_MAX_CONSUMERS 64
+
+struct mq_consumer {
+	char tag[128];          /* the broker's consumer tag */
+	char queue[256];
+	int prefetch;
+	bool cancelled;         /* the broker sent basic.cancel for it */
+};
+
 struct mq {
 	amqp_connection_state_t conn;
 	bool broken;
@@ -50,6 +60,16 @@ struct mq {
 	bool env_used[MQ_MAX_HELD];
 	int free_slots[MQ_MAX_HELD];
 	int nfree;
+	/* Deliveries read by mq_service while the thread took no new work, in
+	 * arrival order (a ring of envelope slots); mq_consume hands them out
+	 * before it reads the socket again.  The broker's prefetch bounds how
+	 * many arrive. */
+	int stash[MQ_MAX_HELD];
+	int stash_head;
+	int nstash;
+	struct mq_consumer consumers[MQ_MAX_CONSUMERS];
+	int nconsumers;
+	int ncancelled;
 	amqp_message_t got;     /* basic.get result */
 	bool has_got;
 	char err[256];
@@ -118,7 +138,7 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 	struct mq *m = calloc(1, sizeof *m);
 	amqp_socket_t *sock;
 	struct timeval tv = { .tv_sec = 10 };
-	amqp_table_entry_t prop;
+	amqp_table_entry_t prop[2], cap;
 	amqp_table_t props;
 	int rc;
 
@@ -145,11 +165,22 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 			rc = ST_ERR_MQ_CONN;
 		goto fail;
 	}
-	prop.key = amqp_cstring_bytes("connection_name");
-	prop.value.kind = AMQP_FIELD_KIND_UTF8;
-	prop.value.value.bytes = amqp_cstring_bytes(name != NULL ? name : "inbox-worker");
-	props.num_entries = 1;
-	props.entries = &prop;
+	prop[0].key = amqp_cstring_bytes("connection_name");
+	prop[0].value.kind = AMQP_FIELD_KIND_UTF8;
+	prop[0].value.value.bytes = amqp_cstring_bytes(name != NULL ? name : "inbox-worker");
+	/* Without consumer_cancel_notify the broker drops a consumer whose
+	 * queue was deleted (or whose leader moved away) without a word, and
+	 * the thread would wait for deliveries that never come.  rabbitmq-c
+	 * merges this table into its own default capabilities. */
+	cap.key = amqp_cstring_bytes("consumer_cancel_notify");
+	cap.value.kind = AMQP_FIELD_KIND_BOOLEAN;
+	cap.value.value.boolean = 1;
+	prop[1].key = amqp_cstring_bytes("capabilities");
+	prop[1].value.kind = AMQP_FIELD_KIND_TABLE;
+	prop[1].value.value.table.num_entries = 1;
+	prop[1].value.value.table.entries = &cap;
+	props.num_entries = 2;
+	props.entries = prop;
 	rc = mq_reply(m, amqp_login_with_properties(m->conn, conf->vhost, 0, 131072, heartbeat_s,
 	                                            &props, AMQP_SASL_METHOD_PLAIN, conf->user,
 	                                            conf->password), "login");
@@ -307,17 +338,78 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 	return rc;
 }
 
-int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active)
+static int mq_basic_consume(struct mq *m, struct mq_consumer *c)
 {
+	amqp_basic_consume_ok_t *ok;
 	int rc;
 
-	(void)single_active; /* a queue argument, set at declaration */
-	amqp_basic_qos(m->conn, MQ_CHANNEL, 0, (uint16_t)prefetch, 0);
+	/* Per consumer (global=0): quorum queues refuse a channel-wide
+	 * prefetch. */
+	amqp_basic_qos(m->conn, MQ_CHANNEL, 0, (uint16_t)c->prefetch, 0);
 	rc = mq_rpc(m, "basic.qos");
 	if (rc != ST_OK)
 		return rc;
-	amqp_basic_consume(m->conn, MQ_CHANNEL, mq_b(queue), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
-	return mq_rpc(m, "basic.consume");
+	ok = amqp_basic_consume(m->conn, MQ_CHANNEL, mq_b(c->queue), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+	if (ok == NULL)
+		return mq_rpc(m, "basic.consume");
+	snprintf(c->tag, sizeof c->tag, "%.*s", (int)ok->consumer_tag.len, (const char *)ok->consumer_tag.bytes);
+	c->cancelled = false;
+	return ST_OK;
+}
+
+int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active)
+{
+	struct mq_consumer *c;
+	int rc;
+
+	(void)single_active; /* a queue argument, set at declaration */
+	if (m->nconsumers >= MQ_MAX_CONSUMERS || strlen(queue) >= sizeof c->queue)
+		return mq_fail(m, ST_ERR_INVALID, "basic.consume", "too many consumers or queue name too long");
+	c = &m->consumers[m->nconsumers];
+	memset(c, 0, sizeof *c);
+	snprintf(c->queue, sizeof c->queue, "%s", queue);
+	c->prefetch = prefetch < 1 ? 1 : prefetch > 65535 ? 65535 : prefetch;
+	rc = mq_basic_consume(m, c);
+	if (rc == ST_OK)
+		m->nconsumers++;
+	return rc;
+}
+
+int mq_cancelled(const struct mq *m)
+{
+	return m->ncancelled;
+}
+
+int mq_consume_again(struct mq *m)
+{
+	for (int i = 0; i < m->nconsumers; i++) {
+		struct mq_consumer *c = &m->consumers[i];
+		int rc;
+
+		if (!c->cancelled)
+			continue;
+		rc = mq_basic_consume(m, c);
+		if (rc != ST_OK)
+			return rc;
+		m->ncancelled--;
+	}
+	return ST_OK;
+}
+
+/* The broker cancelled a consumer (consumer_cancel_notify): remember which,
+ * so that the owner consumes again.  The broker expects no reply. */
+static void mq_on_cancel(struct mq *m, const amqp_basic_cancel_t *bc)
+{
+	for (int i = 0; i < m->nconsumers; i++) {
+		struct mq_consumer *c = &m->consumers[i];
+		if (!c->cancelled && strlen(c->tag) == bc->consumer_tag.len &&
+		    memcmp(c->tag, bc->consumer_tag.bytes, bc->consumer_tag.len) == 0) {
+			c->cancelled = true;
+			m->ncancelled++;
+			snprintf(m->err, sizeof m->err, "consumer cancelled by the broker: queue %s", c->queue);
+			LOG(LOG_WARN, "consumer cancelled by the broker", LOG_S("queue", c->queue));
+		}
+	}
 }
 
 static const amqp_field_value_t *mq_header(const amqp_basic_properties_t *p, const char *key)
@@ -385,13 +477,19 @@ static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
 		d->delivery_count = 0;
 }
 
-int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
+/* Read one delivery into a free envelope slot, waiting up to timeout_ms
+ * (rabbitmq-c sends and checks heartbeats while it waits).  Returns the
+ * slot, or an st_code: ST_ERR_TIMEOUT also when the frame that came was a
+ * basic.cancel (recorded for mq_cancelled). */
+static int mq_read(struct mq *m, int timeout_ms)
 {
 	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000 };
 	amqp_rpc_reply_t r;
 	amqp_envelope_t *env;
 	int slot;
 
+	if (m->broken)
+		return ST_ERR_MQ_CONN;
 	if (m->nfree == 0)
 		return mq_fail(m, ST_ERR_INVALID, "consume", "too many deliveries held");
 	slot = m->free_slots[m->nfree - 1];
@@ -401,11 +499,15 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
 	    r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
 		/* A frame other than a delivery: on a consumer channel that is a
-		 * channel.close or connection.close (cancel notifications too).
-		 * Read it to report why, then give the connection up. */
+		 * basic.cancel (queue deleted, leader moved), a channel.close or
+		 * a connection.close.  Read it to act on it. */
 		amqp_frame_t f;
 		if (amqp_simple_wait_frame(m->conn, &f) == AMQP_STATUS_OK && f.frame_type == AMQP_FRAME_METHOD) {
 			char buf[80];
+			if (f.payload.method.id == AMQP_BASIC_CANCEL_METHOD) {
+				mq_on_cancel(m, f.payload.method.decoded);
+				return ST_ERR_TIMEOUT;
+			}
 			snprintf(buf, sizeof buf, "unexpected method 0x%08x", f.payload.method.id);
 			return mq_fail(m, f.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ? ST_ERR_MQ : ST_ERR_MQ_CONN,
 			               "consume", buf);
@@ -416,13 +518,63 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 		return mq_reply(m, r, "consume");
 	m->nfree--;
 	m->env_used[slot] = true;
+	return slot;
+}
+
+static void mq_fill_from_slot(struct mq *m, int slot, struct mq_delivery *d)
+{
+	amqp_envelope_t *env = &m->envs[slot];
+
 	d->slot = slot;
 	d->tag = env->delivery_tag;
 	mq_set_routing_key(d, env->routing_key);
 	d->redelivered = env->redelivered != 0;
 	d->priv = &env->message;
 	mq_fill_delivery(d, &env->message);
+}
+
+int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
+{
+	int slot;
+
+	if (m->nstash > 0) {
+		slot = m->stash[m->stash_head];
+		m->stash_head = (m->stash_head + 1) % MQ_MAX_HELD;
+		m->nstash--;
+	} else {
+		slot = mq_read(m, timeout_ms);
+		if (slot < 0)
+			return slot;
+	}
+	mq_fill_from_slot(m, slot, d);
 	return ST_OK;
+}
+
+int mq_service(struct mq *m, int timeout_ms)
+{
+	struct timespec start, now;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
+	for (;;) {
+		long left;
+		int slot;
+
+		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+			return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
+		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
+		if (left <= 0)
+			return ST_OK;
+		if (m->nfree == 0)
+			return ST_ERR_INVALID; /* no room: the prefetch is larger than MQ_MAX_HELD */
+		slot = mq_read(m, (int)left);
+		if (slot == ST_ERR_TIMEOUT)
+			continue;
+		if (slot < 0)
+			return slot;
+		m->stash[(m->stash_head + m->nstash) % MQ_MAX_HELD] = slot;
+		m->nstash++;
+	}
 }
 
 void mq_delivery_release(struct mq *m, struct mq_delivery *d)
@@ -443,6 +595,8 @@ void mq_delivery_release(struct mq *m, struct mq_delivery *d)
 
 int mq_ack(struct mq *m, uint64_t tag, bool multiple)
 {
+	if (m->broken)
+		return ST_ERR_MQ_CONN;
 	return mq_status(m, amqp_basic_ack(m->conn, MQ_CHANNEL, tag, multiple), "basic.ack");
 }
 

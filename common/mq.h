@@ -16,7 +16,8 @@
  *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
- * memory until mq_delivery_release; up to 512 may be held at once (a batch).
+ * memory until mq_delivery_release; up to 512 may be held at once (a batch
+ * plus what mq_service keeps aside).
  * A delivery from mq_get lives until the next mq_get or its release.
  */
 #ifndef INBOX_MQ_H
@@ -83,14 +84,31 @@ bool mq_broken(const struct mq *m);
 
 /* Declare exchanges, queues and bindings of SPEC.md (idempotent). */
 int mq_declare_topology(struct mq *m, const struct cfg *conf);
-/* The queue a worker thread consumes: conf->queue, or in sharded mode
- * shard (thread index % shards) "<queue>.shard.<n>".  Returns 0 or -1. */
-int mq_consume_queue_name(const struct cfg *conf, int thread_index, char *buf, size_t cap);
+/* The queue of shard index: conf->queue, or in sharded mode shard
+ * (index % shards) "<queue>.shard.<n>".  Returns 0 or -1. */
+int mq_consume_queue_name(const struct cfg *conf, int index, char *buf, size_t cap);
 
-/* basic.qos(prefetch) and basic.consume with manual acks. */
+/* basic.qos(prefetch) for the consumer and basic.consume with manual acks.
+ * One connection may consume several queues (up to 64): call it once per
+ * queue; their deliveries share the channel and its delivery tags. */
 int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active);
-/* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error. */
+/* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error.
+ * Deliveries kept aside by mq_service come first, in arrival order.  A
+ * basic.cancel from the broker (the queue was deleted, its leader moved)
+ * is recorded for mq_cancelled and returns ST_ERR_TIMEOUT. */
 int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms);
+/* Keep the connection alive for timeout_ms without taking new work: wait
+ * for frames (rabbitmq-c sends and answers heartbeats only while it waits
+ * or publishes) and keep every delivery that arrives for mq_consume.
+ * ST_OK when the time is up; ST_ERR_INVALID when there is no room to keep
+ * another delivery (a prefetch near MQ_MAX_HELD); a broker error when the
+ * connection failed. */
+int mq_service(struct mq *m, int timeout_ms);
+/* Consumers the broker cancelled (consumer_cancel_notify) since they were
+ * started; mq_consume_again starts them anew on the same channel (declare
+ * the topology first: a deleted queue must exist again). */
+int mq_cancelled(const struct mq *m);
+int mq_consume_again(struct mq *m);
 void mq_delivery_release(struct mq *m, struct mq_delivery *d);
 int mq_ack(struct mq *m, uint64_t tag, bool multiple);
 /* Return a message to the queue (requeue) — for shutdown with work in hand

@@ -87,7 +87,12 @@ struct worker {
 	struct db *db;
 	struct inbox *inbox;
 	struct outbox *outbox;
-	char queue[300];
+	/* The queues this thread consumes: indexes for mq_consume_queue_name
+	 * (one, 0, in shared ordering; its shards in sharded ordering). */
+	int shard[64];
+	int nshards;
+	uint64_t shard_mask;  /* sharded ordering: bit i = shard i */
+	bool consumed_once;   /* a topology refusal after this is not fatal */
 	char name[64];
 	unsigned seed;
 	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
@@ -143,13 +148,64 @@ static int pool_backoff_ms(struct worker *w, int attempt, int first_ms)
 	return (int)(base / 2 + rand_r(&w->seed) % (base / 2 + 1));
 }
 
-/* Wait in the paths that keep a message because of a fault that is not
- * its own (database, broker, topology).  For now a plain sleep; it is the
- * one place that is to service the consumer's heartbeats meanwhile. */
+/* Readiness: the thread is ready when it has both connections and every
+ * one of its consumers; its shards count as covered only then. */
+static void worker_ready(struct worker *w, bool ready)
+{
+	metrics_thread_ready(w->index, ready);
+	metrics_thread_shards(w->index, ready ? w->shard_mask : 0);
+}
+
+/* Ack every settled delivery in one frame.  Acks are deferred only while
+ * more deliveries are already waiting (worker_main): in a backlog one
+ * cumulative ack per several messages spares the broker a settle per
+ * message (on a quorum queue each is a log entry), and when traffic is
+ * light nothing waits, so each ack still leaves right after its commit.  A
+ * crash between a commit and the deferred ack only means redeliveries,
+ * which the inbox settles as duplicates. */
+static int worker_ack_flush(struct worker *w)
+{
+	int rc;
+
+	if (w->ack_pending == 0)
+		return ST_OK;
+	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
+	w->ack_pending = 0;
+	return rc;
+}
+
+/*
+ * Wait ms while keeping the consumer connection alive.  rabbitmq-c sends
+ * and answers heartbeats only while the thread is inside the library, so a
+ * thread that slept through a database outage lost its consumer after two
+ * heartbeat intervals, and the broker returned everything it held and had
+ * prefetched, raising each message's delivery count (a flapping database
+ * could push valid messages over the delivery limit).  Here the thread
+ * waits for frames instead; deliveries that arrive are kept aside by
+ * mq_service and handed out by mq_consume later, so no new work is taken
+ * meanwhile.  Without a consumer it just sleeps.  Deliveries of the batch
+ * in hand stay unacked; the ones already settled are acked first.  Stops within 100 ms of
+ * the stop flag either way.
+ */
 static void worker_wait(struct worker *w, int ms)
 {
-	(void)w;
-	pool_sleep_ms(ms);
+	int64_t end = pool_now_ms() + ms;
+
+	/* What is settled is acked before a wait that may be long (a
+	 * database outage): a crash meanwhile must not redeliver it. */
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
+		    LOG_I("worker", w->index));
+
+	while (!atomic_load(&pool_stop)) {
+		int64_t left = end - pool_now_ms();
+		int step = left > 100 ? 100 : (int)left;
+
+		if (step <= 0)
+			return;
+		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
+			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
+	}
 }
 
 static void worker_close_db(struct worker *w)
@@ -195,12 +251,37 @@ static int worker_db_up(struct worker *w)
 			}
 			return ST_OK;
 		}
-		metrics_thread_ready(w->index, false);
+		worker_ready(w, false);
 		LOG(LOG_WARN, "database unavailable, retrying", LOG_I("worker", w->index),
 		    LOG_I("attempt", attempt + 1), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
-		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
+		/* The thread may hold deliveries (and has prefetched more):
+		 * keep its broker connection alive meanwhile. */
+		worker_wait(w, pool_backoff_ms(w, attempt++, 200));
 	}
 	return ST_ERR_STOPPED;
+}
+
+/* basic.consume on every queue of the thread.  The thread's prefetch is
+ * shared among its consumers (the broker counts it per consumer), so a
+ * thread holds about INBOX_PREFETCH unacked deliveries however many shards
+ * it consumes. */
+static int worker_consume(struct worker *w)
+{
+	int per = (w->conf->prefetch + w->nshards - 1) / w->nshards;
+	bool sharded = w->conf->ordering == CFG_ORDERING_SHARDED;
+
+	for (int i = 0; i < w->nshards; i++) {
+		char queue[300];
+		int rc;
+
+		if (mq_consume_queue_name(w->conf, w->shard[i], queue, sizeof queue) != 0)
+			return ST_ERR_INVALID;
+		rc = mq_consume_start(w->consumer, queue, per, sharded);
+		if (rc != ST_OK)
+			return rc;
+		LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", queue), LOG_I("prefetch", per));
+	}
+	return ST_OK;
 }
 
 static int worker_mq_up(struct worker *w)
@@ -217,26 +298,31 @@ static int worker_mq_up(struct worker *w)
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
 		if (rc == ST_OK)
-			rc = mq_consume_start(w->consumer, w->queue, w->conf->prefetch,
-			                      w->conf->ordering == CFG_ORDERING_SHARDED);
+			rc = worker_consume(w);
 		if (rc == ST_OK) {
 			if (attempt > 0)
 				metrics_reconnect(METRICS_PEER_AMQP);
-			LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", w->queue),
-			    LOG_I("prefetch", w->conf->prefetch));
+			w->consumed_once = true;
 			return ST_OK;
 		}
 		if (rc == ST_ERR_MQ && w->consumer != NULL) {
 			/* The broker refused a declaration (e.g. the queue exists
-			 * with other arguments): retrying will not help. */
+			 * with other arguments).  At start-up that is a
+			 * configuration error: retrying will not help.  Once the
+			 * thread has consumed, someone changed the broker under
+			 * us (a queue deleted and not yet declarable, a limit):
+			 * keep trying, not ready, and say why. */
 			LOG(LOG_ERROR, "broker refused the topology", LOG_I("worker", w->index),
 			    LOG_S("error", mq_errmsg(w->consumer)));
 			mq_close(&w->consumer);
-			return rc;
+			if (!w->consumed_once)
+				return rc;
+		} else {
+			mq_close(&w->consumer);
+			LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index),
+			    LOG_I("attempt", attempt + 1));
 		}
-		mq_close(&w->consumer);
-		metrics_thread_ready(w->index, false);
-		LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index), LOG_I("attempt", attempt + 1));
+		worker_ready(w, false);
 		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
 	}
 	return ST_ERR_STOPPED;
@@ -416,7 +502,7 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			 * database (worker_db_up reconnects with backoff). */
 			LOG(LOG_WARN, "database connection lost; messages kept", LOG_I("worker", w->index),
 			    LOG_I("messages", n));
-			metrics_thread_ready(w->index, false);
+			worker_ready(w, false);
 			continue;
 		}
 		/* A missing table, a privilege, a full disk...: the database's
@@ -492,24 +578,6 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 	return rc;
 }
 
-/* Ack every settled delivery in one frame.  Acks are deferred only while
- * more deliveries are already waiting (worker_main): in a backlog one
- * cumulative ack per several messages spares the broker a settle per
- * message (on a quorum queue each is a log entry), and when traffic is
- * light nothing waits, so each ack still leaves right after its commit.  A
- * crash between a commit and the deferred ack only means redeliveries,
- * which the inbox settles as duplicates. */
-static int worker_ack_flush(struct worker *w)
-{
-	int rc;
-
-	if (w->ack_pending == 0)
-		return ST_OK;
-	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
-	w->ack_pending = 0;
-	return rc;
-}
-
 /* A batch left half settled (asked to stop, or the broker gone): ack what
  * is settled, one by one (a cumulative ack must not reach past the rest),
  * so that nothing already dead-lettered comes back to be dead-lettered
@@ -543,6 +611,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 		it->done = false;
 		it->valid = false;
+		if (it->d.redelivered)
+			metrics_redelivered();
 		it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->conf->max_body, &props, &it->m);
 		if (it->reason == MSG_REASON_NONE && !it->d.routing_key_valid) {
 			/* It would be stored with a held event or a dead-letter
@@ -722,6 +792,27 @@ static void worker_release(struct worker *w, int n)
 		mq_delivery_release(w->consumer, &w->items[i].d);
 }
 
+/* The broker cancelled one of the thread's consumers (its queue was
+ * deleted, or its leader moved away): declare the topology again, which
+ * re-creates a deleted queue, and consume from it on the same channel, so
+ * the deliveries the thread holds from its other queues stay valid. */
+static int worker_consume_again(struct worker *w)
+{
+	int rc;
+
+	worker_ready(w, false);
+	LOG(LOG_WARN, "consumer cancelled by the broker; consuming again", LOG_I("worker", w->index),
+	    LOG_S("error", mq_errmsg(w->consumer)));
+	rc = worker_ack_flush(w);
+	if (rc == ST_OK)
+		rc = mq_declare_topology(w->consumer, w->conf);
+	if (rc == ST_OK)
+		rc = mq_consume_again(w->consumer);
+	if (rc == ST_OK)
+		LOG(LOG_INFO, "consuming again", LOG_I("worker", w->index));
+	return rc;
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -740,7 +831,9 @@ static void *worker_main(void *arg)
 			atomic_store(&pool_stop, true);
 			break;
 		}
-		metrics_thread_ready(w->index, true);
+		if (mq_cancelled(w->consumer) > 0 && worker_consume_again(w) != ST_OK)
+			goto reset;
+		worker_ready(w, true);
 		rc = ST_ERR_TIMEOUT;
 		/* Owe at most half the prefetch window, so the broker's
 		 * next deliveries are on their way before the buffer runs dry. */
@@ -777,15 +870,16 @@ static void *worker_main(void *arg)
 		 * settles each, in the database or in the DLQ, and waits out
 		 * database and dead-letter faults itself): drop the consumer so
 		 * the broker redelivers what we hold. */
+reset:
 		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
-		metrics_thread_ready(w->index, false);
+		worker_ready(w, false);
 		if (w->consumer != NULL)
 			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
 		mq_close(&w->consumer);
 		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
 	}
-	metrics_thread_ready(w->index, false);
+	worker_ready(w, false);
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", LOG_I("worker", w->index));
 	mq_close(&w->consumer);
@@ -793,6 +887,39 @@ static void *worker_main(void *arg)
 	worker_close_db(w);
 	db_thread_end();
 	return NULL;
+}
+
+/*
+ * Which queues thread i consumes.  Shared ordering: the one queue.
+ * Sharded ordering: every shard must have a consumer in every process
+ * whatever the thread count, else the events hashed to an uncovered shard
+ * wait with nobody to take them.  With T threads and S shards:
+ *   T <= S: thread i consumes every shard s with s % T == i (several
+ *           basic.consume on its one channel);
+ *   T > S:  thread i consumes shard i % S; the threads from S on are a
+ *           second consumer of a shard, which single-active-consumer keeps
+ *           as a standby that takes over at once if the active one's
+ *           connection fails.  They add no parallelism: a shard is
+ *           handled one message at a time.
+ */
+static void pool_assign_shards(const struct cfg *conf, struct worker *w)
+{
+	int t = conf->threads, s = conf->shards;
+
+	w->nshards = 0;
+	w->shard_mask = 0;
+	if (conf->ordering != CFG_ORDERING_SHARDED) {
+		w->shard[w->nshards++] = 0;
+		return;
+	}
+	if (t > s) {
+		w->shard[w->nshards++] = w->index % s;
+	} else {
+		for (int k = w->index; k < s; k += t)
+			w->shard[w->nshards++] = k;
+	}
+	for (int k = 0; k < w->nshards; k++)
+		w->shard_mask |= (uint64_t)1 << w->shard[k];
 }
 
 int pool_main(const struct cfg *conf)
@@ -822,14 +949,15 @@ int pool_main(const struct cfg *conf)
 	workers = calloc((size_t)nthreads, sizeof *workers);
 	if (workers == NULL) {
 		LOG0(LOG_ERROR, "out of memory");
+		code = 1;
 		goto done;
 	}
 	if (metrics_start(conf->metrics_addr) != 0) {
-		free(workers);
-		workers = NULL;
+		code = 1;
 		goto done;
 	}
 	metrics_set_threads(conf->threads);
+	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
 	LOG(LOG_INFO, "starting", LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
 	for (int i = 0; i < nthreads; i++) {
@@ -843,7 +971,8 @@ int pool_main(const struct cfg *conf)
 		         janitor ? "janitor" : "thread", i);
 		if (!janitor) {
 			w->items = calloc((size_t)conf->batch, sizeof *w->items);
-			if (w->items == NULL || mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0) {
+			pool_assign_shards(conf, w);
+			if (w->items == NULL) {
 				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
 				code = 1;
@@ -895,18 +1024,21 @@ int pool_main(const struct cfg *conf)
 			code = atomic_load(&workers[i].exit_code);
 	metrics_stop();
 	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
+	    LOG_I("redelivered", metrics_redelivered_count()),
 	    LOG_I("held", metrics_outcome_count(METRICS_HELD)),
 	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
-	for (int i = 0; i < nthreads; i++)
-		free(workers[i].items);
-	free(workers);
 done:
+	/* The exit code is decided above; nothing reads workers after this. */
+	if (workers != NULL)
+		for (int i = 0; i < nthreads; i++)
+			free(workers[i].items);
+	free(workers);
 	pthread_cond_destroy(&kick.cv);
 	pthread_mutex_destroy(&kick.mu);
-	return workers == NULL && code == 0 ? 1 : code;
+	return code;
 }
 
 int cleanup_main(const struct cfg *conf)
