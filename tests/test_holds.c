@@ -521,3 +521,39 @@ Test(holds, oversized_stored_body_is_released_whole, .timeout = 600)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE type = 'RefundRequested'"), 1);
 }
+
+/* A held event whose stored body no longer parses (the rules changed while
+ * it waited) is dead-lettered with the parse's reason when its order
+ * releases it; the order goes on. */
+Test(holds, held_event_that_no_longer_parses_is_dead_lettered_on_release)
+{
+	struct itest_dead dead[4];
+	char outcome[64], status[32];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	w = itest_worker(1, (const char *[]){ "INBOX_HOLD_TTL=1h", NULL });
+	m = itest_mq();
+	publish_event(m, "stale-1", 'P', 4200);
+	itest_confirm_all(m);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 1, WAIT_S), 1);
+	cr_assert_eq(db_exec(itest_db(), "UPDATE held_events SET body = '{\"message_id\":\"stale-1-P\"'"), ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	publish_event(m, "stale-1", 'C', 0);
+	itest_confirm_all(m);
+	cr_assert_eq(itest_dlq_drain(dead, 4, 1, 60), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert_str_eq(dead[0].reason, "malformed-json");
+	cr_assert_str_eq(dead[0].message_id, "stale-1-P");
+	cr_assert(itest_str1("SELECT CONCAT(outcome, ':', reason) FROM processed_messages WHERE message_id = ?",
+	                     "stale-1-P", outcome, sizeof outcome));
+	cr_assert_str_eq(outcome, "dead_lettered:malformed-json");
+	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "stale-1", status, sizeof status));
+	cr_assert_str_eq(status, "Created", "the order is created; the unparsable payment has no effect");
+	cr_assert_eq(itest_int1("SELECT version FROM orders WHERE id = ?", "stale-1"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
+	cr_assert_eq(itest_int1("SELECT held FROM order_locks WHERE order_id = ?", "stale-1"), 0);
+}
