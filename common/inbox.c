@@ -476,10 +476,12 @@ struct inbox_held {
 	char type[MSG_TYPE_NAME_MAX + 1];
 };
 
-/* Give back the memory of an oversized held event read back. */
+/* Give back the memory of an oversized held event read back (one larger
+ * than today's INBOX_MAX_BODY, and than the properties' column, so a small
+ * setting does not make every release reallocate). */
 static void inbox_trim(struct inbox *ib)
 {
-	if (ib->body_cap > (size_t)ib->conf->max_body + 1) {
+	if (ib->body_cap > (size_t)ib->conf->max_body + 1 && ib->body_cap > INBOX_PROPS_COLUMN_MAX + 1) {
 		free(ib->body);
 		ib->body = NULL;
 		ib->body_cap = 0;
