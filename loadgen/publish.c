@@ -132,7 +132,7 @@ static void lg_run_fail(struct lg_run *r, const char *what, const char *detail)
 {
 	pthread_mutex_lock(&r->err_mu);
 	if (r->err[0] == '\0')
-		snprintf(r->err, sizeof r->err, "%s: %s", what, detail);
+		snprintf(r->err, sizeof r->err, "%s: %.200s", what, detail);
 	pthread_mutex_unlock(&r->err_mu);
 	atomic_store(&r->failed, true);
 	lg_barrier_abort(&r->barrier);
