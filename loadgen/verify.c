@@ -69,6 +69,7 @@ struct v_msg {
 	int64_t events;
 	int dlq_hits;       /* DLQ copies with the expected reason */
 	int conflict_hits;  /* DLQ copies marked payload-conflict */
+	int bare_hits;      /* DLQ copies without x-inbox-reason (the broker's delivery limit) */
 };
 
 /* Open addressing from an id to an index; ids are unique per kind. */
@@ -164,6 +165,8 @@ struct v_state {
 	} dead_by_reason[V_DEAD_REASONS]; /* the run's DLQ copies by x-inbox-reason */
 	int ndead_reasons;
 	long republished;   /* emitted messages seen more than once (allowed) */
+	/* The missing list by kind, for the report's totals. */
+	long miss_effects, miss_dead, miss_dead_bare, miss_conflicts, miss_orders, miss_emits;
 	long outcome_count[6];
 	int64_t *lat;       /* publish -> commit, microseconds */
 	size_t nlat;
@@ -654,6 +657,8 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		return;
 	}
 	m = &st->msgs[i];
+	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		m->bare_hits++;
 	if (!m->effect && strcmp(reason, m->reason) == 0)
 		m->dlq_hits++;
 	else if (m->conflicts > 0 && strcmp(reason, "payload-conflict") == 0)
@@ -707,6 +712,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 			if (m->events == 1)
 				(*effects_found)++;
 			if (m->events == 0)
+				st->miss_effects++;
+			if (m->events == 0)
 				v_add(&st->missing, "%s: no order_events row%s", m->id,
 				      !m->row ? " and no inbox row" : strcmp(m->got_outcome, "held") == 0 ? " (still held)" : "");
 			else if (m->events > 1) {
@@ -719,8 +726,13 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 				v_add(&st->wrong, "%s: outcome %s, expected applied or compensated", m->id, m->got_outcome);
 		} else {
 			(*dead_expected)++;
-			if (m->dlq_hits == 0)
-				v_add(&st->missing, "%s: no dead-letter with reason %s", m->id, m->reason);
+			if (m->dlq_hits == 0) {
+				st->miss_dead++;
+				if (m->bare_hits > 0)
+					st->miss_dead_bare++;
+				v_add(&st->missing, "%s: no dead-letter with reason %s%s", m->id, m->reason,
+				      m->bare_hits > 0 ? " (a copy without x-inbox-reason came: the delivery limit)" : "");
+			}
 			if (m->events > 0)
 				v_add(&st->doubled, "%s: has an order_events row but must be dead-lettered (%s)", m->id, m->reason);
 			if (malformed && m->row)
@@ -730,6 +742,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 		}
 		if (m->conflicts > 0) {
 			if (m->conflict_hits < m->conflicts)
+				st->miss_conflicts++;
+			if (m->conflict_hits < m->conflicts)
 				v_add(&st->missing, "%s: conflicting payload not dead-lettered as %s", m->id, "payload-conflict");
 			if (m->row && strcmp(m->got_sha, m->sha) != 0)
 				v_add(&st->wrong, "%s: stored payload hash is not the original's (the conflict won)%s", m->id, "");
@@ -738,6 +752,7 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 	for (size_t i = 0; i < st->norders; i++) {
 		struct v_order *o = &st->orders[i];
 		if (!o->found) {
+			st->miss_orders++;
 			v_add(&st->missing, "%s: no order row (expected %s)", o->id, o->status);
 		} else if (strcmp(o->got_status, o->status) != 0 || o->got_version != (int64_t)o->version) {
 			char exp[64];
@@ -749,6 +764,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 			if (!(o->emits & (1u << b)))
 				continue;
 			(*emits_expected)++;
+			if (!(o->seen & (1u << b)))
+				st->miss_emits++;
 			if (!(o->seen & (1u << b)))
 				v_add(&st->missing, "%s: %s not emitted", o->id, emit_names[b]);
 		}
@@ -810,7 +827,12 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
 	       st.outcome_count[0], st.outcome_count[1], st.outcome_count[2], st.outcome_count[3], st.outcome_count[4]);
 	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", eff_exp, eff_found,
-	       st.missing.count, st.doubled.count);
+	       st.miss_effects, st.doubled.count);
+	/* Scripts read this line (scripts/chaos): keep its words. */
+	printf("missing     %ld in all: effects %ld, dead-letters %ld (%ld of them reached the DLQ only without"
+	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
+	       st.missing.count, st.miss_effects, st.miss_dead, st.miss_dead_bare, st.miss_conflicts, st.miss_orders,
+	       st.miss_emits);
 	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count);
 	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld)\n", dead_exp,
 	       dead_seen, emit_exp, emits_seen, st.republished);
