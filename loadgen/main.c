@@ -54,6 +54,8 @@ static void usage(FILE *f)
 	      "  --connections C        publisher connections, each a thread (4)\n"
 	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
 	      "  --settle-timeout S     wait at most S s for originals before the delayed phase (600)\n"
+	      "  --settle-stall S       stop waiting for originals when none came for S s, publish the\n"
+	      "                         delayed phase anyway and let verify name the missing (0 = never)\n"
 	      "  --retry-timeout S      after a broker fault keep reconnecting and re-publishing what was\n"
 	      "                         not confirmed for at most S s (120); a re-publish is a duplicate\n"
 	      "\n"
@@ -230,6 +232,11 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			if (parse_num("--settle-timeout", v, 1, 86400, &n, err, errlen) != 0)
 				return -1;
 			a->po.settle_timeout_s = (int)n;
+		} else if (publish && OPT("--settle-stall")) {
+			NEED("--settle-stall");
+			if (parse_num("--settle-stall", v, 0, 86400, &n, err, errlen) != 0)
+				return -1;
+			a->po.settle_stall_s = (int)n;
 		} else if (publish && OPT("--retry-timeout")) {
 			NEED("--retry-timeout");
 			if (parse_num("--retry-timeout", v, 1, 86400, &n, err, errlen) != 0)
