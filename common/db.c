@@ -19,6 +19,25 @@
 #include "log.h"
 #include "status.h"
 
+/*
+ * Two time-outs that must stay in this order.  The client's read time-out
+ * (MYSQL_OPT_READ_TIMEOUT) bounds how long a thread hangs on a half-open
+ * TCP connection after the server vanished; when it fires the connection is
+ * treated as lost.  A statement waiting for a row lock is also silent on
+ * the wire, so the server's lock wait time-out (innodb_lock_wait_timeout,
+ * 50 s by default) must run out first: then a long wait ends as 1205, a
+ * retry on the same connection, and never as a lost connection (a
+ * reconnect, and for a COMMIT an unknown outcome).  20 s also stays well
+ * inside two heartbeat intervals of the default INBOX_HEARTBEAT (30 s), the
+ * longest a consuming thread may spend inside one statement.
+ */
+#define DB_READ_TIMEOUT_S 30
+#define DB_LOCK_WAIT_TIMEOUT_S 20
+_Static_assert(DB_LOCK_WAIT_TIMEOUT_S < DB_READ_TIMEOUT_S,
+               "a lock wait must end before the client gives the connection up");
+#define DB_STR2(x) #x
+#define DB_STR(x) DB_STR2(x)
+
 #define DB_MAX_PARAMS 64
 #define DB_MAX_COLS 24
 #define DB_GROW_FIRST 4096
@@ -131,7 +150,7 @@ static int db_connect(struct db *d)
 	unsigned timeout = (unsigned)c->connect_timeout_s;
 	/* Read/write time-outs bound how long a thread can hang on a
 	 * half-open TCP connection after the server vanished. */
-	unsigned rw_timeout = 30;
+	unsigned rw_timeout = DB_READ_TIMEOUT_S;
 
 	d->my = mysql_init(NULL);
 	if (d->my == NULL)
@@ -159,6 +178,8 @@ static int db_connect(struct db *d)
 	if (mysql_autocommit(d->my, 0) != 0)
 		goto fail;
 	if (mysql_query(d->my, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED") != 0)
+		goto fail;
+	if (mysql_query(d->my, "SET SESSION innodb_lock_wait_timeout = " DB_STR(DB_LOCK_WAIT_TIMEOUT_S)) != 0)
 		goto fail;
 	return ST_OK;
 fail:;

@@ -32,8 +32,13 @@ static struct {
 	atomic_uint_fast64_t hist[METRICS_NBUCKETS + 1];
 	atomic_uint_fast64_t hist_sum_us;
 	atomic_int_fast64_t outbox_pending;
+	atomic_uint_fast64_t outbox_failed;
+	atomic_int_fast64_t outbox_oldest_ms;
+	atomic_uint_fast64_t redelivered;
 	atomic_int threads;
 	atomic_bool ready[METRICS_MAX_THREADS];
+	atomic_int shards;
+	atomic_uint_fast64_t shard_mask[METRICS_MAX_THREADS]; /* shards a thread consumes */
 } metrics;
 
 static const char *const metrics_outcome_names[METRICS_OUTCOME_COUNT] = {
@@ -84,6 +89,17 @@ void metrics_outbox_pending(int64_t n)
 	atomic_store_explicit(&metrics.outbox_pending, n, memory_order_relaxed);
 }
 
+void metrics_outbox_failed(int n)
+{
+	if (n > 0)
+		atomic_fetch_add_explicit(&metrics.outbox_failed, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_outbox_oldest_pending(double seconds)
+{
+	atomic_store_explicit(&metrics.outbox_oldest_ms, (int_fast64_t)(seconds * 1000), memory_order_relaxed);
+}
+
 void metrics_set_threads(int n)
 {
 	atomic_store(&metrics.threads, n > METRICS_MAX_THREADS ? METRICS_MAX_THREADS : n);
@@ -93,18 +109,6 @@ void metrics_thread_ready(int thread, bool ready)
 {
 	if (thread >= 0 && thread < METRICS_MAX_THREADS)
 		atomic_store(&metrics.ready[thread], ready);
-}
-
-bool metrics_ready(void)
-{
-	int n = atomic_load(&metrics.threads);
-
-	if (n <= 0)
-		return false;
-	for (int i = 0; i < n; i++)
-		if (!atomic_load(&metrics.ready[i]))
-			return false;
-	return true;
 }
 
 /* Append to buf; on overflow mark it so the caller returns -1. */
@@ -130,6 +134,67 @@ static void metrics_put(struct metrics_buf *b, const char *fmt, ...)
 		b->overflow = true;
 	else
 		b->len += (size_t)n;
+}
+
+void metrics_redelivered(void)
+{
+	atomic_fetch_add_explicit(&metrics.redelivered, 1, memory_order_relaxed);
+}
+
+uint64_t metrics_redelivered_count(void)
+{
+	return atomic_load_explicit(&metrics.redelivered, memory_order_relaxed);
+}
+
+void metrics_set_shards(int n)
+{
+	atomic_store(&metrics.shards, n < 0 ? 0 : n > 64 ? 64 : n);
+}
+
+void metrics_thread_shards(int thread, uint64_t mask)
+{
+	if (thread >= 0 && thread < METRICS_MAX_THREADS)
+		atomic_store(&metrics.shard_mask[thread], mask);
+}
+
+/* Shards with no live consumer in this process, as a bit mask. */
+static uint64_t metrics_unconsumed(void)
+{
+	int n = atomic_load(&metrics.threads), shards = atomic_load(&metrics.shards);
+	uint64_t all = shards >= 64 ? UINT64_MAX : ((uint64_t)1 << shards) - 1, have = 0;
+
+	for (int i = 0; i < n; i++)
+		have |= atomic_load(&metrics.shard_mask[i]);
+	return all & ~have;
+}
+
+bool metrics_readiness(char *why, size_t cap)
+{
+	struct metrics_buf b = { .p = why, .cap = cap };
+	int n = atomic_load(&metrics.threads);
+	uint64_t missing = metrics_unconsumed();
+	bool ready = n > 0 && missing == 0;
+
+	if (why != NULL && cap > 0)
+		why[0] = '\0';
+	if (n <= 0 && why != NULL)
+		metrics_put(&b, " no worker thread;");
+	for (int i = 0; i < n; i++) {
+		if (atomic_load(&metrics.ready[i]))
+			continue;
+		ready = false;
+		if (why != NULL)
+			metrics_put(&b, " thread %d has no consumer or no database;", i);
+	}
+	for (int s = 0; why != NULL && s < 64; s++)
+		if (missing & ((uint64_t)1 << s))
+			metrics_put(&b, " shard %d has no consumer;", s);
+	return ready;
+}
+
+bool metrics_ready(void)
+{
+	return metrics_readiness(NULL, 0);
 }
 
 int metrics_render(char *buf, size_t cap)
@@ -168,10 +233,27 @@ int metrics_render(char *buf, size_t cap)
 	}
 	metrics_put(&b, "inbox_processing_seconds_sum %.6f\ninbox_processing_seconds_count %llu\n",
 	            (double)atomic_load(&metrics.hist_sum_us) / 1e6, (unsigned long long)cum);
+	metrics_put(&b, "# HELP inbox_redelivered_total Deliveries the broker marked as redelivered.\n"
+	                "# TYPE inbox_redelivered_total counter\n"
+	                "inbox_redelivered_total %llu\n",
+	            (unsigned long long)metrics_redelivered_count());
+	metrics_put(&b, "# HELP inbox_shards_without_consumer Shard queues no thread of this process consumes (sharded ordering).\n"
+	                "# TYPE inbox_shards_without_consumer gauge\n"
+	                "inbox_shards_without_consumer %d\n",
+	            __builtin_popcountll(metrics_unconsumed()));
 	metrics_put(&b, "# HELP inbox_outbox_pending Outbox rows not yet confirmed by the broker.\n"
 	                "# TYPE inbox_outbox_pending gauge\n"
 	                "inbox_outbox_pending %lld\n",
 	            (long long)atomic_load(&metrics.outbox_pending));
+	metrics_put(&b, "# HELP inbox_outbox_failed_total Outbox publishes that failed for their own row"
+	                " (returned unroutable, nacked, unpublishable); each is retried with a backoff.\n"
+	                "# TYPE inbox_outbox_failed_total counter\n"
+	                "inbox_outbox_failed_total %llu\n",
+	            (unsigned long long)atomic_load(&metrics.outbox_failed));
+	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
+	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
+	                "inbox_outbox_oldest_pending_seconds %.3f\n",
+	            (double)atomic_load(&metrics.outbox_oldest_ms) / 1000.0);
 	return b.overflow ? -1 : (int)b.len;
 }
 
@@ -206,8 +288,16 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
 	} else if (strcmp(url, "/healthz") == 0) {
 		text = "ok\n";
 	} else if (strcmp(url, "/readyz") == 0) {
-		bool ready = metrics_ready();
-		text = ready ? "ready\n" : "not ready\n";
+		char why[2048];
+		bool ready = metrics_readiness(why, sizeof why);
+		if (ready) {
+			text = "ready\n";
+		} else {
+			/* Say which thread or shard is missing, so that the
+			 * operator need not read the logs to find out. */
+			snprintf(body, sizeof body, "not ready:%s\n", why);
+			text = body;
+		}
 		status = ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
 	} else {
 		text = "not found\n";

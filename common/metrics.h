@@ -5,7 +5,9 @@
  * they are statistics, never used to make a decision.  The HTTP endpoint
  * (libmicrohttpd, optional at build time) serves /metrics in the Prometheus
  * text format, /healthz, and /readyz (200 only while every worker thread
- * reports both connections up).
+ * reports both connections and its consumers up and, in sharded ordering,
+ * every shard has a consumer in this process; otherwise 503 naming what
+ * is missing).
  *
  * Ownership: one static registry per process; metrics_start/stop bracket the
  * HTTP server.
@@ -34,11 +36,26 @@ void metrics_db_retry(void);
 void metrics_reconnect(enum metrics_peer p);
 void metrics_processing_seconds(double s);
 void metrics_outbox_pending(int64_t n);
+/* Outbox publishes that failed for their own row (returned, nacked,
+ * unpublishable) and the age of the oldest pending row. */
+void metrics_outbox_failed(int n);
+void metrics_outbox_oldest_pending(double seconds);
 /* Thread readiness for /readyz: threads call it as their connections come
  * and go. */
 void metrics_set_threads(int n);
 void metrics_thread_ready(int thread, bool ready);
+/* Sharded ordering: the number of shards, and the shards (bit i = shard i)
+ * a thread consumes right now (0 while it has no consumer).  Ready needs
+ * every shard covered in this process, as well as every thread ready. */
+void metrics_set_shards(int n);
+void metrics_thread_shards(int thread, uint64_t mask);
 bool metrics_ready(void);
+/* metrics_ready, and when not ready a line naming each thread without its
+ * connections and each shard without a consumer into why (may be NULL). */
+bool metrics_readiness(char *why, size_t cap);
+/* A delivery taken into processing carried the redelivered flag. */
+void metrics_redelivered(void);
+uint64_t metrics_redelivered_count(void);
 
 uint64_t metrics_outcome_count(enum metrics_outcome o);
 const char *metrics_outcome_name(enum metrics_outcome o);

@@ -10,12 +10,14 @@
  *
  * Errors become st_code values: ST_ERR_MQ_CONN when the connection is gone
  * (reconnect), ST_ERR_MQ when the broker refused something (channel closed,
- * e.g. a declare with other arguments), ST_ERR_MQ_NACK when a publish was
- * nacked or returned unroutable, ST_ERR_TIMEOUT when a bounded wait ran out.
+ * e.g. a declare with other arguments, or a publish to a missing exchange),
+ * ST_ERR_MQ_NACK when a publish was nacked or returned unroutable,
+ * ST_ERR_TIMEOUT when a bounded wait ran out.
  *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
- * memory until mq_delivery_release; up to 512 may be held at once (a batch).
+ * memory until mq_delivery_release; up to 512 may be held at once (a batch
+ * plus what mq_service keeps aside).
  * A delivery from mq_get lives until the next mq_get or its release.
  */
 #ifndef INBOX_MQ_H
@@ -43,6 +45,9 @@ struct mq_delivery {
 	int64_t published_us;     /* MQ_HEADER_PUBLISHED_US, 0 when absent */
 	int64_t delivery_count;   /* x-delivery-count of quorum queues, 0 when absent */
 	char routing_key[256];    /* cut at 255 bytes (ours are short) */
+	/* The routing key as sent is storable text: UTF-8 without NUL bytes
+	 * (held_events.routing_key and outbox.routing_key are utf8mb4). */
+	bool routing_key_valid;
 	void *priv;               /* the message; mq_ only */
 	int slot;                 /* the envelope slot; mq_ only */
 };
@@ -74,26 +79,61 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 void mq_close(struct mq **m);
 /* A short human line for the last broker error (for logs). */
 const char *mq_errmsg(const struct mq *m);
+/* Whether a failure other than a time-out ended the connection's use. */
+bool mq_broken(const struct mq *m);
 
 /* Declare exchanges, queues and bindings of SPEC.md (idempotent). */
 int mq_declare_topology(struct mq *m, const struct cfg *conf);
-/* The queue a worker thread consumes: conf->queue, or in sharded mode
- * shard (thread index % shards) "<queue>.shard.<n>".  Returns 0 or -1. */
-int mq_consume_queue_name(const struct cfg *conf, int thread_index, char *buf, size_t cap);
+/* The queue of shard index: conf->queue, or in sharded mode shard
+ * (index % shards) "<queue>.shard.<n>".  Returns 0 or -1. */
+int mq_consume_queue_name(const struct cfg *conf, int index, char *buf, size_t cap);
 
-/* basic.qos(prefetch) and basic.consume with manual acks. */
+/* basic.qos(prefetch) for the consumer and basic.consume with manual acks.
+ * One connection may consume several queues (up to 64): call it once per
+ * queue; their deliveries share the channel and its delivery tags. */
 int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active);
-/* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error. */
+/* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error.
+ * Deliveries kept aside by mq_service come first, in arrival order.  A
+ * basic.cancel from the broker (the queue was deleted, its leader moved)
+ * is recorded for mq_cancelled and returns ST_ERR_TIMEOUT. */
 int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms);
+/* Keep the connection alive for timeout_ms without taking new work: wait
+ * for frames (rabbitmq-c sends and answers heartbeats only while it waits
+ * or publishes) and keep every delivery that arrives for mq_consume.
+ * ST_OK when the time is up; ST_ERR_INVALID when there is no room to keep
+ * another delivery (a prefetch near MQ_MAX_HELD); a broker error when the
+ * connection failed. */
+int mq_service(struct mq *m, int timeout_ms);
+/* Consumers the broker cancelled (consumer_cancel_notify) since they were
+ * started; mq_consume_again starts them anew on the same channel (declare
+ * the topology first: a deleted queue must exist again). */
+int mq_cancelled(const struct mq *m);
+int mq_consume_again(struct mq *m);
 void mq_delivery_release(struct mq *m, struct mq_delivery *d);
 int mq_ack(struct mq *m, uint64_t tag, bool multiple);
 /* Return a message to the queue (requeue) — for shutdown with work in hand
  * that could not be finished. */
 int mq_reject(struct mq *m, uint64_t tag, bool requeue);
 
+/* The saved properties are at most this long (they go into TEXT columns
+ * of 65,535 bytes), with at most MQ_HEADERS_KEEP headers. */
+#define MQ_PROPS_JSON_MAX 32768
+#define MQ_HEADERS_KEEP 60
+
 /* Save a delivery's properties and headers as a JSON object (malloc'd,
- * caller frees) so that a dead-letter made later keeps them. */
+ * caller frees) so that a dead-letter made later keeps them.  Never fails
+ * for what the producer sent: values JSON cannot carry are escaped (kept,
+ * and restored as the same AMQP value by a publish with props_json) or
+ * dropped, deterministically, and the result is bounded by
+ * MQ_PROPS_JSON_MAX.  NULL only when memory ran out or d holds no message.
+ * d->priv must point at the amqp_message_t (mq_consume and mq_get do so). */
 char *mq_delivery_props_json(const struct mq_delivery *d);
+/* The same, and note (when not NULL) gets one human line saying which
+ * values were escaped or dropped ("" when none), for x-inbox-detail. */
+char *mq_delivery_props_json_note(const struct mq_delivery *d, char *note, size_t note_cap);
+/* The note kept inside saved properties, for a dead-letter copy made
+ * later from a stored row; "" when none. */
+void mq_props_json_note(const char *props_json, char *buf, size_t cap);
 
 /* Publisher: confirm.select once, then publish and wait for the broker's
  * acks.  mq_publish_confirmed is the one path every publish of the worker
@@ -107,6 +147,29 @@ int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout
 int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us);
 /* Publishes not yet confirmed. */
 uint64_t mq_unconfirmed(const struct mq *m);
+
+/* Per-publish outcomes, for callers that settle each publish on its own
+ * (the outbox relay).  In confirm mode every publish gets a sequence number
+ * (its delivery tag in the broker's acks and nacks): mq_next_seq before
+ * mq_publish gives it.  After mq_wait_confirms (whatever it returned),
+ * mq_outcome tells what became of it; the last MQ_TRACK_MAX publishes are
+ * remembered, older ones are MQ_OUTCOME_UNKNOWN.
+ *
+ * A basic.return carries no delivery tag: it is put on the latest
+ * mandatory publish.  That is exact only while at most one mandatory
+ * publish is unconfirmed, so a caller that needs exact outcomes waits for
+ * the confirms before each mandatory publish (non-mandatory publishes are
+ * never returned and may be pipelined around it). */
+#define MQ_TRACK_MAX 256
+enum mq_outcome {
+	MQ_OUTCOME_UNKNOWN = 0, /* not tracked (too old), or never published */
+	MQ_OUTCOME_PENDING,     /* no ack or nack yet (e.g. the connection failed) */
+	MQ_OUTCOME_ACKED,       /* the broker took it: routed, or unroutable and not mandatory */
+	MQ_OUTCOME_NACKED,      /* the broker could not take it */
+	MQ_OUTCOME_RETURNED,    /* mandatory and unroutable (returned, then acked) */
+};
+uint64_t mq_next_seq(const struct mq *m);
+enum mq_outcome mq_outcome(const struct mq *m, uint64_t seq);
 
 /* Passive queue inspection for tests and the verifier: message and
  * consumer counts; ST_ERR_NOT_FOUND when the queue does not exist. */
@@ -123,5 +186,6 @@ int mq_queue_delete(struct mq *m, const char *queue);
 int mq_exchange_delete(struct mq *m, const char *exchange);
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable);
+int mq_queue_unbind(struct mq *m, const char *queue, const char *exchange, const char *binding);
 
 #endif

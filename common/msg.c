@@ -50,6 +50,7 @@ static const char *const reason_names[MSG_REASON_COUNT] = {
 	[MSG_REASON_HOLD_EXPIRED] = "hold-expired",
 	[MSG_REASON_INVALID_TRANSITION] = "invalid-transition",
 	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
+	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
 };
 
 const char *msg_type_name(enum msg_type t)

@@ -1,12 +1,41 @@
 /*
- * outbox.c - see outbox.h.  One relay pass: lock a batch of pending rows,
- * publish them all (pipelined), wait for the confirms, mark them sent,
- * commit.  Holding the row locks across the publish is what keeps a second
- * relay from taking the same rows.
+ * outbox.c - see outbox.h.  One relay round, in one transaction:
+ *
+ *   1. rows whose backoff ran out (next_attempt_at <= now), locked and
+ *      published one at a time, each confirm awaited before the next: they
+ *      failed before, so their outcome must be their own even if the
+ *      broker closes the channel over one of them;
+ *   2. rows that never failed, in id order, locked and published pipelined;
+ *   3. wait for the confirms; every publish has its own sequence number and
+ *      outcome (mq_outcome), so each row is settled by its own confirm;
+ *   4. mark the confirmed rows sent in one statement, push the failed ones
+ *      back by their backoff, COMMIT.
+ *
+ * Holding the row locks across the publish is what keeps a second relay
+ * from taking the same rows (SKIP LOCKED).  One COMMIT per round, not per
+ * row: see the janitor in worker/pool.c for why commits are the cost.
+ *
+ * A basic.return carries no delivery tag.  Mandatory publishes (the
+ * dead-letter copies: they must land in the DLQ) therefore wait until
+ * nothing else is unconfirmed before they go out, so that at most one
+ * mandatory publish is ever in flight and a return can only be its own.
+ * The other choice, a correlation header on every copy, would put a header
+ * of ours on dead-lettered messages that SPEC.md says keep their
+ * properties; dead-letter copies are rare, so the round trip is cheap.
+ *
+ * A broker error in the middle of a round (a channel closed because an
+ * exchange is missing, a lost connection, a confirm time-out) cannot be
+ * pinned on one row of a pipeline: the confirmed rows are marked sent, the
+ * unconfirmed ones stay pending untouched, and the next rounds publish one
+ * row at a time (isolate) until a round passes without a broker error.
+ * Then a row the broker refuses is charged with its own failure and the
+ * others go on.  A row for an exchange the worker does not declare itself
+ * (one that may not exist) is published alone from the start.
  */
 #include "outbox.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,20 +43,49 @@
 #include "status.h"
 
 #define OUTBOX_BATCH_MAX 64
-#define OUTBOX_TEXT_MAX 65536
+#define OUTBOX_DUE_MAX 16          /* retried rows per round, each confirmed alone */
 #define OUTBOX_CONFIRM_MS 10000
+#define OUTBOX_HEADERS_MAX 16
+/* Column limits, not INBOX_MAX_BODY: what is stored must be publishable
+ * whatever today's configuration says. */
+#define OUTBOX_BODY_MAX ((size_t)16 * 1024 * 1024 - 1) /* MEDIUMBLOB */
+#define OUTBOX_TEXT_MAX ((size_t)65535)                /* TEXT */
+#define OUTBOX_NAME_MAX 1024       /* VARCHAR(255) of up to 4-byte characters */
+#define OUTBOX_SHORTSTR_MAX 255    /* an AMQP short string */
+/* A buffer grown past this for one large row is given back after the round. */
+#define OUTBOX_KEEP_MAX ((size_t)1024 * 1024)
+#define OUTBOX_BACKOFF_FIRST_MS 1000
+#define OUTBOX_BACKOFF_MAX_MS 60000
 
 struct outbox {
 	struct db *db;
 	const struct cfg *conf;
-	struct db_stmt *take;
+	struct db_stmt *take_due;
+	struct db_stmt *take_new;
 	struct db_stmt *mark;
-	struct db_stmt *count;
+	struct db_stmt *fail;
+	struct db_stmt *stats;
 	char *body;
 	size_t body_cap;
 	char *props;
+	size_t props_cap;
 	char *headers;
+	size_t headers_cap;
+	bool isolate; /* a broker error in the last round: one row at a time */
 };
+
+/* A row taken in this round and what became of it. */
+struct outbox_row {
+	int64_t id;
+	int64_t attempts;   /* failed publishes before this round */
+	uint64_t seq;       /* publish sequence number; 0: not published */
+	char why[256];      /* set: the row failed this round (its last_error) */
+	char last_error[256];
+	char mid[129];      /* for the log, cut */
+	char exch[129];
+};
+
+#define OUTBOX_COLS "id, message_id, exchange, routing_key, type, props, headers, body, attempts, last_error"
 
 int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 {
@@ -39,16 +97,15 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 		return ST_ERR_NOMEM;
 	ob->db = db;
 	ob->conf = conf;
-	/* Emitted bodies are small; dead-letter copies are at most max_body. */
-	ob->body_cap = (size_t)conf->max_body + 1;
-	ob->body = malloc(ob->body_cap);
-	ob->props = malloc(OUTBOX_TEXT_MAX);
-	ob->headers = malloc(OUTBOX_TEXT_MAX);
-	if (ob->body == NULL || ob->props == NULL || ob->headers == NULL)
-		goto fail;
-	rc = db_prepare(db, &ob->take,
-	                "SELECT id, message_id, exchange, routing_key, type, props, headers, body FROM outbox"
-	                " WHERE sent_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
+	/* Both scans read ix_outbox_due (migrations/0005) in its order, so
+	 * rows backing off are never walked over by the first one. */
+	rc = db_prepare(db, &ob->take_due,
+	                "SELECT " OUTBOX_COLS " FROM outbox WHERE sent_at IS NULL AND next_attempt_at <= NOW(6)"
+	                " ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED");
+	if (rc == ST_OK)
+		rc = db_prepare(db, &ob->take_new,
+		                "SELECT " OUTBOX_COLS " FROM outbox WHERE sent_at IS NULL AND next_attempt_at IS NULL"
+		                " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
 	if (rc == ST_OK) {
 		/* One statement marks a whole batch: unused places repeat the
 		 * first id, which changes nothing. */
@@ -66,7 +123,13 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 		rc = db_prepare(db, &ob->mark, sql);
 	}
 	if (rc == ST_OK)
-		rc = db_prepare(db, &ob->count, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL");
+		rc = db_prepare(db, &ob->fail,
+		                "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,"
+		                " last_error = ? WHERE id = ?");
+	if (rc == ST_OK)
+		rc = db_prepare(db, &ob->stats,
+		                "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)), 0)"
+		                " FROM outbox WHERE sent_at IS NULL");
 	if (rc != ST_OK)
 		goto fail;
 	*out = ob;
@@ -88,6 +151,16 @@ void outbox_close(struct outbox **obp)
 	free(ob->headers);
 	free(ob);
 	*obp = NULL;
+}
+
+/* Give back a buffer that one large row grew; the next round starts small. */
+static void outbox_shrink(char **buf, size_t *cap)
+{
+	if (*cap > OUTBOX_KEEP_MAX) {
+		free(*buf);
+		*buf = NULL;
+		*cap = 0;
+	}
 }
 
 /* Extra headers are stored as a flat JSON object of strings. */
@@ -114,100 +187,294 @@ static int outbox_headers(const char *json, json_t **keep, struct mq_header *h, 
 	return n;
 }
 
-int outbox_relay(struct outbox *ob, struct mq *pub, int limit, int *sent)
+/* last_error is VARCHAR(255) in the table's character set: keep printable
+ * ASCII only, so that no broker text can make the UPDATE itself fail. */
+static void outbox_why(struct outbox_row *row, const char *a, const char *b, const char *c)
 {
-	int64_t ids[OUTBOX_BATCH_MAX];
-	int n = 0, rc;
-	struct db_param p[1];
+	size_t i;
 
-	*sent = 0;
+	snprintf(row->why, sizeof row->why, "%s%s%s", a, b, c);
+	for (i = 0; row->why[i] != '\0'; i++)
+		if ((unsigned char)row->why[i] < 0x20 || (unsigned char)row->why[i] > 0x7e)
+			row->why[i] = '?';
+	if (row->why[0] == '\0')
+		snprintf(row->why, sizeof row->why, "unknown");
+}
+
+static int outbox_backoff_ms(int64_t attempts)
+{
+	int64_t ms = OUTBOX_BACKOFF_FIRST_MS;
+
+	for (int64_t i = 0; i < attempts && ms < OUTBOX_BACKOFF_MAX_MS; i++)
+		ms *= 2;
+	return (int)(ms > OUTBOX_BACKOFF_MAX_MS ? OUTBOX_BACKOFF_MAX_MS : ms);
+}
+
+static bool outbox_broker_error(int rc)
+{
+	return rc != ST_OK && rc != ST_ERR_MQ_NACK;
+}
+
+/* Publish one fetched row.  alone: wait for its confirm before returning
+ * (a retried row, or isolate mode), so that any broker error is its own.
+ * *mqrc gets a broker error that ends the round's publishing. */
+static void outbox_publish(struct outbox *ob, struct mq *pub, struct outbox_row *row, const struct db_col *c,
+                           bool alone, int *mqrc)
+{
+	struct mq_header h[OUTBOX_HEADERS_MAX];
+	json_t *keep = NULL;
+	struct mq_message m;
+	const char *exch = c[2].buf, *rk = c[3].buf;
+	int nh, rc;
+
+	if (c[1].len > OUTBOX_SHORTSTR_MAX || c[2].len > OUTBOX_SHORTSTR_MAX || c[3].len > OUTBOX_SHORTSTR_MAX ||
+	    c[4].len > OUTBOX_SHORTSTR_MAX) {
+		outbox_why(row, "message id, exchange, routing key or type longer than 255 bytes", "", "");
+		return;
+	}
+	nh = outbox_headers(c[6].is_null ? NULL : ob->headers, &keep, h, OUTBOX_HEADERS_MAX);
+	if (nh < 0) {
+		json_decref(keep);
+		outbox_why(row, "stored headers are not a JSON object of at most 16 strings", "", "");
+		return;
+	}
+	/* Only the exchanges the worker declares are known to exist; a
+	 * publish to another one may close the channel, so it goes alone and
+	 * a missing exchange is charged to its own row. */
+	if (strcmp(exch, ob->conf->out_exchange) != 0 && strcmp(exch, ob->conf->dlx) != 0)
+		alone = true;
+	m = (struct mq_message){
+		.exchange = exch, .routing_key = rk, .body = ob->body, .len = c[7].len,
+		.props_json = c[5].is_null ? NULL : ob->props, .message_id = c[1].buf, .type = c[4].buf,
+		.headers = h, .nheaders = nh,
+		/* A dead-letter copy must land in its queue; an emitted
+		 * event is pub/sub and may have no subscriber yet. */
+		.mandatory = strcmp(exch, ob->conf->dlx) == 0,
+	};
+	/* At most one mandatory publish in flight: a return is then its own. */
+	if ((m.mandatory || alone) && mq_unconfirmed(pub) > 0) {
+		rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+		if (outbox_broker_error(rc)) {
+			*mqrc = rc;
+			json_decref(keep);
+			return;
+		}
+	}
+	row->seq = mq_next_seq(pub);
+	rc = mq_publish(pub, &m);
+	json_decref(keep);
+	if (rc == ST_ERR_INVALID) {
+		/* The stored properties did not parse; nothing was sent. */
+		row->seq = 0;
+		outbox_why(row, "stored properties are not a JSON object", "", "");
+		return;
+	}
+	if (rc == ST_OK && alone)
+		rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+	if (!outbox_broker_error(rc))
+		return;
+	*mqrc = rc;
+	if (alone) {
+		/* Nothing else was in flight: the broker's refusal (e.g. "no
+		 * exchange") is this row's.  A real outage charges at most
+		 * this one row, which only delays it by its backoff. */
+		row->seq = 0;
+		outbox_why(row, "publish failed: ", mq_errmsg(pub), "");
+	}
+}
+
+/* Claim rows with one scan and publish each.  *n counts the rows taken
+ * (locked) into rows[]. */
+static int outbox_take(struct outbox *ob, struct mq *pub, struct db_stmt *scan, int limit, bool alone,
+                       struct outbox_row *rows, int *n, int *mqrc)
+{
+	struct db_param p[1] = { DBP_I64(limit) };
+	int rc = db_stmt_query(scan, p, 1);
+
+	if (rc != ST_OK)
+		return rc;
+	for (;;) {
+		char mid[OUTBOX_NAME_MAX + 1], exch[OUTBOX_NAME_MAX + 1], rk[OUTBOX_NAME_MAX + 1];
+		char type[OUTBOX_NAME_MAX + 1], last_error[OUTBOX_NAME_MAX + 1];
+		struct db_col c[10] = {
+			DBC_I64(), DBC_STR(mid, sizeof mid), DBC_STR(exch, sizeof exch), DBC_STR(rk, sizeof rk),
+			DBC_STR(type, sizeof type), DBC_GROW(&ob->props, &ob->props_cap, OUTBOX_TEXT_MAX),
+			DBC_GROW(&ob->headers, &ob->headers_cap, OUTBOX_TEXT_MAX),
+			DBC_GROW(&ob->body, &ob->body_cap, OUTBOX_BODY_MAX), DBC_I64(),
+			DBC_STR(last_error, sizeof last_error),
+		};
+		struct outbox_row *row;
+		int r;
+
+		if (*n >= OUTBOX_BATCH_MAX) {
+			db_stmt_done(scan);
+			break;
+		}
+		r = db_stmt_fetch(scan, c, 10);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			break;
+		row = &rows[(*n)++];
+		memset(row, 0, sizeof *row);
+		row->id = c[0].i64;
+		row->attempts = c[8].i64;
+		snprintf(row->mid, sizeof row->mid, "%.128s", mid);
+		snprintf(row->exch, sizeof row->exch, "%.128s", exch);
+		snprintf(row->last_error, sizeof row->last_error, "%.255s", c[9].is_null ? "" : last_error);
+		outbox_publish(ob, pub, row, c, alone, mqrc);
+		if (*mqrc != ST_OK) {
+			/* The publisher is gone: the rest stay pending, untouched. */
+			db_stmt_done(scan);
+			break;
+		}
+	}
+	return ST_OK;
+}
+
+/* Write what became of each row: the confirmed ones sent (one statement),
+ * the failed ones pushed back by their backoff. */
+static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *rows, int n,
+                         struct outbox_round *r)
+{
+	struct db_param mp[OUTBOX_BATCH_MAX];
+	int nsent = 0, rc;
+
+	for (int i = 0; i < n; i++) {
+		struct outbox_row *row = &rows[i];
+
+		if (row->why[0] != '\0' || row->seq == 0)
+			continue;
+		switch (mq_outcome(pub, row->seq)) {
+		case MQ_OUTCOME_ACKED:
+			mp[nsent++] = DBP_I64(row->id);
+			break;
+		case MQ_OUTCOME_RETURNED:
+			outbox_why(row, "returned unroutable: no queue bound to ", row->exch, " for its routing key");
+			break;
+		case MQ_OUTCOME_NACKED:
+			outbox_why(row, "nacked by the broker", "", "");
+			break;
+		default:
+			/* No confirm (the connection failed): not this row's
+			 * fault; published again by a later round. */
+			break;
+		}
+	}
+	if (nsent > 0) {
+		for (int i = nsent; i < OUTBOX_BATCH_MAX; i++)
+			mp[i] = mp[0];
+		rc = db_stmt_exec(ob->mark, mp, OUTBOX_BATCH_MAX, NULL);
+		if (rc != ST_OK)
+			return rc;
+	}
+	r->sent = nsent;
+	for (int i = 0; i < n; i++) {
+		struct outbox_row *row = &rows[i];
+		struct db_param fp[3];
+
+		if (row->why[0] == '\0')
+			continue;
+		fp[0] = DBP_I64((int64_t)outbox_backoff_ms(row->attempts) * 1000);
+		fp[1] = DBP_STR(row->why);
+		fp[2] = DBP_I64(row->id);
+		rc = db_stmt_exec(ob->fail, fp, 3, NULL);
+		if (rc != ST_OK)
+			return rc;
+		r->failed++;
+	}
+	return ST_OK;
+}
+
+/* After the commit: a row's failure is logged when it starts or its reason
+ * changes, its recovery once; every other retry only at debug level. */
+static void outbox_log(const struct outbox_row *rows, int n, struct mq *pub)
+{
+	for (int i = 0; i < n; i++) {
+		const struct outbox_row *row = &rows[i];
+
+		if (row->why[0] != '\0') {
+			bool news = row->attempts == 0 || strcmp(row->why, row->last_error) != 0;
+			LOG(news ? LOG_WARN : LOG_DEBUG, "outbox row failing; retried with backoff", LOG_I("id", row->id),
+			    LOG_S("msg", row->mid), LOG_S("exchange", row->exch), LOG_I("attempt", row->attempts + 1),
+			    LOG_I("retry_ms", outbox_backoff_ms(row->attempts)), LOG_S("error", row->why));
+		} else if (row->seq != 0 && row->attempts > 0 && mq_outcome(pub, row->seq) == MQ_OUTCOME_ACKED) {
+			LOG(LOG_INFO, "outbox row recovered", LOG_I("id", row->id), LOG_S("msg", row->mid),
+			    LOG_S("exchange", row->exch), LOG_I("failed_attempts", row->attempts));
+		}
+	}
+}
+
+int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_round *r)
+{
+	struct outbox_row *rows = NULL;
+	int n = 0, rc, mqrc = ST_OK;
+
+	memset(r, 0, sizeof *r);
 	if (limit > OUTBOX_BATCH_MAX)
 		limit = OUTBOX_BATCH_MAX;
-	p[0] = DBP_I64(limit);
+	if (limit < 1)
+		limit = 1;
+	/* A publisher broken earlier would fail the first publish, and that
+	 * failure must not be charged to a row. */
+	if (mq_broken(pub))
+		return ST_ERR_MQ_CONN;
 	rc = mq_confirm_select(pub);
 	if (rc != ST_OK)
 		return rc;
-	rc = db_stmt_query(ob->take, p, 1);
+	rows = calloc(OUTBOX_BATCH_MAX, sizeof *rows);
+	if (rows == NULL)
+		return ST_ERR_NOMEM;
+	rc = outbox_take(ob, pub, ob->take_due, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, true, rows, &n,
+	                 &mqrc);
+	if (rc == ST_OK && mqrc == ST_OK && n < limit)
+		rc = outbox_take(ob, pub, ob->take_new, limit - n, ob->isolate, rows, &n, &mqrc);
 	if (rc != ST_OK)
 		goto rollback;
-	for (;;) {
-		char mid[256], exch[256], rk[256], type[65];
-		struct db_col c[8] = {
-			DBC_I64(), DBC_STR(mid, sizeof mid), DBC_STR(exch, sizeof exch), DBC_STR(rk, sizeof rk),
-			DBC_STR(type, sizeof type), DBC_STR(ob->props, OUTBOX_TEXT_MAX),
-			DBC_STR(ob->headers, OUTBOX_TEXT_MAX), DBC_BLOB(ob->body, ob->body_cap),
-		};
-		struct mq_header h[8];
-		json_t *keep = NULL;
-		struct mq_message m;
-		int nh, r;
-
-		r = db_stmt_fetch(ob->take, c, 8);
-		if (r < 0) {
-			rc = r;
-			goto rollback;
-		}
-		if (r == 0)
-			break;
-		nh = outbox_headers(c[6].is_null ? NULL : ob->headers, &keep, h, 8);
-		if (nh < 0) {
-			json_decref(keep);
-			LOG(LOG_ERROR, "outbox row has bad headers; left pending", LOG_I("id", c[0].i64));
-			continue;
-		}
-		m = (struct mq_message){
-			.exchange = exch, .routing_key = rk, .body = ob->body, .len = c[7].len,
-			.props_json = c[5].is_null ? NULL : ob->props, .message_id = mid, .type = type,
-			.headers = h, .nheaders = nh,
-			/* A dead-letter copy must land in its queue; an emitted
-			 * event is pub/sub and may have no subscriber yet. */
-			.mandatory = strcmp(exch, ob->conf->dlx) == 0,
-		};
-		rc = mq_publish(pub, &m);
-		json_decref(keep);
-		if (rc != ST_OK)
-			goto rollback;
-		ids[n++] = c[0].i64;
-	}
 	if (n == 0) {
 		db_rollback(ob->db);
-		return ST_OK;
+		goto done;
 	}
-	rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+	if (mqrc == ST_OK) {
+		int w = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+		if (outbox_broker_error(w))
+			mqrc = w;
+	}
+	rc = outbox_settle(ob, pub, rows, n, r);
+	if (rc == ST_OK)
+		rc = db_commit(ob->db);
 	if (rc != ST_OK)
 		goto rollback;
-	{
-		struct db_param mp[OUTBOX_BATCH_MAX];
-		for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
-			mp[i] = DBP_I64(ids[i < n ? i : 0]);
-		rc = db_stmt_exec(ob->mark, mp, OUTBOX_BATCH_MAX, NULL);
-		if (rc != ST_OK)
-			goto rollback;
-	}
-	rc = db_commit(ob->db);
-	if (rc != ST_OK)
-		goto rollback;
-	*sent = n;
-	return ST_OK;
+	r->taken = n;
+	outbox_log(rows, n, pub);
+	goto done;
 rollback:
 	db_rollback(ob->db);
-	return rc;
+	memset(r, 0, sizeof *r);
+done:
+	ob->isolate = mqrc != ST_OK;
+	outbox_shrink(&ob->body, &ob->body_cap);
+	outbox_shrink(&ob->props, &ob->props_cap);
+	outbox_shrink(&ob->headers, &ob->headers_cap);
+	free(rows);
+	return rc != ST_OK ? rc : mqrc;
 }
 
-int outbox_pending(struct outbox *ob, int64_t *n)
+int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s)
 {
-	struct db_col c[1] = { DBC_I64() };
-	int rc = db_stmt_query(ob->count, NULL, 0);
+	struct db_col c[2] = { DBC_I64(), DBC_I64() };
+	int rc = db_stmt_query(ob->stats, NULL, 0);
 	int r;
 
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ob->count, c, 1);
+	r = db_stmt_fetch(ob->stats, c, 2);
 	if (r < 0)
 		return r;
 	if (r == 1)
-		db_stmt_done(ob->count);
-	*n = c[0].i64;
+		db_stmt_done(ob->stats);
+	*pending = c[0].i64;
+	*oldest_s = c[1].is_null ? 0 : (double)c[1].i64 / 1e6;
 	db_rollback(ob->db);
 	return ST_OK;
 }

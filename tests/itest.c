@@ -6,12 +6,15 @@
 #include "itest.h"
 
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -286,6 +289,19 @@ int64_t itest_log_sum(const char *log_path, const char *marker, const char *key)
 	return sum;
 }
 
+int itest_log_count(const char *log_path, const char *text)
+{
+	FILE *f = fopen(log_path, "r");
+	char line[4096];
+	int n = 0;
+
+	cr_assert_not_null(f, "cannot open %s", log_path);
+	while (fgets(line, sizeof line, f) != NULL)
+		n += strstr(line, text) != NULL;
+	fclose(f);
+	return n;
+}
+
 bool itest_log_has(const char *log_path, const char *text)
 {
 	FILE *f = fopen(log_path, "r");
@@ -445,6 +461,18 @@ void itest_bind_queue(const char *queue, const char *exchange, const char *bindi
 	mq_close(&m);
 }
 
+uint64_t itest_hash(const void *p, size_t len)
+{
+	const unsigned char *b = p;
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= b[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
 int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s)
 {
 	struct mq *m = NULL;
@@ -463,6 +491,8 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 		}
 		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
 		memset(&out[n], 0, sizeof out[n]);
+		out[n].len = d.len;
+		out[n].body_hash = itest_hash(d.body, d.len);
 		if (d.props.message_id != NULL)
 			snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
 			         d.props.message_id);
@@ -478,4 +508,48 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 	}
 	mq_close(&m);
 	return n;
+}
+
+int itest_http_get(int port, const char *path, char *body, size_t cap)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	char req[256];
+	size_t len = 0;
+	ssize_t r;
+	int fd, status = 0;
+
+	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		close(fd);
+		return 0;
+	}
+	snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while (len + 1 < cap && (r = read(fd, body + len, cap - 1 - len)) > 0)
+		len += (size_t)r;
+	body[len] = '\0';
+	close(fd);
+	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
+		return 0;
+	return status;
+}
+
+int itest_wait_http(int port, const char *path, int want, char *body, size_t cap, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	int code;
+
+	for (;;) {
+		code = itest_http_get(port, path, body, cap);
+		if (code == want || itest_now() > end)
+			return code;
+		itest_sleep_ms(100);
+	}
+}
+
+int itest_metrics_port(int k)
+{
+	return itest_cfg()->amqp.port + 14000 + k;
 }

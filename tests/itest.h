@@ -11,6 +11,7 @@
 #define INBOX_ITEST_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -49,6 +50,8 @@ pid_t itest_spawn_program(const char *bin, const char *const *args, const char *
                           bool with_stdout);
 /* Sum of key=N over the lines of log_path that contain marker. */
 int64_t itest_log_sum(const char *log_path, const char *marker, const char *key);
+/* How many lines of log_path contain text. */
+int itest_log_count(const char *log_path, const char *text);
 /* Whether log_path holds a line containing text. */
 bool itest_log_has(const char *log_path, const char *text);
 /* Send sig and wait (bounded) for the exit; returns the wait status. */
@@ -84,12 +87,28 @@ struct itest_dead {
 	char reason[40];
 	char detail[200];
 	char type[40];
+	size_t len;         /* body length */
+	uint64_t body_hash; /* itest_hash of the body */
 };
 int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
 /* The same for any queue. */
 int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s);
 /* Declare a durable queue bound to exchange with binding, emptied. */
 void itest_bind_queue(const char *queue, const char *exchange, const char *binding);
+
+/* GET path from 127.0.0.1:port (HTTP/1.0); the whole response, headers
+ * included, into body.  Returns the status code, 0 when nothing answers. */
+int itest_http_get(int port, const char *path, char *body, size_t cap);
+/* Poll GET path until it answers want or timeout_s passes; returns the last
+ * status (the last response in body). */
+int itest_wait_http(int port, const char *path, int want, char *body, size_t cap, int timeout_s);
+
+/* A metrics port for the k-th worker of a test, derived from the broker's
+ * port so that stacks side by side on one machine never share one. */
+int itest_metrics_port(int k);
+
+/* FNV-1a of len bytes: tells whether a queued body is the one published. */
+uint64_t itest_hash(const void *p, size_t len);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);

@@ -96,3 +96,26 @@ Test(db, value_refused_by_its_column_is_a_data_error)
 	db_rollback(d);
 	cr_assert(db_connected(d));
 }
+
+/* A lock held by another connection for longer than the lock wait time-out
+ * is a lock wait time-out (the statement rolled back, the connection
+ * intact), never a lost connection: the session's innodb_lock_wait_timeout
+ * must run out before the client's read time-out does. */
+Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
+{
+	struct db *holder, *waiter = NULL;
+
+	itest_cfg();
+	holder = fresh_table();
+	cr_assert_eq(db_exec(holder, "INSERT INTO test_db_blob (id, s) VALUES (1, 'a')"), ST_OK, "%s",
+	             db_errmsg(holder));
+	cr_assert_eq(db_commit(holder), ST_OK);
+	cr_assert_eq(db_exec(holder, "UPDATE test_db_blob SET s = 'b' WHERE id = 1"), ST_OK, "%s", db_errmsg(holder));
+	cr_assert_eq(db_open(&waiter, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(waiter, "UPDATE test_db_blob SET s = 'c' WHERE id = 1"), ST_ERR_DB_LOCK_TIMEOUT, "%s",
+	             db_errmsg(waiter));
+	cr_assert(db_connected(waiter), "the connection survives a lock wait time-out");
+	db_rollback(waiter);
+	db_close(&waiter);
+	db_rollback(holder);
+}

@@ -244,3 +244,156 @@ Test(faults, second_signal_exits_at_once_and_keeps_the_message, .timeout = 300)
 	}
 	mq_close(&m);
 }
+
+/* Wait until the broker has handed every ready message of queue to a
+ * consumer (they are then prefetched, unacked, by the worker). */
+static void wait_all_delivered(const char *queue, int timeout_s)
+{
+	for (int i = 0; i < timeout_s * 10 && itest_queue_depth(queue) > 0; i++)
+		usleep(100 * 1000);
+	cr_assert_eq(itest_queue_depth(queue), 0, "the worker must have taken the messages");
+}
+
+/* A database outage longer than several heartbeat intervals, while the
+ * thread holds a message and more are prefetched: the consumer connection
+ * must stay up (its heartbeats serviced while the thread waits for the
+ * database), so nothing is returned to the queue, nothing is redelivered
+ * and no delivery count goes up; each message is applied once. */
+Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600)
+{
+	enum { N = 20 };
+	char logf[256], body[512];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	/* The test declares the topology too: with the worker's arguments. */
+	cr_assert_eq(setenv("INBOX_DELIVERY_LIMIT", "1", 1), 0);
+	itest_fresh();
+	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-heartbeat.log", (int)getpid());
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_HEARTBEAT=2", NULL }, logf);
+	m = itest_mq();
+	itest_event(body, sizeof body, "hb-first", "OrderCreated", "o-hb-first");
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 1, WAIT_S), 1);
+	stack("stop-db");
+	publish_orders(m, "hb", 0, N);
+	wait_all_delivered(itest_cfg()->queue, 60);
+	sleep(10); /* the outage itself: five heartbeat intervals */
+	stack("start-db");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N + 1, WAIT_S), N + 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), N + 1, "each applied once");
+	cr_assert(itest_log_has(logf, "database unavailable"), "the outage must have been seen");
+	cr_assert(!itest_log_has(logf, "broker connection reset"), "the consumer connection was dropped");
+	cr_assert_eq(itest_log_count(logf, " consuming worker="), 1, "one consume, never a second");
+	cr_assert_eq(itest_log_sum(logf, "stopped", "duplicates"), 0, "nothing came twice");
+	cr_assert_eq(itest_log_sum(logf, "stopped", "redelivered"), 0, "no delivery was returned to the queue");
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "no delivery count reached the limit");
+}
+
+static void set_max_queues(int n)
+{
+	char cmd[128];
+
+	if (n < 0)
+		snprintf(cmd, sizeof cmd, "ctl -q clear_vhost_limits -p inbox");
+	else
+		snprintf(cmd, sizeof cmd, "ctl -q set_vhost_limits -p inbox '{\"max-queues\": %d}'", n);
+	stack(cmd);
+}
+
+/* The broker cancels a consumer whose queue is deleted: the worker must
+ * hear it (consumer_cancel_notify), say so on /readyz while it has no
+ * consumer, declare the queue again and consume from it. */
+/* After the test, pass or fail: no limit may outlive it (clearing limits
+ * that are already gone fails, which is fine here). */
+static void clear_max_queues(void)
+{
+	char root[4096], cmd[4300];
+	snprintf(cmd, sizeof cmd, "%s ctl -q clear_vhost_limits -p inbox >/dev/null 2>&1",
+	         itest_source("scripts/stack", root, sizeof root));
+	if (system(cmd) != 0)
+		return;
+}
+
+/* Delete a queue the worker consumes (the inbox queue, or shard 1 of two)
+ * while no new queue may be declared, see /readyz say 503 (naming what is
+ * missing), allow declarations again, and see the worker consume again and
+ * apply a message published afterwards. */
+static void deleted_queue_case(bool sharded)
+{
+	static char page[8192];
+	char logf[256], body[512], cmd[400], queue[300];
+	const int port = itest_metrics_port(0);
+	char addr[64];
+	struct mq *m;
+	pid_t w;
+	int st, nqueues = 0;
+
+	if (sharded) {
+		/* The test declares the topology too: with the worker's
+		 * arguments. */
+		cr_assert_eq(setenv("INBOX_ORDERING", "sharded", 1), 0);
+		cr_assert_eq(setenv("INBOX_SHARDS", "2", 1), 0);
+	}
+	itest_fresh();
+	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-cancel.log", (int)getpid());
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	w = itest_worker_logged(1, (const char *[]){ addr, NULL }, logf);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 200, page, sizeof page, WAIT_S), 200, "%s", page);
+	{
+		/* Keep the queue from coming back at once, so that the gap
+		 * can be seen: no new queue may be declared for a while. */
+		char root[4096], line[512];
+		FILE *p;
+		snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox --no-table-headers name 2>/dev/null",
+		         itest_source("scripts/stack", root, sizeof root));
+		p = popen(cmd, "r");
+		cr_assert_not_null(p);
+		while (fgets(line, sizeof line, p) != NULL)
+			nqueues++;
+		pclose(p);
+	}
+	cr_assert_gt(nqueues, 1);
+	set_max_queues(nqueues - 1);
+	if (sharded)
+		snprintf(queue, sizeof queue, "%s.shard.1", itest_cfg()->queue);
+	else
+		snprintf(queue, sizeof queue, "%s", itest_cfg()->queue);
+	snprintf(cmd, sizeof cmd, "ctl -q delete_queue -p inbox %s", queue);
+	stack(cmd);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, page, sizeof page, 60), 503,
+	             "a thread without a consumer is not ready: %s", page);
+	cr_assert_neq(strstr(page, "thread 0 has no consumer"), NULL, "%s", page);
+	if (sharded)
+		cr_assert_neq(strstr(page, "shard 1 has no consumer"), NULL, "%s", page);
+	set_max_queues(-1);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 200, page, sizeof page, WAIT_S), 200, "%s", page);
+	m = itest_mq();
+	itest_event(body, sizeof body, "cancel-1", "OrderCreated", "o-cancel");
+	if (sharded)
+		itest_publish_keyed(m, "OrderCreated", body, "o-cancel", true);
+	else
+		itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1,
+	             "a message published after the queue came back is applied");
+	itest_wait_queue_empty(queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	mq_close(&m);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert(itest_log_has(logf, "consumer cancelled by the broker"));
+}
+
+Test(faults, deleted_queue_is_declared_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
+{
+	deleted_queue_case(false);
+}
+
+Test(faults, deleted_shard_queue_is_named_by_readyz_and_consumed_again, .timeout = 600, .fini = clear_max_queues)
+{
+	deleted_queue_case(true);
+}

@@ -353,32 +353,6 @@ Test(inbox, every_bad_input_class_is_dead_lettered_and_the_worker_goes_on, .time
 }
 
 /* A minimal HTTP/1.0 GET on loopback; returns the status code. */
-static int http_get(int port, const char *path, char *body, size_t cap)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	char req[256];
-	size_t len = 0;
-	ssize_t r;
-	int fd, status = 0;
-
-	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
-	fd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_geq(fd, 0);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-		close(fd);
-		return 0;
-	}
-	snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
-	while (len + 1 < cap && (r = read(fd, body + len, cap - 1 - len)) > 0)
-		len += (size_t)r;
-	body[len] = '\0';
-	close(fd);
-	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
-		return 0;
-	return status;
-}
-
 /* The value of a sample line (not its # HELP line). */
 static int64_t metric(const char *text, const char *name)
 {
@@ -401,20 +375,20 @@ Test(inbox, metrics_health_and_readiness_endpoints)
 	itest_fresh();
 	w = itest_worker(2, (const char *[]){ "INBOX_METRICS_ADDR=127.0.0.1:19465", NULL });
 	for (int i = 0; i < 300 && code != 200; i++) {
-		code = http_get(19465, "/readyz", page, sizeof page);
+		code = itest_http_get(19465, "/readyz", page, sizeof page);
 		if (code != 200)
 			usleep(100 * 1000);
 	}
 	cr_assert_eq(code, 200, "ready once every thread has both connections");
-	cr_assert_eq(http_get(19465, "/healthz", page, sizeof page), 200);
-	cr_assert_eq(http_get(19465, "/nope", page, sizeof page), 404);
+	cr_assert_eq(itest_http_get(19465, "/healthz", page, sizeof page), 200);
+	cr_assert_eq(itest_http_get(19465, "/nope", page, sizeof page), 404);
 	m = itest_mq();
 	itest_event(body, sizeof body, "met-1", "OrderCreated", "o-met");
 	itest_publish(m, "OrderCreated", body, NULL);
 	itest_publish(m, "OrderCreated", body, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(http_get(19465, "/metrics", page, sizeof page), 200);
+	cr_assert_eq(itest_http_get(19465, "/metrics", page, sizeof page), 200);
 	cr_assert_eq(metric(page, "inbox_messages_total{outcome=\"applied\"} "), 1, "%s", page);
 	cr_assert_eq(metric(page, "inbox_duplicates_total "), 1);
 	cr_assert_eq(metric(page, "inbox_processing_seconds_count "), 2);
@@ -483,20 +457,23 @@ static int poll_get(int port, const char *path, int bound_s)
  * again.  Polled with a bound of the time-out plus a margin, never timed. */
 Test(inbox, idle_metrics_connections_do_not_starve_health_checks, .timeout = 180)
 {
-	enum { IDLE = 32, PORT = 19466 };
+	enum { IDLE = 32 };
+	const int port = itest_metrics_port(0);
+	char addr[64];
 	int idle[IDLE], code = 0;
 	pid_t w;
 
 	itest_fresh();
-	w = itest_worker(1, (const char *[]){ "INBOX_METRICS_ADDR=127.0.0.1:19466", NULL });
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	w = itest_worker(1, (const char *[]){ addr, NULL });
 	for (int i = 0; i < 300 && code != 200; i++) {
-		code = http_get_within(PORT, "/readyz", 2);
+		code = http_get_within(port, "/readyz", 2);
 		if (code != 200)
 			usleep(100 * 1000);
 	}
 	cr_assert_eq(code, 200, "ready once every thread has both connections");
 	for (int i = 0; i < IDLE; i++) {
-		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 		cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
 		idle[i] = socket(AF_INET, SOCK_STREAM, 0);
 		cr_assert_geq(idle[i], 0);
@@ -504,9 +481,9 @@ Test(inbox, idle_metrics_connections_do_not_starve_health_checks, .timeout = 180
 	}
 	/* The server's idle time-out is METRICS_CONN_TIMEOUT_S (5 s); 30 s is
 	 * the time-out plus a wide margin for a loaded machine. */
-	code = poll_get(PORT, "/healthz", 30);
+	code = poll_get(port, "/healthz", 30);
 	cr_assert_eq(code, 200, "/healthz must answer while %d idle connections are open", IDLE);
-	code = poll_get(PORT, "/readyz", 30);
+	code = poll_get(port, "/readyz", 30);
 	cr_assert_eq(code, 200, "/readyz must answer while %d idle connections are open", IDLE);
 	for (int i = 0; i < IDLE; i++)
 		close(idle[i]);

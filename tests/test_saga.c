@@ -425,3 +425,122 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'applied'"), 0);
 }
+
+/* Consumers of queue, active or standby, from the broker's own list. */
+static int shard_consumers(const char *queue)
+{
+	char root[4096], cmd[4600], line[512];
+	FILE *p;
+	int n = 0;
+
+	snprintf(cmd, sizeof cmd, "%s ctl -q list_consumers -p inbox --no-table-headers queue_name 2>/dev/null",
+	         itest_source("scripts/stack", root, sizeof root));
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof line, p) != NULL) {
+		line[strcspn(line, "\r\n \t")] = '\0';
+		n += strcmp(line, queue) == 0;
+	}
+	pclose(p);
+	return n;
+}
+
+/* Fewer threads than shards: every shard must still have a consumer in
+ * every process, or the events hashed to the uncovered shards sit in their
+ * queues with nobody to take them while /readyz says ready. */
+Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout = 900)
+{
+	enum { ORDERS = 150, SHARDS = 4 };
+	static struct pub all[ORDERS * 4];
+	static char page[8192];
+	struct pub_set set = { all, 0 };
+	struct pub_slice slice = { &set, 0, 0, 1, true };
+	pthread_t t;
+	char logf[2][256], addr[2][64];
+	pid_t w[2];
+	struct mq *m;
+
+	for (int i = 0; i < 4; i++)
+		for (int o = 0; o < ORDERS; o++) {
+			struct pub *p = &all[set.n++];
+			snprintf(p->order, sizeof p->order, "strand-%d", o);
+			snprintf(p->id, sizeof p->id, "strand-%d-%d", o, i);
+			p->type = seq_happy[i];
+		}
+	slice.to = set.n;
+	itest_fresh();
+	for (int p = 0; p < 2; p++) {
+		char name[32];
+		snprintf(name, sizeof name, "strand-%d", p);
+		log_path(logf[p], sizeof logf[p], name);
+		snprintf(addr[p], sizeof addr[p], "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(p));
+		w[p] = itest_worker_logged(2, (const char *[]){ "INBOX_ORDERING=sharded", addr[p], NULL }, logf[p]);
+	}
+	for (int p = 0; p < 2; p++)
+		cr_assert_eq(itest_wait_http(itest_metrics_port(p), "/readyz", 200, page, sizeof page, WAIT_S), 200,
+		             "%s", page);
+	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS,
+	             "every event applied, none left in a shard queue");
+	m = itest_mq();
+	for (int s = 0; s < SHARDS; s++) {
+		char q[300];
+		uint32_t ready = 0;
+		snprintf(q, sizeof q, "%s.shard.%d", itest_cfg()->queue, s);
+		cr_assert_eq(mq_queue_counts(m, q, &ready, NULL), ST_OK, "%s", mq_errmsg(m));
+		cr_assert_eq(ready, 0, "%s is drained", q);
+		/* Single active consumer: the broker's count shows the active
+		 * one only; list_consumers shows the standbys too. */
+		cr_assert_eq(shard_consumers(q), 2, "%s has a consumer in each process", q);
+	}
+	mq_close(&m);
+	for (int p = 0; p < 2; p++) {
+		cr_assert_eq(itest_http_get(itest_metrics_port(p), "/metrics", page, sizeof page), 200);
+		cr_assert_neq(strstr(page, "\ninbox_shards_without_consumer 0\n"), NULL, "%s", page);
+	}
+	for (int p = 0; p < 2; p++)
+		stop_ok(w[p]);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
+}
+
+/* More threads than shards: the extra threads are standby consumers of a
+ * shard (single active consumer), so nothing changes for ordering and
+ * nothing is stranded. */
+Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 900)
+{
+	enum { ORDERS = 60 };
+	static struct pub all[ORDERS * 4];
+	static char page[8192];
+	struct pub_set set = { all, 0 };
+	struct pub_slice slice = { &set, 0, 0, 1, true };
+	pthread_t t;
+	char logf[256], addr[64];
+	pid_t w;
+
+	for (int i = 0; i < 4; i++)
+		for (int o = 0; o < ORDERS; o++) {
+			struct pub *p = &all[set.n++];
+			snprintf(p->order, sizeof p->order, "standby-%d", o);
+			snprintf(p->id, sizeof p->id, "standby-%d-%d", o, i);
+			p->type = seq_happy[i];
+		}
+	slice.to = set.n;
+	cr_assert_eq(setenv("INBOX_ORDERING", "sharded", 1), 0);
+	cr_assert_eq(setenv("INBOX_SHARDS", "2", 1), 0);
+	itest_fresh();
+	log_path(logf, sizeof logf, "standby");
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
+	w = itest_worker_logged(3, (const char *[]){ addr, NULL }, logf);
+	cr_assert_eq(itest_wait_http(itest_metrics_port(0), "/readyz", 200, page, sizeof page, WAIT_S), 200, "%s", page);
+	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS);
+	cr_assert_eq(shard_consumers("orders.inbox.shard.0"), 2, "threads 0 and 2");
+	cr_assert_eq(shard_consumers("orders.inbox.shard.1"), 1, "thread 1");
+	stop_ok(w);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "held"), 0, "in-order publishing needs no holds");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"
+	                       " WHERE message_id <> CONCAT(order_id, '-', version - 1)"),
+	             0);
+}

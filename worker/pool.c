@@ -9,16 +9,25 @@
  *
  * Per batch of deliveries (worker_handle; a batch is one delivery unless
  * INBOX_BATCH > 1, and never waits for more than is already here):
- *   size and parse checks -> dead-letter on bad input (confirmed);
+ *   size, parse and routing key checks -> dead-letter on bad input
+ *   (confirmed);
  *   the valid ones in one transaction (worker_transact): deadlock / lock
  *   wait time-out retry with jittered exponential backoff up to
- *   max_retries; a batch that still cannot commit is split into single
- *   messages, and a single one then goes to the DLQ as retries-exhausted;
- *   a lost database connection is never the messages' fault: keep them,
- *   reconnect with backoff, run them again.  Ack only after the commit (or
- *   after the dead-letter copy is confirmed); while more deliveries are
- *   already waiting, acks are gathered into one cumulative ack
- *   (worker_ack_flush).
+ *   max_retries; a batch that still cannot commit, or that holds a value
+ *   the database refuses, is split into single messages, and a single one
+ *   then goes to the DLQ as retries-exhausted or unprocessable;
+ *   a lost database connection, or any other database fault, is never the
+ *   messages': keep them, wait with backoff, run them again.  Ack only
+ *   after the commit (or after the dead-letter copy is confirmed; a nacked
+ *   or unroutable copy is retried with backoff, the original kept); while
+ *   more deliveries are already waiting, acks are gathered into one
+ *   cumulative ack (worker_ack_flush).
+ *
+ * One message's fault stays its own (SPEC.md): nothing about a delivery
+ * makes worker_handle fail, so the consumer channel is reset only when the
+ * broker connection itself fails.  A reset hands every prefetched delivery
+ * back and raises its delivery count, which would push innocent messages
+ * towards the delivery limit.
  *
  * Each process also runs one janitor thread (janitor_main): the outbox
  * relay, hold expiry, the outbox gauge and retention cleanup in slices
@@ -86,7 +95,12 @@ struct worker {
 	struct inbox *inbox;
 	struct outbox *outbox;
 	struct retention *retention; /* the janitor's, prepared on first use */
-	char queue[300];
+	/* The queues this thread consumes: indexes for mq_consume_queue_name
+	 * (one, 0, in shared ordering; its shards in sharded ordering). */
+	int shard[64];
+	int nshards;
+	uint64_t shard_mask;  /* sharded ordering: bit i = shard i */
+	bool consumed_once;   /* a topology refusal after this is not fatal */
 	char name[64];
 	unsigned seed;
 	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
@@ -142,6 +156,66 @@ static int pool_backoff_ms(struct worker *w, int attempt, int first_ms)
 	return (int)(base / 2 + rand_r(&w->seed) % (base / 2 + 1));
 }
 
+/* Readiness: the thread is ready when it has both connections and every
+ * one of its consumers; its shards count as covered only then. */
+static void worker_ready(struct worker *w, bool ready)
+{
+	metrics_thread_ready(w->index, ready);
+	metrics_thread_shards(w->index, ready ? w->shard_mask : 0);
+}
+
+/* Ack every settled delivery in one frame.  Acks are deferred only while
+ * more deliveries are already waiting (worker_main): in a backlog one
+ * cumulative ack per several messages spares the broker a settle per
+ * message (on a quorum queue each is a log entry), and when traffic is
+ * light nothing waits, so each ack still leaves right after its commit.  A
+ * crash between a commit and the deferred ack only means redeliveries,
+ * which the inbox settles as duplicates. */
+static int worker_ack_flush(struct worker *w)
+{
+	int rc;
+
+	if (w->ack_pending == 0)
+		return ST_OK;
+	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
+	w->ack_pending = 0;
+	return rc;
+}
+
+/*
+ * Wait ms while keeping the consumer connection alive.  rabbitmq-c sends
+ * and answers heartbeats only while the thread is inside the library, so a
+ * thread that slept through a database outage lost its consumer after two
+ * heartbeat intervals, and the broker returned everything it held and had
+ * prefetched, raising each message's delivery count (a flapping database
+ * could push valid messages over the delivery limit).  Here the thread
+ * waits for frames instead; deliveries that arrive are kept aside by
+ * mq_service and handed out by mq_consume later, so no new work is taken
+ * meanwhile.  Without a consumer it just sleeps.  Deliveries of the batch
+ * in hand stay unacked; the ones already settled are acked first.  Stops within 100 ms of
+ * the stop flag either way.
+ */
+static void worker_wait(struct worker *w, int ms)
+{
+	int64_t end = pool_now_ms() + ms;
+
+	/* What is settled is acked before a wait that may be long (a
+	 * database outage): a crash meanwhile must not redeliver it. */
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
+		    LOG_I("worker", w->index));
+
+	while (!atomic_load(&pool_stop)) {
+		int64_t left = end - pool_now_ms();
+		int step = left > 100 ? 100 : (int)left;
+
+		if (step <= 0)
+			return;
+		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
+			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
+	}
+}
+
 static void worker_close_db(struct worker *w)
 {
 	retention_close(&w->retention);
@@ -186,12 +260,37 @@ static int worker_db_up(struct worker *w)
 			}
 			return ST_OK;
 		}
-		metrics_thread_ready(w->index, false);
+		worker_ready(w, false);
 		LOG(LOG_WARN, "database unavailable, retrying", LOG_I("worker", w->index),
 		    LOG_I("attempt", attempt + 1), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
-		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
+		/* The thread may hold deliveries (and has prefetched more):
+		 * keep its broker connection alive meanwhile. */
+		worker_wait(w, pool_backoff_ms(w, attempt++, 200));
 	}
 	return ST_ERR_STOPPED;
+}
+
+/* basic.consume on every queue of the thread.  The thread's prefetch is
+ * shared among its consumers (the broker counts it per consumer), so a
+ * thread holds about INBOX_PREFETCH unacked deliveries however many shards
+ * it consumes. */
+static int worker_consume(struct worker *w)
+{
+	int per = (w->conf->prefetch + w->nshards - 1) / w->nshards;
+	bool sharded = w->conf->ordering == CFG_ORDERING_SHARDED;
+
+	for (int i = 0; i < w->nshards; i++) {
+		char queue[300];
+		int rc;
+
+		if (mq_consume_queue_name(w->conf, w->shard[i], queue, sizeof queue) != 0)
+			return ST_ERR_INVALID;
+		rc = mq_consume_start(w->consumer, queue, per, sharded);
+		if (rc != ST_OK)
+			return rc;
+		LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", queue), LOG_I("prefetch", per));
+	}
+	return ST_OK;
 }
 
 static int worker_mq_up(struct worker *w)
@@ -208,33 +307,39 @@ static int worker_mq_up(struct worker *w)
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
 		if (rc == ST_OK)
-			rc = mq_consume_start(w->consumer, w->queue, w->conf->prefetch,
-			                      w->conf->ordering == CFG_ORDERING_SHARDED);
+			rc = worker_consume(w);
 		if (rc == ST_OK) {
 			if (attempt > 0)
 				metrics_reconnect(METRICS_PEER_AMQP);
-			LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", w->queue),
-			    LOG_I("prefetch", w->conf->prefetch));
+			w->consumed_once = true;
 			return ST_OK;
 		}
 		if (rc == ST_ERR_MQ && w->consumer != NULL) {
 			/* The broker refused a declaration (e.g. the queue exists
-			 * with other arguments): retrying will not help. */
+			 * with other arguments).  At start-up that is a
+			 * configuration error: retrying will not help.  Once the
+			 * thread has consumed, someone changed the broker under
+			 * us (a queue deleted and not yet declarable, a limit):
+			 * keep trying, not ready, and say why. */
 			LOG(LOG_ERROR, "broker refused the topology", LOG_I("worker", w->index),
 			    LOG_S("error", mq_errmsg(w->consumer)));
 			mq_close(&w->consumer);
-			return rc;
+			if (!w->consumed_once)
+				return rc;
+		} else {
+			mq_close(&w->consumer);
+			LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index),
+			    LOG_I("attempt", attempt + 1));
 		}
-		mq_close(&w->consumer);
-		metrics_thread_ready(w->index, false);
-		LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index), LOG_I("attempt", attempt + 1));
+		worker_ready(w, false);
 		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
 	}
 	return ST_ERR_STOPPED;
 }
 
 /* Publish one message on the thread's publisher, reconnecting once if the
- * connection went idle and died meanwhile. */
+ * connection went idle and died meanwhile (or the broker closed its
+ * channel). */
 static int worker_publish(struct worker *w, const struct mq_message *m)
 {
 	int rc = ST_ERR_MQ_CONN;
@@ -255,34 +360,56 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 	return rc;
 }
 
+/* Relay rounds while they come back full.  Each row is settled on its own
+ * (common/outbox.c): a row the broker returns or refuses is pushed back by
+ * its own backoff and logged there, so a round only fails for the broker
+ * connection or the database as a whole. */
 static void worker_relay(struct worker *w)
 {
 	for (int round = 0; round < 100 && !atomic_load(&pool_stop); round++) {
-		int sent = 0, rc;
+		struct outbox_round r;
+		int rc;
 
 		if (w->publisher == NULL && mq_open(&w->publisher, &w->conf->amqp, 0, w->name) != ST_OK)
 			return;
-		rc = outbox_relay(w->outbox, w->publisher, 64, &sent);
+		rc = outbox_relay(w->outbox, w->publisher, 64, &r);
+		metrics_outbox_failed(r.failed);
 		if (rc != ST_OK) {
-			LOG(LOG_WARN, "outbox relay failed; rows stay pending", LOG_I("worker", w->index),
-			    LOG_S("error", st_strerror(rc)));
-			if (rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK)
+			bool broker = rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK;
+			/* A refusal already charged to its row was logged with it. */
+			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
+			    LOG_I("worker", w->index), LOG_I("sent", r.sent),
+			    LOG_S("error", broker ? mq_errmsg(w->publisher) : st_strerror(rc)));
+			if (broker)
 				mq_close(&w->publisher);
 			return;
 		}
-		if (sent < 64)
+		if (r.taken < 64)
 			return;
 	}
 }
 
-/* Dead-letter a delivery directly (it could not be claimed, or it conflicts
- * or ran out of retries): original body and properties plus our headers,
- * confirmed before the caller acks the original. */
+/* Dead-letter a delivery directly (bad input, a conflict, retries run
+ * out, a value the database refused): original body and properties plus
+ * our headers, confirmed before the caller acks the original.
+ *
+ * Nothing about the message can make this fail: its properties always
+ * serialise (mq_delivery_props_json escapes or drops what JSON cannot
+ * carry, and the detail says so).  A nack, an unroutable return (the DLQ
+ * unbound from the DLX) or a channel the broker closed (an exchange
+ * missing) is the topology's fault: the message stays unacked and the
+ * publish is retried with backoff until it is confirmed, without touching
+ * the consumer channel.  Returns ST_OK; ST_ERR_STOPPED when asked to stop
+ * meanwhile; ST_ERR_MQ_CONN when the broker cannot be reached even on a
+ * fresh connection: that is a broker fault, the consumer connection is
+ * most likely gone too, and the caller resets it (the message, unacked,
+ * comes again). */
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char *props = mq_delivery_props_json(d);
-	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", detail } };
+	char note[400], full[640];
+	char *props = mq_delivery_props_json_note(d, note, sizeof note);
+	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
 	struct mq_message m = {
 		.exchange = w->conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
 		.props_json = props, .headers = h, .nheaders = 2, .mandatory = true,
@@ -290,8 +417,23 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 	int rc;
 
 	if (props == NULL)
-		return ST_ERR_NOMEM;
-	rc = worker_publish(w, &m);
+		snprintf(note, sizeof note, "not kept (out of memory)");
+	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	for (int attempt = 0;; attempt++) {
+		rc = worker_publish(w, &m);
+		if (rc == ST_OK)
+			break;
+		LOG(LOG_WARN, "dead-letter publish failed; message kept, retrying", LOG_I("worker", w->index),
+		    LOG_S("reason", reason), LOG_S("error", st_strerror(rc)),
+		    LOG_S("broker", w->publisher != NULL ? mq_errmsg(w->publisher) : ""), LOG_I("attempt", attempt + 1));
+		if (rc == ST_ERR_MQ_CONN)
+			break;
+		if (atomic_load(&pool_stop)) {
+			rc = ST_ERR_STOPPED;
+			break;
+		}
+		worker_wait(w, pool_backoff_ms(w, attempt, 200));
+	}
 	free(props);
 	return rc;
 }
@@ -305,7 +447,8 @@ static char *worker_props_json(const void *arg)
 struct item {
 	struct mq_delivery d;
 	struct msg m;
-	enum msg_reason reason;     /* bad input: dead-lettered before the transaction */
+	enum msg_reason reason;     /* why it was dead-lettered (NONE: it was not) */
+	bool valid;                 /* passed the checks: went to the transaction */
 	struct inbox_result res;
 	bool done;                  /* settled: ack it */
 };
@@ -317,11 +460,15 @@ static const char *item_rk(const struct item *it)
 
 /* Run the transaction over the valid items of a batch, retrying the whole
  * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
- * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_FAULT when the test hook
- * fired; another error when the batch cannot be settled now. */
+ * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_DB_DATA when the database
+ * refused a value of one of the messages; ST_ERR_FAULT when the test hook
+ * fired; ST_ERR_STOPPED when asked to stop while waiting.  Any other fault
+ * (connection lost, a missing table, a statement the server refuses) is
+ * not the messages': they are kept and the batch is run again after a
+ * backoff, as during a database outage. */
 static int worker_transact(struct worker *w, struct item **v, int n)
 {
-	int attempt = 0;
+	int attempt = 0, outage = 0;
 
 	for (;;) {
 		int rc = worker_db_up(w);
@@ -351,21 +498,44 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 				return ST_ERR_DB_DEADLOCK;
 			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
-			pool_sleep_ms(pool_backoff_ms(w, attempt++, 10));
+			worker_wait(w, pool_backoff_ms(w, attempt++, 10));
 			continue;
+		}
+		if (rc == ST_ERR_DB_DATA) {
+			LOG(LOG_WARN, "database refused a value", LOG_I("worker", w->index), LOG_I("messages", n),
+			    LOG_S("error", db_errmsg(w->db)));
+			return rc;
 		}
 		if (rc == ST_ERR_DB_CONN) {
 			/* Not the messages' fault: keep them and wait for the
 			 * database (worker_db_up reconnects with backoff). */
 			LOG(LOG_WARN, "database connection lost; messages kept", LOG_I("worker", w->index),
 			    LOG_I("messages", n));
-			metrics_thread_ready(w->index, false);
+			worker_ready(w, false);
 			continue;
 		}
-		LOG(LOG_ERROR, "transaction failed; messages kept", LOG_I("worker", w->index), LOG_I("messages", n),
-		    LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
-		return rc;
+		/* A missing table, a privilege, a full disk...: the database's
+		 * fault, not the messages' nor the broker's.  Keep the batch
+		 * and the channel; try again later. */
+		LOG(LOG_ERROR, "transaction failed; messages kept, retrying", LOG_I("worker", w->index),
+		    LOG_I("messages", n), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)),
+		    LOG_I("attempt", outage + 1));
+		metrics_thread_ready(w->index, false);
+		if (atomic_load(&pool_stop))
+			return ST_ERR_STOPPED;
+		worker_wait(w, pool_backoff_ms(w, outage++, 200));
 	}
+}
+
+/* The server's message for a value it refused, as one ASCII line (it
+ * may quote the value). */
+static void worker_db_detail(struct worker *w, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "the database refused a value: %s", db_errmsg(w->db));
+
+	for (int i = 0; i < n && (size_t)i < cap && buf[i] != '\0'; i++)
+		if ((unsigned char)buf[i] < 0x20 || (unsigned char)buf[i] > 0x7e)
+			buf[i] = '?';
 }
 
 /* Settle the valid items: one transaction for all, or, when that cannot
@@ -396,42 +566,47 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 		}
 		return ST_OK;
 	}
-	if (rc == ST_ERR_DB_DEADLOCK) {
-		char detail[160];
-		snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries", w->conf->max_retries);
-		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), "retries-exhausted", detail);
+	if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_DATA) {
+		char detail[300];
+		enum msg_reason reason = rc == ST_ERR_DB_DATA ? MSG_REASON_UNPROCESSABLE : MSG_REASON_RETRIES_EXHAUSTED;
+
+		if (rc == ST_ERR_DB_DATA)
+			worker_db_detail(w, detail, sizeof detail);
+		else
+			snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries",
+			         w->conf->max_retries);
+		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), msg_reason_name(reason), detail);
 		if (rc != ST_OK)
 			return rc;
-		v[0]->reason = MSG_REASON_RETRIES_EXHAUSTED;
+		v[0]->reason = reason;
 		v[0]->done = true;
 		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", v[0]->m.message_id),
-		    LOG_S("reason", "retries-exhausted"));
+		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", detail));
 		return ST_OK;
 	}
 	return rc;
 }
 
-/* Ack every settled delivery in one frame.  Acks are deferred only while
- * more deliveries are already waiting (worker_main): in a backlog one
- * cumulative ack per several messages spares the broker a settle per
- * message (on a quorum queue each is a log entry), and when traffic is
- * light nothing waits, so each ack still leaves right after its commit.  A
- * crash between a commit and the deferred ack only means redeliveries,
- * which the inbox settles as duplicates. */
-static int worker_ack_flush(struct worker *w)
+/* A batch left half settled (asked to stop, or the broker gone): ack what
+ * is settled, one by one (a cumulative ack must not reach past the rest),
+ * so that nothing already dead-lettered comes back to be dead-lettered
+ * twice.  Best effort: a dead consumer connection acks nothing. */
+static void worker_ack_settled(struct worker *w, struct item *items, int n)
 {
-	int rc;
-
-	if (w->ack_pending == 0)
-		return ST_OK;
-	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
-	w->ack_pending = 0;
-	return rc;
+	if (w->consumer == NULL || worker_ack_flush(w) != ST_OK)
+		return;
+	for (int i = 0; i < n; i++)
+		if (items[i].done && mq_ack(w->consumer, items[i].d.tag, false) != ST_OK)
+			return;
 }
 
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
- * acked (or handed back), or the error that kept some unacked (then the
- * caller drops the consumer connection so the broker redelivers them). */
+ * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
+ * that is not the messages' kept some (they stay unacked); or a broker
+ * connection error, of the consumer or of the publisher on a fresh
+ * connection (then the caller drops the consumer connection so the broker
+ * redelivers what is unacked).  Nothing about one message makes it
+ * return an error: each ends acked, in the database or in the DLQ. */
 static int worker_handle(struct worker *w, struct item *items, int n)
 {
 	struct item *valid[POOL_BATCH_MAX];
@@ -444,8 +619,20 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		struct msg_props props = it->d.props;
 
 		it->done = false;
+		it->valid = false;
+		if (it->d.redelivered)
+			metrics_redelivered();
 		it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->conf->max_body, &props, &it->m);
+		if (it->reason == MSG_REASON_NONE && !it->d.routing_key_valid) {
+			/* It would be stored with a held event or a dead-letter
+			 * row, whose utf8mb4 column refuses it: say so now, the
+			 * same whatever the order of arrival. */
+			it->reason = MSG_REASON_INVALID_FIELD;
+			snprintf(it->m.detail, sizeof it->m.detail,
+			         "routing key is not valid UTF-8 or holds a NUL byte");
+		}
 		if (it->reason == MSG_REASON_NONE) {
+			it->valid = true;
 			valid[nvalid++] = it;
 			continue;
 		}
@@ -458,8 +645,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		}
 		rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "dead-letter publish failed; message kept", LOG_I("worker", w->index),
-			    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("error", st_strerror(rc)));
+			worker_ack_settled(w, items, n);
 			return rc;
 		}
 		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", it->m.message_id),
@@ -468,8 +654,10 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	}
 	if (nvalid > 0) {
 		rc = worker_settle(w, valid, nvalid);
-		if (rc != ST_OK)
+		if (rc != ST_OK) {
+			worker_ack_settled(w, items, n);
 			return rc;
+		}
 	}
 
 	for (int i = 0; i < nvalid; i++) {
@@ -478,15 +666,18 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 		if (!it->done)
 			continue; /* handed back by the fault hook */
-		if (it->reason == MSG_REASON_RETRIES_EXHAUSTED) {
-			mo = METRICS_DEAD_LETTERED;
+		if (it->reason != MSG_REASON_NONE) {
+			mo = METRICS_DEAD_LETTERED; /* retries-exhausted, unprocessable */
 		} else if (it->res.outcome == INBOX_CONFLICT) {
 			char detail[320];
 			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
 			         it->m.message_id, it->m.source);
 			rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
-			if (rc != ST_OK)
+			if (rc != ST_OK) {
+				it->done = false; /* not in the DLQ yet: must come again */
+				worker_ack_settled(w, items, n);
 				return rc;
+			}
 			mo = METRICS_DEAD_LETTERED;
 		} else if (it->res.outcome == INBOX_DUPLICATE) {
 			mo = METRICS_DUPLICATE;
@@ -497,8 +688,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		outbox_rows += it->res.outbox_rows;
 		LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
 		    LOG_S("msg", it->m.message_id), LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
-		    LOG_S("outcome", it->reason == MSG_REASON_RETRIES_EXHAUSTED ? "retries-exhausted"
-		                                                                  : inbox_outcome_name(it->res.outcome)),
+		    LOG_S("outcome", it->reason != MSG_REASON_NONE ? msg_reason_name(it->reason)
+		                                                    : inbox_outcome_name(it->res.outcome)),
 		    LOG_I("released", it->res.released));
 	}
 	if (fault_hit("after-commit")) {
@@ -519,8 +710,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	for (int i = 0; i < n; i++) {
 		if (!items[i].done)
 			continue;
-		if (items[i].reason != MSG_REASON_NONE && items[i].reason != MSG_REASON_RETRIES_EXHAUSTED)
-			metrics_outcome(METRICS_DEAD_LETTERED);
+		if (!items[i].valid)
+			metrics_outcome(METRICS_DEAD_LETTERED); /* the valid ones are counted above */
 		metrics_processing_seconds(pool_now_s() - t0);
 		if (all_done) {
 			w->ack_tag = items[i].d.tag;
@@ -645,14 +836,17 @@ static void *janitor_main(void *arg)
 		if (now - last_housekeeping >= POOL_HOUSEKEEPING_MS) {
 			int expired = 0;
 			int64_t pending;
+			double oldest;
 
 			last_housekeeping = now;
 			if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
 				LOG(LOG_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
 			if (expired > 0)
 				worker_relay(w);
-			if (outbox_pending(w->outbox, &pending) == ST_OK)
+			if (outbox_stats(w->outbox, &pending, &oldest) == ST_OK) {
 				metrics_outbox_pending(pending);
+				metrics_outbox_oldest_pending(oldest);
+			}
 		}
 		janitor_retention(w, &pass, now);
 	}
@@ -666,6 +860,27 @@ static void worker_release(struct worker *w, int n)
 {
 	for (int i = 0; i < n; i++)
 		mq_delivery_release(w->consumer, &w->items[i].d);
+}
+
+/* The broker cancelled one of the thread's consumers (its queue was
+ * deleted, or its leader moved away): declare the topology again, which
+ * re-creates a deleted queue, and consume from it on the same channel, so
+ * the deliveries the thread holds from its other queues stay valid. */
+static int worker_consume_again(struct worker *w)
+{
+	int rc;
+
+	worker_ready(w, false);
+	LOG(LOG_WARN, "consumer cancelled by the broker; consuming again", LOG_I("worker", w->index),
+	    LOG_S("error", mq_errmsg(w->consumer)));
+	rc = worker_ack_flush(w);
+	if (rc == ST_OK)
+		rc = mq_declare_topology(w->consumer, w->conf);
+	if (rc == ST_OK)
+		rc = mq_consume_again(w->consumer);
+	if (rc == ST_OK)
+		LOG(LOG_INFO, "consuming again", LOG_I("worker", w->index));
+	return rc;
 }
 
 static void *worker_main(void *arg)
@@ -686,7 +901,9 @@ static void *worker_main(void *arg)
 			atomic_store(&pool_stop, true);
 			break;
 		}
-		metrics_thread_ready(w->index, true);
+		if (mq_cancelled(w->consumer) > 0 && worker_consume_again(w) != ST_OK)
+			goto reset;
+		worker_ready(w, true);
 		rc = ST_ERR_TIMEOUT;
 		/* Owe at most half the prefetch window, so the broker's
 		 * next deliveries are on their way before the buffer runs dry. */
@@ -716,18 +933,23 @@ static void *worker_main(void *arg)
 			worker_release(w, n);
 			if (rc == ST_OK)
 				continue;
+			if (rc == ST_ERR_STOPPED)
+				break; /* what is unacked goes back when we close */
 		}
-		/* The connection failed, or a message could not be settled:
-		 * drop the consumer so the broker redelivers what we hold. */
+		/* The broker connection failed (never one message: worker_handle
+		 * settles each, in the database or in the DLQ, and waits out
+		 * database and dead-letter faults itself): drop the consumer so
+		 * the broker redelivers what we hold. */
+reset:
 		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
-		metrics_thread_ready(w->index, false);
+		worker_ready(w, false);
 		if (w->consumer != NULL)
 			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
 		mq_close(&w->consumer);
 		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
 	}
-	metrics_thread_ready(w->index, false);
+	worker_ready(w, false);
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", LOG_I("worker", w->index));
 	mq_close(&w->consumer);
@@ -735,6 +957,39 @@ static void *worker_main(void *arg)
 	worker_close_db(w);
 	db_thread_end();
 	return NULL;
+}
+
+/*
+ * Which queues thread i consumes.  Shared ordering: the one queue.
+ * Sharded ordering: every shard must have a consumer in every process
+ * whatever the thread count, else the events hashed to an uncovered shard
+ * wait with nobody to take them.  With T threads and S shards:
+ *   T <= S: thread i consumes every shard s with s % T == i (several
+ *           basic.consume on its one channel);
+ *   T > S:  thread i consumes shard i % S; the threads from S on are a
+ *           second consumer of a shard, which single-active-consumer keeps
+ *           as a standby that takes over at once if the active one's
+ *           connection fails.  They add no parallelism: a shard is
+ *           handled one message at a time.
+ */
+static void pool_assign_shards(const struct cfg *conf, struct worker *w)
+{
+	int t = conf->threads, s = conf->shards;
+
+	w->nshards = 0;
+	w->shard_mask = 0;
+	if (conf->ordering != CFG_ORDERING_SHARDED) {
+		w->shard[w->nshards++] = 0;
+		return;
+	}
+	if (t > s) {
+		w->shard[w->nshards++] = w->index % s;
+	} else {
+		for (int k = w->index; k < s; k += t)
+			w->shard[w->nshards++] = k;
+	}
+	for (int k = 0; k < w->nshards; k++)
+		w->shard_mask |= (uint64_t)1 << w->shard[k];
 }
 
 int pool_main(const struct cfg *conf)
@@ -764,14 +1019,15 @@ int pool_main(const struct cfg *conf)
 	workers = calloc((size_t)nthreads, sizeof *workers);
 	if (workers == NULL) {
 		LOG0(LOG_ERROR, "out of memory");
+		code = 1;
 		goto done;
 	}
 	if (metrics_start(conf->metrics_addr) != 0) {
-		free(workers);
-		workers = NULL;
+		code = 1;
 		goto done;
 	}
 	metrics_set_threads(conf->threads);
+	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
 	LOG(LOG_INFO, "starting", LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
 	for (int i = 0; i < nthreads; i++) {
@@ -785,7 +1041,8 @@ int pool_main(const struct cfg *conf)
 		         janitor ? "janitor" : "thread", i);
 		if (!janitor) {
 			w->items = calloc((size_t)conf->batch, sizeof *w->items);
-			if (w->items == NULL || mq_consume_queue_name(conf, i, w->queue, sizeof w->queue) != 0) {
+			pool_assign_shards(conf, w);
+			if (w->items == NULL) {
 				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
 				code = 1;
@@ -837,18 +1094,21 @@ int pool_main(const struct cfg *conf)
 			code = atomic_load(&workers[i].exit_code);
 	metrics_stop();
 	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
+	    LOG_I("redelivered", metrics_redelivered_count()),
 	    LOG_I("held", metrics_outcome_count(METRICS_HELD)),
 	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
-	for (int i = 0; i < nthreads; i++)
-		free(workers[i].items);
-	free(workers);
 done:
+	/* The exit code is decided above; nothing reads workers after this. */
+	if (workers != NULL)
+		for (int i = 0; i < nthreads; i++)
+			free(workers[i].items);
+	free(workers);
 	pthread_cond_destroy(&kick.cv);
 	pthread_mutex_destroy(&kick.mu);
-	return workers == NULL && code == 0 ? 1 : code;
+	return code;
 }
 
 /* `inbox-worker cleanup`: slices until caught up, one process at a time.
