@@ -26,12 +26,12 @@
 static const char *outdir;
 static int failures;
 
-static amqp_bytes_t B(const char *s)
+static amqp_bytes_t str_bytes(const char *s)
 {
 	return amqp_cstring_bytes(s);
 }
 
-static amqp_bytes_t BN(const void *s, size_t n)
+static amqp_bytes_t mem_bytes(const void *s, size_t n)
 {
 	amqp_bytes_t b = { .len = n, .bytes = (void *)s };
 	return b;
@@ -42,7 +42,7 @@ static void emit(const char *name, amqp_basic_properties_t *p)
 	static unsigned char buf[ENC_MAX];
 	char path[4096];
 	FILE *f;
-	int n = amqp_encode_properties(AMQP_BASIC_CLASS, p, BN(buf, sizeof buf));
+	int n = amqp_encode_properties(AMQP_BASIC_CLASS, p, mem_bytes(buf, sizeof buf));
 
 	if (n < 0) {
 		fprintf(stderr, "%s: encode: %s\n", name, amqp_error_string2(n));
@@ -91,7 +91,7 @@ static amqp_field_value_t i64(int64_t x)
 
 static amqp_table_entry_t entry(const char *key, amqp_field_value_t v)
 {
-	amqp_table_entry_t e = { .key = B(key), .value = v };
+	amqp_table_entry_t e = { .key = str_bytes(key), .value = v };
 	return e;
 }
 
@@ -103,10 +103,10 @@ static void ours(void)
 
 	p._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
 	           AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG;
-	p.content_type = B("application/json");
+	p.content_type = str_bytes("application/json");
 	p.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-	p.message_id = B("m-000001");
-	p.type = B("OrderCreated");
+	p.message_id = str_bytes("m-000001");
+	p.type = str_bytes("OrderCreated");
 	emit("ours-plain", &p);
 	h[0] = entry("x-published-us", i64(1764520000000000));
 	with_headers(&p, h, 1);
@@ -125,22 +125,22 @@ static void empty_and_every_field(void)
 	           AMQP_BASIC_EXPIRATION_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
 	           AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_USER_ID_FLAG |
 	           AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_CLUSTER_ID_FLAG;
-	p.content_type = B("application/json");
-	p.content_encoding = B("identity");
+	p.content_type = str_bytes("application/json");
+	p.content_encoding = str_bytes("identity");
 	p.delivery_mode = 2;
 	p.priority = 9;
-	p.correlation_id = B("corr-1");
-	p.reply_to = B("amq.rabbitmq.reply-to");
-	p.expiration = B("60000");
-	p.message_id = B("m-every-field");
+	p.correlation_id = str_bytes("corr-1");
+	p.reply_to = str_bytes("amq.rabbitmq.reply-to");
+	p.expiration = str_bytes("60000");
+	p.message_id = str_bytes("m-every-field");
 	p.timestamp = 1764520000;
-	p.type = B("PaymentConfirmed");
-	p.user_id = B("inbox");
-	p.app_id = B("payments");
-	p.cluster_id = B("c1");
+	p.type = str_bytes("PaymentConfirmed");
+	p.user_id = str_bytes("inbox");
+	p.app_id = str_bytes("payments");
+	p.cluster_id = str_bytes("c1");
 	emit("every-field", &p);
 	h[0] = entry("x-delivery-count", i64(3));
-	h[1] = entry("x-inbox-reason", utf8(B("malformed-json")));
+	h[1] = entry("x-inbox-reason", utf8(str_bytes("malformed-json")));
 	with_headers(&p, h, 2);
 	emit("every-field-headers", &p);
 }
@@ -154,31 +154,31 @@ static void poison(void)
 	amqp_basic_properties_t p = { 0 };
 	amqp_table_entry_t h[3];
 
-	h[0] = entry("trace", bytes(BN(trace, sizeof trace)));
+	h[0] = entry("trace", bytes(mem_bytes(trace, sizeof trace)));
 	with_headers(&p, h, 1);
 	emit("header-bytes-not-utf8", &p);
-	h[0] = entry("trace", utf8(BN(bad_utf8, sizeof bad_utf8 - 1)));
+	h[0] = entry("trace", utf8(mem_bytes(bad_utf8, sizeof bad_utf8 - 1)));
 	emit("header-utf8-invalid", &p);
-	h[0] = entry("trace", utf8(BN(with_nul, sizeof with_nul - 1)));
+	h[0] = entry("trace", utf8(mem_bytes(with_nul, sizeof with_nul - 1)));
 	emit("header-utf8-nul", &p);
-	h[0] = entry("trace", bytes(BN(with_nul, sizeof with_nul - 1)));
+	h[0] = entry("trace", bytes(mem_bytes(with_nul, sizeof with_nul - 1)));
 	emit("header-bytes-nul", &p);
-	h[0].key = BN(bad_utf8, sizeof bad_utf8 - 1);
-	h[0].value = utf8(B("ok"));
+	h[0].key = mem_bytes(bad_utf8, sizeof bad_utf8 - 1);
+	h[0].value = utf8(str_bytes("ok"));
 	emit("header-key-not-utf8", &p);
-	h[0].key = BN(with_nul, sizeof with_nul - 1);
+	h[0].key = mem_bytes(with_nul, sizeof with_nul - 1);
 	emit("header-key-nul", &p);
 
 	p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG |
 	           AMQP_BASIC_CONTENT_TYPE_FLAG;
-	p.message_id = BN(bad_utf8, sizeof bad_utf8 - 1);
-	p.type = BN(with_nul, sizeof with_nul - 1);
-	p.app_id = BN(trace, sizeof trace);
-	p.content_type = B("application/json");
+	p.message_id = mem_bytes(bad_utf8, sizeof bad_utf8 - 1);
+	p.type = mem_bytes(with_nul, sizeof with_nul - 1);
+	p.app_id = mem_bytes(trace, sizeof trace);
+	p.content_type = str_bytes("application/json");
 	emit("props-not-utf8", &p);
-	h[0] = entry("trace", bytes(BN(trace, sizeof trace)));
-	h[1] = entry("x-published-us", utf8(B("not a number")));
-	h[2] = entry("x-delivery-count", bytes(BN(trace, 2)));
+	h[0] = entry("trace", bytes(mem_bytes(trace, sizeof trace)));
+	h[1] = entry("x-published-us", utf8(str_bytes("not a number")));
+	h[2] = entry("x-delivery-count", bytes(mem_bytes(trace, 2)));
 	with_headers(&p, h, 3);
 	emit("props-and-headers-not-utf8", &p);
 }
@@ -191,59 +191,59 @@ static void every_kind(void)
 	amqp_table_entry_t h[16];
 	int n = 0;
 
-	h[n].key = B("bool");
+	h[n].key = str_bytes("bool");
 	h[n].value.kind = AMQP_FIELD_KIND_BOOLEAN;
 	h[n++].value.value.boolean = 1;
-	h[n].key = B("i8");
+	h[n].key = str_bytes("i8");
 	h[n].value.kind = AMQP_FIELD_KIND_I8;
 	h[n++].value.value.i8 = -128;
-	h[n].key = B("u8");
+	h[n].key = str_bytes("u8");
 	h[n].value.kind = AMQP_FIELD_KIND_U8;
 	h[n++].value.value.u8 = 255;
-	h[n].key = B("i16");
+	h[n].key = str_bytes("i16");
 	h[n].value.kind = AMQP_FIELD_KIND_I16;
 	h[n++].value.value.i16 = -32768;
-	h[n].key = B("u16");
+	h[n].key = str_bytes("u16");
 	h[n].value.kind = AMQP_FIELD_KIND_U16;
 	h[n++].value.value.u16 = 65535;
-	h[n].key = B("i32");
+	h[n].key = str_bytes("i32");
 	h[n].value.kind = AMQP_FIELD_KIND_I32;
 	h[n++].value.value.i32 = INT32_MIN;
-	h[n].key = B("u32");
+	h[n].key = str_bytes("u32");
 	h[n].value.kind = AMQP_FIELD_KIND_U32;
 	h[n++].value.value.u32 = UINT32_MAX;
 	h[n++] = entry("i64", i64(INT64_MIN));
-	h[n].key = B("u64");
+	h[n].key = str_bytes("u64");
 	h[n].value.kind = AMQP_FIELD_KIND_U64;
 	h[n++].value.value.u64 = UINT64_MAX; /* does not fit json_int_t */
-	h[n].key = B("f32");
+	h[n].key = str_bytes("f32");
 	h[n].value.kind = AMQP_FIELD_KIND_F32;
 	h[n++].value.value.f32 = 1.5f;
-	h[n].key = B("f64-nan");
+	h[n].key = str_bytes("f64-nan");
 	h[n].value.kind = AMQP_FIELD_KIND_F64;
 	h[n++].value.value.f64 = NAN; /* JSON has no NaN */
-	h[n].key = B("decimal");
+	h[n].key = str_bytes("decimal");
 	h[n].value.kind = AMQP_FIELD_KIND_DECIMAL;
 	h[n].value.value.decimal.decimals = 2;
 	h[n++].value.value.decimal.value = 4200;
-	h[n].key = B("timestamp");
+	h[n].key = str_bytes("timestamp");
 	h[n].value.kind = AMQP_FIELD_KIND_TIMESTAMP;
 	h[n++].value.value.u64 = 1764520000;
-	h[n].key = B("void");
+	h[n].key = str_bytes("void");
 	h[n++].value.kind = AMQP_FIELD_KIND_VOID;
 
-	inner[0] = entry("queue", utf8(B("orders.inbox")));
+	inner[0] = entry("queue", utf8(str_bytes("orders.inbox")));
 	inner[1] = entry("count", i64(2));
 	arr[0].kind = AMQP_FIELD_KIND_TABLE;
 	arr[0].value.table.num_entries = 2;
 	arr[0].value.table.entries = inner;
-	arr[1] = utf8(B("x"));
+	arr[1] = utf8(str_bytes("x"));
 	arr[2] = i64(7);
-	h[n].key = B("x-death");
+	h[n].key = str_bytes("x-death");
 	h[n].value.kind = AMQP_FIELD_KIND_ARRAY;
 	h[n].value.value.array.num_entries = 3;
 	h[n++].value.value.array.entries = arr;
-	h[n].key = B("table");
+	h[n].key = str_bytes("table");
 	h[n].value.kind = AMQP_FIELD_KIND_TABLE;
 	h[n].value.value.table.num_entries = 2;
 	h[n++].value.value.table.entries = inner;
@@ -265,9 +265,9 @@ static void nested(void)
 	amqp_basic_properties_t p = { 0 };
 
 	for (int i = 0; i < NEST_DEPTH; i++) {
-		level[i].key = B("n");
+		level[i].key = str_bytes("n");
 		if (i == NEST_DEPTH - 1) {
-			level[i].value = utf8(B("leaf"));
+			level[i].value = utf8(str_bytes("leaf"));
 		} else {
 			level[i].value.kind = AMQP_FIELD_KIND_TABLE;
 			level[i].value.value.table.num_entries = 1;
@@ -296,17 +296,17 @@ static void sizes(void)
 
 	memset(longval, 'v', sizeof longval);
 	memset(longkey, 'k', sizeof longkey);
-	h[0].key = BN(longkey, sizeof longkey);
-	h[0].value = utf8(BN(longval, sizeof longval));
+	h[0].key = mem_bytes(longkey, sizeof longkey);
+	h[0].value = utf8(mem_bytes(longval, sizeof longval));
 	with_headers(&p, h, 1);
 	p._flags |= AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG;
-	p.message_id = BN(longval, 255);
-	p.type = BN(longval, 255);
+	p.message_id = mem_bytes(longval, 255);
+	p.type = mem_bytes(longval, 255);
 	emit("long-values", &p);
 
-	h[0] = entry("dup", utf8(B("first")));
-	h[1] = entry("dup", utf8(B("second")));
-	h[2] = entry("", utf8(B("empty key")));
+	h[0] = entry("dup", utf8(str_bytes("first")));
+	h[1] = entry("dup", utf8(str_bytes("second")));
+	h[2] = entry("", utf8(str_bytes("empty key")));
 	with_headers(&p, h, 3);
 	p._flags &= ~(amqp_flags_t)(AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG);
 	emit("headers-duplicate-and-empty-key", &p);
