@@ -160,6 +160,12 @@ void fuzz_msg_one(const uint8_t *data, size_t size)
 		if (sel & 4)
 			max_body = FUZZ_SMALL_BODY;
 	}
+	if (size == 0) {
+		/* The argument edges: no body at all, and no output. */
+		FUZZ_CHECK(msg_parse(NULL, 1, max_body, &props, &m) == MSG_REASON_MALFORMED_JSON);
+		FUZZ_CHECK(msg_parse(NULL, 0, max_body, &props, &m) == MSG_REASON_MALFORMED_JSON);
+		FUZZ_CHECK(msg_parse(data, size, max_body, &props, NULL) == MSG_REASON_MALFORMED_JSON);
+	}
 	r = msg_parse(data, size, max_body, &props, &m);
 	FUZZ_CHECK((unsigned)r < MSG_REASON_COUNT);
 	FUZZ_CHECK(r != MSG_REASON_PAYLOAD_CONFLICT && r != MSG_REASON_HOLD_EXPIRED &&
