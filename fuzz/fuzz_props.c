@@ -64,12 +64,22 @@ void fuzz_props_one(const uint8_t *data, size_t size)
 	    decoded == NULL)
 		goto cleanup;
 
-	/* What mq_consume leaves behind: priv is the delivery's amqp_message_t. */
+	/* What mq_consume leaves behind (mq_fill_delivery): priv is the
+	 * delivery's amqp_message_t, props borrow its message-id and type. */
 	memset(&msg, 0, sizeof msg);
 	msg.properties = *(amqp_basic_properties_t *)decoded;
 	memset(&d, 0, sizeof d);
 	d.priv = &msg;
 	d.slot = -1;
+	snprintf(d.routing_key, sizeof d.routing_key, "order.created");
+	if (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
+		d.props.message_id = msg.properties.message_id.bytes;
+		d.props.message_id_len = msg.properties.message_id.len;
+	}
+	if (msg.properties._flags & AMQP_BASIC_TYPE_FLAG) {
+		d.props.type = msg.properties.type.bytes;
+		d.props.type_len = msg.properties.type.len;
+	}
 
 	out = mq_delivery_props_json(&d);
 	if (out != NULL) {
