@@ -1320,6 +1320,25 @@ int mq_publish(struct mq *m, const struct mq_message *msg)
 	return rc;
 }
 
+int mq_props_json_wire(const char *props_json, void *buf, size_t cap, size_t *len)
+{
+	struct mq_message msg = { .props_json = props_json };
+	amqp_bytes_t out = { .len = cap, .bytes = buf };
+	struct mq_outprops o;
+	int rc = mq_build_props(&o, &msg);
+
+	if (rc == ST_OK) {
+		int n = amqp_encode_properties(AMQP_BASIC_CLASS, &o.p, out);
+		if (n < 0)
+			rc = ST_ERR_INVALID;
+		else
+			*len = (size_t)n;
+	}
+	json_decref(o.saved);
+	empty_amqp_pool(&o.pool);
+	return rc;
+}
+
 int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us)
 {
 	struct mq_message stamped = *msg;

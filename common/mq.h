@@ -134,6 +134,12 @@ char *mq_delivery_props_json_note(const struct mq_delivery *d, char *note, size_
 /* The note kept inside saved properties, for a dead-letter copy made
  * later from a stored row; "" when none. */
 void mq_props_json_note(const char *props_json, char *buf, size_t cap);
+/* The restore side without a broker: the AMQP property list, in the wire
+ * form amqp_encode_properties writes into a content header, that a publish
+ * with props_json (and nothing else set) would carry.  ST_OK with *len set,
+ * ST_ERR_INVALID when props_json does not load as an object or the result
+ * does not encode into cap bytes.  For tests and fuzz/fuzz_props.c. */
+int mq_props_json_wire(const char *props_json, void *buf, size_t cap, size_t *len);
 
 /* Publisher: confirm.select once, then publish and wait for the broker's
  * acks.  mq_publish_confirmed is the one path every publish of the worker
