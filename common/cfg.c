@@ -1104,6 +1104,45 @@ fail:
 	return CFG_ERROR;
 }
 
+/* The password of one URL: from the first ':' after the scheme (or the
+ * start) up to its last '@', so that an unencoded '@', '/' or '?' in the
+ * password is covered too; a URL too broken to parse still loses it. */
+static void scrub_url(char *v)
+{
+	char *start = strstr(v, "://");
+	char *at = strrchr(v, '@');
+	char *colon;
+
+	start = start != NULL ? start + 3 : v;
+	if (at == NULL || at < start)
+		return;
+	colon = memchr(start, ':', (size_t)(at - start));
+	if (colon == NULL)
+		return;
+	for (char *p = colon + 1; p < at; p++)
+		*p = '*';
+}
+
+void cfg_scrub_argv(int argc, char **argv)
+{
+	for (int i = 1; i < argc && argv != NULL && argv[i] != NULL; i++) {
+		char *a = argv[i];
+		char *eq;
+		size_t len;
+
+		if (strncmp(a, "--", 2) != 0)
+			continue;
+		eq = strchr(a, '=');
+		len = eq != NULL ? (size_t)(eq - a) : strlen(a);
+		if (len < 6 || strncmp(a + len - 4, "-url", 4) != 0)
+			continue;
+		if (eq != NULL)
+			scrub_url(eq + 1);
+		else if (i + 1 < argc && argv[i + 1] != NULL)
+			scrub_url(argv[++i]);
+	}
+}
+
 void cfg_free(struct cfg *c)
 {
 	if (c == NULL)
@@ -1177,8 +1216,10 @@ void cfg_print_help(FILE *f, const char *usage_line)
 		}
 		fprintf(f, "\n");
 		if (s->file_env != NULL)
-			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret)\n",
-			        s->file_env, s->file_flag);
+			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret).\n"
+			           "      Prefer the variable or the file: a password given with --%s\n"
+			           "      is masked at start, but other users may see it in `ps` until then.\n",
+			        s->file_env, s->file_flag, s->flag);
 	}
 	fprintf(f, "\n  %-22s %-28s show this help\n", "", "--help, -h");
 	fprintf(f, "  %-22s %-28s show the version\n", "", "--version");

@@ -92,6 +92,16 @@ enum cfg_result {
 enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen);
 void cfg_free(struct cfg *c);
 
+/*
+ * Overwrite with '*' the password of every URL given as a flag ("--x-url V"
+ * or "--x-url=V") in argv, in place.  The argument memory is what
+ * /proc/PID/cmdline and `ps` show to every local user; call this at start,
+ * after cfg_load copied what it needs (argv's strings must be writable: a
+ * program's own argv is).  The window between exec and this call is why
+ * --help recommends the environment or a *_URL_FILE instead.
+ */
+void cfg_scrub_argv(int argc, char **argv);
+
 /* Print every setting with its variable, flag, default and meaning. */
 void cfg_print_help(FILE *f, const char *usage_line);
 

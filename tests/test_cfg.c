@@ -913,3 +913,20 @@ Test(cfg, help_lists_every_setting)
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
 		cr_assert_not_null(strstr(buf, want[i]), "help lacks %s:\n%s", want[i], buf);
 }
+
+Test(cfg, scrub_argv_masks_the_password_of_every_url_flag)
+{
+	char a0[] = "inbox-worker", a1[] = "--amqp-url", a2[] = "amqps://u:se@cr/et@h:5671/v?verify=verify_peer",
+	     a3[] = "--db-url=mysql://u:pw@h/db", a4[] = "--migrate-db-url", a5[] = "mysql://owner:topsecret@h/db",
+	     a6[] = "--threads", a7[] = "u:notapassword@x", a8[] = "--db-url-file", a9[] = "/run/a:b@c",
+	     a10[] = "--amqp-url=amqp://nouser@h/";
+	char *argv[] = { a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, NULL };
+
+	cfg_scrub_argv(11, argv);
+	cr_assert_str_eq(argv[2], "amqps://u:********@h:5671/v?verify=verify_peer");
+	cr_assert_str_eq(argv[3], "--db-url=mysql://u:**@h/db");
+	cr_assert_str_eq(argv[5], "mysql://owner:*********@h/db");
+	cr_assert_str_eq(argv[7], "u:notapassword@x", "not a URL flag: left alone");
+	cr_assert_str_eq(argv[9], "/run/a:b@c", "a *_URL_FILE path holds no password");
+	cr_assert_str_eq(argv[10], "--amqp-url=amqp://nouser@h/");
+}
