@@ -699,6 +699,9 @@ static const struct cfg_setting cfg_settings[] = {
 	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
 	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
 	  "database; options ?ssl=1&ssl-ca=PATH&ssl-verify=1&socket=PATH&connect-timeout=S" },
+	{ "INBOX_MIGRATE_DB_URL", "migrate-db-url", "INBOX_MIGRATE_DB_URL_FILE", "migrate-db-url-file",
+	  "", K_DB_URL, F(migrate_db), 0, 0, NULL,
+	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },
 	{ "INBOX_THREADS", "threads", NULL, NULL, "4", K_INT, F(threads), 1, 256, NULL,
 	  "worker threads, each with its own broker and database connection" },
 	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "32", K_INT, F(prefetch), 1, 65535, NULL,
@@ -877,6 +880,9 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 	case K_AMQP_URL:
 		return cfg_parse_amqp_url(raw, field, reason, n);
 	case K_DB_URL:
+		/* Only an optional URL has an empty default: unset. */
+		if (raw[0] == '\0' && s->def != NULL && s->def[0] == '\0')
+			return 0;
 		return cfg_parse_db_url(raw, field, reason, n);
 	}
 	set_err(reason, n, "internal error: unknown kind");
@@ -1143,12 +1149,18 @@ void cfg_scrub_argv(int argc, char **argv)
 	}
 }
 
+const struct cfg_db *cfg_migrate_db(const struct cfg *c)
+{
+	return c->migrate_db.host != NULL ? &c->migrate_db : &c->db;
+}
+
 void cfg_free(struct cfg *c)
 {
 	if (c == NULL)
 		return;
 	cfg_amqp_free(&c->amqp);
 	cfg_db_free(&c->db);
+	cfg_db_free(&c->migrate_db);
 	free(c->consumer);
 	free(c->queue);
 	free(c->exchange);

@@ -52,7 +52,9 @@ enum cfg_ordering {
 
 struct cfg {
 	struct cfg_amqp amqp;       /* INBOX_AMQP_URL / --amqp-url */
-	struct cfg_db db;           /* INBOX_DB_URL / --db-url */
+	struct cfg_db db;           /* INBOX_DB_URL / --db-url: the worker's account */
+	struct cfg_db migrate_db;   /* INBOX_MIGRATE_DB_URL / --migrate-db-url: the schema
+	                             * owner for `migrate`; host NULL when unset */
 	int threads;                /* INBOX_THREADS 4 [1,256] */
 	int prefetch;               /* INBOX_PREFETCH 32 [1,65535] */
 	char *consumer;             /* INBOX_CONSUMER order-status, dedup key alphabet, 1-64 */
@@ -91,6 +93,9 @@ enum cfg_result {
  */
 enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen);
 void cfg_free(struct cfg *c);
+
+/* The account `migrate` uses: INBOX_MIGRATE_DB_URL, else INBOX_DB_URL. */
+const struct cfg_db *cfg_migrate_db(const struct cfg *c);
 
 /*
  * Overwrite with '*' the password of every URL given as a flag ("--x-url V"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "itest.h"
+#include "status.h"
 
 /* The whole of /proc/pid/cmdline with its NULs turned into spaces. */
 static size_t read_cmdline(pid_t pid, char *buf, size_t cap)
@@ -81,4 +82,53 @@ Test(security, a_password_in_a_flag_is_not_in_the_process_list)
 	          "read the worker's own command line: %s", cmdline);
 	cr_expect_null(strstr(cmdline, pw_amqp), "the broker password shows in /proc/PID/cmdline: %s", cmdline);
 	cr_expect_null(strstr(cmdline, pw_db), "the database password shows in /proc/PID/cmdline: %s", cmdline);
+}
+
+/*
+ * Two accounts: `migrate` runs as the schema owner (INBOX_MIGRATE_DB_URL),
+ * the worker as an account that may only read and write rows and call the
+ * procedures.  The worker still applies a message (the procedures run with
+ * their definer's rights), and its account cannot change the schema.
+ */
+Test(security, the_workers_account_reads_writes_and_executes_only)
+{
+	const struct cfg *c;
+	struct db *w = NULL;
+	struct mq *m;
+	char body[512];
+	static const char *const ddl[] = {
+		"CREATE TABLE security_probe (id INT PRIMARY KEY)",
+		"ALTER TABLE orders ADD COLUMN security_probe INT",
+		"DROP TABLE order_events",
+		"CREATE INDEX security_probe ON orders (status)",
+		"DROP PROCEDURE inbox_claim",
+	};
+	pid_t pid;
+
+	itest_fresh();
+	c = itest_cfg();
+	cr_assert_not_null(c->migrate_db.host, "INBOX_MIGRATE_DB_URL is not set: the stack gives no owner account");
+	cr_assert_str_neq(c->migrate_db.user, c->db.user, "migrate and the worker use one account");
+	cr_assert_eq(db_open(&w, &c->db), ST_OK);
+	for (size_t i = 0; i < sizeof ddl / sizeof ddl[0]; i++) {
+		int rc = db_exec(w, ddl[i]);
+
+		cr_expect_eq(rc, ST_ERR_DB, "%s: the worker's account may change the schema (%d)", ddl[i], rc);
+		cr_expect(strstr(db_errmsg(w), "denied") != NULL, "%s: refused for its privileges: %s", ddl[i],
+		          db_errmsg(w));
+	}
+	db_close(&w);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.COLUMNS "
+	                       "WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME = 'security_probe'"), 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.TABLES "
+	                       "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('order_events', 'security_probe')"), 1);
+
+	pid = itest_worker(1, NULL);
+	m = itest_mq();
+	itest_event(body, sizeof body, "sec-1", "OrderCreated", "o-sec-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'o-sec-1' AND status = 'Created'", 1, 60), 1,
+	             "the restricted worker applied the message");
+	itest_stop(pid, SIGTERM, 30);
+	mq_close(&m);
 }
