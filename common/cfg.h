@@ -28,6 +28,12 @@ struct cfg_amqp {
 	char *password;
 	char *vhost;     /* percent-decoded; "/" when the URL says %2f or nothing */
 	bool tls;        /* amqps:// */
+	/* amqps:// options, named as in RabbitMQ's URI spec (?cacertfile=...);
+	 * NULL when unset.  Without cacertfile the system's CA store is used. */
+	char *cacertfile;
+	char *certfile;  /* client certificate, with keyfile */
+	char *keyfile;
+	bool tls_verify; /* verify=verify_peer (default) | verify_none */
 	char *redacted;  /* the URL with the password replaced by "***" */
 };
 
@@ -38,9 +44,15 @@ struct cfg_db {
 	char *password;
 	char *database;
 	char *socket;    /* ?socket=/path, NULL when unset */
-	bool ssl;        /* ?ssl=1 or ?ssl=true */
-	char *ssl_ca;    /* ?ssl-ca=/path, NULL when unset */
-	bool ssl_verify; /* ?ssl-verify=1: verify the server certificate */
+	/* TLS (SPEC.md): ssl=1 or any ssl-* option turns it on, and then the
+	 * server certificate (chain and host name) is verified unless
+	 * ssl-verify=0.  ssl=0 with another ssl-* option is an error. */
+	bool ssl;        /* TLS on */
+	bool ssl_verify; /* verify the server certificate (only with ssl) */
+	char *ssl_ca;    /* ?ssl-ca=/path: CA file, NULL when unset */
+	char *ssl_capath; /* ?ssl-capath=/dir: CA directory */
+	char *ssl_cert;  /* ?ssl-cert=/path: client certificate (with ssl-key) */
+	char *ssl_key;   /* ?ssl-key=/path: its private key */
 	int connect_timeout_s; /* ?connect-timeout=5, default 5 */
 	char *redacted;
 };
