@@ -77,6 +77,7 @@ struct cfg {
 	char *out_exchange;         /* INBOX_OUT_EXCHANGE orders.out */
 	long max_body;              /* INBOX_MAX_BODY 65536 [64, 16 MiB] */
 	long retention_s;           /* INBOX_RETENTION 7d, >= 1m */
+	long cleanup_interval_s;    /* INBOX_CLEANUP_INTERVAL 10m, >= 1s: janitor's retention passes */
 	long hold_ttl_s;            /* INBOX_HOLD_TTL 10m, >= 1s */
 	char *metrics_addr;         /* INBOX_METRICS_ADDR 127.0.0.1:9464, "" = off */
 	enum log_format log_format; /* INBOX_LOG_FORMAT text */

@@ -12,8 +12,11 @@
  *   3. Decide with order_decide and carry the verdict out: order row,
  *      ledger row, outbox row and inbox outcome in one CALL (inbox_settle,
  *      0004), or a held row.
- *   4. If the order changed and it has held events, re-evaluate them in a
- *      loop until a pass settles none.
+ *   4. If the order changed and it has held events, re-evaluate them, all
+ *      of them a page at a time by id, in passes until a pass changes the
+ *      order no more.  A held event that can now take effect is read back
+ *      whole and parsed again (msg_parse), so it takes effect with every
+ *      field of its data exactly as it would have arriving in order.
  *   5. COMMIT.  The caller acks only after this returns ST_OK.  A message
  *      alone in its transaction commits inside the CALL of step 3 (and a
  *      lone duplicate rolls back inside step 1): two round trips a message.
@@ -34,7 +37,13 @@
 #include "mq.h"
 #include "status.h"
 
-#define INBOX_PROPS_MAX 65536
+/* The widths of the columns a held event is kept in (migrations/0002):
+ * what a stored row may hold, whatever INBOX_MAX_BODY says today — it may
+ * have been larger when the event was held. */
+#define INBOX_BODY_COLUMN_MAX 16777215u /* MEDIUMBLOB */
+#define INBOX_PROPS_COLUMN_MAX 65535u   /* TEXT */
+/* Held events listed per round trip while releasing. */
+#define INBOX_RELEASE_PAGE 64
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
  * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
  * The header only measures latency, so a value out of range is dropped
@@ -56,12 +65,12 @@ struct inbox {
 	struct db_stmt *held_get;
 	struct db_stmt *held_del;
 	struct db_stmt *expired_list;
-	struct db_stmt *cleanup_inbox;
-	struct db_stmt *cleanup_outbox;
-	/* Buffers for a held event read back; sized once, reused. */
+	/* A held event read back: grown by db_stmt_fetch (DBC_GROW) to fit
+	 * the stored row, reused, and shrunk again after an oversized one. */
 	char *body;
 	size_t body_cap;
 	char *props;
+	size_t props_cap;
 };
 
 /* The order as read under its lock. */
@@ -87,6 +96,19 @@ struct inbox_event {
 	bool has_amount;
 };
 
+/* The event from a parsed message: the one place that says which fields of
+ * a message reach the database, for a live delivery and a released held
+ * event alike, so that a held event takes effect as it would have live. */
+static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, const void *body, size_t len,
+                                 const char *routing_key, const char *props)
+{
+	*ev = (struct inbox_event){
+		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
+		.order_id = m->order_id, .body = body, .len = len, .routing_key = routing_key, .props = props,
+		.amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED,
+	};
+}
+
 static const char *const inbox_outcome_names[] = {
 	[INBOX_APPLIED] = "applied",         [INBOX_HELD] = "held",
 	[INBOX_IGNORED] = "ignored",         [INBOX_COMPENSATED] = "compensated",
@@ -111,13 +133,6 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		return ST_ERR_NOMEM;
 	ib->db = db;
 	ib->conf = conf;
-	ib->body_cap = (size_t)conf->max_body + 1;
-	ib->body = malloc(ib->body_cap);
-	ib->props = malloc(INBOX_PROPS_MAX);
-	if (ib->body == NULL || ib->props == NULL) {
-		rc = ST_ERR_NOMEM;
-		goto fail;
-	}
 #define PREP(field, sql)                                        \
 	do {                                                    \
 		rc = db_prepare(db, &ib->field, sql);           \
@@ -139,17 +154,15 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(hold_add, "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key,"
 	               " props, body, held_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
 	PREP(held_count, "UPDATE order_locks SET held = held + ? WHERE order_id = ?");
+	/* A page of the order's held events after a given id
+	 * (ix_held_events_order). */
 	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
-	                " ORDER BY id");
+	                " AND id > ? ORDER BY id LIMIT ?");
 	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body FROM held_events"
 	               " WHERE id = ? AND consumer = ?");
 	PREP(held_del, "DELETE FROM held_events WHERE id = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
-	PREP(cleanup_inbox, "DELETE FROM processed_messages WHERE processed_at < NOW(6) - INTERVAL ? SECOND"
-	                    " AND outcome <> 'held' ORDER BY processed_at LIMIT ?");
-	PREP(cleanup_outbox, "DELETE FROM outbox WHERE sent_at IS NOT NULL"
-	                     " AND sent_at < NOW(6) - INTERVAL ? SECOND ORDER BY sent_at LIMIT ?");
 #undef PREP
 	*out = ib;
 	return ST_OK;
@@ -448,8 +461,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 	return ST_OK;
 }
 
-/* A held event as listed for re-evaluation; body and properties are read
- * only if it turns out to need a dead-letter copy. */
+/* A held event as listed for re-evaluation: what the decision needs.  The
+ * rest of it is read only once it can take effect. */
 struct inbox_held {
 	int64_t id;
 	char source[MSG_SOURCE_MAX + 1];
@@ -457,15 +470,31 @@ struct inbox_held {
 	char type[MSG_TYPE_NAME_MAX + 1];
 };
 
-/* Read a held event's routing key, properties and body into the inbox's
- * buffers (for its dead-letter copy). */
-static int inbox_held_payload(struct inbox *ib, int64_t id, char *rk, size_t rk_cap, struct inbox_event *ev)
+/* Give back the memory of an oversized held event read back (one larger
+ * than today's INBOX_MAX_BODY, and than the properties' column, so a small
+ * setting does not make every release reallocate). */
+static void inbox_trim(struct inbox *ib)
 {
-	char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1];
+	if (ib->body_cap > (size_t)ib->conf->max_body + 1 && ib->body_cap > INBOX_PROPS_COLUMN_MAX + 1) {
+		free(ib->body);
+		ib->body = NULL;
+		ib->body_cap = 0;
+	}
+}
+
+/* Read a held event whole: h gets its key and type, ev its routing key (in
+ * rk), properties and body (in the inbox's buffers, grown to fit the stored
+ * row up to the columns' widths).  ev->order_id is the caller's.
+ * ST_ERR_NOT_FOUND: the row is gone. */
+static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, char *rk, size_t rk_cap,
+                           struct inbox_event *ev)
+{
 	struct db_param p[2] = { DBP_I64(id), DBP_STR(ib->conf->consumer) };
 	struct db_col c[6] = {
-		DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
-		DBC_STR(rk, rk_cap), DBC_STR(ib->props, INBOX_PROPS_MAX), DBC_BLOB(ib->body, ib->body_cap),
+		DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
+		DBC_STR(h->type, sizeof h->type), DBC_STR(rk, rk_cap),
+		DBC_GROW(&ib->props, &ib->props_cap, INBOX_PROPS_COLUMN_MAX),
+		DBC_GROW(&ib->body, &ib->body_cap, INBOX_BODY_COLUMN_MAX),
 	};
 	int rc = db_stmt_query(ib->held_get, p, 2);
 	int r;
@@ -478,90 +507,178 @@ static int inbox_held_payload(struct inbox *ib, int64_t id, char *rk, size_t rk_
 	if (r == 0)
 		return ST_ERR_NOT_FOUND;
 	db_stmt_done(ib->held_get);
-	ev->body = ib->body;
-	ev->len = c[5].len;
-	ev->routing_key = rk;
-	ev->props = c[4].is_null ? NULL : ib->props;
+	h->id = id;
+	*ev = (struct inbox_event){
+		.source = h->source, .message_id = h->message_id, .type_name = h->type, .body = ib->body,
+		.len = c[5].len, .routing_key = rk, .props = c[4].is_null ? NULL : ib->props,
+	};
 	return ST_OK;
 }
 
-/* Re-evaluate the order's held events until a pass settles none.  Each
- * settled event leaves held_events and gets its final inbox outcome. */
+/* Parse a held event's stored body again, as it was parsed when it
+ * arrived: the key and type it was held under stand for the AMQP
+ * properties that may have carried them, and the size limit is the
+ * column's (the body was within INBOX_MAX_BODY when it came).  A body that
+ * no longer parses or no longer matches its row (the rules changed since)
+ * gives the reason to dead-letter it with, and m->detail. */
+static enum msg_reason inbox_held_parse(const struct inbox_held *h, const char *order_id,
+                                        const struct inbox_event *raw, struct msg *m)
+{
+	struct msg_props props = {
+		.message_id = h->message_id, .message_id_len = strlen(h->message_id),
+		.type = h->type, .type_len = strlen(h->type),
+	};
+	enum msg_reason r = msg_parse(raw->body, raw->len, INBOX_BODY_COLUMN_MAX, &props, m);
+
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (strcmp(m->message_id, h->message_id) != 0 || strcmp(m->source, h->source) != 0 ||
+	    strcmp(m->order_id, order_id) != 0 || strcmp(m->type_name, h->type) != 0) {
+		snprintf(m->detail, sizeof m->detail, "stored body does not match its held event");
+		return MSG_REASON_INVALID_FIELD;
+	}
+	return MSG_REASON_NONE;
+}
+
+/* Settle a held event whose stored body cannot be applied: its
+ * dead-letter copy with the reason, no effect on the order. */
+static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, enum msg_reason r,
+                             const char *detail, struct inbox_result *res)
+{
+	struct inbox_outrow row;
+	struct inbox_write w = {
+		.set_outcome = true, .outcome = "dead_lettered", .reason = msg_reason_name(r), .out = &row,
+	};
+	int rc = inbox_dead_letter_row(ib, raw, w.reason, detail, &row);
+
+	if (rc == ST_OK)
+		rc = inbox_settle(ib, raw, &w);
+	inbox_outrow_free(&row);
+	if (rc == ST_OK)
+		res->outbox_rows++;
+	LOG(LOG_WARN, "held event cannot be applied; dead-lettered", LOG_S("msg", raw->message_id),
+	    LOG_S("order", raw->order_id), LOG_S("reason", w.reason), LOG_S("detail", detail));
+	return rc;
+}
+
+/* Re-evaluate one listed held event on the locked order.  One that must
+ * still wait is left alone (*settled false); any other is read whole,
+ * parsed again and carried out exactly as if it had just arrived, then
+ * leaves held_events.  *changed: the order row changed. */
+static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const struct inbox_held *listed,
+                             const char *order_id, struct inbox_result *res, bool *settled, bool *changed)
+{
+	struct inbox_held h;
+	struct inbox_event raw, ev;
+	struct order_verdict v;
+	struct msg m;
+	enum msg_reason reason;
+	char rk[256];
+	int t = msg_type_from_name(listed->type, strlen(listed->type));
+	int rc;
+
+	*settled = false;
+	*changed = false;
+	if (t < 0)
+		return ST_ERR_DB; /* we only ever store validated types */
+	v = order_decide(o->state, o->flags, (enum msg_type)t);
+	if (v.decision == ORDER_HOLD)
+		return ST_OK;
+	rc = inbox_held_load(ib, listed->id, &h, rk, sizeof rk, &raw);
+	if (rc != ST_OK)
+		return rc == ST_ERR_NOT_FOUND ? ST_ERR_DB : rc; /* listed under the order's lock: cannot vanish */
+	raw.order_id = order_id;
+	reason = inbox_held_parse(&h, order_id, &raw, &m);
+	if (reason != MSG_REASON_NONE) {
+		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
+	} else {
+		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
+		rc = inbox_act(ib, o, &ev, v, true, false, res, changed);
+	}
+	if (rc == ST_OK) {
+		struct db_param dp[1] = { DBP_I64(h.id) };
+		rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
+	}
+	if (rc != ST_OK)
+		return rc;
+	*settled = true;
+	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", order_id),
+	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
+	return ST_OK;
+}
+
+/* List up to cap held events of the order with an id above after, in id
+ * order, reading the result to its end (the connection is then free for
+ * the statements that settle them). */
+static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after, struct inbox_held *page,
+                           int cap, int *n)
+{
+	struct db_param p[4] = { DBP_STR(order_id), DBP_STR(ib->conf->consumer), DBP_I64(after), DBP_I64(cap) };
+	struct inbox_held spill; /* LIMIT keeps the rows within cap; this is for safety */
+	int rc = db_stmt_query(ib->held_list, p, 4);
+
+	*n = 0;
+	if (rc != ST_OK)
+		return rc;
+	for (;;) {
+		struct inbox_held *h = *n < cap ? &page[*n] : &spill;
+		struct db_col c[4] = {
+			DBC_I64(), DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
+			DBC_STR(h->type, sizeof h->type),
+		};
+		int r = db_stmt_fetch(ib->held_list, c, 4);
+
+		if (r < 0)
+			return r;
+		if (r == 0)
+			return ST_OK;
+		h->id = c[0].i64;
+		if (*n < cap)
+			(*n)++;
+	}
+}
+
+/* Re-evaluate every held event of the order, oldest first, a page at a
+ * time, in passes until a pass leaves the order as it found it: an event
+ * skipped early in a pass may apply after a later one changed the order.
+ * Memory stays at one page whatever the number of held events. */
 static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
                               const char *order_id)
 {
-	enum { BATCH = 64 };
-	struct inbox_held held[BATCH];
-	struct inbox_held spill; /* rows past BATCH wait for the next pass */
+	struct inbox_held page[INBOX_RELEASE_PAGE];
 	bool progress = true;
-	int rc;
+	int released = 0, rc = ST_OK;
 
-	while (progress && o->held > 0) {
-		int n = 0;
-		struct db_param p[2] = { DBP_STR(order_id), DBP_STR(ib->conf->consumer) };
+	while (rc == ST_OK && progress && o->held > 0) {
+		int64_t after = 0;
+		int n;
 
 		progress = false;
-		rc = db_stmt_query(ib->held_list, p, 2);
-		if (rc != ST_OK)
-			return rc;
-		for (;;) {
-			struct inbox_held *h = n < BATCH ? &held[n] : &spill;
-			struct db_col c[4] = {
-				DBC_I64(), DBC_STR(h->source, sizeof h->source),
-				DBC_STR(h->message_id, sizeof h->message_id), DBC_STR(h->type, sizeof h->type),
-			};
-			int r = db_stmt_fetch(ib->held_list, c, 4);
-			if (r < 0)
-				return r;
-			if (r == 0)
-				break;
-			h->id = c[0].i64;
-			if (n < BATCH)
-				n++;
-		}
-		for (int i = 0; i < n; i++) {
-			const struct inbox_held *h = &held[i];
-			char rk[256];
-			struct inbox_event ev = {
-				.source = h->source, .message_id = h->message_id, .type_name = h->type,
-				.order_id = order_id,
-			};
-			struct order_verdict v;
-			bool changed;
-			int t = msg_type_from_name(h->type, strlen(h->type));
+		do {
+			rc = inbox_held_page(ib, order_id, after, page, INBOX_RELEASE_PAGE, &n);
+			for (int i = 0; rc == ST_OK && i < n && o->held > 0; i++) {
+				bool settled, changed;
 
-			if (t < 0)
-				return ST_ERR_DB; /* we only ever store validated types */
-			ev.type = (enum msg_type)t;
-			v = order_decide(o->state, o->flags, ev.type);
-			if (v.decision == ORDER_HOLD)
-				continue;
-			if (v.decision == ORDER_INVALID) {
-				rc = inbox_held_payload(ib, h->id, rk, sizeof rk, &ev);
-				if (rc != ST_OK)
-					return rc;
+				rc = inbox_release_one(ib, o, &page[i], order_id, res, &settled, &changed);
+				if (rc == ST_OK && settled) {
+					o->held--;
+					released++;
+					progress = progress || changed;
+				}
 			}
-			rc = inbox_act(ib, o, &ev, v, true, false, res, &changed);
-			if (rc == ST_OK) {
-				struct db_param dp[1] = { DBP_I64(h->id) };
-				rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
-			}
-			if (rc != ST_OK)
-				return rc;
-			o->held--;
-			res->released++;
-			progress = true;
-			LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h->message_id), LOG_S("order", order_id),
-			    LOG_S("outcome", order_decision_outcome(v.decision)));
-		}
+			if (n > 0)
+				after = page[n - 1].id;
+		} while (rc == ST_OK && n == INBOX_RELEASE_PAGE && o->held > 0);
 	}
-	if (res->released > 0) {
-		struct db_param p[2] = { DBP_I64(-(int64_t)res->released), DBP_STR(order_id) };
+	inbox_trim(ib);
+	if (rc != ST_OK)
+		return rc;
+	res->released += released;
+	if (released > 0) {
+		struct db_param p[2] = { DBP_I64(-(int64_t)released), DBP_STR(order_id) };
 		rc = db_stmt_exec(ib->held_count, p, 2, NULL);
-		if (rc != ST_OK)
-			return rc;
 	}
-	return ST_OK;
+	return rc;
 }
 
 /* Keep the event in held_events and count it on its order's lock row; the
@@ -627,11 +744,7 @@ int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result
 	const struct msg *m = in->msg;
 	char hex[65];
 	struct inbox_order o;
-	struct inbox_event ev = {
-		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
-		.order_id = m->order_id, .body = in->body, .len = in->len, .routing_key = in->routing_key,
-		.props = NULL, .amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED,
-	};
+	struct inbox_event ev;
 	/* The test hooks fire between the last statement and COMMIT, so with
 	 * one armed the COMMIT stays a statement of its own. */
 	bool alone = in->alone && !fault_armed("before-commit") && !fault_armed("crash-before-commit");
@@ -641,6 +754,7 @@ int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result
 	int rc;
 
 	memset(res, 0, sizeof *res);
+	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
 	msg_sha256_hex(m->sha256, hex);
 	rc = inbox_claim_lock(ib, in, hex, alone, &o, res);
 	if (rc != ST_OK || res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT)
@@ -696,119 +810,104 @@ void inbox_abort(struct inbox *ib)
 	db_rollback(ib->db);
 }
 
+/* Dead-letter one expired held event in a transaction of its own, under
+ * its order's lock; *done is false when its order settled it meanwhile. */
+static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, bool *done)
+{
+	struct inbox_order o;
+	struct inbox_held h;
+	struct inbox_event ev;
+	struct inbox_outrow row;
+	char rk[256], detail[160];
+	int rc;
+
+	*done = false;
+	rc = inbox_lock_order(ib, order_id, &o);
+	if (rc == ST_OK)
+		rc = inbox_held_load(ib, id, &h, rk, sizeof rk, &ev);
+	if (rc == ST_ERR_NOT_FOUND) {
+		db_rollback(ib->db);
+		return ST_OK;
+	}
+	if (rc != ST_OK)
+		return rc;
+	ev.order_id = order_id;
+	snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite", h.type,
+	         ib->conf->hold_ttl_s);
+	rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
+	if (rc == ST_OK)
+		rc = inbox_outrow_insert(ib, &row, order_id);
+	inbox_outrow_free(&row);
+	if (rc == ST_OK)
+		rc = inbox_set_outcome(ib, h.source, h.message_id, "dead_lettered", "hold-expired");
+	if (rc == ST_OK) {
+		struct db_param dp[1] = { DBP_I64(id) };
+		rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
+	}
+	if (rc == ST_OK) {
+		struct db_param cp[2] = { DBP_I64(-1), DBP_STR(order_id) };
+		rc = db_stmt_exec(ib->held_count, cp, 2, NULL);
+	}
+	if (rc == ST_OK)
+		rc = db_commit(ib->db);
+	if (rc != ST_OK)
+		return rc;
+	*done = true;
+	LOG(LOG_INFO, "hold expired", LOG_S("msg", h.message_id), LOG_S("order", order_id), LOG_S("type", h.type));
+	return ST_OK;
+}
+
+/* A held event past its TTL, as listed. */
+struct inbox_expiring {
+	int64_t id;
+	char order_id[MSG_ORDER_ID_MAX + 1];
+};
+
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 {
 	enum { MAXN = 64 };
-	int64_t ids[MAXN];
-	char orders[MAXN][MSG_ORDER_ID_MAX + 1];
+	struct inbox_expiring rows[MAXN], spill; /* LIMIT keeps the rows within MAXN; spill is for safety */
 	int n = 0, rc;
 
 	*expired = 0;
 	if (limit > MAXN)
 		limit = MAXN;
+	if (limit <= 0)
+		return ST_OK;
 	{
 		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
 		rc = db_stmt_query(ib->expired_list, p, 3);
 		if (rc != ST_OK)
 			goto rollback;
 		for (;;) {
-			struct db_col c[2] = { DBC_I64(), DBC_STR(orders[n], sizeof orders[n]) };
-			int r = db_stmt_fetch(ib->expired_list, c, 2);
-			if (r < 0) {
-				rc = r;
+			struct inbox_expiring *r = n < MAXN ? &rows[n] : &spill;
+			struct db_col c[2] = { DBC_I64(), DBC_STR(r->order_id, sizeof r->order_id) };
+			int f = db_stmt_fetch(ib->expired_list, c, 2);
+			if (f < 0) {
+				rc = f;
 				goto rollback;
 			}
-			if (r == 0)
+			if (f == 0)
 				break;
-			ids[n] = c[0].i64;
-			if (n < MAXN - 1)
+			r->id = c[0].i64;
+			if (n < MAXN)
 				n++;
 		}
 	}
 	db_rollback(ib->db); /* end the read-only transaction */
 	for (int i = 0; i < n; i++) {
-		struct inbox_order o;
-		char source[MSG_SOURCE_MAX + 1], mid[MSG_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], rk[256];
-		struct db_param gp[2] = { DBP_I64(ids[i]), DBP_STR(ib->conf->consumer) };
-		struct db_col gc[6] = {
-			DBC_STR(source, sizeof source), DBC_STR(mid, sizeof mid), DBC_STR(type, sizeof type),
-			DBC_STR(rk, sizeof rk), DBC_STR(ib->props, INBOX_PROPS_MAX), DBC_BLOB(ib->body, ib->body_cap),
-		};
-		struct inbox_event ev;
-		char detail[160];
-		int r;
+		bool done;
 
-		rc = inbox_lock_order(ib, orders[i], &o);
+		rc = inbox_expire_one(ib, rows[i].id, rows[i].order_id, &done);
 		if (rc != ST_OK)
 			goto rollback;
-		rc = db_stmt_query(ib->held_get, gp, 2);
-		if (rc != ST_OK)
-			goto rollback;
-		r = db_stmt_fetch(ib->held_get, gc, 6);
-		if (r < 0) {
-			rc = r;
-			goto rollback;
-		}
-		if (r == 0) { /* settled by its order meanwhile */
-			db_rollback(ib->db);
-			continue;
-		}
-		db_stmt_done(ib->held_get);
-		ev = (struct inbox_event){
-			.source = source, .message_id = mid, .type_name = type, .order_id = orders[i],
-			.body = ib->body, .len = gc[5].len, .routing_key = rk, .props = gc[4].is_null ? NULL : ib->props,
-		};
-		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
-		         type, ib->conf->hold_ttl_s);
-		{
-			struct inbox_outrow row;
-			rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
-			if (rc == ST_OK)
-				rc = inbox_outrow_insert(ib, &row, orders[i]);
-			inbox_outrow_free(&row);
-		}
-		if (rc == ST_OK)
-			rc = inbox_set_outcome(ib, source, mid, "dead_lettered", "hold-expired");
-		if (rc == ST_OK) {
-			struct db_param dp[1] = { DBP_I64(ids[i]) };
-			rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
-		}
-		if (rc == ST_OK) {
-			struct db_param cp[2] = { DBP_I64(-1), DBP_STR(orders[i]) };
-			rc = db_stmt_exec(ib->held_count, cp, 2, NULL);
-		}
-		if (rc == ST_OK)
-			rc = db_commit(ib->db);
-		if (rc != ST_OK)
-			goto rollback;
-		(*expired)++;
-		LOG(LOG_INFO, "hold expired", LOG_S("msg", mid), LOG_S("order", orders[i]), LOG_S("type", type));
+		if (done)
+			(*expired)++;
 	}
+	inbox_trim(ib);
 	return ST_OK;
 rollback:
 	db_rollback(ib->db);
+	inbox_trim(ib);
 	return rc;
-}
-
-int inbox_cleanup(struct inbox *ib, int batch, uint64_t *deleted)
-{
-	struct db_stmt *stmts[2] = { ib->cleanup_inbox, ib->cleanup_outbox };
-	int rc;
-
-	*deleted = 0;
-	for (int s = 0; s < 2; s++) {
-		uint64_t n;
-		do {
-			struct db_param p[2] = { DBP_I64(ib->conf->retention_s), DBP_I64(batch) };
-			rc = db_stmt_exec(stmts[s], p, 2, &n);
-			if (rc == ST_OK)
-				rc = db_commit(ib->db);
-			if (rc != ST_OK) {
-				db_rollback(ib->db);
-				return rc;
-			}
-			*deleted += n;
-		} while (n == (uint64_t)batch);
-	}
-	return ST_OK;
 }

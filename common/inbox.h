@@ -90,10 +90,6 @@ void inbox_abort(struct inbox *ib);
  * most limit of them; *expired gets the count. */
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired);
 
-/* Delete inbox rows and sent outbox rows older than the retention window in
- * batches of batch rows; *deleted gets the total. */
-int inbox_cleanup(struct inbox *ib, int batch, uint64_t *deleted);
-
 const char *inbox_outcome_name(enum inbox_outcome o);
 
 #endif

@@ -258,6 +258,12 @@ int metrics_render(char *buf, size_t cap)
 }
 
 #if INBOX_HAVE_METRICS
+/* A scrape or a probe sends its request at once and needs well under a
+ * second; a connection silent for this long is idle or hostile. */
+#define METRICS_CONN_TIMEOUT_S 5
+#define METRICS_CONN_LIMIT 128
+#define METRICS_PER_IP_LIMIT 16
+
 static struct MHD_Daemon *metrics_daemon;
 
 static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -332,9 +338,19 @@ int metrics_start(const char *addr)
 	sa.sin_port = htons((uint16_t)port);
 	if (inet_pton(AF_INET, host[0] ? host : "0.0.0.0", &sa.sin_addr) != 1)
 		goto bad;
-	metrics_daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
-	                                  metrics_answer, NULL, MHD_OPTION_SOCK_ADDR, &sa,
-	                                  MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_END);
+	/* Health checks must not queue behind clients that connect and say
+	 * nothing (or trickle): an idle connection is closed after
+	 * METRICS_CONN_TIMEOUT_S, one address holds at most
+	 * METRICS_PER_IP_LIMIT of the METRICS_CONN_LIMIT slots, so one
+	 * misbehaving peer leaves room for the prober and the scraper, and a
+	 * local one starves them for one time-out at most.  MHD_USE_AUTO
+	 * picks epoll: select() breaks on descriptors above FD_SETSIZE. */
+	metrics_daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL,
+	                                  NULL, metrics_answer, NULL, MHD_OPTION_SOCK_ADDR, &sa,
+	                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONN_LIMIT,
+	                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_PER_IP_LIMIT,
+	                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_CONN_TIMEOUT_S,
+	                                  MHD_OPTION_END);
 	if (metrics_daemon == NULL) {
 		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr));
 		return -1;

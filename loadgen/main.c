@@ -4,6 +4,7 @@
  *
  *   inbox-loadgen publish --ledger FILE [scenario options] [connection options]
  *   inbox-loadgen verify  --ledger FILE [--timeout S] [connection options]
+ *   inbox-loadgen dlq unbind|bind [connection options]
  *
  * The command's own options are taken first; everything left over goes to
  * cfg_load, so the worker's environment (INBOX_AMQP_URL, INBOX_DB_URL,
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "amqpx.h"
 #include "cfg.h"
 #include "db.h"
 #include "log.h"
@@ -28,7 +30,7 @@
 #include "status.h"
 #include "verify.h"
 
-#define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options]"
+#define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options] | inbox-loadgen dlq unbind|bind"
 
 static void usage(FILE *f)
 {
@@ -52,11 +54,18 @@ static void usage(FILE *f)
 	      "  --connections C        publisher connections, each a thread (4)\n"
 	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
 	      "  --settle-timeout S     wait at most S s for originals before the delayed phase (600)\n"
+	      "  --settle-stall S       stop waiting for originals when none came for S s, publish the\n"
+	      "                         delayed phase anyway and let verify name the missing (0 = never)\n"
+	      "  --retry-timeout S      after a broker fault keep reconnecting and re-publishing what was\n"
+	      "                         not confirmed for at most S s (120); a re-publish is a duplicate\n"
 	      "\n"
 	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n"
 	      "  --ledger FILE          the ledger publish wrote\n"
 	      "  --timeout S            wait at most S s for the worker to go idle (300)\n"
 	      "  --list N               ids listed per problem kind (20)\n"
+	      "\n"
+	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
+	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
 	      "\n",
 	      f);
 	cfg_print_help(f, "connection options (same as inbox-worker):");
@@ -117,7 +126,7 @@ static int parse_num(const char *name, const char *v, long min, long max, long *
 
 /* Take the options this program knows out of argv; the rest is copied to
  * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
-static int parse_args(bool publish, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
+static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
                       char *err, size_t errlen)
 {
 	*nrest = 0;
@@ -223,6 +232,16 @@ static int parse_args(bool publish, int argc, char **argv, struct lg_args *a, ch
 			if (parse_num("--settle-timeout", v, 1, 86400, &n, err, errlen) != 0)
 				return -1;
 			a->po.settle_timeout_s = (int)n;
+		} else if (publish && OPT("--settle-stall")) {
+			NEED("--settle-stall");
+			if (parse_num("--settle-stall", v, 0, 86400, &n, err, errlen) != 0)
+				return -1;
+			a->po.settle_stall_s = (int)n;
+		} else if (publish && OPT("--retry-timeout")) {
+			NEED("--retry-timeout");
+			if (parse_num("--retry-timeout", v, 1, 86400, &n, err, errlen) != 0)
+				return -1;
+			a->po.retry_s = (int)n;
 		} else {
 			rest[(*nrest)++] = argv[i];
 		}
@@ -230,7 +249,7 @@ static int parse_args(bool publish, int argc, char **argv, struct lg_args *a, ch
 #undef NEED
 	}
 	rest[*nrest] = NULL;
-	if (a->po.ledger == NULL) {
+	if (a->po.ledger == NULL && !dlq) {
 		snprintf(err, errlen, "--ledger: required");
 		return -1;
 	}
@@ -250,14 +269,14 @@ int main(int argc, char **argv)
 	struct lg_args a = {
 		.sc = { .seed = 1, .orders = 1000, .cancel_share = 0.3, .invalid_share = 0.01, .dup_rate = 0.2,
 		        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .interleave = 32, .connections = 4 },
-		.po = { .settle_timeout_s = 600 },
+		.po = { .settle_timeout_s = 600, .retry_s = 120 },
 		.vo = { .timeout_s = 300, .list_max = 20 },
 	};
 	struct cfg conf;
 	char err[512];
 	char **rest;
 	int nrest, rc, code = 1;
-	bool publish;
+	bool publish, dlq, bind = false;
 
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(argc < 2 ? stderr : stdout);
@@ -267,15 +286,25 @@ int main(int argc, char **argv)
 		printf("inbox-loadgen %s\n", INBOX_VERSION);
 		return 0;
 	}
-	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0) {
+	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0 && strcmp(argv[1], "dlq") != 0) {
 		fprintf(stderr, "inbox-loadgen: unknown command '%s'\n%s\n", argv[1], USAGE);
 		return 2;
 	}
 	publish = strcmp(argv[1], "publish") == 0;
+	dlq = strcmp(argv[1], "dlq") == 0;
+	if (dlq) {
+		if (argc < 3 || (strcmp(argv[2], "unbind") != 0 && strcmp(argv[2], "bind") != 0)) {
+			fprintf(stderr, "inbox-loadgen: dlq: say unbind or bind\n%s\n", USAGE);
+			return 2;
+		}
+		bind = strcmp(argv[2], "bind") == 0;
+		argv++;
+		argc--;
+	}
 	rest = calloc((size_t)argc + 1, sizeof *rest);
 	if (rest == NULL)
 		return 1;
-	rc = parse_args(publish, argc - 1, argv + 1, &a, rest, &nrest, err, sizeof err);
+	rc = parse_args(publish, dlq, argc - 1, argv + 1, &a, rest, &nrest, err, sizeof err);
 	if (rc == 1) {
 		usage(stdout);
 		free(rest);
@@ -314,7 +343,14 @@ int main(int argc, char **argv)
 		cfg_free(&conf);
 		return 1;
 	}
-	if (publish) {
+	if (dlq) {
+		if (lgx_queue_bind(&conf.amqp, conf.dlq, conf.dlx, "#", bind, err, sizeof err) != 0) {
+			fprintf(stderr, "inbox-loadgen: dlq %s: %s\n", bind ? "bind" : "unbind", err);
+		} else {
+			printf("%s %s %s '#'\n", conf.dlq, bind ? "bound to" : "unbound from", conf.dlx);
+			code = 0;
+		}
+	} else if (publish) {
 		struct lg_scenario s;
 
 		a.sc.max_body = conf.max_body;

@@ -32,6 +32,7 @@
 #include "db.h"
 #include "log.h"
 #include "mq.h"
+#include "amqpx.h"
 #include "status.h"
 
 #define LG_ROW_SYNC 64
@@ -112,8 +113,11 @@ struct lg_run {
 	struct lg_barrier barrier;
 	atomic_ullong sent;
 	atomic_ullong confirmed;
+	atomic_ullong republished; /* publishes repeated after a broker fault */
+	atomic_ullong reconnects;
 	atomic_int finished;
 	atomic_bool failed;
+	int retry_s;
 	char err[256];
 	pthread_mutex_t err_mu;
 };
@@ -128,23 +132,138 @@ static void lg_run_fail(struct lg_run *r, const char *what, const char *detail)
 {
 	pthread_mutex_lock(&r->err_mu);
 	if (r->err[0] == '\0')
-		snprintf(r->err, sizeof r->err, "%s: %s", what, detail);
+		snprintf(r->err, sizeof r->err, "%s: %.200s", what, detail);
 	pthread_mutex_unlock(&r->err_mu);
 	atomic_store(&r->failed, true);
 	lg_barrier_abort(&r->barrier);
 }
 
-static int lg_settle(struct lg_run *r, struct mq *m, uint64_t *pending)
+/* Publish one item on m (not yet confirmed), or, for the binary-header
+ * class, on a connection of its own, confirmed before this returns. */
+static int lg_publish_item(struct lg_run *r, struct mq *m, const struct lg_item *it)
+{
+	const struct lg_scenario *s = r->s;
+	const struct lg_msg *msg = &s->msgs[it->msg];
+	const char *order_id = msg->order >= 0 ? s->orders[msg->order].id : msg->id;
+	struct mq_header h[1] = { { "order_id", order_id } };
+	char rk[64];
+	struct mq_message out = {
+		.exchange = r->conf->exchange, .routing_key = rk, .message_id = msg->id,
+		.headers = h, .nheaders = 1, .mandatory = true,
+	};
+	size_t len = 0;
+	char *body = lg_body(s, it, &len);
+	int rc;
+
+	if (body == NULL) {
+		lg_run_fail(r, "body", "cannot build a message body");
+		return ST_ERR_NOMEM;
+	}
+	lg_routing_key(s, msg, rk, sizeof rk);
+	if (msg->bad == LG_BAD_BINARY_HEADER) {
+		struct lgx_binary_message bm = {
+			.exchange = r->conf->exchange, .routing_key = rk, .message_id = msg->id, .order_id = order_id,
+			.body = body, .len = len, .bin_key = "trace", .bin_value = lg_binary_trace,
+			.bin_len = sizeof lg_binary_trace, .published_us = lg_now_us(),
+		};
+		char err[256];
+		double end = lg_mono() + r->retry_s;
+
+		/* Its own connection: struct mq_header has string values only. */
+		while ((rc = lgx_publish_binary(&r->conf->amqp, &bm, err, sizeof err)) != 0 && lg_mono() < end &&
+		       !atomic_load(&r->failed)) {
+			atomic_fetch_add(&r->republished, 1);
+			lg_sleep_ms(500);
+		}
+		free(body);
+		if (rc != 0) {
+			lg_run_fail(r, "binary-header publish", err);
+			return ST_ERR_MQ_CONN;
+		}
+		return ST_OK;
+	}
+	out.body = body;
+	out.len = len;
+	rc = mq_publish_at(m, &out, lg_now_us());
+	free(body);
+	return rc;
+}
+
+/* Open a publisher connection in confirm mode; 0 or -1 (connection closed). */
+static int lg_pub_open(struct lg_run *r, struct mq **m, const char *name, char *err, size_t errlen)
+{
+	int rc;
+
+	/* Heartbeats off: between phases the connection may sit idle while
+	 * nothing services it. */
+	rc = mq_open(m, &r->conf->amqp, 0, name);
+	if (rc != ST_OK) {
+		snprintf(err, errlen, "broker connect: %s", st_strerror(rc));
+		return -1;
+	}
+	if (mq_confirm_select(*m) != ST_OK) {
+		snprintf(err, errlen, "confirm.select: %s", mq_errmsg(*m));
+		mq_close(m);
+		return -1;
+	}
+	return 0;
+}
+
+/* A publish or a confirm failed (the broker restarted, a nack, a return):
+ * reconnect and publish again everything not confirmed yet — the broker
+ * may or may not have taken it, so a copy it did take becomes a duplicate,
+ * which the worker absorbs and the ledger tolerates (verify counts
+ * effects).  Gives up after retry_s seconds.  Returns ST_OK with *pending
+ * confirmed, or an error after lg_run_fail. */
+static int lg_recover(struct lg_run *r, struct mq **m, const char *name, const struct lg_item **inflight,
+                      uint64_t *pending, const char *why)
+{
+	double end = lg_mono() + r->retry_s;
+	char err[256];
+	int delay_ms = 200;
+
+	snprintf(err, sizeof err, "%s", why);
+	atomic_fetch_add(&r->reconnects, 1);
+	for (;;) {
+		uint64_t i;
+		int rc = ST_OK;
+
+		mq_close(m);
+		if (atomic_load(&r->failed))
+			return ST_ERR_MQ_CONN;
+		if (lg_mono() > end) {
+			lg_run_fail(r, "broker (gave up re-publishing)", err);
+			return ST_ERR_MQ_CONN;
+		}
+		lg_sleep_ms(delay_ms);
+		delay_ms = delay_ms < 2000 ? delay_ms * 2 : 2000;
+		if (lg_pub_open(r, m, name, err, sizeof err) != 0)
+			continue;
+		for (i = 0; i < *pending && rc == ST_OK; i++)
+			rc = lg_publish_item(r, *m, inflight[i]);
+		if (rc == ST_OK)
+			rc = mq_wait_confirms(*m, LG_CONFIRM_TIMEOUT_MS);
+		if (rc != ST_OK) {
+			snprintf(err, sizeof err, "%s", mq_errmsg(*m));
+			continue;
+		}
+		atomic_fetch_add(&r->republished, *pending);
+		atomic_fetch_add(&r->confirmed, *pending);
+		*pending = 0;
+		return ST_OK;
+	}
+}
+
+static int lg_settle(struct lg_run *r, struct mq **m, const char *name, const struct lg_item **inflight,
+                     uint64_t *pending)
 {
 	int rc;
 
 	if (*pending == 0)
 		return ST_OK;
-	rc = mq_wait_confirms(m, LG_CONFIRM_TIMEOUT_MS);
-	if (rc != ST_OK) {
-		lg_run_fail(r, "publisher confirms", mq_errmsg(m));
-		return rc;
-	}
+	rc = mq_wait_confirms(*m, LG_CONFIRM_TIMEOUT_MS);
+	if (rc != ST_OK)
+		return lg_recover(r, m, name, inflight, pending, mq_errmsg(*m));
 	atomic_fetch_add(&r->confirmed, *pending);
 	*pending = 0;
 	return ST_OK;
@@ -156,72 +275,61 @@ static void *lg_pub_main(void *arg)
 	struct lg_run *r = p->run;
 	const struct lg_scenario *s = r->s;
 	struct mq *m = NULL;
-	char name[64], rk[64];
+	const struct lg_item **inflight = NULL;
+	char name[64], err[256];
 	uint64_t pending = 0, mine = 0;
 	double start;
-	int rc;
 
 	snprintf(name, sizeof name, "inbox-loadgen-%d", p->col);
-	/* Heartbeats off: between phases the connection may sit idle while
-	 * nothing services it. */
-	rc = mq_open(&m, &r->conf->amqp, 0, name);
-	if (rc != ST_OK) {
-		lg_run_fail(r, "broker connect", st_strerror(rc));
+	inflight = calloc(LG_CONFIRM_EVERY + 1, sizeof *inflight);
+	if (inflight == NULL) {
+		lg_run_fail(r, "publisher", "out of memory");
 		goto done;
 	}
-	if (mq_confirm_select(m) != ST_OK) {
-		lg_run_fail(r, "confirm.select", mq_errmsg(m));
-		goto done;
+	if (lg_pub_open(r, &m, name, err, sizeof err) != 0) {
+		/* The broker may be restarting: the same patience as later. */
+		if (lg_recover(r, &m, name, inflight, &pending, err) != ST_OK)
+			goto done;
 	}
 	start = lg_mono();
 	for (size_t row = 0; row < r->ph->rows && !atomic_load(&r->failed); row++) {
 		const struct lg_item *it = &r->ph->slots[row * (size_t)r->cols + (size_t)p->col];
 
 		if (it->msg != UINT32_MAX) {
-			const struct lg_msg *msg = &s->msgs[it->msg];
-			const char *order_id = msg->order >= 0 ? s->orders[msg->order].id : msg->id;
-			struct mq_header h[1] = { { "order_id", order_id } };
-			struct mq_message out = {
-				.exchange = r->conf->exchange, .routing_key = rk, .message_id = msg->id,
-				.headers = h, .nheaders = 1, .mandatory = true,
-			};
-			size_t len = 0;
-			char *body = lg_body(s, it, &len);
+			int rc;
 
-			if (body == NULL) {
-				lg_run_fail(r, "body", "cannot build a message body");
-				break;
-			}
 			if (r->rate > 0) {
 				double due = start + (double)mine / r->rate;
 				double now = lg_mono();
 				if (due > now)
 					lg_sleep_ms((int)((due - now) * 1000.0) + 1);
 			}
-			lg_routing_key(s, msg, rk, sizeof rk);
-			out.body = body;
-			out.len = len;
-			rc = mq_publish_at(m, &out, lg_now_us());
-			free(body);
-			if (rc != ST_OK) {
-				lg_run_fail(r, "basic.publish", mq_errmsg(m));
+			rc = lg_publish_item(r, m, it);
+			if (atomic_load(&r->failed))
 				break;
-			}
 			mine++;
-			pending++;
 			atomic_fetch_add(&r->sent, 1);
-			if (pending >= LG_CONFIRM_EVERY && lg_settle(r, m, &pending) != ST_OK)
-				break;
+			if (s->msgs[it->msg].bad == LG_BAD_BINARY_HEADER) {
+				/* confirmed on its own connection already */
+				atomic_fetch_add(&r->confirmed, 1);
+			} else {
+				inflight[pending++] = it;
+				if (rc != ST_OK && lg_recover(r, &m, name, inflight, &pending, mq_errmsg(m)) != ST_OK)
+					break;
+				if (pending >= LG_CONFIRM_EVERY && lg_settle(r, &m, name, inflight, &pending) != ST_OK)
+					break;
+			}
 		}
 		if ((row + 1) % LG_ROW_SYNC == 0) {
-			if (pending >= LG_CONFIRM_EVERY / 2 && lg_settle(r, m, &pending) != ST_OK)
+			if (pending >= LG_CONFIRM_EVERY / 2 && lg_settle(r, &m, name, inflight, &pending) != ST_OK)
 				break;
 			lg_barrier_wait(&r->barrier);
 		}
 	}
 	if (!atomic_load(&r->failed))
-		(void)lg_settle(r, m, &pending);
+		(void)lg_settle(r, &m, name, inflight, &pending);
 done:
+	free(inflight);
 	mq_close(&m);
 	atomic_fetch_add(&r->finished, 1);
 	return NULL;
@@ -229,8 +337,10 @@ done:
 
 /* Publish one phase; shows progress on a terminal.  Returns 0 or -1. */
 static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s, const struct lg_phase *ph,
-                            double rate, const char *label)
+                            const struct lg_publish_opts *po, const char *label, unsigned long long *republished,
+                            unsigned long long *reconnects)
 {
+	double rate = po->rate;
 	struct lg_run r;
 	struct lg_pub *pubs;
 	int cols = s->opts.connections;
@@ -248,6 +358,7 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 	r.ph = ph;
 	r.cols = cols;
 	r.rate = rate > 0 ? rate / cols : 0;
+	r.retry_s = po->retry_s;
 	pthread_mutex_init(&r.err_mu, NULL);
 	pthread_mutex_init(&r.barrier.mu, NULL);
 	pthread_cond_init(&r.barrier.cv, NULL);
@@ -295,6 +406,8 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 	pthread_cond_destroy(&r.barrier.cv);
 	pthread_mutex_destroy(&r.barrier.mu);
 	pthread_mutex_destroy(&r.err_mu);
+	*republished += atomic_load(&r.republished);
+	*reconnects += atomic_load(&r.reconnects);
 	if (atomic_load(&r.failed)) {
 		fprintf(stderr, "inbox-loadgen: %s phase failed after %llu confirmed: %s\n", label,
 		        (unsigned long long)atomic_load(&r.confirmed), r.err);
@@ -308,53 +421,72 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 	return 0;
 }
 
-/* Wait until every valid original of the run has an inbox row. */
-static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s, int timeout_s)
+/* Wait until every valid original of the run has an inbox row.  A
+ * database that goes away meanwhile (a restart, a crash) is waited for
+ * within the same bound.  With stall_s > 0, a count that has not moved for
+ * stall_s seconds ends the wait early with success: the missing originals
+ * are not coming (lost, or dead-lettered by the broker), the delayed phase
+ * goes out anyway and verify names them. */
+static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s, int timeout_s, int stall_s)
 {
+	double moved = lg_mono();
+	int64_t last_have = -1;
 	struct db *d = NULL;
 	struct db_stmt *q = NULL;
 	char like[LG_PREFIX_MAX + 4];
+	char last_err[256] = "";
 	double end = lg_mono() + timeout_s;
 	bool tty = isatty(2) != 0;
 	int64_t have = -1;
-	int rc;
+	int rc = ST_OK;
 
 	snprintf(like, sizeof like, "%s-%%", s->prefix);
-	rc = db_open(&d, &conf->db);
-	if (rc == ST_OK)
-		rc = db_prepare(d, &q, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?");
-	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: database: %s\n", d ? db_errmsg(d) : st_strerror(rc));
-		db_close(&d);
-		return -1;
-	}
 	for (;;) {
 		struct db_param p[2] = { DBP_STR(conf->consumer), DBP_STR(like) };
 		struct db_col c[1] = { DBC_I64() };
 
-		rc = db_stmt_query(q, p, 2);
+		if (d == NULL) {
+			rc = db_open(&d, &conf->db);
+			if (rc == ST_OK)
+				rc = db_prepare(d, &q, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ?"
+				                       " AND message_id LIKE ?");
+		}
+		if (rc == ST_OK)
+			rc = db_stmt_query(q, p, 2);
 		if (rc == ST_OK && db_stmt_fetch(q, c, 1) == 1) {
 			have = c[0].i64;
 			db_stmt_done(q);
 		}
-		db_rollback(d);
+		if (d != NULL)
+			db_rollback(d);
 		if (rc != ST_OK) {
-			fprintf(stderr, "inbox-loadgen: database: %s\n", db_errmsg(d));
+			snprintf(last_err, sizeof last_err, "%s", d != NULL ? db_errmsg(d) : st_strerror(rc));
+			db_close(&d);
+			q = NULL;
+		} else if (have >= (int64_t)s->originals) {
+			break;
+		} else if (have != last_have) {
+			last_have = have;
+			moved = lg_mono();
+		} else if (stall_s > 0 && lg_mono() - moved > stall_s) {
+			fprintf(stderr,
+			        "%sinbox-loadgen: %lld of %zu originals have an inbox row and none came for %d s;"
+			        " publishing the delayed phase anyway (verify names the missing)\n",
+			        tty ? "\n" : "", (long long)have, s->originals, stall_s);
 			break;
 		}
-		if (have >= (int64_t)s->originals)
-			break;
 		if (lg_mono() > end) {
 			fprintf(stderr,
-			        "\ninbox-loadgen: only %lld of %zu originals processed after %d s (are workers running?)\n",
-			        (long long)have, s->originals, timeout_s);
+			        "\ninbox-loadgen: only %lld of %zu originals processed after %d s (are workers running?)%s%s\n",
+			        (long long)have, s->originals, timeout_s, last_err[0] ? "; last database error: " : "",
+			        last_err);
 			rc = ST_ERR_TIMEOUT;
 			break;
 		}
 		if (tty)
 			fprintf(stderr, "\rwaiting for the originals to be processed: %lld/%zu   ", (long long)have,
 			        s->originals);
-		lg_sleep_ms(250);
+		lg_sleep_ms(rc == ST_OK ? 250 : 1000);
 	}
 	if (tty)
 		fprintf(stderr, "\r%-78s\r", "");
@@ -367,6 +499,7 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 	struct mq *m = NULL;
 	char vq[300];
 	FILE *f;
+	unsigned long long republished = 0, reconnects = 0;
 	int rc;
 
 	lg_verify_queue_name(conf, vq, sizeof vq);
@@ -404,14 +537,16 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 	        " %zu conflicts, %zu malformed over %d connections\n",
 	        s->prefix, s->norders, s->originals, s->copies_immediate, s->copies_concurrent, s->copies_delayed,
 	        s->conflict_copies, s->malformed, s->opts.connections);
-	if (lg_publish_phase(conf, s, &s->main, po->rate, "publish") != 0)
+	if (lg_publish_phase(conf, s, &s->main, po, "publish", &republished, &reconnects) != 0)
 		return 1;
 	if (s->late.items > 0) {
-		if (lg_wait_originals(conf, s, po->settle_timeout_s) != 0)
+		if (lg_wait_originals(conf, s, po->settle_timeout_s, po->settle_stall_s) != 0)
 			return 1;
-		if (lg_publish_phase(conf, s, &s->late, po->rate, "delayed copies and conflicts") != 0)
+		if (lg_publish_phase(conf, s, &s->late, po, "delayed copies and conflicts", &republished, &reconnects) != 0)
 			return 1;
 	}
 	printf("published %zu messages (run %s); ledger %s\n", s->main.items + s->late.items, s->prefix, po->ledger);
+	/* Scripts read this line (scripts/chaos): keep its words. */
+	printf("re-published %llu unconfirmed messages after %llu broker faults\n", republished, reconnects);
 	return 0;
 }

@@ -11,6 +11,8 @@
 struct lg_publish_opts {
 	double rate;            /* messages per second over all connections, 0 = unlimited */
 	int settle_timeout_s;   /* bound on waiting for originals before the late phase */
+	int retry_s;            /* how long to keep reconnecting after a broker fault */
+	int settle_stall_s;     /* > 0: stop waiting for originals once none came for this long */
 	const char *ledger;     /* path */
 };
 

@@ -38,6 +38,7 @@ static const char *const lg_bad_names[LG_BAD_COUNT] = {
 	[LG_BAD_ID_MISMATCH] = "message-id-mismatch",
 	[LG_BAD_UNKNOWN_TYPE] = "unknown-type",
 	[LG_BAD_TOO_LARGE] = "too-large",
+	[LG_BAD_BINARY_HEADER] = "binary-header",
 };
 
 /* The reason SPEC.md gives for each malformed class. */
@@ -50,6 +51,7 @@ static const enum msg_reason lg_bad_reason[LG_BAD_COUNT] = {
 	[LG_BAD_ID_MISMATCH] = MSG_REASON_INVALID_FIELD,
 	[LG_BAD_UNKNOWN_TYPE] = MSG_REASON_UNKNOWN_TYPE,
 	[LG_BAD_TOO_LARGE] = MSG_REASON_TOO_LARGE,
+	[LG_BAD_BINARY_HEADER] = MSG_REASON_MALFORMED_JSON,
 };
 
 /* splitmix64: tiny, fast, and the same sequence on every platform. */
@@ -490,6 +492,8 @@ static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, 
 		snprintf(buf, cap, "2027-01-01T00:00:00Z");
 }
 
+const unsigned char lg_binary_trace[8] = { 0xff, 0xfe, 0x00, 0x01, 0xc3, 0x28, 0x80, 0xbf };
+
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
@@ -506,6 +510,19 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 	if (it->variant == LG_VAR_DUP_RESHAPED)
 		flags = JSON_INDENT(2) | JSON_SORT_KEYS;
 	lg_occurred_at(s, m, when, sizeof when);
+	if (m->bad == LG_BAD_BINARY_HEADER) {
+		/* Not JSON at all: what matters is the header publish adds, whose
+		 * value does not serialise to JSON when the worker copies the
+		 * properties into the dead-letter. */
+		char buf[160];
+		int n = snprintf(buf, sizeof buf, "binary-header poison %s: this body is not JSON", m->id);
+		if (n < 0 || (size_t)n >= sizeof buf)
+			return NULL;
+		body = strdup(buf);
+		if (body != NULL)
+			*len = (size_t)n;
+		return body;
+	}
 	if (m->bad == LG_BAD_UTF8) {
 		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
 		char buf[512];

@@ -52,7 +52,7 @@ enum lg_variant {
 	LG_VAR_CONFLICT,   /* same key, other data.amount_cents: payload-conflict */
 };
 
-/* Malformed classes, one per SPEC.md reason (and two ways to be malformed JSON). */
+/* Malformed classes, one per SPEC.md reason (and three ways to be malformed JSON). */
 enum lg_bad {
 	LG_BAD_NONE = 0,
 	LG_BAD_JSON,        /* cut in the middle */
@@ -62,6 +62,7 @@ enum lg_bad {
 	LG_BAD_ID_MISMATCH, /* message-id property differs from the body's */
 	LG_BAD_UNKNOWN_TYPE,
 	LG_BAD_TOO_LARGE,
+	LG_BAD_BINARY_HEADER, /* not JSON, with a header whose value is a byte array that is not UTF-8 */
 	LG_BAD_COUNT
 };
 
@@ -147,6 +148,10 @@ void lg_scenario_free(struct lg_scenario *s);
 
 /* The body of one published item, malloc'd (caller frees), length in *len. */
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len);
+/* The bytes of the binary `trace` header a LG_BAD_BINARY_HEADER message
+ * carries (not UTF-8, with a NUL inside). */
+extern const unsigned char lg_binary_trace[8];
+
 /* The routing key for an item's message (order.<type>). */
 void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap);
 

@@ -39,6 +39,7 @@
 #include "status.h"
 
 #define V_REASON_MAX 40
+#define V_DEAD_REASONS 16
 #define V_EMIT_REFUND 0x1u
 #define V_EMIT_RELEASE 0x2u
 #define V_EMIT_PAID 0x4u
@@ -68,6 +69,7 @@ struct v_msg {
 	int64_t events;
 	int dlq_hits;       /* DLQ copies with the expected reason */
 	int conflict_hits;  /* DLQ copies marked payload-conflict */
+	int bare_hits;      /* DLQ copies without x-inbox-reason (the broker's delivery limit) */
 };
 
 /* Open addressing from an id to an index; ids are unique per kind. */
@@ -157,7 +159,14 @@ struct v_state {
 	json_t *run;
 	struct v_list missing, doubled, wrong, unexpected;
 	long foreign;       /* queue messages of other runs (acked, ignored) */
+	struct {
+		char reason[V_REASON_MAX];
+		long n;
+	} dead_by_reason[V_DEAD_REASONS]; /* the run's DLQ copies by x-inbox-reason */
+	int ndead_reasons;
 	long republished;   /* emitted messages seen more than once (allowed) */
+	/* The missing list by kind, for the report's totals. */
+	long miss_effects, miss_dead, miss_dead_bare, miss_conflicts, miss_orders, miss_emits;
 	long outcome_count[6];
 	int64_t *lat;       /* publish -> commit, microseconds */
 	size_t nlat;
@@ -333,7 +342,9 @@ static int v_ready_messages(struct v_state *st, struct mq *m, uint32_t *ready)
 }
 
 /* Wait until the run is settled or timeout_s passes (then verify anyway
- * and let the report show what is missing). */
+ * and let the report show what is missing).  A broker or database that is
+ * away for a moment (the end of a chaos run) is waited for within the same
+ * bound; the last error is reported if it never comes back. */
 static int v_wait_idle(struct v_state *st, int timeout_s)
 {
 	struct mq *m = NULL;
@@ -341,56 +352,78 @@ static int v_wait_idle(struct v_state *st, int timeout_s)
 	int64_t last_rows = -1;
 	int64_t expected = json_integer_value(json_object_get(st->run, "originals"));
 	bool tty = isatty(2) != 0;
-	int rc;
+	char last_err[256] = "";
+	int rc = ST_OK;
 
-	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
-	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: broker: %s\n", st_strerror(rc));
-		return -1;
-	}
 	for (;;) {
 		uint32_t ready = 0;
 		int64_t held = 0, pending = 0, rows = 0;
 		double now;
 
-		rc = v_ready_messages(st, m, &ready);
-		if (rc != ST_OK) {
-			fprintf(stderr, "inbox-loadgen: queue counts: %s\n", mq_errmsg(m));
-			break;
+		if (m == NULL) {
+			rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
+			if (rc != ST_OK)
+				snprintf(last_err, sizeof last_err, "broker: %s", st_strerror(rc));
 		}
-		rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true, &held);
-		if (rc == ST_OK)
-			rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false,
-			             &pending);
-		if (rc == ST_OK)
-			rc = v_count(st, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?",
-			             true, &rows);
-		if (rc != ST_OK) {
-			fprintf(stderr, "inbox-loadgen: database: %s\n", db_errmsg(st->db));
-			break;
+		if (st->db == NULL && rc == ST_OK) {
+			rc = db_open(&st->db, &st->conf->db);
+			if (rc != ST_OK) {
+				snprintf(last_err, sizeof last_err, "database: %s",
+				         st->db != NULL ? db_errmsg(st->db) : st_strerror(rc));
+				db_close(&st->db);
+			}
+		}
+		if (rc == ST_OK) {
+			rc = v_ready_messages(st, m, &ready);
+			if (rc != ST_OK) {
+				snprintf(last_err, sizeof last_err, "queue counts: %s", mq_errmsg(m));
+				mq_close(&m);
+			}
+		}
+		if (rc == ST_OK) {
+			rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true,
+			             &held);
+			if (rc == ST_OK)
+				rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false,
+				             &pending);
+			if (rc == ST_OK)
+				rc = v_count(st,
+				             "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?",
+				             true, &rows);
+			if (rc != ST_OK) {
+				snprintf(last_err, sizeof last_err, "database: %s", db_errmsg(st->db));
+				db_close(&st->db);
+			}
 		}
 		now = lg_mono();
-		if (rows != last_rows) {
-			last_rows = rows;
-			stable_since = now;
-		}
-		if (ready == 0 && held == 0 && pending == 0) {
-			/* All rows there: one quiet second is enough; otherwise give
-			 * in-flight deliveries five seconds to show up. */
-			double need = rows >= expected ? 1.0 : 5.0;
-			if (now - stable_since >= need)
-				break;
+		if (rc == ST_OK) {
+			if (rows != last_rows) {
+				last_rows = rows;
+				stable_since = now;
+			}
+			if (ready == 0 && held == 0 && pending == 0) {
+				/* All rows there: one quiet second is enough; otherwise
+				 * give in-flight deliveries five seconds to show up. */
+				double need = rows >= expected ? 1.0 : 5.0;
+				if (now - stable_since >= need)
+					break;
+			}
 		}
 		if (now > end) {
+			if (rc != ST_OK) {
+				fprintf(stderr, "%sinbox-loadgen: %s\n", tty ? "\n" : "", last_err);
+				break;
+			}
 			fprintf(stderr,
 			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld);"
 			        " verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held, (long long)pending,
 			        (long long)rows, (long long)expected);
 			break;
 		}
-		if (tty)
+		if (tty && rc == ST_OK)
 			fprintf(stderr, "\rwaiting for the worker: ready %u, held %lld, outbox %lld, inbox rows %lld/%lld   ",
 			        ready, (long long)held, (long long)pending, (long long)rows, (long long)expected);
+		rc = ST_OK;
 		lg_sleep_ms(500);
 	}
 	if (tty)
@@ -586,6 +619,24 @@ static int v_drain(struct v_state *st, const char *queue, void (*on_msg)(struct 
 	return rc;
 }
 
+static void v_tally_reason(struct v_state *st, const char *reason)
+{
+	int i;
+
+	for (i = 0; i < st->ndead_reasons; i++) {
+		if (strcmp(st->dead_by_reason[i].reason, reason) == 0)
+			break;
+	}
+	if (i == st->ndead_reasons) {
+		if (i == V_DEAD_REASONS)
+			i--; /* more kinds than SPEC.md has: the last slot takes the rest */
+		else
+			st->ndead_reasons++;
+		snprintf(st->dead_by_reason[i].reason, sizeof st->dead_by_reason[i].reason, "%s", reason);
+	}
+	st->dead_by_reason[i].n++;
+}
+
 static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 {
 	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
@@ -599,12 +650,15 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 	}
 	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
 		snprintf(reason, sizeof reason, "(none)");
+	v_tally_reason(st, reason);
 	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
 	if (i < 0) {
 		v_add(&st->unexpected, "%s: dead-lettered (%s), not in the ledger", id, reason);
 		return;
 	}
 	m = &st->msgs[i];
+	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		m->bare_hits++;
 	if (!m->effect && strcmp(reason, m->reason) == 0)
 		m->dlq_hits++;
 	else if (m->conflicts > 0 && strcmp(reason, "payload-conflict") == 0)
@@ -658,6 +712,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 			if (m->events == 1)
 				(*effects_found)++;
 			if (m->events == 0)
+				st->miss_effects++;
+			if (m->events == 0)
 				v_add(&st->missing, "%s: no order_events row%s", m->id,
 				      !m->row ? " and no inbox row" : strcmp(m->got_outcome, "held") == 0 ? " (still held)" : "");
 			else if (m->events > 1) {
@@ -670,8 +726,13 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 				v_add(&st->wrong, "%s: outcome %s, expected applied or compensated", m->id, m->got_outcome);
 		} else {
 			(*dead_expected)++;
-			if (m->dlq_hits == 0)
-				v_add(&st->missing, "%s: no dead-letter with reason %s", m->id, m->reason);
+			if (m->dlq_hits == 0) {
+				st->miss_dead++;
+				if (m->bare_hits > 0)
+					st->miss_dead_bare++;
+				v_add(&st->missing, "%s: no dead-letter with reason %s%s", m->id, m->reason,
+				      m->bare_hits > 0 ? " (a copy without x-inbox-reason came: the delivery limit)" : "");
+			}
 			if (m->events > 0)
 				v_add(&st->doubled, "%s: has an order_events row but must be dead-lettered (%s)", m->id, m->reason);
 			if (malformed && m->row)
@@ -681,6 +742,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 		}
 		if (m->conflicts > 0) {
 			if (m->conflict_hits < m->conflicts)
+				st->miss_conflicts++;
+			if (m->conflict_hits < m->conflicts)
 				v_add(&st->missing, "%s: conflicting payload not dead-lettered as %s", m->id, "payload-conflict");
 			if (m->row && strcmp(m->got_sha, m->sha) != 0)
 				v_add(&st->wrong, "%s: stored payload hash is not the original's (the conflict won)%s", m->id, "");
@@ -689,6 +752,7 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 	for (size_t i = 0; i < st->norders; i++) {
 		struct v_order *o = &st->orders[i];
 		if (!o->found) {
+			st->miss_orders++;
 			v_add(&st->missing, "%s: no order row (expected %s)", o->id, o->status);
 		} else if (strcmp(o->got_status, o->status) != 0 || o->got_version != (int64_t)o->version) {
 			char exp[64];
@@ -700,6 +764,8 @@ static void v_judge(struct v_state *st, long *effects_expected, long *effects_fo
 			if (!(o->emits & (1u << b)))
 				continue;
 			(*emits_expected)++;
+			if (!(o->seen & (1u << b)))
+				st->miss_emits++;
 			if (!(o->seen & (1u << b)))
 				v_add(&st->missing, "%s: %s not emitted", o->id, emit_names[b]);
 		}
@@ -720,7 +786,7 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	struct v_state st;
 	long eff_exp = 0, eff_found = 0, dead_exp = 0, emit_exp = 0, emits_seen = 0, dead_seen = 0;
 	char (*lines)[200] = NULL;
-	int exit_code = 1, rc;
+	int exit_code = 1;
 
 	memset(&st, 0, sizeof st);
 	st.conf = conf;
@@ -734,11 +800,6 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	if (v_load(&st, vo->ledger) != 0)
 		goto out;
 	v_copy(st.verify_queue, sizeof st.verify_queue, json_object_get(st.run, "verify_queue"));
-	rc = db_open(&st.db, &conf->db);
-	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: database: %s\n", st.db ? db_errmsg(st.db) : st_strerror(rc));
-		goto out;
-	}
 	if (v_wait_idle(&st, vo->timeout_s) != 0)
 		goto out;
 	if (v_read_inbox(&st) != ST_OK || v_read_events(&st) != ST_OK || v_read_orders(&st) != ST_OK) {
@@ -766,10 +827,23 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
 	       st.outcome_count[0], st.outcome_count[1], st.outcome_count[2], st.outcome_count[3], st.outcome_count[4]);
 	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", eff_exp, eff_found,
-	       st.missing.count, st.doubled.count);
+	       st.miss_effects, st.doubled.count);
+	/* Scripts read this line (scripts/chaos): keep its words. */
+	printf("missing     %ld in all: effects %ld, dead-letters %ld (%ld of them reached the DLQ only without"
+	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
+	       st.missing.count, st.miss_effects, st.miss_dead, st.miss_dead_bare, st.miss_conflicts, st.miss_orders,
+	       st.miss_emits);
 	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count);
 	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld)\n", dead_exp,
 	       dead_seen, emit_exp, emits_seen, st.republished);
+	/* Copies, not messages: a message delivered again after a crash may be
+	 * dead-lettered twice (the DLQ is at-least-once too). */
+	printf("dead-letter copies by reason:");
+	if (st.ndead_reasons == 0)
+		printf(" none");
+	for (int i = 0; i < st.ndead_reasons; i++)
+		printf("%s %s %ld", i ? "," : "", st.dead_by_reason[i].reason, st.dead_by_reason[i].n);
+	printf("\n");
 	printf("unexpected  %ld (other runs' queue messages ignored: %ld)\n", st.unexpected.count, st.foreign);
 	if (st.nlat > 0 && st.last_done > st.first_pub) {
 		double span = (double)(st.last_done - st.first_pub) / 1e6;

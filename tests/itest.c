@@ -464,6 +464,18 @@ void itest_bind_queue(const char *queue, const char *exchange, const char *bindi
 	mq_close(&m);
 }
 
+uint64_t itest_hash(const void *p, size_t len)
+{
+	const unsigned char *b = p;
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= b[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
 int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s)
 {
 	struct mq *m = NULL;
@@ -482,6 +494,8 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 		}
 		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
 		memset(&out[n], 0, sizeof out[n]);
+		out[n].len = d.len;
+		out[n].body_hash = itest_hash(d.body, d.len);
 		if (d.props.message_id != NULL)
 			snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
 			         d.props.message_id);

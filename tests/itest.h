@@ -11,6 +11,7 @@
 #define INBOX_ITEST_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -87,6 +88,8 @@ struct itest_dead {
 	char reason[40];
 	char detail[200];
 	char type[40];
+	size_t len;         /* body length */
+	uint64_t body_hash; /* itest_hash of the body */
 };
 int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
 /* The same for any queue. */
@@ -104,6 +107,9 @@ int itest_wait_http(int port, const char *path, int want, char *body, size_t cap
 /* A metrics port for the k-th worker of a test, derived from the broker's
  * port so that stacks side by side on one machine never share one. */
 int itest_metrics_port(int k);
+
+/* FNV-1a of len bytes: tells whether a queued body is the one published. */
+uint64_t itest_hash(const void *p, size_t len);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);

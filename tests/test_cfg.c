@@ -124,6 +124,7 @@ Test(cfg, defaults_match_the_spec)
 	cr_assert_str_eq(c.out_exchange, "orders.out");
 	cr_assert_eq(c.max_body, 65536);
 	cr_assert_eq(c.retention_s, 7L * 86400);
+	cr_assert_eq(c.cleanup_interval_s, 600);
 	cr_assert_eq(c.hold_ttl_s, 600);
 	cr_assert_str_eq(c.metrics_addr, "127.0.0.1:9464");
 	cr_assert_eq(c.log_format, LOG_FORMAT_TEXT);
@@ -968,7 +969,8 @@ Test(cfg, help_lists_every_setting)
 		"INBOX_CONSUMER", "--consumer", "INBOX_QUEUE", "--queue",
 		"INBOX_EXCHANGE", "--exchange", "INBOX_DLX", "--dlx", "INBOX_DLQ", "--dlq",
 		"INBOX_OUT_EXCHANGE", "--out-exchange", "INBOX_MAX_BODY", "--max-body",
-		"INBOX_RETENTION", "--retention", "INBOX_HOLD_TTL", "--hold-ttl",
+		"INBOX_RETENTION", "--retention", "INBOX_CLEANUP_INTERVAL", "--cleanup-interval",
+		"INBOX_HOLD_TTL", "--hold-ttl",
 		"INBOX_METRICS_ADDR", "--metrics-addr", "INBOX_LOG_FORMAT", "--log-format",
 		"INBOX_LOG_LEVEL", "--log-level", "INBOX_DELIVERY_LIMIT", "--delivery-limit",
 		"INBOX_MAX_RETRIES", "--max-retries", "INBOX_HEARTBEAT", "--heartbeat",

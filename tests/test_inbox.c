@@ -5,11 +5,16 @@
  * input.  Each test asserts database state and queue contents.
  */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -392,6 +397,97 @@ Test(inbox, metrics_health_and_readiness_endpoints)
 	cr_assert_neq(strstr(page, "inbox_outbox_pending"), NULL);
 	stop_ok(w);
 	mq_close(&m);
+}
+
+/* http_get with a bounded read: a server that never answers (a connection
+ * left in the listen backlog, or accepted and never served) gives 0 after
+ * timeout_s instead of hanging the test. */
+static int http_get_within(int port, const char *path, int timeout_s)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { .tv_sec = timeout_s, .tv_usec = 0 };
+	char req[256], resp[512];
+	size_t len = 0;
+	ssize_t r;
+	int fd, status = 0;
+
+	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		close(fd);
+		return 0;
+	}
+	snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return 0;
+	}
+	while (len + 1 < sizeof resp && (r = read(fd, resp + len, sizeof resp - 1 - len)) > 0)
+		len += (size_t)r;
+	resp[len] = '\0';
+	close(fd);
+	if (sscanf(resp, "HTTP/1.%*d %d", &status) != 1)
+		return 0;
+	return status;
+}
+
+/* GET path until it answers 200 or bound_s pass (a refused or dropped
+ * connection is retried after 200 ms); returns the last status. */
+static int poll_get(int port, const char *path, int bound_s)
+{
+	struct timespec t0, now;
+	int code = 0;
+
+	cr_assert_eq(clock_gettime(CLOCK_MONOTONIC, &t0), 0);
+	for (;;) {
+		code = http_get_within(port, path, 1);
+		cr_assert_eq(clock_gettime(CLOCK_MONOTONIC, &now), 0);
+		if (code == 200 || now.tv_sec - t0.tv_sec >= bound_s)
+			return code;
+		usleep(200 * 1000);
+	}
+}
+
+/* Idle sockets must not starve the health checks: 32 connections that
+ * never send a byte (more than one client may hold at once) are closed by
+ * the server's connection time-out, after which /healthz and /readyz answer
+ * again.  Polled with a bound of the time-out plus a margin, never timed. */
+Test(inbox, idle_metrics_connections_do_not_starve_health_checks, .timeout = 180)
+{
+	enum { IDLE = 32 };
+	const int port = itest_metrics_port(0);
+	char addr[64];
+	int idle[IDLE], code = 0;
+	pid_t w;
+
+	itest_fresh();
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	w = itest_worker(1, (const char *[]){ addr, NULL });
+	for (int i = 0; i < 300 && code != 200; i++) {
+		code = http_get_within(port, "/readyz", 2);
+		if (code != 200)
+			usleep(100 * 1000);
+	}
+	cr_assert_eq(code, 200, "ready once every thread has both connections");
+	for (int i = 0; i < IDLE; i++) {
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+		cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
+		idle[i] = socket(AF_INET, SOCK_STREAM, 0);
+		cr_assert_geq(idle[i], 0);
+		cr_assert_eq(connect(idle[i], (struct sockaddr *)&sa, sizeof sa), 0, "idle connection %d", i);
+	}
+	/* The server's idle time-out is METRICS_CONN_TIMEOUT_S (5 s); 30 s is
+	 * the time-out plus a wide margin for a loaded machine. */
+	code = poll_get(port, "/healthz", 30);
+	cr_assert_eq(code, 200, "/healthz must answer while %d idle connections are open", IDLE);
+	code = poll_get(port, "/readyz", 30);
+	cr_assert_eq(code, 200, "/readyz must answer while %d idle connections are open", IDLE);
+	for (int i = 0; i < IDLE; i++)
+		close(idle[i]);
+	stop_ok(w);
 }
 
 Test(inbox, cleanup_deletes_rows_past_retention_only)

@@ -164,3 +164,106 @@ Test(loadgen, verifier_names_a_doubled_effect, .timeout = 600)
 	cr_assert_neq(lg_run(ver, vlog, 120), 0, "verify passed a database with a doubled effect, see %s", vlog);
 	cr_assert(lg_file_has(vlog, victim, "order_events rows"), "report does not name %s, see %s", victim, vlog);
 }
+
+/* The chaos run unbinds the DLQ with `inbox-loadgen dlq unbind`: a
+ * mandatory publish to the dead-letter exchange then comes back unroutable,
+ * and `dlq bind` makes it land again. */
+Test(loadgen, dlq_unbind_and_bind, .timeout = 120)
+{
+	const struct cfg *c;
+	const char *unbind[] = { "dlq", "unbind", NULL }, *bind[] = { "dlq", "bind", NULL };
+	char log[256], body[512];
+	struct mq_message msg = { .routing_key = "order.OrderCreated", .message_id = "dlq-bind-1", .mandatory = true };
+	struct mq *m;
+
+	itest_fresh();
+	c = itest_cfg();
+	msg.exchange = c->dlx;
+	itest_event(body, sizeof body, "dlq-bind-1", "OrderCreated", "dlq-bind-o1");
+	msg.body = body;
+	msg.len = strlen(body);
+	lg_ledger_path(log, sizeof log, "dlq-bind");
+	/* itest_mq declares the topology, which binds the DLQ: open it first. */
+	m = itest_mq();
+	cr_assert_eq(lg_run(unbind, log, 60), 0, "dlq unbind failed, see %s", log);
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_ERR_MQ_NACK,
+	             "a dead-letter must be unroutable while the DLQ is unbound");
+	cr_assert_eq(itest_queue_depth(c->dlq), 0);
+	cr_assert_eq(lg_run(bind, log, 60), 0, "dlq bind failed, see %s", log);
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK, "bound again, the dead-letter must land");
+	mq_close(&m);
+	cr_assert_eq(itest_queue_depth(c->dlq), 1);
+}
+
+/* The binary-header class: a body that is not JSON with a `trace` header
+ * whose value is bytes that are not UTF-8; the ledger expects it in the DLQ
+ * as malformed-json.  No worker runs: the message is read off the queue. */
+Test(loadgen, binary_header_class_is_published_and_expected_as_malformed_json, .timeout = 120)
+{
+	char ledger[256], plog[300], trace[16];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "binhdr", "--orders", "1", "--dup-rate", "0",
+	                      "--malformed", "8", "--connections", "1", NULL };
+	struct mq *m;
+	struct mq_delivery d;
+	bool seen = false;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "binhdr");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	cr_assert_eq(lg_run(pub, plog, 60), 0, "publish failed, see %s", plog);
+	cr_assert(lg_file_has(ledger, "\"class\":\"binary-header\"", "\"reason\":\"malformed-json\""),
+	          "the ledger lacks the binary-header class, see %s", ledger);
+	m = itest_mq();
+	memset(&d, 0, sizeof d);
+	while (mq_get(m, itest_cfg()->queue, &d) == ST_OK) {
+		/* ids are lg<seed>-<run>-bad-<n>; class 8 is the eighth malformed */
+		if (d.props.message_id != NULL && d.props.message_id_len == strlen("lg1-binhdr-bad-7") &&
+		    memcmp(d.props.message_id, "lg1-binhdr-bad-7", d.props.message_id_len) == 0) {
+			seen = true;
+			cr_assert_eq(mq_delivery_header(&d, "trace", trace, sizeof trace), ST_OK, "no trace header");
+			/* The value is cut at its NUL byte here: ff fe 00 ... */
+			cr_assert_str_eq(trace, "\xff\xfe", "trace header is not the binary value");
+		}
+		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
+		mq_delivery_release(m, &d);
+	}
+	mq_close(&m);
+	cr_assert(seen, "the binary-header message is not in %s", itest_cfg()->queue);
+}
+
+/* The publisher survives a broker restart: what was not confirmed is
+ * published again after reconnecting, and the run still verifies (a copy
+ * the broker had taken is a duplicate the worker absorbs). */
+Test(loadgen, publisher_republishes_after_a_broker_restart, .timeout = 600)
+{
+	char ledger[256], plog[300], vlog[300], root[4096], cmd[4300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--orders", "400", "--rate", "100", "--delayed-dups", "0",
+	                      "--connections", "2", "--retry-timeout", "120", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "300", NULL };
+	const char *bin = getenv("INBOX_LOADGEN_BIN");
+	pid_t w1, w2, p;
+	int st, rc;
+
+	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "brokerrestart");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
+	w1 = itest_worker(2, NULL);
+	w2 = itest_worker(2, NULL);
+	p = itest_spawn_program(bin, pub, NULL, plog, true);
+	/* Restart the broker once the publisher is well under way. */
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) >= 200 FROM processed_messages", 1, 120), 1,
+	             "the run did not start, see %s", plog);
+	snprintf(cmd, sizeof cmd, "%s restart-mq >&2", itest_source("scripts/stack", root, sizeof root));
+	cr_assert_eq(system(cmd), 0, "scripts/stack restart-mq failed");
+	st = itest_wait_exit(p, 300);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "publish did not survive the restart (status %d), see %s", st,
+	          plog);
+	cr_assert_eq(itest_log_has(plog, "re-published") && !itest_log_has(plog, "after 0 broker faults"), true,
+	             "the publisher saw no broker fault, see %s", plog);
+	rc = lg_run(ver, vlog, 400);
+	itest_stop(w1, SIGTERM, 60);
+	itest_stop(w2, SIGTERM, 60);
+	cr_assert_eq(rc, 0, "verify failed, see %s", vlog);
+}

@@ -30,7 +30,8 @@
  * towards the delivery limit.
  *
  * Each process also runs one janitor thread (janitor_main): the outbox
- * relay, hold expiry, the outbox gauge and retention cleanup.
+ * relay, hold expiry, the outbox gauge and retention cleanup in slices
+ * (janitor_retention).
  */
 #include "pool.h"
 
@@ -52,12 +53,18 @@
 #include "mq.h"
 #include "msg.h"
 #include "outbox.h"
+#include "retention.h"
 #include "status.h"
 
 #define POOL_CONSUME_TIMEOUT_MS 250
 #define POOL_HOUSEKEEPING_MS 1000  /* hold expiry and the outbox gauge */
-#define POOL_CLEANUP_S 600         /* retention cleanup */
 #define POOL_RELAY_IDLE_MS 250     /* relay rows of crashed peers at least this often */
+/* A retention pass runs one tick per POOL_CLEANUP_TICK_MS until it has
+ * caught up; a tick starts no slice after POOL_CLEANUP_BUDGET_MS (and runs
+ * RETENTION_TICK_SLICES at most), so the relay and hold expiry wait for one
+ * tick at most, and the deletes take about a tenth of one connection. */
+#define POOL_CLEANUP_TICK_MS 1000
+#define POOL_CLEANUP_BUDGET_MS 100
 /* At most this often the janitor relays: each round ends in a COMMIT, and
  * on a busy database a commit (its fsync) per emitted row would cost the
  * consuming threads more than the few milliseconds of latency saved. */
@@ -87,6 +94,7 @@ struct worker {
 	struct db *db;
 	struct inbox *inbox;
 	struct outbox *outbox;
+	struct retention *retention; /* the janitor's, prepared on first use */
 	/* The queues this thread consumes: indexes for mq_consume_queue_name
 	 * (one, 0, in shared ordering; its shards in sharded ordering). */
 	int shard[64];
@@ -210,6 +218,7 @@ static void worker_wait(struct worker *w, int ms)
 
 static void worker_close_db(struct worker *w)
 {
+	retention_close(&w->retention);
 	outbox_close(&w->outbox);
 	inbox_close(&w->inbox);
 	db_close(&w->db);
@@ -721,6 +730,72 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	return ST_OK;
 }
 
+/* A retention pass of the janitor, spread over ticks. */
+struct janitor_pass {
+	bool due;               /* a pass is under way */
+	int64_t next_pass_ms;   /* when the next pass starts */
+	int64_t next_tick_ms;
+	int64_t started_ms;
+	uint64_t deleted;       /* in this pass so far */
+	int ticks;
+};
+
+/* One tick of retention cleanup when one is due (see POOL_CLEANUP_TICK_MS).
+ * A pass starts cleanup_interval after the previous one ended and ticks on
+ * until it has caught up; it ends early, and says so, when another process
+ * holds the cleanup lock: that process is doing the work. */
+static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t now)
+{
+	static const struct retention_limits lim = {
+		.slice_rows = RETENTION_SLICE_ROWS,
+		.max_slices = RETENTION_TICK_SLICES,
+		.budget_ms = POOL_CLEANUP_BUDGET_MS,
+		.lock_wait_s = 0,
+		.retries = 0, /* a conflicting slice waits for the next tick */
+	};
+	enum retention_state state;
+	uint64_t n = 0;
+	int rc;
+
+	if (!p->due) {
+		if (now < p->next_pass_ms)
+			return;
+		p->due = true;
+		p->started_ms = now;
+		p->next_tick_ms = now;
+		p->deleted = 0;
+		p->ticks = 0;
+	}
+	if (now < p->next_tick_ms)
+		return;
+	if (w->retention == NULL) {
+		rc = retention_open(&w->retention, w->db, w->conf);
+		if (rc != ST_OK) {
+			LOG(LOG_WARN, "retention cleanup cannot prepare its statements", LOG_S("error", db_errmsg(w->db)));
+			p->next_tick_ms = now + POOL_CLEANUP_TICK_MS;
+			return;
+		}
+	}
+	rc = retention_run(w->retention, &lim, &state, &n);
+	p->deleted += n;
+	p->ticks++;
+	now = pool_now_ms();
+	p->next_tick_ms = now + POOL_CLEANUP_TICK_MS;
+	if (rc != ST_OK) {
+		LOG(LOG_WARN, "retention cleanup tick failed; next tick goes on", LOG_S("error", db_errmsg(w->db)));
+		return;
+	}
+	if (state == RETENTION_MORE)
+		return;
+	p->due = false;
+	p->next_pass_ms = now + w->conf->cleanup_interval_s * 1000;
+	if (state == RETENTION_BUSY)
+		LOG0(LOG_INFO, "retention cleanup skipped: another process holds the cleanup lock");
+	else if (p->deleted > 0)
+		LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", p->deleted), LOG_I("ticks", p->ticks),
+		    LOG_I("ms", now - p->started_ms), LOG_I("retention_s", w->conf->retention_s));
+}
+
 /*
  * The janitor: one thread per process that publishes the outbox (woken by
  * the workers, and every POOL_RELAY_IDLE_MS for rows left by a crashed
@@ -731,7 +806,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 static void *janitor_main(void *arg)
 {
 	struct worker *w = arg;
-	int64_t last_housekeeping = 0, last_cleanup = pool_now_ms(), last_relay = 0;
+	int64_t last_housekeeping = 0, last_relay = 0;
+	struct janitor_pass pass = { .next_pass_ms = pool_now_ms() + w->conf->cleanup_interval_s * 1000 };
 
 	db_thread_init();
 	while (!atomic_load(&pool_stop)) {
@@ -772,13 +848,7 @@ static void *janitor_main(void *arg)
 				metrics_outbox_oldest_pending(oldest);
 			}
 		}
-		if (now - last_cleanup >= POOL_CLEANUP_S * 1000) {
-			uint64_t deleted = 0;
-
-			last_cleanup = now;
-			if (inbox_cleanup(w->inbox, 1000, &deleted) == ST_OK && deleted > 0)
-				LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", deleted));
-		}
+		janitor_retention(w, &pass, now);
 	}
 	mq_close(&w->publisher);
 	worker_close_db(w);
@@ -1041,23 +1111,41 @@ done:
 	return code;
 }
 
+/* `inbox-worker cleanup`: slices until caught up, one process at a time.
+ * It waits a moment for the lock, long enough for a janitor's tick to end,
+ * so a cron job is not skipped because a pool happened to be mid-tick; a
+ * real second cleanup holds it for longer, and then this one skips (exit 0:
+ * the other run does the work). */
 int cleanup_main(const struct cfg *conf)
 {
+	static const struct retention_limits lim = {
+		.slice_rows = RETENTION_SLICE_ROWS,
+		.max_slices = 0,
+		.budget_ms = 0,
+		.lock_wait_s = 1,
+		.retries = 60, /* about a minute of conflicts in a row on one slice */
+	};
 	struct db *db = NULL;
-	struct inbox *ib = NULL;
+	struct retention *ret = NULL;
+	enum retention_state state = RETENTION_MORE;
 	uint64_t deleted = 0;
 	int rc;
 
 	rc = db_open(&db, &conf->db);
 	if (rc == ST_OK)
-		rc = inbox_open(&ib, db, conf);
+		rc = retention_open(&ret, db, conf);
 	if (rc == ST_OK)
-		rc = inbox_cleanup(ib, 1000, &deleted);
+		rc = retention_run(ret, &lim, &state, &deleted);
+	if (rc == ST_OK && state == RETENTION_MORE)
+		rc = ST_ERR_DB_LOCK_TIMEOUT; /* the retries ran out */
 	if (rc != ST_OK)
-		LOG(LOG_ERROR, "cleanup failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
+		LOG(LOG_ERROR, "cleanup failed", LOG_I("deleted", deleted),
+		    LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
+	else if (state == RETENTION_BUSY)
+		LOG0(LOG_INFO, "cleanup skipped: another process holds the cleanup lock");
 	else
 		LOG(LOG_INFO, "cleanup done", LOG_I("deleted", deleted), LOG_I("retention_s", conf->retention_s));
-	inbox_close(&ib);
+	retention_close(&ret);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }
