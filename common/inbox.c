@@ -74,10 +74,9 @@ struct jbuf {
 	bool oom;
 };
 
-/* The sections of inbox_write_batch's document, in the order it writes
- * them (migrations/procedures/inbox_write_batch.sql). */
+/* inbox_write_batch's arrays, in the order of its parameters and of its
+ * writes (migrations/procedures/inbox_write_batch.sql). */
 enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_NSECT };
-static const char inbox_wsect_names[W_NSECT] = { 'd', 'h', 'o', 'e', 'x', 'm', 'l' };
 
 /* An order of the transaction, locked: its state as it evolves. */
 struct inbox_order {
@@ -134,10 +133,9 @@ struct inbox {
 	int nkeys;
 	struct inbox_order *orders;
 	int norders;
-	/* The claim document and the write document's sections. */
+	/* The claim's keys and the write's arrays (one per kind of row). */
 	struct jbuf claim;
 	struct jbuf w[W_NSECT];
-	struct jbuf doc;
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */
@@ -297,9 +295,11 @@ static void jb_b64(struct jbuf *b, const void *p, size_t n)
 	b->p[b->len] = '\0';
 }
 
-/* Open a row of a section: '[' after a comma if needed. */
+/* Open a row of an array of rows (opening the array on its first row). */
 static void jb_row(struct jbuf *b)
 {
+	if (b->len == 0)
+		jb_ch(b, '[');
 	jb_sep(b);
 	jb_ch(b, '[');
 }
@@ -347,7 +347,7 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	} while (0)
 	/* migrations/procedures/: the claim of a batch, and its writes. */
 	PREP(claim_batch, "CALL inbox_claim_batch(?, ?, ?)");
-	PREP(write_batch, "CALL inbox_write_batch(?, ?)");
+	PREP(write_batch, "CALL inbox_write_batch(?, ?, ?, ?, ?, ?, ?, ?)");
 	/* Hold expiry locks one order outside a batch: the same real write
 	 * as inbox_claim_batch's, then the locking read. */
 	PREP(lock_touch, "INSERT INTO order_locks (order_id, held, locks) VALUES (?, 0, 1)"
@@ -392,7 +392,6 @@ void inbox_close(struct inbox **ibp)
 	free(ib->claim.p);
 	for (int s = 0; s < W_NSECT; s++)
 		free(ib->w[s].p);
-	free(ib->doc.p);
 	free(ib);
 	*ibp = NULL;
 }
@@ -429,7 +428,7 @@ static int inbox_reserve(struct inbox *ib, int n)
  * transaction is harmless. */
 static int inbox_flush(struct inbox *ib)
 {
-	struct jbuf *o = &ib->w[W_ORDER], *l = &ib->w[W_LOCK], *doc = &ib->doc;
+	struct jbuf *o = &ib->w[W_ORDER], *l = &ib->w[W_LOCK];
 	bool any = false;
 	int rc;
 
@@ -458,31 +457,24 @@ static int inbox_flush(struct inbox *ib)
 			r->held_dirty = false;
 		}
 	}
-	jb_clear(doc);
-	jb_ch(doc, '{');
-	for (int s = 0; s < W_NSECT; s++) {
-		char head[6] = { '"', inbox_wsect_names[s], '"', ':', '[', '\0' };
-
-		if (ib->w[s].len == 0)
-			continue;
-		if (ib->w[s].oom)
-			doc->oom = true;
-		jb_sep(doc);
-		jb_raw(doc, head, 5);
-		jb_raw(doc, ib->w[s].p, ib->w[s].len);
-		jb_ch(doc, ']');
-		jb_clear(&ib->w[s]);
-		any = true;
-	}
-	jb_ch(doc, '}');
-	if (doc->oom)
-		return ST_ERR_NOMEM;
-	if (!any)
-		return ST_OK;
 	{
-		struct db_param p[2] = { DBP_STR(ib->conf->consumer), DBP_STRN(doc->p, doc->len) };
-		rc = db_stmt_exec(ib->write_batch, p, 2, NULL);
+		struct db_param p[1 + W_NSECT];
+
+		p[0] = DBP_STR(ib->conf->consumer);
+		for (int s = 0; s < W_NSECT; s++) {
+			struct jbuf *b = &ib->w[s];
+
+			if (b->len > 0)
+				jb_ch(b, ']');
+			if (b->oom)
+				return ST_ERR_NOMEM;
+			p[1 + s] = b->len > 0 ? DBP_STRN(b->p, b->len) : DBP_NULL();
+			any = any || b->len > 0;
+		}
+		rc = any ? db_stmt_exec(ib->write_batch, p, 1 + W_NSECT, NULL) : ST_OK;
 	}
+	for (int s = 0; s < W_NSECT; s++)
+		jb_clear(&ib->w[s]);
 	return rc;
 }
 
@@ -490,7 +482,6 @@ static void inbox_forget(struct inbox *ib)
 {
 	for (int s = 0; s < W_NSECT; s++)
 		jb_trim(&ib->w[s]);
-	jb_trim(&ib->doc);
 	jb_trim(&ib->claim);
 	ib->norders = 0;
 	ib->nkeys = 0;

@@ -3,7 +3,8 @@
 -- right after; this procedure never ends the transaction (one owner of the
 -- transaction: inbox_run).
 --
--- p_w is an object of arrays, each optional, written in this order:
+-- One JSON array per kind of row, NULL when there is none (each is parsed
+-- only by the statement that writes it), written in this order:
 --   d: held_events ids to delete (released, expired) [id]
 --   h: events to hold                                 [source, message_id, order_id, type, routing_key, props, body_b64]
 --   o: order rows, their state after the batch        [order_id, status, version, flags, paid_now, amount_cents]
@@ -19,19 +20,25 @@ DROP PROCEDURE IF EXISTS inbox_write_batch;
 
 CREATE PROCEDURE inbox_write_batch(
   IN p_consumer VARCHAR(64) CHARACTER SET ascii,
-  IN p_w        LONGTEXT CHARACTER SET utf8mb4)
+  IN p_d        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_h        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_o        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_e        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_x        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_m        LONGTEXT CHARACTER SET utf8mb4,
+  IN p_l        LONGTEXT CHARACTER SET utf8mb4)
   MODIFIES SQL DATA
 BEGIN
-  IF JSON_LENGTH(p_w, '$.d') > 0 THEN
+  IF p_d IS NOT NULL THEN
     DELETE FROM held_events
-     WHERE id IN (SELECT d.id FROM JSON_TABLE(p_w, '$.d[*]' COLUMNS (id BIGINT PATH '$[0]')) d);
+     WHERE id IN (SELECT d.id FROM JSON_TABLE(p_d, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) d);
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.h') > 0 THEN
+  IF p_h IS NOT NULL THEN
     INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body, held_at)
     SELECT p_consumer, h.source, h.message_id, h.order_id, h.type, h.routing_key, h.props,
            FROM_BASE64(h.body), NOW(6)
-      FROM JSON_TABLE(p_w, '$.h[*]' COLUMNS (
+      FROM JSON_TABLE(p_h, '$[*]' COLUMNS (
              n           FOR ORDINALITY,
              source      VARCHAR(255)  PATH '$[0]',
              message_id  VARCHAR(255)  PATH '$[1]',
@@ -43,11 +50,11 @@ BEGIN
      ORDER BY h.n;
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.o') > 0 THEN
+  IF p_o IS NOT NULL THEN
     INSERT INTO orders (id, status, version, flags, amount_cents, paid_at, created_at, updated_at)
     SELECT o.order_id, o.status, o.version, o.flags, o.amount_cents, IF(o.paid_now = 1, NOW(6), NULL),
            NOW(6), NOW(6)
-      FROM JSON_TABLE(p_w, '$.o[*]' COLUMNS (
+      FROM JSON_TABLE(p_o, '$[*]' COLUMNS (
              n            FOR ORDINALITY,
              order_id     VARCHAR(255) PATH '$[0]',
              status       VARCHAR(255) PATH '$[1]',
@@ -63,12 +70,12 @@ BEGIN
                             updated_at = VALUES(updated_at);
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.e') > 0 THEN
+  IF p_e IS NOT NULL THEN
     INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome,
                               from_status, to_status, version, applied_at)
     SELECT e.order_id, p_consumer, e.source, e.message_id, e.type, e.outcome, e.from_status, e.to_status,
            e.version, NOW(6)
-      FROM JSON_TABLE(p_w, '$.e[*]' COLUMNS (
+      FROM JSON_TABLE(p_e, '$[*]' COLUMNS (
              n           FOR ORDINALITY,
              order_id    VARCHAR(255) PATH '$[0]',
              source      VARCHAR(255) PATH '$[1]',
@@ -81,11 +88,11 @@ BEGIN
      ORDER BY e.n;
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.x') > 0 THEN
+  IF p_x IS NOT NULL THEN
     INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body, created_at)
     SELECT x.message_id, x.exchange, x.routing_key, x.type, x.order_id, x.props, x.headers,
            FROM_BASE64(x.body), NOW(6)
-      FROM JSON_TABLE(p_w, '$.x[*]' COLUMNS (
+      FROM JSON_TABLE(p_x, '$[*]' COLUMNS (
              n           FOR ORDINALITY,
              message_id  VARCHAR(1024) PATH '$[0]',
              exchange    VARCHAR(1024) PATH '$[1]',
@@ -98,9 +105,9 @@ BEGIN
      ORDER BY x.n;
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.m') > 0 THEN
+  IF p_m IS NOT NULL THEN
     UPDATE processed_messages p
-      JOIN JSON_TABLE(p_w, '$.m[*]' COLUMNS (
+      JOIN JSON_TABLE(p_m, '$[*]' COLUMNS (
              source     VARCHAR(255) PATH '$[0]',
              message_id VARCHAR(255) PATH '$[1]',
              outcome    VARCHAR(255) PATH '$[2]',
@@ -111,9 +118,9 @@ BEGIN
        SET p.outcome = m.outcome, p.reason = m.reason, p.processed_at = NOW(6);
   END IF;
 
-  IF JSON_LENGTH(p_w, '$.l') > 0 THEN
+  IF p_l IS NOT NULL THEN
     UPDATE order_locks l
-      JOIN JSON_TABLE(p_w, '$.l[*]' COLUMNS (
+      JOIN JSON_TABLE(p_l, '$[*]' COLUMNS (
              order_id VARCHAR(255) PATH '$[0]',
              held     BIGINT       PATH '$[1]')) c
         ON l.order_id = CONVERT(c.order_id USING ascii) COLLATE ascii_bin
