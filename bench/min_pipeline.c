@@ -7,7 +7,13 @@
  * validation beyond the fields it needs, no state machine, no dead-letters,
  * no outbox — so pool / min_pipeline is the price of those guarantees.
  *
- *   min_pipeline --threads N [--expect M] [--idle S] [--prefetch P]
+ *   min_pipeline --threads N [--expect M] [--idle S] [--prefetch P] [--batch B]
+ *
+ * --batch B (> 1): the batched ceiling.  A thread takes up to B deliveries
+ * that are already waiting (as the pool does), runs them in one
+ * transaction whose statements are array-bound over the batch (four round
+ * trips: claim, order, ledger, COMMIT) and acks them with one cumulative
+ * basic.ack.
  *
  * Drains until M messages were handled or nothing came for S seconds, then
  * prints `min_pipeline threads=N msgs=... seconds=... mps=...` (seconds from
@@ -32,6 +38,7 @@ struct mp_shared {
 	long expect;
 	long idle_s;
 	int prefetch;
+	int batch;
 	atomic_long handled;
 	pthread_mutex_t mu;
 	double first, last;
@@ -102,6 +109,95 @@ static int mp_handle(struct bench_tx *tx, const struct mq_delivery *d, EVP_MD_CT
 	return rc == ST_ERR_DB_DUPLICATE ? ST_OK : rc;
 }
 
+/* Parse and hash one delivery into m (strings borrowed from *o, which the
+ * caller frees after the transaction).  -1: not ours to judge. */
+static int mp_prepare(const struct mq_delivery *d, EVP_MD_CTX *md, struct bench_msg *m, json_t **o)
+{
+	json_error_t jerr;
+	unsigned char sha[32];
+	unsigned int shalen = 0;
+
+	*o = json_loadb(d->body, d->len, 0, &jerr);
+	if (*o == NULL)
+		return -1;
+	if (EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 || EVP_DigestUpdate(md, d->body, d->len) != 1 ||
+	    EVP_DigestFinal_ex(md, sha, &shalen) != 1)
+		return -1;
+	for (int i = 0; i < 32; i++)
+		snprintf(m->sha_hex + 2 * i, 3, "%02x", sha[i]);
+	m->consumer = "bench";
+	m->source = mp_str(*o, "source");
+	m->message_id = mp_str(*o, "message_id");
+	m->type = mp_str(*o, "type");
+	m->order_id = mp_str(*o, "order_id");
+	m->published_us = d->published_us;
+	return 0;
+}
+
+/* The batched loop (--batch B). */
+static void mp_batched(struct mp_thread *t, struct mq *mq, struct bench_tx *tx, EVP_MD_CTX *md)
+{
+	struct mp_shared *sh = t->sh;
+	int cap = sh->batch;
+	struct mq_delivery *d = calloc((size_t)cap, sizeof *d);
+	struct bench_msg *m = calloc((size_t)cap, sizeof *m);
+	json_t **o = calloc((size_t)cap, sizeof *o);
+	double last_seen = mp_now();
+
+	if (d == NULL || m == NULL || o == NULL) {
+		t->rc = ST_ERR_NOMEM;
+		goto out;
+	}
+	while (atomic_load(&sh->handled) < sh->expect) {
+		int n = 0, k = 0, rc = mq_consume(mq, &d[0], 500);
+
+		if (rc == ST_ERR_TIMEOUT) {
+			if (mp_now() - last_seen >= (double)sh->idle_s)
+				break;
+			continue;
+		}
+		if (rc != ST_OK) {
+			t->rc = rc;
+			break;
+		}
+		for (n = 1; n < cap && mq_consume(mq, &d[n], 0) == ST_OK; n++)
+			;
+		last_seen = mp_now();
+		mp_mark(sh, last_seen);
+		for (int i = 0; i < n; i++)
+			if (mp_prepare(&d[i], md, &m[k], &o[k]) == 0)
+				k++;
+			else
+				json_decref(o[k]);
+		rc = ST_OK;
+		for (int attempt = 0; k > 0 && attempt < 20; attempt++) {
+			rc = bench_tx_run_batch(tx, m, k);
+			if (rc != ST_ERR_DB_DEADLOCK && rc != ST_ERR_DB_LOCK_TIMEOUT)
+				break;
+		}
+		for (int i = 0; i < k; i++)
+			json_decref(o[i]);
+		if (rc != ST_OK) {
+			fprintf(stderr, "min_pipeline: thread %d: transaction: %s\n", t->index, db_errmsg(tx->db));
+			t->rc = rc;
+			break;
+		}
+		rc = mq_ack(mq, d[n - 1].tag, true);
+		for (int i = 0; i < n; i++)
+			mq_delivery_release(mq, &d[i]);
+		if (rc != ST_OK) {
+			t->rc = rc;
+			break;
+		}
+		mp_mark(sh, mp_now());
+		atomic_fetch_add(&sh->handled, n);
+	}
+out:
+	free(d);
+	free(m);
+	free(o);
+}
+
 static void *mp_main(void *arg)
 {
 	struct mp_thread *t = arg;
@@ -126,6 +222,10 @@ static void *mp_main(void *arg)
 		t->rc = mq_consume_start(mq, sh->conf->queue, sh->prefetch, false);
 	if (t->rc != ST_OK) {
 		fprintf(stderr, "min_pipeline: thread %d: setup failed: %s\n", t->index, st_strerror(t->rc));
+		goto out;
+	}
+	if (sh->batch > 1) {
+		mp_batched(t, mq, &tx, md);
 		goto out;
 	}
 	while (atomic_load(&sh->handled) < sh->expect) {
@@ -172,7 +272,7 @@ int main(int argc, char **argv)
 	struct mp_thread *ts;
 	char err[256];
 	char *cargv[] = { argv[0], NULL };
-	long threads = 4, expect = 1L << 40, idle = 3, prefetch = -1;
+	long threads = 4, expect = 1L << 40, idle = 3, prefetch = -1, batch = 1;
 	int code = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -187,9 +287,12 @@ int main(int argc, char **argv)
 		else if (strcmp(argv[i], "--prefetch") == 0) {
 			dst = &prefetch;
 			max = 65535;
+		} else if (strcmp(argv[i], "--batch") == 0) {
+			dst = &batch;
+			max = 500;
 		}
 		if (dst == NULL || i + 1 >= argc || cfg_parse_long(argv[++i], 1, max, dst, err, sizeof err) != 0) {
-			fprintf(stderr, "usage: min_pipeline [--threads N] [--expect M] [--idle S] [--prefetch P]\n");
+			fprintf(stderr, "usage: min_pipeline [--threads N] [--expect M] [--idle S] [--prefetch P] [--batch B]\n");
 			return 2;
 		}
 	}
@@ -204,7 +307,10 @@ int main(int argc, char **argv)
 	sh.conf = &conf;
 	sh.expect = expect;
 	sh.idle_s = idle;
+	sh.batch = (int)batch;
 	sh.prefetch = prefetch > 0 ? (int)prefetch : conf.prefetch;
+	if (sh.prefetch < sh.batch)
+		sh.prefetch = 2 * sh.batch; /* as the pool's default: two batches in flight */
 	pthread_mutex_init(&sh.mu, NULL);
 	{
 		/* The queue must exist before the threads consume it. */

@@ -51,10 +51,12 @@ static void *pt_main(void *arg)
 	struct db *db = NULL;
 	struct inbox *ib = NULL;
 	struct msg *m = calloc((size_t)t->batch, sizeof *m);
+	struct inbox_in *in = calloc((size_t)t->batch, sizeof *in);
+	struct inbox_result *res = calloc((size_t)t->batch, sizeof *res);
 	char body[512];
 
 	db_thread_init();
-	t->rc = m != NULL ? db_open(&db, &t->conf->db) : ST_ERR_NOMEM;
+	t->rc = m != NULL && in != NULL && res != NULL ? db_open(&db, &t->conf->db) : ST_ERR_NOMEM;
 	if (t->rc == ST_OK)
 		t->rc = inbox_open(&ib, db, t->conf);
 	if (t->rc != ST_OK) {
@@ -62,7 +64,6 @@ static void *pt_main(void *arg)
 		goto out;
 	}
 	for (uint64_t i = 0; pt_now() < t->end;) {
-		struct inbox_result res = { .ended = false };
 		int n;
 		for (n = 0; n < t->batch; n++, i++) {
 			int len = snprintf(body, sizeof body,
@@ -75,16 +76,9 @@ static void *pt_main(void *arg)
 				goto out;
 			}
 		}
-		for (int k = 0; k < n; k++) {
-			struct inbox_in in = { .msg = &m[k], .routing_key = "order.bench", .alone = n == 1 };
-			t->rc = inbox_apply(ib, &in, &res);
-			if (t->rc != ST_OK)
-				break;
-		}
-		if (t->rc != ST_OK)
-			inbox_abort(ib);
-		else if (!res.ended)
-			t->rc = inbox_commit(ib);
+		for (int k = 0; k < n; k++)
+			in[k] = (struct inbox_in){ .msg = &m[k], .routing_key = "order.bench" };
+		t->rc = inbox_run(ib, in, n, res);
 		if (t->rc != ST_OK) {
 			fprintf(stderr, "pool_tx: thread %d: %s\n", t->index, db_errmsg(db));
 			goto out;
@@ -95,6 +89,8 @@ out:
 	inbox_close(&ib);
 	db_close(&db);
 	free(m);
+	free(in);
+	free(res);
 	db_thread_end();
 	return NULL;
 }

@@ -829,7 +829,7 @@ static const struct cfg_setting cfg_settings[] = {
 	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },
 	{ "INBOX_THREADS", "threads", NULL, NULL, "4", K_INT, F(threads), 1, 256, NULL,
 	  "worker threads, each with its own broker and database connection" },
-	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "32", K_INT, F(prefetch), 1, 65535, NULL,
+	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "200", K_INT, F(prefetch), 1, 65535, NULL,
 	  "basic.qos prefetch per thread" },
 	{ "INBOX_CONSUMER", "consumer", NULL, NULL, "order-status", K_NAME, F(consumer), 1, 64,
 	  NULL, "this handler's name: the first part of the dedup key" },
@@ -870,8 +870,8 @@ static const struct cfg_setting cfg_settings[] = {
 	  "per shard" },
 	{ "INBOX_SHARDS", "shards", NULL, NULL, "4", K_INT, F(shards), 1, 64, NULL,
 	  "shard queues when ordering is sharded" },
-	{ "INBOX_BATCH", "batch", NULL, NULL, "1", K_INT, F(batch), 1, 500, NULL,
-	  "messages per transaction; at most INBOX_PREFETCH" },
+	{ "INBOX_BATCH", "batch", NULL, NULL, "100", K_INT, F(batch), 1, 500, NULL,
+	  "most messages per transaction (what is already waiting; never waits for more); at most INBOX_PREFETCH" },
 	{ "INBOX_MIGRATIONS_DIR", "migrations-dir", NULL, NULL, NULL, K_PATH,
 	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations" },
 };
@@ -1210,6 +1210,15 @@ static enum cfg_result parse_flags(int argc, char **argv, const char **vals, con
 	return failed ? CFG_ERROR : CFG_OK;
 }
 
+/* INBOX_BATCH was given neither as a flag nor in the environment. */
+static bool cfg_batch_defaulted(const char *const *vals, const char *const *files)
+{
+	for (size_t i = 0; i < CFG_NSETTINGS; i++)
+		if (strcmp(cfg_settings[i].env, "INBOX_BATCH") == 0)
+			return vals[i] == NULL && files[i] == NULL && getenv("INBOX_BATCH") == NULL;
+	return false;
+}
+
 enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen)
 {
 	const char *vals[CFG_NSETTINGS] = { 0 };
@@ -1225,8 +1234,12 @@ enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size
 		if (load_setting(&cfg_settings[i], vals[i], files[i], out, err, errlen) != 0)
 			goto fail;
 	}
-	/* A batch waits for `batch` deliveries; the broker sends at most
-	 * `prefetch` unacknowledged ones, so a larger batch would never fill. */
+	/* A batch takes at most `batch` deliveries; the broker sends at most
+	 * `prefetch` unacknowledged ones, so a larger batch would never fill.
+	 * The default batch follows a smaller prefetch; a batch asked for
+	 * must fit. */
+	if (out->batch > out->prefetch && cfg_batch_defaulted(vals, files))
+		out->batch = out->prefetch;
 	if (out->batch > out->prefetch) {
 		set_err(err, errlen, "INBOX_BATCH: must not exceed INBOX_PREFETCH (%d): '%d'",
 		        out->prefetch, out->batch);

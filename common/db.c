@@ -448,6 +448,64 @@ int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *a
 	return ST_OK;
 }
 
+int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, int nrows, uint64_t *affected)
+{
+	MYSQL_BIND b[DB_MAX_PARAMS];
+	const void **ptrs = NULL;
+	unsigned long *lens = NULL;
+	long long *vals = NULL;
+	unsigned int size = (unsigned int)nrows;
+	int rc = ST_OK;
+
+	if (s->db->my == NULL || s->st == NULL)
+		return db_fail(s->db, CR_SERVER_GONE_ERROR, "not connected");
+	if (ncols <= 0 || nrows <= 0 || ncols > DB_MAX_PARAMS || (unsigned long)ncols != mysql_stmt_param_count(s->st))
+		return db_fail(s->db, 0xffff, "parameter count mismatch");
+	if (s->has_result)
+		db_stmt_done(s);
+	/* Column-wise: per column an array of values (integers) or of
+	 * pointers and lengths (strings). */
+	ptrs = calloc((size_t)ncols * (size_t)nrows, sizeof *ptrs);
+	lens = calloc((size_t)ncols * (size_t)nrows, sizeof *lens);
+	vals = calloc((size_t)ncols * (size_t)nrows, sizeof *vals);
+	if (ptrs == NULL || lens == NULL || vals == NULL) {
+		rc = db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
+		goto cleanup;
+	}
+	memset(b, 0, sizeof(MYSQL_BIND) * (size_t)ncols);
+	for (int c = 0; c < ncols; c++) {
+		size_t base = (size_t)c * (size_t)nrows;
+
+		for (int r = 0; r < nrows; r++) {
+			const struct db_param *v = &p[(size_t)r * (size_t)ncols + (size_t)c];
+			ptrs[base + (size_t)r] = v->ptr;
+			lens[base + (size_t)r] = (unsigned long)v->len;
+			vals[base + (size_t)r] = v->i64;
+		}
+		if (p[c].type == DB_I64) {
+			b[c].buffer_type = MYSQL_TYPE_LONGLONG;
+			b[c].buffer = &vals[base];
+		} else {
+			b[c].buffer_type = p[c].type == DB_BLOB ? MYSQL_TYPE_BLOB : MYSQL_TYPE_STRING;
+			b[c].buffer = (void *)&ptrs[base];
+			b[c].length = &lens[base];
+		}
+	}
+	if (mysql_stmt_attr_set(s->st, STMT_ATTR_ARRAY_SIZE, &size) != 0 || mysql_stmt_bind_param(s->st, b) != 0 ||
+	    mysql_stmt_execute(s->st) != 0) {
+		rc = db_fail_stmt(s);
+	} else if (affected != NULL) {
+		*affected = (uint64_t)mysql_stmt_affected_rows(s->st);
+	}
+	size = 0; /* back to single executions for the next caller */
+	(void)mysql_stmt_attr_set(s->st, STMT_ATTR_ARRAY_SIZE, &size);
+cleanup:
+	free(ptrs);
+	free(lens);
+	free(vals);
+	return rc;
+}
+
 int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n)
 {
 	int rc = db_stmt_run(s, p, n);

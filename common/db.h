@@ -104,6 +104,12 @@ int db_prepare(struct db *d, struct db_stmt **out, const char *sql);
 
 /* Execute with n parameters; *affected (may be NULL) gets the row count. */
 int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *affected);
+/* Execute once over nrows rows of ncols parameters (p is row-major:
+ * row r is p[r * ncols .. r * ncols + ncols - 1]) in one round trip:
+ * MariaDB's array binding (STMT_ATTR_ARRAY_SIZE), a server-side feature
+ * MySQL does not have.  DB_STR, DB_BLOB and DB_I64 parameters; the types
+ * of row 0 stand for every row.  Used by the benchmark's ceilings. */
+int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, int nrows, uint64_t *affected);
 /* Execute a query; then call db_stmt_fetch until it returns 0. */
 int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n);
 /* 1 = a row is in cols, 0 = no more rows, < 0 = error. */

@@ -1,35 +1,49 @@
 /*
- * inbox.c - the transaction at the heart of the worker.
+ * inbox.c - the transaction at the heart of the worker, for a batch of
+ * messages (a batch may be one message).
  *
- * Order of statements, and why:
- *   1. INSERT the key into processed_messages (the claim).  A duplicate
- *      fails here with 1062 before anything else is touched; the stored hash
- *      then tells a duplicate from a conflict.
- *   2. Lock the order's order_locks row (creating it for a new order) and
- *      read the order.
- *   Steps 1 and 2 run server-side in one CALL (inbox_claim, migrations
- *   0003/0004): round trips on loopback are what a message costs.
- *   3. Decide with order_decide and carry the verdict out: order row,
- *      ledger row, outbox row and inbox outcome in one CALL (inbox_settle,
- *      0004), or a held row.
- *   4. If the order changed and it has held events, re-evaluate them, all
- *      of them a page at a time by id, in passes until a pass changes the
- *      order no more.  A held event that can now take effect is read back
- *      whole and parsed again (msg_parse), so it takes effect with every
- *      field of its data exactly as it would have arriving in order.
- *   5. COMMIT.  The caller acks only after this returns ST_OK.  A message
- *      alone in its transaction commits inside the CALL of step 3 (and a
- *      lone duplicate rolls back inside step 1): two round trips a message.
- * Autocommit is off, so statement 1 opens the transaction.
+ * Round trips, and why: on loopback a round trip costs more CPU, in the
+ * kernel on both sides, than the statements it carries (see bench/), so a
+ * batch costs the same few round trips whatever its size:
+ *   1. CALL inbox_claim_batch (migrations/procedures/): every distinct key
+ *      of the batch in one multi-row INSERT, sorted so that two batches
+ *      take their index locks in the same order; a key already taken is
+ *      left as it is, and reading the rows back tells ours (they carry the
+ *      transaction's random claim token) from the others (their stored
+ *      hash says duplicate or conflict).  The UNIQUE index stays the only
+ *      arbiter.  In the same CALL the order_locks rows of our keys' orders
+ *      are created or bumped (a real write: a certification-based cluster
+ *      only sees rows that change), sorted by order id, and read with
+ *      their orders.
+ *   2. Decide in C (common/order.c), per message in delivery order,
+ *      against the order state as it evolves inside the batch; every row
+ *      to write is appended to one JSON document.
+ *   3. CALL inbox_write_batch: held events, order rows, ledger rows, outbox
+ *      rows, outcomes and held counts, all in one round trip.
+ *   4. COMMIT (the test fault hooks fire between 3 and 4).
+ * Held events to re-evaluate (an order changed and has some) are read in
+ * pages of 64 after writing what is pending, so the reads see the batch's
+ * own writes; that is the one case with more round trips.  A released
+ * event is read back whole and parsed again (msg_parse), so it takes
+ * effect with every field of its data exactly as it would have arriving in
+ * order.
+ *
+ * One owner: inbox_run opens the transaction (autocommit is off: statement
+ * 1 opens it), runs it and ends it; the procedures never commit or roll
+ * back.  Each write lives in one place, inbox_write_batch; the janitor's
+ * hold expiry uses it too.
  */
 #include "inbox.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "fault.h"
@@ -49,21 +63,57 @@
  * The header only measures latency, so a value out of range is dropped
  * instead of costing the message anything. */
 #define INBOX_PUBLISHED_US_MAX (INT64_C(2147483647) * 1000000)
+/* A JSON buffer grown past this (a large held body) is given back after
+ * the transaction, so one large message does not pin its memory. */
+#define INBOX_JBUF_KEEP (256u * 1024u)
+
+/* A growing byte buffer for the JSON documents the procedures read. */
+struct jbuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+/* inbox_write_batch's arrays, in the order of its parameters and of its
+ * writes (migrations/procedures/inbox_write_batch.sql). */
+enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_NSECT };
+
+/* An order of the transaction, locked: its state as it evolves. */
+struct inbox_order {
+	char id[MSG_ORDER_ID_MAX + 1];
+	enum order_state state;
+	unsigned flags;
+	int64_t version;
+	int64_t held;
+	/* Not yet written: the row (dirty), the held count (held_dirty), a
+	 * payment that took effect (paid_now), the last amount seen. */
+	bool dirty, held_dirty, paid_now, has_amount;
+	int64_t amount_cents;
+};
+
+/* A message of the batch, to sort by key. */
+struct inbox_sortent {
+	const struct msg *m;
+	int i;
+};
+
+/* A distinct key of the batch, as claimed. */
+struct inbox_key {
+	int first;         /* index of its first message in delivery order */
+	bool mine;         /* the claim inserted it */
+	bool seen;         /* the claim returned its row */
+	char stored[65];   /* the hash of the row: ours or the one before us */
+};
 
 struct inbox {
 	struct db *db;
 	const struct cfg *conf;
-	struct db_stmt *claim_lock;
-	struct db_stmt *settle;
-	struct db_stmt *set_outcome;
+	struct db_stmt *claim_batch;
+	struct db_stmt *write_batch;
+	struct db_stmt *lock_touch;
 	struct db_stmt *lock_read;
-	struct db_stmt *lock_create;
-	struct db_stmt *outbox_add;
-	struct db_stmt *hold_add;
-	struct db_stmt *held_count;
 	struct db_stmt *held_list;
 	struct db_stmt *held_get;
-	struct db_stmt *held_del;
 	struct db_stmt *expired_list;
 	/* A held event read back: grown by db_stmt_fetch (DBC_GROW) to fit
 	 * the stored row, reused, and shrunk again after an oversized one. */
@@ -71,14 +121,19 @@ struct inbox {
 	size_t body_cap;
 	char *props;
 	size_t props_cap;
-};
-
-/* The order as read under its lock. */
-struct inbox_order {
-	enum order_state state;
-	unsigned flags;
-	int64_t version;
-	int64_t held;
+	/* The batch in hand, grown to the largest batch seen: per message its
+	 * hash and key, per key its claim, the orders locked. */
+	int cap;
+	char (*hex)[65];
+	int *key_of;
+	struct inbox_sortent *sorted;
+	struct inbox_key *keys;
+	int nkeys;
+	struct inbox_order *orders;
+	int norders;
+	/* The claim's keys and the write's arrays (one per kind of row). */
+	struct jbuf claim;
+	struct jbuf w[W_NSECT];
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */
@@ -123,6 +178,155 @@ const char *inbox_outcome_name(enum inbox_outcome o)
 	           : "unknown";
 }
 
+/* ---- JSON documents --------------------------------------------------- */
+
+static void jb_reserve(struct jbuf *b, size_t more)
+{
+	size_t cap;
+	char *np;
+
+	if (b->oom || b->len + more + 1 <= b->cap)
+		return;
+	cap = b->cap > 0 ? b->cap : 1024;
+	while (cap < b->len + more + 1)
+		cap *= 2;
+	np = realloc(b->p, cap);
+	if (np == NULL) {
+		b->oom = true;
+		return;
+	}
+	b->p = np;
+	b->cap = cap;
+}
+
+static void jb_raw(struct jbuf *b, const char *s, size_t n)
+{
+	jb_reserve(b, n);
+	if (b->oom)
+		return;
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void jb_ch(struct jbuf *b, char c)
+{
+	jb_raw(b, &c, 1);
+}
+
+/* A comma unless the array or object was just opened. */
+static void jb_sep(struct jbuf *b)
+{
+	if (b->len > 0 && b->p[b->len - 1] != '[' && b->p[b->len - 1] != '{')
+		jb_ch(b, ',');
+}
+
+/* A JSON string.  The text is UTF-8 (validated at the boundary, or read
+ * from a utf8mb4 column); only the characters JSON requires are escaped. */
+static void jb_strn(struct jbuf *b, const char *s, size_t n)
+{
+	static const char hexd[] = "0123456789abcdef";
+
+	jb_sep(b);
+	jb_reserve(b, n + 2);
+	jb_ch(b, '"');
+	for (size_t i = 0; i < n && !b->oom; i++) {
+		unsigned char c = (unsigned char)s[i];
+		size_t run = i;
+
+		while (run < n && (unsigned char)s[run] >= 0x20 && s[run] != '"' && s[run] != '\\')
+			run++;
+		if (run > i) {
+			jb_raw(b, s + i, run - i);
+			i = run - 1;
+			continue;
+		}
+		if (c == '"' || c == '\\') {
+			char e[2] = { '\\', (char)c };
+			jb_raw(b, e, 2);
+		} else {
+			char e[6] = { '\\', 'u', '0', '0', hexd[c >> 4], hexd[c & 15] };
+			jb_raw(b, e, 6);
+		}
+	}
+	jb_ch(b, '"');
+}
+
+static void jb_str(struct jbuf *b, const char *s)
+{
+	if (s == NULL) {
+		jb_sep(b);
+		jb_raw(b, "null", 4);
+		return;
+	}
+	jb_strn(b, s, strlen(s));
+}
+
+static void jb_i64(struct jbuf *b, int64_t v)
+{
+	char t[24];
+	int n = snprintf(t, sizeof t, "%lld", (long long)v);
+
+	jb_sep(b);
+	jb_raw(b, t, (size_t)n);
+}
+
+static void jb_null(struct jbuf *b)
+{
+	jb_sep(b);
+	jb_raw(b, "null", 4);
+}
+
+/* Bytes as a base64 JSON string: a stored body need not be text. */
+static void jb_b64(struct jbuf *b, const void *p, size_t n)
+{
+	size_t out = 4 * ((n + 2) / 3);
+
+	jb_sep(b);
+	jb_reserve(b, out + 2);
+	if (b->oom)
+		return;
+	b->p[b->len++] = '"';
+	if (n > 0)
+		b->len += (size_t)EVP_EncodeBlock((unsigned char *)b->p + b->len, p, (int)n);
+	b->p[b->len++] = '"';
+	b->p[b->len] = '\0';
+}
+
+/* Open a row of an array of rows (opening the array on its first row). */
+static void jb_row(struct jbuf *b)
+{
+	if (b->len == 0)
+		jb_ch(b, '[');
+	jb_sep(b);
+	jb_ch(b, '[');
+}
+
+static void jb_end(struct jbuf *b)
+{
+	jb_ch(b, ']');
+}
+
+static void jb_clear(struct jbuf *b)
+{
+	b->len = 0;
+	b->oom = false;
+	if (b->p != NULL)
+		b->p[0] = '\0';
+}
+
+static void jb_trim(struct jbuf *b)
+{
+	if (b->cap > INBOX_JBUF_KEEP) {
+		free(b->p);
+		b->p = NULL;
+		b->cap = 0;
+	}
+	jb_clear(b);
+}
+
+/* ---- open / close ----------------------------------------------------- */
+
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 {
 	struct inbox *ib = calloc(1, sizeof *ib);
@@ -139,28 +343,21 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		if (rc != ST_OK)                                \
 			goto fail;                              \
 	} while (0)
-	/* migrations/0003_claim_procedure.sql: the claim, the duplicate's
-	 * stored hash or the order lock, in one round trip. */
-	PREP(claim_lock, "CALL inbox_claim(?, ?, ?, ?, ?, ?, ?, ?)");
-	/* 0004: order row, ledger row, one outbox row, outcome, COMMIT. */
-	PREP(settle, "CALL inbox_settle(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-	PREP(set_outcome, "UPDATE processed_messages SET outcome = ?, reason = ?, processed_at = NOW(6)"
-	                  " WHERE consumer = ? AND source = ? AND message_id = ?");
+	/* migrations/procedures/: the claim of a batch, and its writes. */
+	PREP(claim_batch, "CALL inbox_claim_batch(?, ?, ?)");
+	PREP(write_batch, "CALL inbox_write_batch(?, ?, ?, ?, ?, ?, ?, ?)");
+	/* Hold expiry locks one order outside a batch: the same real write
+	 * as inbox_claim_batch's, then the locking read. */
+	PREP(lock_touch, "INSERT INTO order_locks (order_id, held, locks) VALUES (?, 0, 1)"
+	                 " ON DUPLICATE KEY UPDATE locks = locks + 1");
 	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
 	                " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id = ? FOR UPDATE");
-	PREP(lock_create, "INSERT INTO order_locks (order_id, held) VALUES (?, 0)");
-	PREP(outbox_add, "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props,"
-	                 " headers, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
-	PREP(hold_add, "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key,"
-	               " props, body, held_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NOW(6))");
-	PREP(held_count, "UPDATE order_locks SET held = held + ? WHERE order_id = ?");
 	/* A page of the order's held events after a given id
 	 * (ix_held_events_order). */
 	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
 	                " AND id > ? ORDER BY id LIMIT ?");
 	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body FROM held_events"
 	               " WHERE id = ? AND consumer = ?");
-	PREP(held_del, "DELETE FROM held_events WHERE id = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
 #undef PREP
@@ -181,93 +378,120 @@ void inbox_close(struct inbox **ibp)
 	/* Statements belong to the db and die with it. */
 	free(ib->body);
 	free(ib->props);
+	free(ib->hex);
+	free(ib->key_of);
+	free(ib->sorted);
+	free(ib->keys);
+	free(ib->orders);
+	free(ib->claim.p);
+	for (int s = 0; s < W_NSECT; s++)
+		free(ib->w[s].p);
 	free(ib);
 	*ibp = NULL;
 }
 
-/* Fill o from a locked read: held count, and status/version/flags of the
- * order row (status NULL: the order does not exist yet). */
-static int inbox_order_from_row(struct inbox_order *o, const struct db_col *held, const struct db_col *status,
-                                const struct db_col *version, const struct db_col *flags)
+/* Room for a batch of n. */
+static int inbox_reserve(struct inbox *ib, int n)
 {
-	int st;
+	void *p;
 
-	o->held = held->i64;
-	if (status->is_null) {
-		o->state = ORDER_NONE;
-		o->version = 0;
-		o->flags = 0;
+	if (n <= ib->cap)
 		return ST_OK;
-	}
-	st = order_state_from_name(status->buf);
-	if (st < 0)
-		return ST_ERR_DB;
-	o->state = (enum order_state)st;
-	o->version = version->i64;
-	o->flags = (unsigned)flags->i64;
+#define GROW(field)                                                          \
+	do {                                                                 \
+		p = realloc(ib->field, (size_t)n * sizeof *ib->field);       \
+		if (p == NULL)                                               \
+			return ST_ERR_NOMEM;                                 \
+		ib->field = p;                                               \
+	} while (0)
+	GROW(hex);
+	GROW(key_of);
+	GROW(sorted);
+	GROW(keys);
+	GROW(orders);
+#undef GROW
+	ib->cap = n;
 	return ST_OK;
 }
 
-/* Lock the order (creating its lock row on first sight) and read it. */
-static int inbox_lock_order(struct inbox *ib, const char *order_id, struct inbox_order *o)
-{
-	char status[32];
-	struct db_col c[4];
-	struct db_param p[1] = { DBP_STR(order_id) };
-	int rc, r;
+/* ---- the write document ----------------------------------------------- */
 
-	for (int attempt = 0; attempt < 2; attempt++) {
-		c[0] = DBC_I64();
-		c[1] = DBC_STR(status, sizeof status);
-		c[2] = DBC_I64();
-		c[3] = DBC_I64();
-		rc = db_stmt_query(ib->lock_read, p, 1);
-		if (rc != ST_OK)
-			return rc;
-		r = db_stmt_fetch(ib->lock_read, c, 4);
-		if (r < 0)
-			return r;
-		if (r == 1) {
-			db_stmt_done(ib->lock_read);
-			return inbox_order_from_row(o, &c[0], &c[1], &c[2], &c[3]);
+/* Send what the transaction decided so far (inbox_write_batch) and start
+ * the sections anew.  Order rows and held counts go as they stand now:
+ * the procedure writes absolute values, so writing an order twice in one
+ * transaction is harmless. */
+static int inbox_flush(struct inbox *ib)
+{
+	struct jbuf *o = &ib->w[W_ORDER], *l = &ib->w[W_LOCK];
+	bool any = false;
+	int rc;
+
+	for (int i = 0; i < ib->norders; i++) {
+		struct inbox_order *r = &ib->orders[i];
+
+		if (r->dirty) {
+			jb_row(o);
+			jb_str(o, r->id);
+			jb_str(o, order_state_name(r->state));
+			jb_i64(o, r->version);
+			jb_i64(o, r->flags);
+			jb_i64(o, r->paid_now ? 1 : 0);
+			if (r->has_amount)
+				jb_i64(o, r->amount_cents);
+			else
+				jb_null(o);
+			jb_end(o);
+			r->dirty = r->paid_now = r->has_amount = false;
 		}
-		/* First event of this order.  A concurrent first event makes our
-		 * INSERT wait for its commit and fail with 1062; then the
-		 * locking read above finds the row. */
-		rc = db_stmt_exec(ib->lock_create, p, 1, NULL);
-		if (rc == ST_OK) {
-			o->held = 0;
-			o->state = ORDER_NONE;
-			o->version = 0;
-			o->flags = 0;
-			return ST_OK;
+		if (r->held_dirty) {
+			jb_row(l);
+			jb_str(l, r->id);
+			jb_i64(l, r->held);
+			jb_end(l);
+			r->held_dirty = false;
 		}
-		if (rc != ST_ERR_DB_DUPLICATE)
-			return rc;
 	}
-	return ST_ERR_DB_DEADLOCK; /* the row vanished twice: let the caller retry */
+	{
+		struct db_param p[1 + W_NSECT];
+
+		p[0] = DBP_STR(ib->conf->consumer);
+		for (int s = 0; s < W_NSECT; s++) {
+			struct jbuf *b = &ib->w[s];
+
+			if (b->len > 0)
+				jb_ch(b, ']');
+			if (b->oom)
+				return ST_ERR_NOMEM;
+			p[1 + s] = b->len > 0 ? DBP_STRN(b->p, b->len) : DBP_NULL();
+			any = any || b->len > 0;
+		}
+		rc = any ? db_stmt_exec(ib->write_batch, p, 1 + W_NSECT, NULL) : ST_OK;
+	}
+	for (int s = 0; s < W_NSECT; s++)
+		jb_clear(&ib->w[s]);
+	return rc;
 }
 
-static int inbox_set_outcome(struct inbox *ib, const char *source, const char *message_id,
-                             const char *outcome, const char *reason)
+static void inbox_forget(struct inbox *ib)
 {
-	struct db_param p[5] = {
-		DBP_STR(outcome), reason ? DBP_STR(reason) : DBP_NULL(), DBP_STR(ib->conf->consumer),
-		DBP_STR(source), DBP_STR(message_id),
-	};
-	return db_stmt_exec(ib->set_outcome, p, 5, NULL);
+	for (int s = 0; s < W_NSECT; s++)
+		jb_trim(&ib->w[s]);
+	jb_trim(&ib->claim);
+	ib->norders = 0;
+	ib->nkeys = 0;
 }
 
-static int inbox_outbox(struct inbox *ib, const char *message_id, const char *exchange, const char *rk,
-                        const char *type, const char *order_id, const char *props, const char *headers,
-                        const void *body, size_t len)
+static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, const char *outcome,
+                            const char *reason)
 {
-	struct db_param p[8] = {
-		DBP_STR(message_id), DBP_STR(exchange), DBP_STR(rk), DBP_STR(type), DBP_STR(order_id),
-		props ? DBP_STR(props) : DBP_NULL(), headers ? DBP_STR(headers) : DBP_NULL(),
-		DBP_BLOB(body, len),
-	};
-	return db_stmt_exec(ib->outbox_add, p, 8, NULL);
+	struct jbuf *b = &ib->w[W_OUTCOME];
+
+	jb_row(b);
+	jb_str(b, ev->source);
+	jb_str(b, ev->message_id);
+	jb_str(b, outcome);
+	jb_str(b, reason);
+	jb_end(b);
 }
 
 /* One outbox row as it is about to be written. */
@@ -354,42 +578,20 @@ static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev,
 	return r->headers != NULL ? ST_OK : ST_ERR_NOMEM;
 }
 
-static int inbox_outrow_insert(struct inbox *ib, const struct inbox_outrow *r, const char *order_id)
+static void inbox_w_outrow(struct inbox *ib, const struct inbox_outrow *r, const char *order_id)
 {
-	return inbox_outbox(ib, r->id, r->exchange, r->rk, r->type, order_id, r->props, r->headers, r->body, r->len);
-}
+	struct jbuf *b = &ib->w[W_OUTBOX];
 
-/* Everything one inbox_settle call writes (migrations/0004). */
-struct inbox_write {
-	enum { INBOX_ORDER_KEEP = 0, INBOX_ORDER_CREATE = 1, INBOX_ORDER_UPDATE = 2 } order_op;
-	const char *status;    /* the order's new state; ledger to_status */
-	const char *from;      /* ledger from_status */
-	unsigned flags;
-	bool paid_now;
-	int64_t version;       /* the ledger row's version */
-	bool set_outcome;      /* record outcome/reason on the inbox row */
-	const char *outcome;
-	const char *reason;
-	const struct inbox_outrow *out; /* NULL: no outbox row */
-	bool commit;
-};
-
-static int inbox_settle(struct inbox *ib, const struct inbox_event *ev, const struct inbox_write *w)
-{
-	const struct inbox_outrow *r = w->out;
-	struct db_param p[23] = {
-		DBP_STR(ib->conf->consumer), DBP_STR(ev->source), DBP_STR(ev->message_id), DBP_STR(ev->type_name),
-		DBP_STR(ev->order_id), DBP_I64(w->order_op),
-		w->status ? DBP_STR(w->status) : DBP_NULL(), DBP_I64(w->flags), DBP_I64(w->paid_now ? 1 : 0),
-		ev->has_amount ? DBP_I64(ev->amount_cents) : DBP_NULL(),
-		w->from ? DBP_STR(w->from) : DBP_NULL(), DBP_I64(w->version), DBP_I64(w->set_outcome ? 1 : 0),
-		DBP_STR(w->outcome), w->reason ? DBP_STR(w->reason) : DBP_NULL(),
-		r ? DBP_STR(r->id) : DBP_NULL(), r ? DBP_STR(r->exchange) : DBP_NULL(),
-		r ? DBP_STR(r->rk) : DBP_NULL(), r ? DBP_STR(r->type) : DBP_NULL(),
-		r && r->props ? DBP_STR(r->props) : DBP_NULL(), r && r->headers ? DBP_STR(r->headers) : DBP_NULL(),
-		r ? DBP_BLOB(r->body, r->len) : DBP_NULL(), DBP_I64(w->commit ? 1 : 0),
-	};
-	return db_stmt_exec(ib->settle, p, 23, NULL);
+	jb_row(b);
+	jb_str(b, r->id);
+	jb_str(b, r->exchange);
+	jb_str(b, r->rk);
+	jb_str(b, r->type);
+	jb_str(b, order_id);
+	jb_str(b, r->props);
+	jb_str(b, r->headers);
+	jb_b64(b, r->body, r->len);
+	jb_end(b);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -397,14 +599,13 @@ static const char *inbox_reason_of(enum order_decision d)
 	return d == ORDER_INVALID ? "invalid-transition" : NULL;
 }
 
-/* Carry out a verdict (not ORDER_HOLD) on a locked order in one
- * inbox_settle call, plus a plain INSERT for each outbox row past the
- * first.  held_row: the event comes from held_events (its inbox row says
- * 'held' and must get the final outcome).  commit: end the transaction in
- * the same call.  *changed is set when the order row changed (held events
- * may now apply). */
+/* Carry out a verdict (not ORDER_HOLD) on a locked order: the order's new
+ * state, its ledger row, the outbox rows and the inbox outcome go to the
+ * write document.  held_row: the event comes from held_events (its inbox
+ * row says 'held' and must get the final outcome).  *changed is set when
+ * the order changed (held events may now apply). */
 static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
-                     struct order_verdict v, bool held_row, bool commit, struct inbox_result *res, bool *changed)
+                     struct order_verdict v, bool held_row, struct inbox_result *res, bool *changed)
 {
 	static const struct {
 		unsigned bit;
@@ -415,49 +616,54 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		{ ORDER_EMIT_RELEASE, "InventoryReleaseRequested" },
 	};
 	struct inbox_outrow rows[3];
-	struct inbox_write w = {
-		.set_outcome = held_row || v.decision != ORDER_APPLY,
-		.outcome = order_decision_outcome(v.decision),
-		.reason = inbox_reason_of(v.decision),
-		.commit = commit,
-	};
+	const char *outcome = order_decision_outcome(v.decision);
 	int nrows = 0, rc = ST_OK;
 
 	*changed = false;
 	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
-		w.order_op = o->state == ORDER_NONE ? INBOX_ORDER_CREATE : INBOX_ORDER_UPDATE;
-		w.from = o->state == ORDER_NONE ? "None" : order_state_name(o->state);
-		w.status = order_state_name(v.next);
-		w.flags = v.flags;
-		w.paid_now = (v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID);
-		w.version = o->version + 1;
+		struct jbuf *e = &ib->w[W_EVENT];
+
 		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++)
 			if (v.emits & emits[i].bit)
 				rc = inbox_emit_row(ib, emits[i].type, ev, &rows[nrows++]);
+		if (rc == ST_OK) {
+			jb_row(e);
+			jb_str(e, ev->order_id);
+			jb_str(e, ev->source);
+			jb_str(e, ev->message_id);
+			jb_str(e, ev->type_name);
+			jb_str(e, outcome);
+			jb_str(e, o->state == ORDER_NONE ? "None" : order_state_name(o->state));
+			jb_str(e, order_state_name(v.next));
+			jb_i64(e, o->version + 1);
+			jb_end(e);
+			if ((v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID))
+				o->paid_now = true;
+			if (ev->has_amount) {
+				o->has_amount = true;
+				o->amount_cents = ev->amount_cents;
+			}
+			o->version++;
+			o->state = v.next;
+			o->flags = v.flags;
+			o->dirty = true;
+			*changed = true;
+		}
 	} else if (v.decision == ORDER_INVALID) {
 		char detail[160];
 		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
 		         order_state_name(o->state));
 		rc = inbox_dead_letter_row(ib, ev, "invalid-transition", detail, &rows[nrows++]);
 	}
-	/* Every row but the last is a plain INSERT before the CALL, which
-	 * writes the last one: the outbox keeps their order. */
-	for (int i = 0; rc == ST_OK && i < nrows - 1; i++)
-		rc = inbox_outrow_insert(ib, &rows[i], ev->order_id);
-	w.out = nrows > 0 ? &rows[nrows - 1] : NULL;
-	if (rc == ST_OK)
-		rc = inbox_settle(ib, ev, &w);
+	for (int i = 0; rc == ST_OK && i < nrows; i++)
+		inbox_w_outrow(ib, &rows[i], ev->order_id);
+	if (rc == ST_OK && (held_row || v.decision != ORDER_APPLY))
+		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision));
 	for (int i = 0; i < nrows; i++)
 		inbox_outrow_free(&rows[i]);
 	if (rc != ST_OK)
 		return rc;
 	res->outbox_rows += nrows;
-	if (w.order_op != INBOX_ORDER_KEEP) {
-		o->version++;
-		o->state = v.next;
-		o->flags = v.flags;
-		*changed = true;
-	}
 	return ST_OK;
 }
 
@@ -546,18 +752,17 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
                              const char *detail, struct inbox_result *res)
 {
 	struct inbox_outrow row;
-	struct inbox_write w = {
-		.set_outcome = true, .outcome = "dead_lettered", .reason = msg_reason_name(r), .out = &row,
-	};
-	int rc = inbox_dead_letter_row(ib, raw, w.reason, detail, &row);
+	const char *reason = msg_reason_name(r);
+	int rc = inbox_dead_letter_row(ib, raw, reason, detail, &row);
 
-	if (rc == ST_OK)
-		rc = inbox_settle(ib, raw, &w);
-	inbox_outrow_free(&row);
-	if (rc == ST_OK)
+	if (rc == ST_OK) {
+		inbox_w_outrow(ib, &row, raw->order_id);
+		inbox_w_outcome(ib, raw, "dead_lettered", reason);
 		res->outbox_rows++;
+	}
+	inbox_outrow_free(&row);
 	LOG(LOG_WARN, "held event cannot be applied; dead-lettered", LOG_S("msg", raw->message_id),
-	    LOG_S("order", raw->order_id), LOG_S("reason", w.reason), LOG_S("detail", detail));
+	    LOG_S("order", raw->order_id), LOG_S("reason", reason), LOG_S("detail", detail));
 	return rc;
 }
 
@@ -566,7 +771,7 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
  * parsed again and carried out exactly as if it had just arrived, then
  * leaves held_events.  *changed: the order row changed. */
 static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const struct inbox_held *listed,
-                             const char *order_id, struct inbox_result *res, bool *settled, bool *changed)
+                             struct inbox_result *res, bool *settled, bool *changed)
 {
 	struct inbox_held h;
 	struct inbox_event raw, ev;
@@ -587,22 +792,21 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	rc = inbox_held_load(ib, listed->id, &h, rk, sizeof rk, &raw);
 	if (rc != ST_OK)
 		return rc == ST_ERR_NOT_FOUND ? ST_ERR_DB : rc; /* listed under the order's lock: cannot vanish */
-	raw.order_id = order_id;
-	reason = inbox_held_parse(&h, order_id, &raw, &m);
+	raw.order_id = o->id;
+	reason = inbox_held_parse(&h, o->id, &raw, &m);
 	if (reason != MSG_REASON_NONE) {
 		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
 	} else {
 		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
-		rc = inbox_act(ib, o, &ev, v, true, false, res, changed);
-	}
-	if (rc == ST_OK) {
-		struct db_param dp[1] = { DBP_I64(h.id) };
-		rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
+		rc = inbox_act(ib, o, &ev, v, true, res, changed);
 	}
 	if (rc != ST_OK)
 		return rc;
+	jb_row(&ib->w[W_DEL]);
+	jb_i64(&ib->w[W_DEL], h.id);
+	jb_end(&ib->w[W_DEL]);
 	*settled = true;
-	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", order_id),
+	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
 	return ST_OK;
 }
@@ -641,9 +845,10 @@ static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after
 /* Re-evaluate every held event of the order, oldest first, a page at a
  * time, in passes until a pass leaves the order as it found it: an event
  * skipped early in a pass may apply after a later one changed the order.
- * Memory stays at one page whatever the number of held events. */
-static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
-                              const char *order_id)
+ * What the transaction decided so far is written before each page is
+ * listed, so the list sees the batch's own holds and releases.  Memory
+ * stays at one page whatever the number of held events. */
+static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res)
 {
 	struct inbox_held page[INBOX_RELEASE_PAGE];
 	bool progress = true;
@@ -651,17 +856,20 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 
 	while (rc == ST_OK && progress && o->held > 0) {
 		int64_t after = 0;
-		int n;
+		int n = 0;
 
 		progress = false;
 		do {
-			rc = inbox_held_page(ib, order_id, after, page, INBOX_RELEASE_PAGE, &n);
+			rc = inbox_flush(ib);
+			if (rc == ST_OK)
+				rc = inbox_held_page(ib, o->id, after, page, INBOX_RELEASE_PAGE, &n);
 			for (int i = 0; rc == ST_OK && i < n && o->held > 0; i++) {
 				bool settled, changed;
 
-				rc = inbox_release_one(ib, o, &page[i], order_id, res, &settled, &changed);
+				rc = inbox_release_one(ib, o, &page[i], res, &settled, &changed);
 				if (rc == ST_OK && settled) {
 					o->held--;
+					o->held_dirty = true;
 					released++;
 					progress = progress || changed;
 				}
@@ -674,147 +882,319 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 	if (rc != ST_OK)
 		return rc;
 	res->released += released;
-	if (released > 0) {
-		struct db_param p[2] = { DBP_I64(-(int64_t)released), DBP_STR(order_id) };
-		rc = db_stmt_exec(ib->held_count, p, 2, NULL);
-	}
-	return rc;
+	return ST_OK;
 }
 
-/* Keep the event in held_events and count it on its order's lock row; the
- * caller records the 'held' outcome. */
-static int inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct inbox_event *ev)
+/* Keep the event in held_events and count it on its order's lock row, and
+ * record the 'held' outcome. */
+static void inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct inbox_event *ev,
+                       struct inbox_order *o)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
-	struct db_param p[8] = {
-		DBP_STR(ib->conf->consumer), DBP_STR(ev->source), DBP_STR(ev->message_id), DBP_STR(ev->order_id),
-		DBP_STR(ev->type_name), DBP_STR(ev->routing_key), props ? DBP_STR(props) : DBP_NULL(),
-		DBP_BLOB(ev->body, ev->len),
-	};
-	int rc = db_stmt_exec(ib->hold_add, p, 8, NULL);
+	struct jbuf *b = &ib->w[W_HOLD];
 
+	jb_row(b);
+	jb_str(b, ev->source);
+	jb_str(b, ev->message_id);
+	jb_str(b, ev->order_id);
+	jb_str(b, ev->type_name);
+	jb_str(b, ev->routing_key);
+	jb_str(b, props);
+	jb_b64(b, ev->body, ev->len);
+	jb_end(b);
 	free(props);
-	if (rc == ST_OK) {
-		struct db_param q[2] = { DBP_I64(1), DBP_STR(ev->order_id) };
-		rc = db_stmt_exec(ib->held_count, q, 2, NULL);
-	}
-	return rc;
+	inbox_w_outcome(ib, ev, "held", NULL);
+	o->held++;
+	o->held_dirty = true;
 }
 
-/* Claim the key and lock the order (inbox_claim, one round trip).  On a
- * duplicate key res->outcome says DUPLICATE or CONFLICT by the stored
- * hash; a failed INSERT is rolled back alone, so the rest of a batch's
- * transaction stands, and with alone set the procedure ends the
- * transaction itself. */
-static int inbox_claim_lock(struct inbox *ib, const struct inbox_in *in, const char *hex, bool alone,
-                            struct inbox_order *o, struct inbox_result *res)
+/* ---- the batch -------------------------------------------------------- */
+
+/* Keys in the order of the UNIQUE index (binary: ASCII and ascii_bin
+ * agree), the first in delivery order leading among equal keys. */
+static int inbox_key_cmp(const void *a, const void *b)
 {
-	const struct msg *m = in->msg;
-	char stored[65], status[32];
-	int64_t published_us = in->published_us > 0 && in->published_us <= INBOX_PUBLISHED_US_MAX ? in->published_us : 0;
-	struct db_param p[8] = {
-		DBP_STR(ib->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id), DBP_STR(hex),
-		DBP_STR(m->type_name), DBP_STR(m->order_id), DBP_I64(published_us), DBP_I64(alone ? 1 : 0),
-	};
-	struct db_col c[6] = {
-		DBC_I64(), DBC_STR(stored, sizeof stored), DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(),
-		DBC_I64(),
-	};
+	const struct inbox_sortent *x = a, *y = b;
+	int c = strcmp(x->m->source, y->m->source);
+
+	if (c == 0)
+		c = strcmp(x->m->message_id, y->m->message_id);
+	if (c == 0)
+		c = x->i - y->i;
+	return c;
+}
+
+static int inbox_order_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct inbox_order *)a)->id, ((const struct inbox_order *)b)->id);
+}
+
+static struct inbox_order *inbox_find_order(struct inbox *ib, const char *id)
+{
+	struct inbox_order key;
+
+	snprintf(key.id, sizeof key.id, "%s", id);
+	return bsearch(&key, ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
+}
+
+/* A random claim token: a row carrying it was inserted by this
+ * transaction.  64 bits from the kernel, so that no other transaction's
+ * row, however old, carries it by chance. */
+static int inbox_token(int64_t *token)
+{
+	uint64_t t = 0;
+
+	for (;;) {
+		ssize_t r = getrandom(&t, sizeof t, 0);
+		if (r == (ssize_t)sizeof t)
+			break;
+		if (r < 0 && errno != EINTR)
+			return ST_ERR_IO;
+	}
+	*token = (int64_t)(t >> 1); /* a positive BIGINT on either side */
+	return ST_OK;
+}
+
+/* Round trip 1: claim the distinct keys (sorted), lock the orders of ours
+ * and read them. */
+static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+{
+	struct jbuf *b = &ib->claim;
+	int64_t token;
 	int rc, r;
 
-	rc = db_stmt_query(ib->claim_lock, p, 8);
+	for (int i = 0; i < n; i++)
+		ib->sorted[i] = (struct inbox_sortent){ .m = in[i].msg, .i = i };
+	qsort(ib->sorted, (size_t)n, sizeof *ib->sorted, inbox_key_cmp);
+	ib->nkeys = 0;
+	jb_clear(b);
+	jb_ch(b, '[');
+	for (int s = 0; s < n; s++) {
+		int i = ib->sorted[s].i;
+		const struct msg *m = in[i].msg;
+		int64_t pub = in[i].published_us > 0 && in[i].published_us <= INBOX_PUBLISHED_US_MAX ? in[i].published_us : 0;
+
+		if (s > 0) {
+			const struct msg *p = in[ib->keys[ib->nkeys - 1].first].msg;
+			if (strcmp(p->source, m->source) == 0 && strcmp(p->message_id, m->message_id) == 0) {
+				ib->key_of[i] = ib->nkeys - 1; /* the same key again in this batch */
+				continue;
+			}
+		}
+		ib->key_of[i] = ib->nkeys;
+		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i };
+		jb_row(b);
+		jb_str(b, m->source);
+		jb_str(b, m->message_id);
+		jb_str(b, ib->hex[i]);
+		jb_str(b, m->type_name);
+		jb_str(b, m->order_id);
+		jb_i64(b, pub);
+		jb_end(b);
+	}
+	jb_ch(b, ']');
+	if (b->oom)
+		return ST_ERR_NOMEM;
+	rc = inbox_token(&token);
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ib->claim_lock, c, 6);
-	if (r < 0)
-		return r;
-	if (r == 0)
-		return ST_ERR_DB_DEADLOCK; /* the first claim rolled back meanwhile: retry */
-	db_stmt_done(ib->claim_lock);
-	if (c[0].i64 == 1) {
-		res->outcome = strcmp(stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
-		res->ended = alone;
-		return ST_OK;
+	{
+		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(token), DBP_STRN(b->p, b->len) };
+		rc = db_stmt_query(ib->claim_batch, p, 3);
 	}
-	return inbox_order_from_row(o, &c[2], &c[3], &c[4], &c[5]);
+	if (rc != ST_OK)
+		return rc;
+	ib->norders = 0;
+	for (;;) {
+		char txt[65], status[32]; /* a hash or an order id: 64 at most */
+		struct db_col c[8] = {
+			DBC_I64(), DBC_I64(), DBC_STR(txt, sizeof txt), DBC_I64(),
+			DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(), DBC_I64(),
+		};
+
+		r = db_stmt_fetch(ib->claim_batch, c, 8);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			break;
+		if (c[0].i64 == 0) {
+			struct inbox_key *k;
+
+			if (c[1].i64 < 1 || c[1].i64 > ib->nkeys)
+				return ST_ERR_DB;
+			k = &ib->keys[c[1].i64 - 1];
+			k->seen = true;
+			k->mine = c[3].i64 == 1;
+			snprintf(k->stored, sizeof k->stored, "%s", txt);
+		} else {
+			struct inbox_order *o;
+
+			if (ib->norders >= n)
+				return ST_ERR_DB;
+			o = &ib->orders[ib->norders++];
+			memset(o, 0, sizeof *o);
+			snprintf(o->id, sizeof o->id, "%s", txt);
+			o->held = c[4].i64;
+			if (c[5].is_null) {
+				o->state = ORDER_NONE;
+			} else {
+				int st = order_state_from_name(status);
+				if (st < 0)
+					return ST_ERR_DB;
+				o->state = (enum order_state)st;
+				o->version = c[6].i64;
+				o->flags = (unsigned)c[7].i64;
+			}
+		}
+	}
+	for (int k = 0; k < ib->nkeys; k++)
+		if (!ib->keys[k].seen)
+			return ST_ERR_DB_DEADLOCK; /* cannot be: the INSERT left a row either way; start over */
+	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
+	return ST_OK;
 }
 
-int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
+/* Decide one message on its locked order and put its writes in the
+ * document. */
+static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
 {
 	const struct msg *m = in->msg;
-	char hex[65];
-	struct inbox_order o;
+	struct inbox_order *o = inbox_find_order(ib, m->order_id);
 	struct inbox_event ev;
-	/* The test hooks fire between the last statement and COMMIT, so with
-	 * one armed the COMMIT stays a statement of its own. */
-	bool alone = in->alone && !fault_armed("before-commit") && !fault_armed("crash-before-commit");
 	struct order_verdict v;
-	bool changed = false, commit;
+	bool changed = false;
 	char *props = NULL;
-	int rc;
+	int rc = ST_OK;
 
-	memset(res, 0, sizeof *res);
+	if (o == NULL)
+		return ST_ERR_DB; /* the claim locks the order of every key it inserted */
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
-	msg_sha256_hex(m->sha256, hex);
-	rc = inbox_claim_lock(ib, in, hex, alone, &o, res);
-	if (rc != ST_OK || res->outcome == INBOX_DUPLICATE || res->outcome == INBOX_CONFLICT)
-		return rc;
-	v = order_decide(o.state, o.flags, m->type);
-	/* Held events to re-evaluate keep the transaction open. */
-	commit = alone && !(o.held > 0 && (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE));
+	v = order_decide(o->state, o->flags, m->type);
 	if (v.decision == ORDER_HOLD) {
-		struct inbox_write w = { .set_outcome = true, .outcome = "held", .commit = commit };
-		rc = inbox_hold(ib, in, &ev);
-		if (rc == ST_OK)
-			rc = inbox_settle(ib, &ev, &w);
+		inbox_hold(ib, in, &ev, o);
 	} else {
 		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
-		rc = inbox_act(ib, &o, &ev, v, false, commit, res, &changed);
+		rc = inbox_act(ib, o, &ev, v, false, res, &changed);
 	}
-	if (rc == ST_OK && changed && o.held > 0)
-		rc = inbox_release_held(ib, &o, res, m->order_id);
+	if (rc == ST_OK && changed && o->held > 0)
+		rc = inbox_release_held(ib, o, res);
 	free(props);
 	if (rc != ST_OK)
 		return rc;
 	res->outcome = (enum inbox_outcome)v.decision; /* the enums agree up to DEAD_LETTERED */
-	res->state = o.state;
-	res->ended = commit;
+	res->state = o->state;
 	return ST_OK;
 }
 
-int inbox_commit(struct inbox *ib)
+/* End the transaction: COMMIT when rc is ST_OK (the test fault hooks,
+ * for a message's transaction, fire just before it), else ROLLBACK. */
+static int inbox_end(struct inbox *ib, int rc, bool hooks)
 {
-	int rc;
-
-	if (fault_hit("before-commit")) {
-		db_rollback(ib->db);
-		return ST_ERR_FAULT;
+	if (rc == ST_OK && !hooks) {
+		rc = db_commit(ib->db);
+	} else if (rc == ST_OK) {
+		if (fault_hit("before-commit")) {
+			rc = ST_ERR_FAULT;
+		} else {
+			if (fault_hit("crash-before-commit"))
+				raise(SIGKILL); /* a message that kills its worker */
+			/* If the connection breaks during COMMIT we cannot know
+			 * whether it happened.  That is safe: the caller
+			 * reconnects and runs the messages again; if the commit
+			 * did happen, their keys are taken now and they are
+			 * settled as duplicates instead of applied twice. */
+			rc = db_commit(ib->db);
+		}
 	}
-	if (fault_hit("crash-before-commit"))
-		raise(SIGKILL); /* a message that kills its worker */
-	/* If the connection breaks during COMMIT we cannot know whether it
-	 * happened.  That is safe: the caller reconnects and runs the
-	 * messages again; if the commit did happen, their claims now fail with
-	 * 1062 and they are settled as duplicates instead of applied twice. */
-	rc = db_commit(ib->db);
 	if (rc != ST_OK)
 		db_rollback(ib->db);
+	inbox_forget(ib);
 	return rc;
 }
 
-void inbox_abort(struct inbox *ib)
+int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
 {
-	db_rollback(ib->db);
+	int rc;
+
+	if (n <= 0)
+		return ST_ERR_INVALID;
+	rc = inbox_reserve(ib, n);
+	if (rc != ST_OK)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		memset(&res[i], 0, sizeof res[i]);
+		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
+	}
+	rc = inbox_claim(ib, in, n);
+	for (int i = 0; rc == ST_OK && i < n; i++) {
+		const struct inbox_key *k = &ib->keys[ib->key_of[i]];
+
+		if (k->first != i) {
+			/* The same key again in this batch: the first one's hash
+			 * stands, as the stored one would. */
+			const char *ref = k->mine ? ib->hex[k->first] : k->stored;
+			res[i].outcome = strcmp(ref, ib->hex[i]) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+		} else if (!k->mine) {
+			res[i].outcome = strcmp(k->stored, ib->hex[i]) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+		} else {
+			rc = inbox_decide(ib, &in[i], &res[i]);
+		}
+	}
+	if (rc == ST_OK)
+		rc = inbox_flush(ib);
+	return inbox_end(ib, rc, true);
+}
+
+/* Lock one order outside a batch (hold expiry) and read it into the
+ * transaction's one order slot. */
+static int inbox_lock_one(struct inbox *ib, const char *order_id, struct inbox_order **out)
+{
+	char status[32];
+	struct db_col c[4] = { DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(), DBC_I64() };
+	struct db_param p[1] = { DBP_STR(order_id) };
+	struct inbox_order *o;
+	int rc, r;
+
+	rc = inbox_reserve(ib, 1);
+	if (rc == ST_OK)
+		rc = db_stmt_exec(ib->lock_touch, p, 1, NULL);
+	if (rc == ST_OK)
+		rc = db_stmt_query(ib->lock_read, p, 1);
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_fetch(ib->lock_read, c, 4);
+	if (r < 0)
+		return r;
+	if (r == 0)
+		return ST_ERR_DB; /* we just wrote it */
+	db_stmt_done(ib->lock_read);
+	o = &ib->orders[0];
+	memset(o, 0, sizeof *o);
+	snprintf(o->id, sizeof o->id, "%s", order_id);
+	o->held = c[0].i64;
+	if (c[1].is_null) {
+		o->state = ORDER_NONE;
+	} else {
+		int st = order_state_from_name(status);
+		if (st < 0)
+			return ST_ERR_DB;
+		o->state = (enum order_state)st;
+		o->version = c[2].i64;
+		o->flags = (unsigned)c[3].i64;
+	}
+	ib->norders = 1;
+	*out = o;
+	return ST_OK;
 }
 
 /* Dead-letter one expired held event in a transaction of its own, under
  * its order's lock; *done is false when its order settled it meanwhile. */
 static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, bool *done)
 {
-	struct inbox_order o;
+	struct inbox_order *o = NULL;
 	struct inbox_held h;
 	struct inbox_event ev;
 	struct inbox_outrow row;
@@ -822,34 +1202,31 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	int rc;
 
 	*done = false;
-	rc = inbox_lock_order(ib, order_id, &o);
+	rc = inbox_lock_one(ib, order_id, &o);
 	if (rc == ST_OK)
 		rc = inbox_held_load(ib, id, &h, rk, sizeof rk, &ev);
-	if (rc == ST_ERR_NOT_FOUND) {
-		db_rollback(ib->db);
-		return ST_OK;
-	}
+	if (rc == ST_ERR_NOT_FOUND)
+		return inbox_end(ib, ST_OK, false); /* released meanwhile; only the lock was written */
 	if (rc != ST_OK)
-		return rc;
+		return inbox_end(ib, rc, false);
 	ev.order_id = order_id;
 	snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite", h.type,
 	         ib->conf->hold_ttl_s);
 	rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
-	if (rc == ST_OK)
-		rc = inbox_outrow_insert(ib, &row, order_id);
+	if (rc == ST_OK) {
+		inbox_w_outrow(ib, &row, order_id);
+		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired");
+		jb_row(&ib->w[W_DEL]);
+		jb_i64(&ib->w[W_DEL], id);
+		jb_end(&ib->w[W_DEL]);
+		o->held = o->held > 0 ? o->held - 1 : 0;
+		o->held_dirty = true;
+	}
 	inbox_outrow_free(&row);
 	if (rc == ST_OK)
-		rc = inbox_set_outcome(ib, h.source, h.message_id, "dead_lettered", "hold-expired");
-	if (rc == ST_OK) {
-		struct db_param dp[1] = { DBP_I64(id) };
-		rc = db_stmt_exec(ib->held_del, dp, 1, NULL);
-	}
-	if (rc == ST_OK) {
-		struct db_param cp[2] = { DBP_I64(-1), DBP_STR(order_id) };
-		rc = db_stmt_exec(ib->held_count, cp, 2, NULL);
-	}
-	if (rc == ST_OK)
-		rc = db_commit(ib->db);
+		rc = inbox_flush(ib);
+	/* No fault hooks here: those stand for a message's transaction. */
+	rc = inbox_end(ib, rc, false);
 	if (rc != ST_OK)
 		return rc;
 	*done = true;

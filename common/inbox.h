@@ -1,6 +1,6 @@
 /*
- * inbox.h - one message's transaction: claim the key through the UNIQUE
- * index, decide with the order state machine, apply, and commit.
+ * inbox.h - a batch's transaction: claim every key through the UNIQUE
+ * index, decide each message with the order state machine, write, commit.
  *
  * The claim is an INSERT into processed_messages and nothing else decides
  * duplicates: a concurrent duplicate's INSERT waits on the first one's index
@@ -50,10 +50,6 @@ struct inbox_in {
 	char *(*props_json)(const void *arg); /* malloc'd JSON of the AMQP properties */
 	const void *props_arg;
 	int64_t published_us; /* 0 when unknown */
-	/* Nothing else shares the transaction: inbox_apply may end it itself
-	 * (COMMIT in its last statement, or ROLLBACK of a duplicate) and says
-	 * so in inbox_result.ended, saving the caller a round trip. */
-	bool alone;
 };
 
 struct inbox_result {
@@ -61,30 +57,29 @@ struct inbox_result {
 	int released;      /* held events applied/settled by this transaction */
 	int outbox_rows;   /* rows written to the outbox */
 	enum order_state state;
-	bool ended;        /* the transaction is over: do not commit or abort it */
 };
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf);
 void inbox_close(struct inbox **ib);
 
 /*
- * A message's transaction, also for a batch of messages in one transaction:
- * inbox_apply for each message (nothing is committed; a duplicate or a
- * conflict writes nothing and leaves the rest of the transaction intact),
- * then inbox_commit once — unless the message was alone and
- * inbox_result.ended says inbox_apply already ended the transaction (a lone
- * duplicate or conflict is then rolled back).
- * ST_ERR_DB_DEADLOCK / ST_ERR_DB_LOCK_TIMEOUT: call inbox_abort and retry the
- * whole transaction.  ST_ERR_DB_CONN: the connection is gone and the outcome
- * may be unknown if it broke during COMMIT; reconnect and run it again — the
- * claim makes the retry safe.  ST_ERR_FAULT (inbox_commit): a test fault
- * fired before COMMIT; rolled back.  After any other error from inbox_apply
- * call inbox_abort (after a deadlock everything is already rolled back; the
- * call is harmless).
+ * The transaction of a batch of n messages (n >= 1), from its first
+ * statement to its end: inbox_run opens it, runs it and commits it or rolls
+ * it back; nobody else ends it.  Two round trips and the COMMIT, however
+ * many messages: one claims every key and locks every order of the batch,
+ * one writes every row the batch decided (held events to release add round
+ * trips of their own).  Messages are decided in delivery order against the
+ * order state as it evolves inside the batch; a duplicate or a conflict
+ * (res[i].outcome) touches only itself.
+ * ST_OK: committed, res[i] says what became of in[i].
+ * ST_ERR_DB_DEADLOCK / ST_ERR_DB_LOCK_TIMEOUT: rolled back; run it again.
+ * ST_ERR_DB_DATA: the database refused a value of one of the messages;
+ * rolled back (run them one at a time to find which).  ST_ERR_DB_CONN: the
+ * connection is gone and, if it broke during COMMIT, the outcome is
+ * unknown; reconnect and run it again — the claim makes that safe.
+ * ST_ERR_FAULT: a test fault fired before COMMIT; rolled back.
  */
-int inbox_apply(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res);
-int inbox_commit(struct inbox *ib);
-void inbox_abort(struct inbox *ib);
+int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res);
 
 /* Dead-letter held events older than the hold TTL through the outbox, at
  * most limit of them; *expired gets the count. */

@@ -299,7 +299,15 @@ static void *lg_pub_main(void *arg)
 			int rc;
 
 			if (r->rate > 0) {
-				double due = start + (double)mine / r->rate;
+				/* Paced by row, not by this connection's own count:
+				 * columns hold different numbers of messages, and a
+				 * column paced by its count ran ahead of the others by
+				 * up to LG_ROW_SYNC rows, so an order's events (adjacent
+				 * rows, other columns) went out hundreds of ms apart and
+				 * the early ones waited, held, for their prerequisite:
+				 * the tail of publish-to-commit latency at --rate. */
+				double per_row = r->ph->rows > 0 ? (double)r->ph->items / (double)r->ph->rows : 1.0;
+				double due = start + (double)row * per_row / (r->rate * r->cols);
 				double now = lg_mono();
 				if (due > now)
 					lg_sleep_ms((int)((due - now) * 1000.0) + 1);

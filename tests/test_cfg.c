@@ -115,7 +115,7 @@ Test(cfg, defaults_match_the_spec)
 	cr_assert_eq(c.db.connect_timeout_s, 5);
 	cr_assert_str_eq(c.db.redacted, "mysql://inbox:***@127.0.0.1:3306/inbox");
 	cr_assert_eq(c.threads, 4);
-	cr_assert_eq(c.prefetch, 32);
+	cr_assert_eq(c.prefetch, 200); /* issue 10 (newer than SPEC.md: 32): chosen by measurement, README */
 	cr_assert_str_eq(c.consumer, "order-status");
 	cr_assert_str_eq(c.queue, "orders.inbox");
 	cr_assert_str_eq(c.exchange, "orders");
@@ -134,7 +134,7 @@ Test(cfg, defaults_match_the_spec)
 	cr_assert_eq(c.heartbeat_s, 30);
 	cr_assert_eq(c.ordering, CFG_ORDERING_SHARED);
 	cr_assert_eq(c.shards, 4);
-	cr_assert_eq(c.batch, 1);
+	cr_assert_eq(c.batch, 100);
 	if (stat(INBOX_SOURCE_MIGRATIONS_DIR, &st) == 0 && S_ISDIR(st.st_mode))
 		cr_assert_str_eq(c.migrations_dir, INBOX_SOURCE_MIGRATIONS_DIR);
 	else
@@ -156,7 +156,7 @@ Test(cfg, env_overrides_default)
 	cr_assert_str_eq(c.queue, "other.q");
 	cr_assert_eq(c.retention_s, 7200);
 	cr_assert_eq(c.log_format, LOG_FORMAT_JSON);
-	cr_assert_eq(c.prefetch, 32); /* untouched settings keep their default */
+	cr_assert_eq(c.prefetch, 200); /* untouched settings keep their default */
 	cfg_free(&c);
 }
 
@@ -333,7 +333,19 @@ Test(cfg, out_of_range_is_rejected)
 
 Test(cfg, batch_larger_than_prefetch_is_rejected)
 {
-	EXPECT_ERR("INBOX_BATCH: must not exceed INBOX_PREFETCH (32): '64'", "--batch", "64", NULL);
+	EXPECT_ERR("INBOX_BATCH: must not exceed INBOX_PREFETCH (32): '64'", "--prefetch", "32", "--batch", "64",
+	           NULL);
+}
+
+/* The default batch follows a smaller prefetch instead of refusing it. */
+Test(cfg, default_batch_follows_a_smaller_prefetch)
+{
+	struct cfg c;
+
+	LOAD_OK(&c, "--prefetch", "40", NULL);
+	cr_assert_eq(c.prefetch, 40);
+	cr_assert_eq(c.batch, 40);
+	cfg_free(&c);
 }
 
 Test(cfg, bad_duration_is_rejected)

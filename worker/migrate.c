@@ -9,6 +9,12 @@
  *
  * A recorded file whose checksum changed is refused: the database no longer
  * matches the file, and guessing which one is right is not our job.
+ *
+ * Stored procedures are the exception: each lives in one file of
+ * migrations/procedures/ (DROP PROCEDURE IF EXISTS, then CREATE), which is
+ * applied after the numbered files whenever its checksum differs from the
+ * one recorded (as "procedures/<name>"), so a procedure is changed by
+ * editing its file, not by copying it into a new numbered migration.
  */
 #include "migrate.h"
 
@@ -40,6 +46,14 @@ static int migrate_name_ok(const char *name)
 		if (name[i] < '0' || name[i] > '9')
 			return 0;
 	return name[4] == '_';
+}
+
+/* migrations/procedures/<name>.sql: re-applied when changed. */
+static int migrate_proc_name_ok(const char *name)
+{
+	size_t n = strlen(name);
+
+	return n > 4 && n <= 180 && name[0] != '.' && strcmp(name + n - 4, ".sql") == 0;
 }
 
 static int migrate_cmp(const void *a, const void *b)
@@ -82,7 +96,7 @@ cleanup:
 	return rc;
 }
 
-static int migrate_list(const char *dir, char ***names, int *count)
+static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***names, int *count)
 {
 	DIR *d = opendir(dir);
 	struct dirent *e;
@@ -100,7 +114,7 @@ static int migrate_list(const char *dir, char ***names, int *count)
 	}
 	errno = 0;
 	while ((e = readdir(d)) != NULL) {
-		if (!migrate_name_ok(e->d_name))
+		if (!name_ok(e->d_name))
 			continue;
 		if (n == MIGRATE_MAX_FILES || (v[n] = strdup(e->d_name)) == NULL) {
 			for (int i = 0; i < n; i++)
@@ -118,16 +132,20 @@ static int migrate_list(const char *dir, char ***names, int *count)
 	return ST_OK;
 }
 
+/* Apply one file unless recorded.  A changed numbered file is refused; a
+ * changed procedure file (record = "procedures/<name>") is applied again
+ * and its record replaced. */
 static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, const char *dir,
-                       const char *name, int *applied)
+                       const char *name, const char *record, int *applied)
 {
+	bool reapply = record != name;
 	char path[4096];
 	char *sql = NULL;
 	size_t len = 0;
 	unsigned char md[EVP_MAX_MD_SIZE];
 	unsigned mdlen = 0;
 	char hex[65], stored[65];
-	struct db_param p[1] = { DBP_STR(name) };
+	struct db_param p[1] = { DBP_STR(record) };
 	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
 	int rc, r;
 
@@ -153,12 +171,14 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 	}
 	if (r == 1) {
 		db_stmt_done(get);
-		if (strcmp(stored, hex) != 0) {
+		if (strcmp(stored, hex) == 0)
+			goto cleanup;
+		if (!reapply) {
 			LOG(LOG_ERROR, "applied migration has changed since; refusing to go on",
 			    LOG_S("file", name), LOG_S("applied_sha256", stored), LOG_S("file_sha256", hex));
 			rc = ST_ERR_MIGRATION_CHANGED;
+			goto cleanup;
 		}
-		goto cleanup;
 	}
 	rc = db_exec_script(db, sql, len);
 	if (rc != ST_OK) {
@@ -166,17 +186,44 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 		goto cleanup;
 	}
 	{
-		struct db_param pp[2] = { DBP_STR(name), DBP_STR(hex) };
+		struct db_param pp[2] = { DBP_STR(record), DBP_STR(hex) };
 		rc = db_stmt_exec(put, pp, 2, NULL);
 	}
 	if (rc == ST_OK)
 		rc = db_commit(db);
 	if (rc == ST_OK) {
 		(*applied)++;
-		LOG(LOG_INFO, "migration applied", LOG_S("file", name), LOG_S("sha256", hex));
+		LOG(LOG_INFO, "migration applied", LOG_S("file", record), LOG_S("sha256", hex));
 	}
 cleanup:
 	free(sql);
+	return rc;
+}
+
+/* migrations/procedures/: after the numbered files, whose tables they use.
+ * No such folder: nothing to do. */
+static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt *put, const char *dir,
+                              int *applied)
+{
+	char pdir[4096], record[256];
+	char **names = NULL;
+	int count = 0, rc;
+	struct stat st;
+
+	if (snprintf(pdir, sizeof pdir, "%s/procedures", dir) >= (int)sizeof pdir)
+		return ST_ERR_INVALID;
+	if (stat(pdir, &st) != 0 && errno == ENOENT)
+		return ST_OK;
+	rc = migrate_list(pdir, migrate_proc_name_ok, &names, &count);
+	if (rc != ST_OK)
+		LOG(LOG_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+	for (int i = 0; rc == ST_OK && i < count; i++) {
+		snprintf(record, sizeof record, "procedures/%s", names[i]);
+		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
+	}
+	for (int i = 0; i < count; i++)
+		free(names[i]);
+	free(names);
 	return rc;
 }
 
@@ -196,7 +243,7 @@ int migrate_main(const struct cfg *conf)
 		    LOG_S("error", st_strerror(rc)));
 		return 1;
 	}
-	rc = migrate_list(conf->migrations_dir, &names, &count);
+	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
 	if (rc != ST_OK) {
 		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
 		    LOG_S("error", strerror(errno)));
@@ -230,9 +277,11 @@ int migrate_main(const struct cfg *conf)
 	}
 	rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
 	if (rc == ST_OK)
-		rc = db_prepare(db, &put, "INSERT INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
+		rc = db_prepare(db, &put, "REPLACE INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
 	for (int i = 0; rc == ST_OK && i < count; i++)
-		rc = migrate_one(db, get, put, conf->migrations_dir, names[i], &applied);
+		rc = migrate_one(db, get, put, conf->migrations_dir, names[i], names[i], &applied);
+	if (rc == ST_OK)
+		rc = migrate_procedures(db, get, put, conf->migrations_dir, &applied);
 	if (rc == ST_OK)
 		LOG(LOG_INFO, "migrations done", LOG_I("applied", applied), LOG_I("files", count),
 		    LOG_S("dir", conf->migrations_dir));

@@ -106,6 +106,8 @@ struct worker {
 	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
 	atomic_int exit_code; /* written by the thread, read by main */
 	struct item *items;   /* INBOX_BATCH deliveries */
+	struct inbox_in *ins; /* the valid ones of a batch, as the inbox takes them */
+	struct inbox_result *res;
 	/* Settled deliveries not yet acked: every tag up to ack_tag is done
 	 * (committed or confirmed in the DLQ), so one basic.ack with
 	 * multiple=true settles them all (see worker_ack_flush). */
@@ -476,20 +478,15 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 
 		if (rc != ST_OK)
 			return rc;
-		for (i = 0; i < n; i++) {
-			struct inbox_in in = {
+		for (i = 0; i < n; i++)
+			w->ins[i] = (struct inbox_in){
 				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
 				.props_json = worker_props_json, .props_arg = &v[i]->d,
-				.published_us = v[i]->d.published_us, .alone = n == 1,
+				.published_us = v[i]->d.published_us,
 			};
-			rc = inbox_apply(w->inbox, &in, &v[i]->res);
-			if (rc != ST_OK)
-				break;
-		}
-		if (rc != ST_OK)
-			inbox_abort(w->inbox);
-		else if (!v[n - 1]->res.ended) /* only a lone message ends it itself */
-			rc = inbox_commit(w->inbox);
+		rc = inbox_run(w->inbox, w->ins, n, w->res);
+		for (i = 0; rc == ST_OK && i < n; i++)
+			v[i]->res = w->res[i];
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
@@ -1041,8 +1038,10 @@ int pool_main(const struct cfg *conf)
 		         janitor ? "janitor" : "thread", i);
 		if (!janitor) {
 			w->items = calloc((size_t)conf->batch, sizeof *w->items);
+			w->ins = calloc((size_t)conf->batch, sizeof *w->ins);
+			w->res = calloc((size_t)conf->batch, sizeof *w->res);
 			pool_assign_shards(conf, w);
-			if (w->items == NULL) {
+			if (w->items == NULL || w->ins == NULL || w->res == NULL) {
 				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
 				code = 1;
@@ -1103,8 +1102,11 @@ int pool_main(const struct cfg *conf)
 done:
 	/* The exit code is decided above; nothing reads workers after this. */
 	if (workers != NULL)
-		for (int i = 0; i < nthreads; i++)
+		for (int i = 0; i < nthreads; i++) {
 			free(workers[i].items);
+			free(workers[i].ins);
+			free(workers[i].res);
+		}
 	free(workers);
 	pthread_cond_destroy(&kick.cv);
 	pthread_mutex_destroy(&kick.mu);
