@@ -30,8 +30,14 @@ CREATE PROCEDURE inbox_write_batch(
   MODIFIES SQL DATA
 BEGIN
   IF p_d IS NOT NULL THEN
-    DELETE FROM held_events
-     WHERE id IN (SELECT d.id FROM JSON_TABLE(p_d, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) d);
+    -- Driven from the list, one primary-key lookup per id.  Written as
+    -- "WHERE id IN (SELECT ... JSON_TABLE ...)" it was a dependent subquery
+    -- over a scan of held_events (MariaDB 10.11 has no semi-join for a
+    -- single-table DELETE): every release locked its way through other
+    -- batches' held rows, and two releases deadlocked (seen in the chaos
+    -- run: a message dead-lettered as retries-exhausted).
+    DELETE h FROM JSON_TABLE(p_d, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) d
+      STRAIGHT_JOIN held_events h ON h.id = d.id;
   END IF;
 
   IF p_h IS NOT NULL THEN
