@@ -160,7 +160,7 @@ static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, co
 	*ev = (struct inbox_event){
 		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
 		.order_id = m->order_id, .body = body, .len = len, .routing_key = routing_key, .props = props,
-		.amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED,
+		.amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED && m->has_amount,
 	};
 }
 

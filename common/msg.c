@@ -466,6 +466,7 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 				goto cleanup;
 			}
 			out->amount_cents = (int64_t)json_integer_value(amount);
+			out->has_amount = true;
 		}
 	}
 

@@ -65,6 +65,7 @@ struct msg {
 	enum msg_type type;
 	char occurred_at[MSG_TIME_MAX + 1];    /* "" when absent */
 	int64_t amount_cents;                  /* data.amount_cents, 0 when absent */
+	bool has_amount;                       /* data.amount_cents was given */
 	unsigned char sha256[32];
 	char detail[MSG_DETAIL_MAX];           /* one human line when the parse fails */
 };

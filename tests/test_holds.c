@@ -347,6 +347,42 @@ Test(holds, held_payment_is_applied_with_its_amount)
 	cr_assert_eq(itest_int1("SELECT paid_at IS NOT NULL FROM orders WHERE id = ?", "amt-1"), 1);
 }
 
+/* A payment that carries no amount leaves amount_cents NULL, in order and
+ * held alike: "no amount" is not an amount of 0. */
+Test(holds, payment_without_amount_leaves_amount_null)
+{
+	char body[512];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	w = itest_worker(1, NULL);
+	m = itest_mq();
+	for (int held = 0; held < 2; held++) {
+		const char *order = held ? "noamt-held" : "noamt-inorder";
+		char created[512];
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s-P\",\"type\":\"PaymentAuthorized\",\"order_id\":\"%s\",\"data\":{}}",
+		         order, order);
+		snprintf(created, sizeof created, "{\"message_id\":\"%s-C\",\"type\":\"OrderCreated\",\"order_id\":\"%s\"}",
+		         order, order);
+		if (held) {
+			itest_publish(m, "PaymentAuthorized", body, NULL);
+			cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 1, WAIT_S), 1);
+			itest_publish(m, "OrderCreated", created, NULL);
+		} else {
+			itest_publish(m, "OrderCreated", created, NULL);
+			itest_publish(m, "PaymentAuthorized", body, NULL);
+		}
+	}
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Paid'", 2, WAIT_S), 2);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE amount_cents IS NULL AND paid_at IS NOT NULL"), 2,
+	             "a payment without data.amount_cents must leave amount_cents NULL (found %lld orders with it set)",
+	             (long long)itest_int("SELECT COUNT(*) FROM orders WHERE amount_cents IS NOT NULL"));
+}
+
 /* 70 held shipments ahead of the payment: the payment must be found and
  * applied when the order is created, and every shipment settled once the
  * order can take them, well inside the hold TTL. */
