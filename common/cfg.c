@@ -433,7 +433,7 @@ static bool sni_name_ok(const char *s)
 {
 	size_t n = strlen(s);
 
-	if (n == 0 || n > 253 || s[0] == '.' || s[n - 1] == '.')
+	if (n == 0 || n > 253 || s[0] == '.' || s[n - 1] == '.' || strspn(s, "0123456789.") == n)
 		return false;
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)s[i];

@@ -673,6 +673,11 @@ Test(cfg, amqps_server_name_indication)
 	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
 	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=mq_x.example",
 	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	/* RFC 6066: SNI carries no IP literal. */
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=10.0.0.7",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=[::1]",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
 }
 
 Test(cfg, amqp_defaults_guest_and_root_vhost)
