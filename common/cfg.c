@@ -422,15 +422,33 @@ void cfg_amqp_free(struct cfg_amqp *a)
 	free(a->cacertfile);
 	free(a->certfile);
 	free(a->keyfile);
+	free(a->sni);
 	free(a->redacted);
 	memset(a, 0, sizeof *a);
 }
 
+/* A DNS name as SNI carries it (RFC 6066: no IP literals, no trailing
+ * dot); kept strict so that nothing odd reaches the ClientHello. */
+static bool sni_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > 253 || s[0] == '.' || s[n - 1] == '.' || strspn(s, "0123456789.") == n)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+		      c == '.'))
+			return false;
+	}
+	return true;
+}
+
 /*
- * The query of an amqps:// URL: RabbitMQ's URI spec names.  SNI: rabbitmq-c
- * 0.11 has no setter for it (it sends the host name it connects to and
- * verifies the certificate against that name), so server_name_indication
- * is refused rather than ignored.
+ * The query of an amqps:// URL: RabbitMQ's URI spec names.
+ * server_name_indication replaces the URL's host in the ClientHello and, as
+ * in that spec (Erlang's ssl), in the certificate's host name check (mq.c).
  */
 static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, size_t errlen)
 {
@@ -461,13 +479,11 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 			path = &a->certfile;
 		else if (strcmp(nm, "keyfile") == 0)
 			path = &a->keyfile;
-		else if (strcmp(nm, "server_name_indication") == 0) {
-			set_err(err, errlen, "bad URL: server_name_indication is not supported by this "
-			        "rabbitmq-c (the URL's host name is sent and verified)");
-			return -1;
-		} else if (strcmp(nm, "verify") != 0 || len > CFG_ECHO_MAX) {
+		else if (strcmp(nm, "server_name_indication") == 0)
+			path = &a->sni;
+		else if (strcmp(nm, "verify") != 0 || len > CFG_ECHO_MAX) {
 			set_err(err, errlen, "bad URL: unknown option '%s' "
-			        "(known: cacertfile, certfile, keyfile, verify)", shown);
+			        "(known: cacertfile, certfile, keyfile, verify, server_name_indication)", shown);
 			return -1;
 		}
 		if (!a->tls) {
@@ -486,6 +502,11 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 			}
 			a->tls_verify = peer;
 			free(value);
+		} else if (path == &a->sni && !sni_name_ok(value)) {
+			free(value);
+			set_err(err, errlen, "bad URL: server_name_indication must be a DNS name "
+			        "(letters, digits, '-' and '.', at most 253)");
+			return -1;
 		} else if (value[0] == '\0') {
 			free(value);
 			set_err(err, errlen, "bad URL: %s needs a path", nm);

@@ -34,6 +34,10 @@ struct cfg_amqp {
 	char *certfile;  /* client certificate, with keyfile */
 	char *keyfile;
 	bool tls_verify; /* verify=verify_peer (default) | verify_none */
+	/* server_name_indication=NAME: the name the ClientHello carries and,
+	 * with verify_peer, the name the certificate must be issued to (as in
+	 * RabbitMQ's URI spec); NULL: the URL's host for both. */
+	char *sni;
 	char *redacted;  /* the URL with the password replaced by "***" */
 };
 

@@ -11,9 +11,11 @@
 #include <amqp_ssl_socket.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 #include <amqp_tcp_socket.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,11 +138,76 @@ static int mq_rpc(struct mq *m, const char *what)
 }
 
 /*
+ * server_name_indication.  rabbitmq-c 0.11 has no setter: amqp_socket_open
+ * makes the SSL and names the URL's host on it just before SSL_connect, so
+ * the name is put back in the info callback at SSL_CB_HANDSHAKE_START, which
+ * OpenSSL 3 calls at the top of its handshake state machine, before the
+ * write side builds the ClientHello (ssl/statem/statem.c, state_machine).
+ * The name rides in the SSL_CTX's ex_data: rabbitmq-c makes one SSL_CTX per
+ * socket and frees it with the socket, and mq_sni_free then frees the copy.
+ */
+static int mq_sni_index = -1;
+static pthread_once_t mq_sni_once = PTHREAD_ONCE_INIT;
+
+static void mq_sni_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+	OPENSSL_free(ptr);
+}
+
+static void mq_sni_init(void)
+{
+	mq_sni_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, mq_sni_free);
+}
+
+static void mq_sni_info_cb(const SSL *ssl, int where, int ret)
+{
+	const char *name;
+
+	if ((where & SSL_CB_HANDSHAKE_START) == 0)
+		return;
+	name = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), mq_sni_index);
+	/* On failure (out of memory) the ClientHello goes without SNI; the
+	 * certificate is still checked against the name (mq_tls_setup). */
+	if (name != NULL)
+		(void)SSL_set_tlsext_host_name((SSL *)ssl, name);
+}
+
+/* Send conf->sni in the ClientHello and, when verifying, check the
+ * certificate against it instead of the URL's host, as RabbitMQ's URI spec
+ * has it (Erlang's ssl uses the SNI name for its host name check).
+ * rabbitmq-c's own host check would use the URL's host, so it is turned
+ * off and OpenSSL's (X509_VERIFY_PARAM_set1_host) does it: a mismatch
+ * fails the chain result that rabbitmq-c checks with verify_peer. */
+static int mq_tls_sni(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
+{
+	SSL_CTX *ctx = amqp_ssl_socket_get_context(sock);
+	char *copy;
+
+	if (pthread_once(&mq_sni_once, mq_sni_init) != 0 || mq_sni_index < 0 || ctx == NULL)
+		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up server_name_indication");
+	copy = OPENSSL_strdup(conf->sni);
+	if (copy == NULL)
+		return mq_fail(m, ST_ERR_NOMEM, "tls", "out of memory");
+	if (SSL_CTX_set_ex_data(ctx, mq_sni_index, copy) != 1) {
+		OPENSSL_free(copy);
+		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up server_name_indication");
+	}
+	SSL_CTX_set_info_callback(ctx, mq_sni_info_cb);
+	if (conf->tls_verify) {
+		if (X509_VERIFY_PARAM_set1_host(SSL_CTX_get0_param(ctx), conf->sni, 0) != 1)
+			return mq_fail(m, ST_ERR_MQ, "tls", "cannot set the name to verify");
+		amqp_ssl_socket_set_verify_hostname(sock, 0);
+	}
+	return ST_OK;
+}
+
+/*
  * TLS as the URL asks (cfg.h).  rabbitmq-c's context starts with an empty
  * trust store, so without cacertfile the system's store is loaded, else
  * every verified handshake would fail.  Verification covers the chain and
- * the host name of the URL.  A file that cannot be loaded is a
- * configuration fault: ST_ERR_MQ, which the pool does not wait out.
+ * the host name of the URL (server_name_indication's when given: mq_tls_sni).
+ * A file that cannot be loaded is a configuration fault: ST_ERR_MQ, which
+ * the pool does not wait out.
  */
 static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
 {
@@ -165,7 +232,7 @@ static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp
 	}
 	amqp_ssl_socket_set_verify_peer(sock, conf->tls_verify ? 1 : 0);
 	amqp_ssl_socket_set_verify_hostname(sock, conf->tls_verify ? 1 : 0);
-	return ST_OK;
+	return conf->sni != NULL ? mq_tls_sni(m, sock, conf) : ST_OK;
 }
 
 /* A failed TLS connect, with OpenSSL's reason when it left one ("certificate

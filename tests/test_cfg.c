@@ -661,9 +661,35 @@ Test(cfg, amqps_tls_options)
 	amqp_bad("amqps://u:hunter2@h/v?verify=yes", "bad URL: verify must be verify_peer or verify_none");
 	amqp_bad("amqps://u:hunter2@h/v?certfile=/c.pem", "bad URL: certfile and keyfile go together");
 	amqp_bad("amqps://u:hunter2@h/v?cacertfile=", "bad URL: cacertfile needs a path");
-	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=mq.example",
-	         "bad URL: server_name_indication is not supported by this rabbitmq-c "
-	         "(the URL's host name is sent and verified)");
+}
+
+/* server_name_indication: the name sent in the ClientHello (and checked
+ * against the certificate); without it the URL's host. */
+Test(cfg, amqps_server_name_indication)
+{
+	struct cfg_amqp a;
+
+	amqp_ok("amqps://u:p@10.0.0.7/v", &a);
+	cr_assert_null(a.sni, "no SNI option: the URL's host is sent");
+	cfg_amqp_free(&a);
+	amqp_ok("amqps://u:p@10.0.0.7/v?server_name_indication=mq.example.com&verify=verify_peer", &a);
+	cr_assert_str_eq(a.sni, "mq.example.com");
+	cr_assert_str_eq(a.host, "10.0.0.7");
+	cr_assert(a.tls_verify);
+	cfg_amqp_free(&a);
+	cr_assert_null(a.sni);
+	amqp_bad("amqp://u:hunter2@h/v?server_name_indication=mq.example", "bad URL: TLS options need amqps://");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=a%20b",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=mq_x.example",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	/* RFC 6066: SNI carries no IP literal. */
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=10.0.0.7",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=[::1]",
+	         "bad URL: server_name_indication must be a DNS name (letters, digits, '-' and '.', at most 253)");
 }
 
 Test(cfg, amqp_defaults_guest_and_root_vhost)
@@ -742,7 +768,8 @@ Test(cfg, amqp_bad_urls)
 	amqp_bad("amqp://u:hunter2@h/v%00", "bad URL: %00 not allowed in vhost");
 	amqp_bad("amqp://u:hunter2@h/a/b", "bad URL: vhost must not contain '/' (write it as %2f)");
 	amqp_bad("amqp://u:hunter2@h/v?heartbeat=5",
-	         "bad URL: unknown option 'heartbeat' (known: cacertfile, certfile, keyfile, verify)");
+	         "bad URL: unknown option 'heartbeat' "
+	         "(known: cacertfile, certfile, keyfile, verify, server_name_indication)");
 	amqp_bad("amqp://u:hunter2@h/v#f", "bad URL: '#' is not allowed (percent-encode it as %23)");
 	amqp_bad("amqp://u:hunter2@h o/", "bad URL: contains a space or control character");
 	amqp_bad("amqp://u:hunter2@h/v\n", "bad URL: contains a space or control character");

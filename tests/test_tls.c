@@ -7,7 +7,8 @@
  * certificate signed by a CA the client was not given is refused, and so is
  * a server that speaks no TLS when TLS was asked for: each with a log line
  * naming the link and the reason, and /readyz 503, never a quiet fall back
- * to plain text.
+ * to plain text.  server_name_indication= is what the ClientHello names
+ * (seen by an `openssl s_server`), and the certificate is checked against it.
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -267,4 +269,145 @@ Test(tls, a_server_without_tls_is_refused_when_tls_is_asked_for, .timeout = 300)
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
 	itest_stop(w, SIGTERM, 30);
 	plain_db_stop(&fake);
+}
+
+/* ---- server_name_indication ---------------------------------------------- */
+
+/* A loopback port nobody listens on now (bind to 0, read it, close). */
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t len = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	cr_assert_geq(fd, 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+/* `openssl s_server` on 127.0.0.1:port with the stack's server certificate,
+ * expecting SNI sni.example.test; it prints `Hostname in TLS extension:
+ * "NAME"` for each ClientHello that names one.  Its stdin is a pipe held
+ * open by *stdin_fd: at EOF on stdin s_server quits. */
+static pid_t sni_server(int port, const char *log, int *stdin_fd)
+{
+	const char *dir = tls_env("INBOX_STACK_TLS_DIR");
+	char accept_arg[32], cert[512], key[512];
+	int fds[2];
+	pid_t pid;
+
+	snprintf(accept_arg, sizeof accept_arg, "127.0.0.1:%d", port);
+	snprintf(cert, sizeof cert, "%s/server.pem", dir);
+	snprintf(key, sizeof key, "%s/server.key", dir);
+	cr_assert_eq(pipe(fds), 0, "pipe: %s", strerror(errno));
+	pid = fork();
+	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || dup2(fds[0], 0) < 0 ||
+		    freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
+			_exit(126);
+		close(fds[0]);
+		close(fds[1]);
+		execlp("openssl", "openssl", "s_server", "-accept", accept_arg, "-cert", cert, "-key", key,
+		       "-cert2", cert, "-key2", key, "-servername", "sni.example.test", (char *)NULL);
+		_exit(127);
+	}
+	close(fds[0]);
+	*stdin_fd = fds[1];
+	cr_assert(wait_log(log, "ACCEPT", "ACCEPT", 30), "openssl s_server did not start, see %s", log);
+	return pid;
+}
+
+static void sni_server_stop(pid_t pid, int stdin_fd)
+{
+	close(stdin_fd);
+	itest_stop(pid, SIGTERM, 30);
+}
+
+/* The stack's amqps:// URL pointed at 127.0.0.1:port as host `host`, with
+ * extra options appended. */
+static const char *sni_url(char *buf, size_t cap, const char *host, int port, const char *extra)
+{
+	const char *amqp = tls_env("INBOX_TLS_AMQP_URL");
+	char from[32], to[300], tmp[2048];
+
+	snprintf(from, sizeof from, "@localhost:%s/", tls_env("INBOX_STACK_AMQP_TLS_PORT"));
+	snprintf(to, sizeof to, "@%s:%d/", host, port);
+	replace1(tmp, sizeof tmp, amqp, from, to);
+	snprintf(buf, cap, "%s%s", tmp, extra);
+	return buf;
+}
+
+Test(tls, server_name_indication_is_what_the_client_hello_names, .timeout = 300)
+{
+	const char *db = tls_env("INBOX_TLS_DB_URL");
+	char url[2048], slog[256], wlog[256];
+	int port = free_port(), mport = itest_metrics_port(3), in;
+	pid_t srv, w;
+
+	itest_fresh();
+	/* With the option: the ClientHello names it, not the URL's host. */
+	log_path_for(slog, sizeof slog, "sni-server");
+	log_path_for(wlog, sizeof wlog, "sni-worker");
+	srv = sni_server(port, slog, &in);
+	w = tls_worker(sni_url(url, sizeof url, "localhost", port,
+	                       "&server_name_indication=sni.example.test&verify=verify_none"),
+	               db, mport, wlog);
+	cr_assert(wait_log(slog, "Hostname in TLS extension: \"sni.example.test\"", "", 60),
+	          "the ClientHello did not name sni.example.test, see %s and %s", slog, wlog);
+	cr_assert_not(itest_log_has(slog, "Hostname in TLS extension: \"localhost\""), "see %s", slog);
+	itest_stop(w, SIGTERM, 30);
+	sni_server_stop(srv, in);
+
+	/* Without it: the URL's host, as before. */
+	port = free_port();
+	log_path_for(slog, sizeof slog, "nosni-server");
+	log_path_for(wlog, sizeof wlog, "nosni-worker");
+	srv = sni_server(port, slog, &in);
+	w = tls_worker(sni_url(url, sizeof url, "localhost", port, "&verify=verify_none"), db, mport, wlog);
+	cr_assert(wait_log(slog, "Hostname in TLS extension: \"localhost\"", "", 60),
+	          "the ClientHello did not name the URL's host, see %s and %s", slog, wlog);
+	cr_assert_not(itest_log_has(slog, "sni.example.test\""), "see %s", slog);
+	itest_stop(w, SIGTERM, 30);
+	sni_server_stop(srv, in);
+}
+
+/* As in RabbitMQ's URI spec (Erlang's ssl): with server_name_indication the
+ * certificate must be issued to that name; the URL's host no longer counts.
+ * The stack's server certificate names localhost and 127.0.0.1 only. */
+Test(tls, server_name_indication_is_the_name_the_certificate_is_checked_against, .timeout = 300)
+{
+	const char *db = tls_env("INBOX_TLS_DB_URL");
+	char url[2048], slog[256], wlog[256], body[4096];
+	int port = free_port(), mport = itest_metrics_port(4), in;
+	pid_t srv, w;
+
+	itest_fresh();
+	log_path_for(slog, sizeof slog, "sni-verify-server");
+	log_path_for(wlog, sizeof wlog, "sni-verify-worker");
+	srv = sni_server(port, slog, &in);
+	w = tls_worker(sni_url(url, sizeof url, "localhost", port, "&server_name_indication=sni.example.test"),
+	               db, mport, wlog);
+	cr_assert(wait_log(wlog, "broker connect failed", "tls handshake: SSL peer cert verification failed", 60),
+	          "a certificate not issued to the SNI name was accepted, see %s", wlog);
+	cr_assert_eq(itest_wait_http(mport, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
+	sni_server_stop(srv, in);
+
+	/* The same server and URL without the option: the certificate names
+	 * the URL's host, so the handshake passes and rabbitmq-c, which sends
+	 * nothing before it has verified, sends AMQP's protocol header. */
+	port = free_port();
+	log_path_for(slog, sizeof slog, "nosni-verify-server");
+	log_path_for(wlog, sizeof wlog, "nosni-verify-worker");
+	srv = sni_server(port, slog, &in);
+	w = tls_worker(sni_url(url, sizeof url, "localhost", port, ""), db, mport, wlog);
+	cr_assert(wait_log(slog, "AMQP", "", 60), "the verified handshake did not complete, see %s and %s", slog,
+	          wlog);
+	cr_assert_not(itest_log_has(wlog, "verification failed"), "see %s", wlog);
+	itest_stop(w, SIGTERM, 30);
+	sni_server_stop(srv, in);
 }
