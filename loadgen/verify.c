@@ -18,8 +18,9 @@
  *   unexpected a dead-letter or emitted message the ledger does not foresee.
  *
  * Everything is matched by id, so rows of other runs in the same database
- * are ignored (the run prefix selects ours).  Draining the two queues acks
- * what it reads: the verifier is their consumer.
+ * are ignored (the run prefix selects ours).  The two queues are browsed,
+ * not drained (v_browse): every message read is put back, so verify can
+ * run again on the same ledger and other runs' messages stay.
  */
 #include "verify.h"
 
@@ -158,7 +159,7 @@ struct v_state {
 	struct v_map omap, mmap;
 	json_t *run;
 	struct v_list missing, doubled, wrong, unexpected;
-	long foreign;       /* queue messages of other runs (acked, ignored) */
+	long foreign;       /* queue messages of other runs (left in place, ignored) */
 	struct {
 		char reason[V_REASON_MAX];
 		long n;
@@ -576,46 +577,66 @@ static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap)
 	}
 }
 
-/* Consume a queue until it stays empty for a moment; on_msg sees each. */
-static int v_drain(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
+/* Browse a queue: basic.get every message that is ready, without acking,
+ * then reject them all with requeue.  The verifier only reads — a second
+ * run on the same ledger sees the same queues, and other runs' messages
+ * stay.  basic.get rather than a consumer: a held (unacked) message is not
+ * handed out again, so each is seen once, and the browse stops at the
+ * ready count of a passive declare taken first (the run is settled, and
+ * nothing we requeue could come back to the head while we still read).
+ * The requeue happens only after the whole queue is read; a classic queue
+ * puts each message back in its place.  The passive declare after the
+ * rejects is a round trip behind them on the same channel, so when this
+ * returns the queue holds them again. */
+static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
 {
 	struct mq *m = NULL;
 	struct mq_delivery d;
-	uint64_t last_tag = 0;
-	int unacked = 0, rc;
+	uint64_t *tags = NULL;
+	uint32_t ready = 0, after = 0;
+	size_t n = 0;
+	int rc;
 
 	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
 	if (rc == ST_OK)
-		rc = mq_consume_start(m, queue, 500, false);
+		rc = mq_queue_counts(m, queue, &ready, NULL);
 	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: cannot consume %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
 		mq_close(&m);
 		return rc;
 	}
+	if (ready > 0) {
+		tags = malloc((size_t)ready * sizeof *tags);
+		if (tags == NULL) {
+			mq_close(&m);
+			return ST_ERR_NOMEM;
+		}
+	}
 	memset(&d, 0, sizeof d);
-	for (;;) {
-		rc = mq_consume(m, &d, 1500);
-		if (rc == ST_ERR_TIMEOUT) {
-			rc = ST_OK;
+	while (n < ready) {
+		rc = mq_get(m, queue, &d);
+		if (rc == ST_ERR_NOT_FOUND) {
+			rc = ST_OK; /* fewer than counted: another reader took some */
 			break;
 		}
 		if (rc != ST_OK) {
-			fprintf(stderr, "inbox-loadgen: consuming %s: %s\n", queue, mq_errmsg(m));
+			fprintf(stderr, "inbox-loadgen: reading %s: %s\n", queue, mq_errmsg(m));
 			break;
 		}
+		tags[n++] = d.tag;
 		on_msg(st, &d);
-		last_tag = d.tag;
 		mq_delivery_release(m, &d);
-		if (++unacked >= 200) {
-			rc = mq_ack(m, last_tag, true);
-			if (rc != ST_OK)
-				break;
-			unacked = 0;
-		}
 	}
-	if (rc == ST_OK && unacked > 0)
-		rc = mq_ack(m, last_tag, true);
+	for (size_t i = 0; i < n && rc == ST_OK; i++) {
+		rc = mq_reject(m, tags[i], true);
+		if (rc != ST_OK)
+			fprintf(stderr, "inbox-loadgen: requeueing %s: %s\n", queue, mq_errmsg(m));
+	}
+	if (rc == ST_OK)
+		rc = mq_queue_counts(m, queue, &after, NULL);
+	/* On an error the connection's close requeues what is still unacked. */
 	mq_close(&m);
+	free(tags);
 	return rc;
 }
 
@@ -806,7 +827,7 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 		fprintf(stderr, "inbox-loadgen: reading the database: %s\n", db_errmsg(st.db));
 		goto out;
 	}
-	if (v_drain(&st, conf->dlq, v_on_dead) != ST_OK || v_drain(&st, st.verify_queue, v_on_emitted) != ST_OK)
+	if (v_browse(&st, conf->dlq, v_on_dead) != ST_OK || v_browse(&st, st.verify_queue, v_on_emitted) != ST_OK)
 		goto out;
 	v_judge(&st, &eff_exp, &eff_found, &dead_exp, &emit_exp);
 	for (size_t i = 0; i < st.nmsgs; i++)
@@ -844,7 +865,7 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	for (int i = 0; i < st.ndead_reasons; i++)
 		printf("%s %s %ld", i ? "," : "", st.dead_by_reason[i].reason, st.dead_by_reason[i].n);
 	printf("\n");
-	printf("unexpected  %ld (other runs' queue messages ignored: %ld)\n", st.unexpected.count, st.foreign);
+	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st.unexpected.count, st.foreign);
 	if (st.nlat > 0 && st.last_done > st.first_pub) {
 		double span = (double)(st.last_done - st.first_pub) / 1e6;
 		size_t rows = 0;

@@ -267,3 +267,75 @@ Test(loadgen, publisher_republishes_after_a_broker_restart, .timeout = 600)
 	itest_stop(w2, SIGTERM, 60);
 	cr_assert_eq(rc, 0, "verify failed, see %s", vlog);
 }
+
+/* The whole report but the lines that may differ between two readings of
+ * the same settled run: none should.  Returns the file's text (malloc). */
+static char *lg_slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = NULL;
+	size_t len = 0;
+
+	cr_assert_not_null(f, "cannot open %s", path);
+	cr_assert_eq(getdelim(&buf, &len, '\0', f) >= 0, true, "cannot read %s", path);
+	fclose(f);
+	return buf;
+}
+
+/* A verifier reads: run twice on one ledger it gives the same report, and
+ * the DLQ and the emitted-message queue keep every message it looked at,
+ * those of other runs included. */
+Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout = 600)
+{
+	char ledger[256], plog[300], v1[300], v2[300], vq[300], body[512];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "twice", "--orders", "30", "--malformed", "6",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver1[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	const char *ver2[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	struct mq_message msg = { .routing_key = "order.OrderCreated", .message_id = "otherrun-1", .mandatory = true };
+	const struct cfg *c;
+	uint32_t dlq_before, vq_before;
+	pid_t w1;
+	char *r1, *r2;
+	struct mq *m;
+
+	itest_fresh();
+	c = itest_cfg();
+	snprintf(vq, sizeof vq, "%s.verify", c->out_exchange);
+	lg_ledger_path(ledger, sizeof ledger, "twice");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(v1, sizeof v1, "%s.verify1.log", ledger);
+	snprintf(v2, sizeof v2, "%s.verify2.log", ledger);
+	w1 = itest_worker(2, NULL);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w1, SIGTERM, 30);
+	/* A dead-letter and an emitted message of another run. */
+	m = itest_mq();
+	itest_event(body, sizeof body, "otherrun-1", "OrderCreated", "otherrun-o1");
+	msg.body = body;
+	msg.len = strlen(body);
+	msg.exchange = c->dlx;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	msg.exchange = c->out_exchange;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	mq_close(&m);
+	dlq_before = itest_queue_depth(c->dlq);
+	vq_before = itest_queue_depth(vq);
+	cr_assert_gt(dlq_before, 1, "the run left no dead-letter to read");
+	cr_assert_gt(vq_before, 1, "the run emitted nothing to read");
+
+	cr_assert_eq(lg_run(ver1, v1, 120), 0, "first verify failed, see %s", v1);
+	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v1);
+	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v1);
+	cr_assert_eq(lg_run(ver2, v2, 120), 0, "second verify failed, see %s", v2);
+	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v2);
+	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v2);
+	r1 = lg_slurp(v1);
+	r2 = lg_slurp(v2);
+	cr_assert_str_eq(r1, r2, "two verifications of one run differ: %s and %s", v1, v2);
+	free(r1);
+	free(r2);
+}
