@@ -339,3 +339,40 @@ Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout
 	free(r1);
 	free(r2);
 }
+
+/* Durations as the worker takes them: `--timeout 5m` is five minutes, not
+ * a usage error (the ledger is missing, so verify stops at reading it). */
+Test(loadgen, durations_are_taken_like_the_worker, .timeout = 60)
+{
+	char log[256];
+	const char *ver[] = { "verify", "--ledger", "/nonexistent/ledger.jsonl", "--timeout", "5m", NULL };
+	const char *pub[] = { "publish", "--ledger", "/nonexistent/ledger.jsonl", "--settle-timeout", "2m",
+	                      "--settle-stall", "30s", "--retry-timeout", "1h", NULL };
+	const char *bad[] = { "verify", "--ledger", "/nonexistent/ledger.jsonl", "--timeout", "5 minutes", NULL };
+
+	lg_ledger_path(log, sizeof log, "durations");
+	cr_assert_eq(lg_run(ver, log, 30), 1, "verify --timeout 5m refused, see %s", log);
+	cr_assert(lg_file_has(log, "cannot read", NULL), "verify did not get to the ledger, see %s", log);
+	cr_assert_eq(lg_run(pub, log, 30), 1, "publish refused its durations, see %s", log);
+	cr_assert(lg_file_has(log, "cannot write", NULL), "publish did not get to the ledger, see %s", log);
+	cr_assert_eq(lg_run(bad, log, 30), 2, "a bad duration must be a usage error, see %s", log);
+	cr_assert(lg_file_has(log, "--timeout", "bad duration"), "the error does not name the option, see %s", log);
+}
+
+/* --help lists the settings inbox-loadgen reads, not the worker's pool,
+ * retention or metrics settings. */
+Test(loadgen, help_lists_only_the_settings_it_uses, .timeout = 60)
+{
+	char log[256];
+	const char *help[] = { "--help", NULL };
+
+	lg_ledger_path(log, sizeof log, "help");
+	cr_assert_eq(lg_run(help, log, 30), 0);
+	cr_assert(lg_file_has(log, "INBOX_AMQP_URL", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "INBOX_DB_URL", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "INBOX_DLQ", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "--timeout", NULL), "see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_THREADS", NULL), "help lists the worker's thread count, see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_RETENTION", NULL), "help lists retention, see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_METRICS_ADDR", NULL), "help lists the metrics address, see %s", log);
+}
