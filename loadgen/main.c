@@ -104,6 +104,7 @@ static void usage(FILE *f)
 	      "  --malformed N          malformed messages spread over every SPEC.md class (0)\n"
 	      "  --connections C        publisher connections, each a thread (4)\n"
 	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
+	      "  --progress             a progress line a second on stderr even when it is not a terminal\n"
 	      "  --settle-timeout D     wait at most D for originals before the delayed phase (10m)\n"
 	      "  --settle-stall D       stop waiting for originals when none came for D, publish the\n"
 	      "                         delayed phase anyway and let verify name the missing (0 = never)\n"
@@ -297,6 +298,8 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			if (parse_num("--rate", v, 0, 10000000, &n, err, errlen) != 0)
 				return -1;
 			a->po.rate = (double)n;
+		} else if (publish && strcmp(argv[i], "--progress") == 0) {
+			a->po.progress = true;
 		} else if (publish && OPT("--settle-timeout")) {
 			NEED("--settle-timeout");
 			if (parse_dur("--settle-timeout", v, 1, 86400, &a->po.settle_timeout_s, err, errlen) != 0)

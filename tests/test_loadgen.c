@@ -376,3 +376,21 @@ Test(loadgen, help_lists_only_the_settings_it_uses, .timeout = 60)
 	cr_assert(!lg_file_has(log, "INBOX_RETENTION", NULL), "help lists retention, see %s", log);
 	cr_assert(!lg_file_has(log, "INBOX_METRICS_ADDR", NULL), "help lists the metrics address, see %s", log);
 }
+
+/* The progress line (on a terminal, or with --progress) shows the elapsed
+ * time, a percentage and a smoothed rate, and "ETA --" until the rate is
+ * known.  No worker needed: publishing alone makes progress. */
+Test(loadgen, progress_line_shows_elapsed_percentage_and_eta, .timeout = 120)
+{
+	char ledger[256], plog[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "progress", "--orders", "60", "--dup-rate", "0",
+	                      "--delayed-dups", "0", "--rate", "100", "--connections", "1", "--progress", NULL };
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "progress");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	cr_assert_eq(lg_run(pub, plog, 60), 0, "publish failed, see %s", plog);
+	cr_assert(lg_file_has(plog, "ETA --", "elapsed 0:00"), "no first progress line with ETA --, see %s", plog);
+	cr_assert(lg_file_has(plog, "%)", "msg/s"), "no percentage and rate, see %s", plog);
+	cr_assert(lg_file_has(plog, "ETA 0:0", NULL), "no ETA once the rate is known, see %s", plog);
+}
