@@ -115,6 +115,7 @@ static void usage(FILE *f)
 	      "  --ledger FILE          the ledger publish wrote\n"
 	      "  --timeout D            wait at most D for the worker to go idle (5m)\n"
 	      "  --list N               ids listed per problem kind (20)\n"
+	      "  --json                 the report as one JSON object with every figure (exit code as ever)\n"
 	      "\n"
 	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
 	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
@@ -298,6 +299,8 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			if (parse_num("--rate", v, 0, 10000000, &n, err, errlen) != 0)
 				return -1;
 			a->po.rate = (double)n;
+		} else if (!publish && strcmp(argv[i], "--json") == 0) {
+			a->vo.json = true;
 		} else if (publish && strcmp(argv[i], "--progress") == 0) {
 			a->po.progress = true;
 		} else if (publish && OPT("--settle-timeout")) {

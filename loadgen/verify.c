@@ -802,10 +802,90 @@ static void v_print_list(const struct v_list *l)
 		printf("  %s\n", l->lines[i]);
 }
 
+static json_t *v_list_json(const struct v_list *l)
+{
+	json_t *a = json_array();
+
+	for (long i = 0; a != NULL && i < l->count && i < l->max; i++)
+		json_array_append_new(a, json_string(l->lines[i]));
+	return a;
+}
+
+/* The whole report as one JSON object on stdout: every figure of the text
+ * report under a stable key.  Returns 0, or -1 when it could not be built. */
+static int v_report_json(const struct v_state *st, const struct lg_verify_opts *vo, bool ok, long eff_exp,
+                         long eff_found, long dead_exp, long dead_seen, long emit_exp, long emits_seen,
+                         long long dups_published, long long dups_absorbed, double span, double tput, double p50,
+                         double p99, double pmax)
+{
+	json_t *by_reason = json_object(), *o;
+	char *text;
+
+	for (int i = 0; by_reason != NULL && i < st->ndead_reasons; i++)
+		json_object_set_new(by_reason, st->dead_by_reason[i].reason, json_integer(st->dead_by_reason[i].n));
+	o = json_pack("{s:s, s:s, s:b,"
+	              " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I},"
+	              " s:{s:I, s:I, s:o},"
+	              " s:{s:I, s:I, s:I},"
+	              " s:{s:I, s:I},"
+	              " s:I, s:I,"
+	              " s:{s:f, s:f}, s:{s:f, s:f, s:f},"
+	              " s:{s:o, s:o, s:o, s:o}}",
+	              "run", st->prefix, "ledger", vo->ledger, "ok", ok,
+	              "published",
+	              "messages", (json_int_t)json_integer_value(json_object_get(st->run, "published")),
+	              "originals", (json_int_t)json_integer_value(json_object_get(st->run, "originals")),
+	              "copies_immediate", (json_int_t)json_integer_value(json_object_get(st->run, "copies_immediate")),
+	              "copies_concurrent", (json_int_t)json_integer_value(json_object_get(st->run, "copies_concurrent")),
+	              "copies_delayed", (json_int_t)json_integer_value(json_object_get(st->run, "copies_delayed")),
+	              "conflicts", (json_int_t)json_integer_value(json_object_get(st->run, "conflicts")),
+	              "malformed", (json_int_t)json_integer_value(json_object_get(st->run, "malformed")),
+	              "orders", (json_int_t)st->norders,
+	              "inbox_rows", "applied", (json_int_t)st->outcome_count[0], "compensated",
+	              (json_int_t)st->outcome_count[1], "ignored", (json_int_t)st->outcome_count[2], "dead_lettered",
+	              (json_int_t)st->outcome_count[3], "held", (json_int_t)st->outcome_count[4],
+	              "effects", "expected", (json_int_t)eff_exp, "exactly_once", (json_int_t)eff_found, "missing",
+	              (json_int_t)st->miss_effects, "doubled", (json_int_t)st->doubled.count,
+	              "missing", "total", (json_int_t)st->missing.count, "effects", (json_int_t)st->miss_effects,
+	              "dead_letters", (json_int_t)st->miss_dead, "dead_letters_without_reason",
+	              (json_int_t)st->miss_dead_bare, "conflict_dead_letters", (json_int_t)st->miss_conflicts,
+	              "order_rows", (json_int_t)st->miss_orders, "emitted", (json_int_t)st->miss_emits,
+	              "orders", "checked", (json_int_t)st->norders, "wrong", (json_int_t)st->wrong.count,
+	              "dead_letters", "expected", (json_int_t)dead_exp, "found", (json_int_t)dead_seen,
+	              "copies_by_reason", by_reason,
+	              "emitted", "expected", (json_int_t)emit_exp, "found", (json_int_t)emits_seen, "republished",
+	              (json_int_t)st->republished,
+	              "duplicates", "published", (json_int_t)dups_published, "absorbed", (json_int_t)dups_absorbed,
+	              "unexpected", (json_int_t)st->unexpected.count, "other_runs_queue_messages",
+	              (json_int_t)st->foreign,
+	              "throughput", "msg_per_s", tput, "span_s", span,
+	              "latency_ms", "p50", p50, "p99", p99, "max", pmax,
+	              "lists", "missing", v_list_json(&st->missing), "doubled", v_list_json(&st->doubled), "wrong",
+	              v_list_json(&st->wrong), "unexpected", v_list_json(&st->unexpected));
+	if (o == NULL) {
+		fprintf(stderr, "inbox-loadgen: cannot build the JSON report\n");
+		return -1;
+	}
+	text = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (text == NULL)
+		return -1;
+	printf("%s\n", text);
+	free(text);
+	return 0;
+}
+
 int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 {
 	struct v_state st;
 	long eff_exp = 0, eff_found = 0, dead_exp = 0, emit_exp = 0, emits_seen = 0, dead_seen = 0;
+	long long dups_published = 0, dups_absorbed = 0;
+	double span = 0, tput = 0, p50 = 0, p99 = 0, pmax = 0;
+	size_t rows = 0;
 	char (*lines)[200] = NULL;
 	int exit_code = 1;
 
@@ -835,6 +915,33 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	for (size_t i = 0; i < st.norders; i++)
 		emits_seen += __builtin_popcount(st.orders[i].seen);
 
+	{
+		long long copies = (long long)json_integer_value(json_object_get(st.run, "copies_immediate")) +
+		                   (long long)json_integer_value(json_object_get(st.run, "copies_concurrent")) +
+		                   (long long)json_integer_value(json_object_get(st.run, "copies_delayed"));
+		/* Every duplicate copy published is absorbed unless it made a
+		 * second effect: the doubles are what was not. */
+		dups_published = copies;
+		dups_absorbed = copies > st.doubled.count ? copies - st.doubled.count : 0;
+	}
+	if (st.nlat > 0 && st.last_done > st.first_pub) {
+		for (int i = 0; i < 5; i++)
+			rows += (size_t)st.outcome_count[i];
+		qsort(st.lat, st.nlat, sizeof *st.lat, v_cmp_i64);
+		span = (double)(st.last_done - st.first_pub) / 1e6;
+		tput = (double)rows / span;
+		p50 = (double)st.lat[st.nlat / 2] / 1e3;
+		p99 = (double)st.lat[(st.nlat * 99) / 100] / 1e3;
+		pmax = (double)st.lat[st.nlat - 1] / 1e3;
+	}
+	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
+	if (vo->json) {
+		exit_code = v_report_json(&st, vo, exit_code == 0, eff_exp, eff_found, dead_exp, dead_seen, emit_exp,
+		                          emits_seen, dups_published, dups_absorbed, span, tput, p50, p99, pmax) == 0
+		                    ? exit_code
+		                    : 1;
+		goto out;
+	}
 	printf("inbox-loadgen verify: run %s, ledger %s\n", st.prefix, vo->ledger);
 	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
 	       " %lld conflicts, %lld malformed; %lld orders\n",
@@ -865,24 +972,18 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	for (int i = 0; i < st.ndead_reasons; i++)
 		printf("%s %s %ld", i ? "," : "", st.dead_by_reason[i].reason, st.dead_by_reason[i].n);
 	printf("\n");
+	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", dups_published,
+	       dups_absorbed, st.doubled.count);
 	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st.unexpected.count, st.foreign);
-	if (st.nlat > 0 && st.last_done > st.first_pub) {
-		double span = (double)(st.last_done - st.first_pub) / 1e6;
-		size_t rows = 0;
-		for (int i = 0; i < 5; i++)
-			rows += (size_t)st.outcome_count[i];
-		qsort(st.lat, st.nlat, sizeof *st.lat, v_cmp_i64);
-		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n",
-		       (double)rows / span, rows, span);
-		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
-		       (double)st.lat[st.nlat / 2] / 1e3, (double)st.lat[(st.nlat * 99) / 100] / 1e3,
-		       (double)st.lat[st.nlat - 1] / 1e3);
+	if (span > 0) {
+		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n", tput, rows,
+		       span);
+		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", p50, p99, pmax);
 	}
 	v_print_list(&st.missing);
 	v_print_list(&st.doubled);
 	v_print_list(&st.wrong);
 	v_print_list(&st.unexpected);
-	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
 	printf("result      %s\n", exit_code == 0 ? "OK: every effect exactly once" : "FAIL");
 out:
 	db_close(&st.db);

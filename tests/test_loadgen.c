@@ -394,3 +394,69 @@ Test(loadgen, progress_line_shows_elapsed_percentage_and_eta, .timeout = 120)
 	cr_assert(lg_file_has(plog, "%)", "msg/s"), "no percentage and rate, see %s", plog);
 	cr_assert(lg_file_has(plog, "ETA 0:0", NULL), "no ETA once the rate is known, see %s", plog);
 }
+
+/* `verify --json` prints one JSON object with every figure of the report,
+ * and they agree with the database, the DLQ and the ledger; the text report
+ * adds the duplicates absorbed. */
+Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .timeout = 600)
+{
+	char ledger[256], plog[300], vlog[300], tlog[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "json", "--orders", "30", "--malformed", "6",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "1m", "--json", NULL };
+	const char *txt[] = { "verify", "--ledger", ledger, "--timeout", "1m", NULL };
+	json_error_t jerr;
+	json_t *o, *rows;
+	int64_t copies;
+	pid_t w;
+	FILE *f;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "json");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.json", ledger);
+	snprintf(tlog, sizeof tlog, "%s.verify.txt", ledger);
+	w = itest_worker(2, NULL);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
+	f = fopen(vlog, "r");
+	cr_assert_not_null(f);
+	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
+	fclose(f);
+	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	cr_assert(json_is_true(json_object_get(o, "ok")), "see %s", vlog);
+	rows = json_object_get(o, "inbox_rows");
+	cr_assert_eq(json_integer_value(json_object_get(rows, "applied")),
+	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'applied'"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(rows, "dead_lettered")),
+	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'dead_lettered'"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "effects"), "exactly_once")),
+	             itest_int("SELECT COUNT(*) FROM order_events"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "dead_letters"), "found")),
+	             itest_queue_depth(itest_cfg()->dlq), "see %s", vlog);
+	{
+		json_t *dl = json_object_get(o, "dead_letters"), *v;
+		const char *k;
+		int64_t sum = 0;
+		cr_assert_eq(json_integer_value(json_object_get(dl, "expected")),
+		             json_integer_value(json_object_get(dl, "found")), "see %s", vlog);
+		cr_assert_gt(json_object_size(json_object_get(dl, "copies_by_reason")), 0, "see %s", vlog);
+		json_object_foreach(json_object_get(dl, "copies_by_reason"), k, v)
+			sum += json_integer_value(v);
+		cr_assert_eq(sum, itest_queue_depth(itest_cfg()->dlq), "see %s", vlog);
+	}
+	copies = lg_ledger_int(ledger, "copies_immediate") + lg_ledger_int(ledger, "copies_concurrent") +
+	         lg_ledger_int(ledger, "copies_delayed");
+	cr_assert_gt(copies, 0);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "published")), copies);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "missing"), "total")), 0);
+	cr_assert(json_is_integer(json_object_get(json_object_get(o, "emitted"), "found")), "see %s", vlog);
+	json_decref(o);
+	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
+	cr_assert(lg_file_has(tlog, "duplicates", "absorbed"), "the text report lacks the duplicates, see %s", tlog);
+}
