@@ -419,8 +419,88 @@ void cfg_amqp_free(struct cfg_amqp *a)
 	free(a->user);
 	free(a->password);
 	free(a->vhost);
+	free(a->cacertfile);
+	free(a->certfile);
+	free(a->keyfile);
 	free(a->redacted);
 	memset(a, 0, sizeof *a);
+}
+
+/*
+ * The query of an amqps:// URL: RabbitMQ's URI spec names.  SNI: rabbitmq-c
+ * 0.11 has no setter for it (it sends the host name it connects to and
+ * verifies the certificate against that name), so server_name_indication
+ * is refused rather than ignored.
+ */
+static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, size_t errlen)
+{
+	const char *end = q + n;
+
+	while (q < end) {
+		const char *amp = memchr(q, '&', (size_t)(end - q));
+		const char *seg_end = amp != NULL ? amp : end;
+		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
+		char nm[CFG_ECHO_MAX + 4], shown[CFG_ECHO_MAX + 4];
+		size_t len = (size_t)((eq != NULL ? eq : seg_end) - q);
+		char **path = NULL;
+		char *value = NULL;
+
+		if (seg_end == q) {
+			set_err(err, errlen, "bad URL: empty option");
+			return -1;
+		}
+		snprintf(nm, sizeof nm, "%.*s", (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), q);
+		echo(shown, sizeof shown, nm);
+		if (eq == NULL) {
+			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
+			return -1;
+		}
+		if (strcmp(nm, "cacertfile") == 0)
+			path = &a->cacertfile;
+		else if (strcmp(nm, "certfile") == 0)
+			path = &a->certfile;
+		else if (strcmp(nm, "keyfile") == 0)
+			path = &a->keyfile;
+		else if (strcmp(nm, "server_name_indication") == 0) {
+			set_err(err, errlen, "bad URL: server_name_indication is not supported by this "
+			        "rabbitmq-c (the URL's host name is sent and verified)");
+			return -1;
+		} else if (strcmp(nm, "verify") != 0 || len > CFG_ECHO_MAX) {
+			set_err(err, errlen, "bad URL: unknown option '%s' "
+			        "(known: cacertfile, certfile, keyfile, verify)", shown);
+			return -1;
+		}
+		if (!a->tls) {
+			set_err(err, errlen, "bad URL: TLS options need amqps://");
+			return -1;
+		}
+		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
+			return -1;
+		if (path == NULL) {
+			bool peer = strcmp(value, "verify_peer") == 0;
+
+			if (!peer && strcmp(value, "verify_none") != 0) {
+				free(value);
+				set_err(err, errlen, "bad URL: verify must be verify_peer or verify_none");
+				return -1;
+			}
+			a->tls_verify = peer;
+			free(value);
+		} else if (value[0] == '\0') {
+			free(value);
+			set_err(err, errlen, "bad URL: %s needs a path", nm);
+			return -1;
+		} else {
+			free(*path);
+			*path = value;
+		}
+		q = amp != NULL ? amp + 1 : end;
+	}
+	if ((a->certfile == NULL) != (a->keyfile == NULL)) {
+		set_err(err, errlen, "bad URL: certfile and keyfile go together");
+		return -1;
+	}
+	return 0;
 }
 
 int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
@@ -436,6 +516,7 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 	if (scheme < 0)
 		return -1;
 	a.tls = scheme == 1;
+	a.tls_verify = a.tls;
 	a.port = a.tls ? 5671 : 5672;
 	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
 	    url_port(&v, &a.port, err, errlen) != 0)
@@ -444,13 +525,11 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 		set_err(err, errlen, "bad URL: missing host");
 		return -1;
 	}
-	if (v.has_query) {
-		set_err(err, errlen, "bad URL: query options are not supported");
-		return -1;
-	}
+	if (v.has_query && amqp_options(&a, v.query, v.query_len, err, errlen) != 0)
+		goto fail;
 	if (v.has_path && memchr(v.path, '/', v.path_len) != NULL) {
 		set_err(err, errlen, "bad URL: vhost must not contain '/' (write it as %%2f)");
-		return -1;
+		goto fail;
 	}
 	/* rabbitmq-c's rules: user and password default to guest each. */
 	if (pct_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
@@ -487,6 +566,9 @@ void cfg_db_free(struct cfg_db *d)
 	free(d->database);
 	free(d->socket);
 	free(d->ssl_ca);
+	free(d->ssl_capath);
+	free(d->ssl_cert);
+	free(d->ssl_key);
 	free(d->redacted);
 	memset(d, 0, sizeof *d);
 }
@@ -504,43 +586,57 @@ static int parse_bool(const char *s, bool *out)
 	return -1;
 }
 
+/* The TLS options as written, before they are settled into ssl and
+ * ssl_verify: -1 unset, else 0 or 1. */
+struct db_tls_opts {
+	int ssl, verify;
+};
+
 /* One "name=value" of the query.  value is already percent-decoded. */
-static int db_option(struct cfg_db *d, const char *name, size_t name_len, const char *value,
-                     char *err, size_t errlen)
+static int db_option(struct cfg_db *d, struct db_tls_opts *t, const char *name, size_t name_len,
+                     const char *value, char *err, size_t errlen)
 {
 	char shown[CFG_ECHO_MAX + 4];
 	char nm[CFG_ECHO_MAX + 1];
 	char reason[CFG_REASON_MAX];
 	char **path = NULL;
-	long t;
+	long t_s;
 
 	snprintf(nm, sizeof nm, "%.*s", (int)(name_len < CFG_ECHO_MAX ? name_len : CFG_ECHO_MAX),
 	         name);
 	echo(shown, sizeof shown, nm);
 	if (strcmp(nm, "ssl") == 0 || strcmp(nm, "ssl-verify") == 0) {
-		bool *b = nm[3] == '\0' ? &d->ssl : &d->ssl_verify;
+		bool b;
 
-		if (parse_bool(value, b) != 0) {
+		if (parse_bool(value, &b) != 0) {
 			set_err(err, errlen, "bad URL: %s must be 0, 1, true or false", nm);
 			return -1;
 		}
+		*(nm[3] == '\0' ? &t->ssl : &t->verify) = b ? 1 : 0;
 		return 0;
 	}
 	if (strcmp(nm, "connect-timeout") == 0) {
-		if (cfg_parse_long(value, 1, 3600, &t, reason, sizeof reason) != 0) {
+		if (cfg_parse_long(value, 1, 3600, &t_s, reason, sizeof reason) != 0) {
 			set_err(err, errlen, "bad URL: connect-timeout: %s", reason);
 			return -1;
 		}
-		d->connect_timeout_s = (int)t;
+		d->connect_timeout_s = (int)t_s;
 		return 0;
 	}
 	if (strcmp(nm, "ssl-ca") == 0)
 		path = &d->ssl_ca;
+	else if (strcmp(nm, "ssl-capath") == 0)
+		path = &d->ssl_capath;
+	else if (strcmp(nm, "ssl-cert") == 0)
+		path = &d->ssl_cert;
+	else if (strcmp(nm, "ssl-key") == 0)
+		path = &d->ssl_key;
 	else if (strcmp(nm, "socket") == 0)
 		path = &d->socket;
 	if (path == NULL || name_len > CFG_ECHO_MAX) {
 		set_err(err, errlen, "bad URL: unknown option '%s' "
-		        "(known: ssl, ssl-ca, ssl-verify, socket, connect-timeout)", shown);
+		        "(known: ssl, ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-verify, socket, "
+		        "connect-timeout)", shown);
 		return -1;
 	}
 	if (value[0] == '\0') {
@@ -556,8 +652,33 @@ static int db_option(struct cfg_db *d, const char *name, size_t name_len, const 
 	return 0;
 }
 
+/*
+ * Settle TLS from the options as written.  A client that was given a CA,
+ * a certificate or a verify flag and still talks in plain text protects
+ * nothing while looking as if it did, so any of them turns TLS on; and TLS
+ * without verifying the server's certificate stops only a passive
+ * listener, so verifying is the default and ssl-verify=0 the way out.
+ */
+static int db_tls_settle(struct cfg_db *d, const struct db_tls_opts *t, char *err, size_t errlen)
+{
+	bool files = d->ssl_ca != NULL || d->ssl_capath != NULL || d->ssl_cert != NULL || d->ssl_key != NULL;
+
+	if (t->ssl == 0 && (files || t->verify == 1)) {
+		set_err(err, errlen, "bad URL: ssl=0 contradicts the other ssl-* options");
+		return -1;
+	}
+	if ((d->ssl_cert == NULL) != (d->ssl_key == NULL)) {
+		set_err(err, errlen, "bad URL: ssl-cert and ssl-key go together");
+		return -1;
+	}
+	d->ssl = t->ssl == 1 || (t->ssl == -1 && (files || t->verify != -1));
+	d->ssl_verify = d->ssl && t->verify != 0;
+	return 0;
+}
+
 static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size_t errlen)
 {
+	struct db_tls_opts t = { -1, -1 };
 	const char *end = q + n;
 
 	while (q < end) {
@@ -583,13 +704,13 @@ static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size
 		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
 		               err, errlen) != 0)
 			return -1;
-		rc = db_option(d, q, (size_t)(eq - q), value, err, errlen);
+		rc = db_option(d, &t, q, (size_t)(eq - q), value, err, errlen);
 		free(value);
 		if (rc != 0)
 			return -1;
 		q = amp != NULL ? amp + 1 : end;
 	}
-	return 0;
+	return db_tls_settle(d, &t, err, errlen);
 }
 
 int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
@@ -695,10 +816,17 @@ static const char *const ordering_choices[] = {
 static const struct cfg_setting cfg_settings[] = {
 	{ "INBOX_AMQP_URL", "amqp-url", "INBOX_AMQP_URL_FILE", "amqp-url-file",
 	  "amqp://guest:guest@127.0.0.1:5672/%2f", K_AMQP_URL, F(amqp), 0, 0, NULL,
-	  "broker; amqps:// for TLS" },
+	  "broker; amqps:// for TLS, with ?cacertfile=PATH&certfile=PATH&keyfile=PATH"
+	  "&verify=verify_peer|verify_none (the server certificate and host name are verified "
+	  "unless verify_none)" },
 	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
 	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
-	  "database; options ?ssl=1&ssl-ca=PATH&ssl-verify=1&socket=PATH&connect-timeout=S" },
+	  "the worker's database account; options ?ssl-ca=PATH&ssl-capath=DIR&ssl-cert=PATH"
+	  "&ssl-key=PATH&ssl=1&ssl-verify=0&socket=PATH&connect-timeout=S (any ssl option turns TLS on; "
+	  "the server certificate is verified unless ssl-verify=0)" },
+	{ "INBOX_MIGRATE_DB_URL", "migrate-db-url", "INBOX_MIGRATE_DB_URL_FILE", "migrate-db-url-file",
+	  "", K_DB_URL, F(migrate_db), 0, 0, NULL,
+	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },
 	{ "INBOX_THREADS", "threads", NULL, NULL, "4", K_INT, F(threads), 1, 256, NULL,
 	  "worker threads, each with its own broker and database connection" },
 	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "32", K_INT, F(prefetch), 1, 65535, NULL,
@@ -880,6 +1008,9 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 	case K_AMQP_URL:
 		return cfg_parse_amqp_url(raw, field, reason, n);
 	case K_DB_URL:
+		/* Only an optional URL has an empty default: unset. */
+		if (raw[0] == '\0' && s->def != NULL && s->def[0] == '\0')
+			return 0;
 		return cfg_parse_db_url(raw, field, reason, n);
 	}
 	set_err(reason, n, "internal error: unknown kind");
@@ -1107,12 +1238,57 @@ fail:
 	return CFG_ERROR;
 }
 
+/* The password of one URL: from the first ':' after the scheme (or the
+ * start) up to its last '@', so that an unencoded '@', '/' or '?' in the
+ * password is covered too; a URL too broken to parse still loses it. */
+static void scrub_url(char *v)
+{
+	char *start = strstr(v, "://");
+	char *at = strrchr(v, '@');
+	char *colon;
+
+	start = start != NULL ? start + 3 : v;
+	if (at == NULL || at < start)
+		return;
+	colon = memchr(start, ':', (size_t)(at - start));
+	if (colon == NULL)
+		return;
+	for (char *p = colon + 1; p < at; p++)
+		*p = '*';
+}
+
+void cfg_scrub_argv(int argc, char **argv)
+{
+	for (int i = 1; i < argc && argv != NULL && argv[i] != NULL; i++) {
+		char *a = argv[i];
+		char *eq;
+		size_t len;
+
+		if (strncmp(a, "--", 2) != 0)
+			continue;
+		eq = strchr(a, '=');
+		len = eq != NULL ? (size_t)(eq - a) : strlen(a);
+		if (len < 6 || strncmp(a + len - 4, "-url", 4) != 0)
+			continue;
+		if (eq != NULL)
+			scrub_url(eq + 1);
+		else if (i + 1 < argc && argv[i + 1] != NULL)
+			scrub_url(argv[++i]);
+	}
+}
+
+const struct cfg_db *cfg_migrate_db(const struct cfg *c)
+{
+	return c->migrate_db.host != NULL ? &c->migrate_db : &c->db;
+}
+
 void cfg_free(struct cfg *c)
 {
 	if (c == NULL)
 		return;
 	cfg_amqp_free(&c->amqp);
 	cfg_db_free(&c->db);
+	cfg_db_free(&c->migrate_db);
 	free(c->consumer);
 	free(c->queue);
 	free(c->exchange);
@@ -1180,8 +1356,10 @@ void cfg_print_help(FILE *f, const char *usage_line)
 		}
 		fprintf(f, "\n");
 		if (s->file_env != NULL)
-			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret)\n",
-			        s->file_env, s->file_flag);
+			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret).\n"
+			           "      Prefer the variable or the file: a password given with --%s\n"
+			           "      is masked at start, but other users may see it in `ps` until then.\n",
+			        s->file_env, s->file_flag, s->flag);
 	}
 	fprintf(f, "\n  %-22s %-28s show this help\n", "", "--help, -h");
 	fprintf(f, "  %-22s %-28s show the version\n", "", "--version");

@@ -28,6 +28,12 @@ struct cfg_amqp {
 	char *password;
 	char *vhost;     /* percent-decoded; "/" when the URL says %2f or nothing */
 	bool tls;        /* amqps:// */
+	/* amqps:// options, named as in RabbitMQ's URI spec (?cacertfile=...);
+	 * NULL when unset.  Without cacertfile the system's CA store is used. */
+	char *cacertfile;
+	char *certfile;  /* client certificate, with keyfile */
+	char *keyfile;
+	bool tls_verify; /* verify=verify_peer (default) | verify_none */
 	char *redacted;  /* the URL with the password replaced by "***" */
 };
 
@@ -38,9 +44,15 @@ struct cfg_db {
 	char *password;
 	char *database;
 	char *socket;    /* ?socket=/path, NULL when unset */
-	bool ssl;        /* ?ssl=1 or ?ssl=true */
-	char *ssl_ca;    /* ?ssl-ca=/path, NULL when unset */
-	bool ssl_verify; /* ?ssl-verify=1: verify the server certificate */
+	/* TLS (SPEC.md): ssl=1 or any ssl-* option turns it on, and then the
+	 * server certificate (chain and host name) is verified unless
+	 * ssl-verify=0.  ssl=0 with another ssl-* option is an error. */
+	bool ssl;        /* TLS on */
+	bool ssl_verify; /* verify the server certificate (only with ssl) */
+	char *ssl_ca;    /* ?ssl-ca=/path: CA file, NULL when unset */
+	char *ssl_capath; /* ?ssl-capath=/dir: CA directory */
+	char *ssl_cert;  /* ?ssl-cert=/path: client certificate (with ssl-key) */
+	char *ssl_key;   /* ?ssl-key=/path: its private key */
 	int connect_timeout_s; /* ?connect-timeout=5, default 5 */
 	char *redacted;
 };
@@ -52,7 +64,9 @@ enum cfg_ordering {
 
 struct cfg {
 	struct cfg_amqp amqp;       /* INBOX_AMQP_URL / --amqp-url */
-	struct cfg_db db;           /* INBOX_DB_URL / --db-url */
+	struct cfg_db db;           /* INBOX_DB_URL / --db-url: the worker's account */
+	struct cfg_db migrate_db;   /* INBOX_MIGRATE_DB_URL / --migrate-db-url: the schema
+	                             * owner for `migrate`; host NULL when unset */
 	int threads;                /* INBOX_THREADS 4 [1,256] */
 	int prefetch;               /* INBOX_PREFETCH 32 [1,65535] */
 	char *consumer;             /* INBOX_CONSUMER order-status, dedup key alphabet, 1-64 */
@@ -92,6 +106,19 @@ enum cfg_result {
  */
 enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size_t errlen);
 void cfg_free(struct cfg *c);
+
+/* The account `migrate` uses: INBOX_MIGRATE_DB_URL, else INBOX_DB_URL. */
+const struct cfg_db *cfg_migrate_db(const struct cfg *c);
+
+/*
+ * Overwrite with '*' the password of every URL given as a flag ("--x-url V"
+ * or "--x-url=V") in argv, in place.  The argument memory is what
+ * /proc/PID/cmdline and `ps` show to every local user; call this at start,
+ * after cfg_load copied what it needs (argv's strings must be writable: a
+ * program's own argv is).  The window between exec and this call is why
+ * --help recommends the environment or a *_URL_FILE instead.
+ */
+void cfg_scrub_argv(int argc, char **argv);
 
 /* Print every setting with its variable, flag, default and meaning. */
 void cfg_print_help(FILE *f, const char *usage_line);

@@ -162,12 +162,15 @@ static int db_connect(struct db *d)
 	    mysql_options(d->my, MYSQL_SET_CHARSET_NAME, "utf8mb4") != 0)
 		goto fail;
 	if (c->ssl) {
+		/* ENFORCE: a server that offers no TLS is refused, never
+		 * talked to in plain text.  VERIFY_SERVER_CERT checks the
+		 * chain against ssl-ca/ssl-capath (else the system's store)
+		 * and the host name against the certificate. */
 		my_bool on = 1;
 		my_bool verify = c->ssl_verify ? 1 : 0;
 		if (mysql_options(d->my, MYSQL_OPT_SSL_ENFORCE, &on) != 0 ||
-		    mysql_options(d->my, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify) != 0)
-			goto fail;
-		if (c->ssl_ca != NULL && mysql_options(d->my, MYSQL_OPT_SSL_CA, c->ssl_ca) != 0)
+		    mysql_options(d->my, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify) != 0 ||
+		    mysql_ssl_set(d->my, c->ssl_key, c->ssl_cert, c->ssl_ca, c->ssl_capath, NULL) != 0)
 			goto fail;
 	}
 	if (mysql_real_connect(d->my, c->host, c->user, c->password, c->database,

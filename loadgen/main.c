@@ -388,7 +388,10 @@ int main(int argc, char **argv)
 		free(rest);
 		return 2;
 	}
-	switch (cfg_load(&conf, nrest, rest, err, sizeof err)) {
+	rc = cfg_load(&conf, nrest, rest, err, sizeof err);
+	/* rest points into argv: mask the URLs' passwords in the process list. */
+	cfg_scrub_argv(nrest, rest);
+	switch (rc) {
 	case CFG_OK:
 		break;
 	case CFG_HELP:

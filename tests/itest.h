@@ -24,8 +24,9 @@
 void itest_fresh(void);
 const struct cfg *itest_cfg(void);
 
-/* A database connection for assertions (autocommit off; each query ends
- * its own transaction). */
+/* A database connection for assertions and schema changes, as the schema
+ * owner (INBOX_MIGRATE_DB_URL, else INBOX_DB_URL; autocommit off; each
+ * query ends its own transaction).  Workers run as INBOX_DB_URL. */
 struct db *itest_db(void);
 /* Run a fixed query returning one integer (COUNT, SUM...). */
 int64_t itest_int(const char *sql);

@@ -622,6 +622,38 @@ Test(cfg, amqps_means_tls_and_port_5671)
 	cfg_amqp_free(&a);
 }
 
+/* RabbitMQ's URI spec names: verification is on unless verify=verify_none. */
+Test(cfg, amqps_tls_options)
+{
+	struct cfg_amqp a;
+
+	amqp_ok("amqps://u:p@mq/v", &a);
+	cr_assert(a.tls_verify, "verification is the default");
+	cr_assert_null(a.cacertfile);
+	cfg_amqp_free(&a);
+	amqp_ok("amqps://u:p@mq:5671/v?cacertfile=/ca%20x.pem&certfile=/c.pem&keyfile=/k.pem&verify=verify_peer",
+	        &a);
+	cr_assert_str_eq(a.cacertfile, "/ca x.pem");
+	cr_assert_str_eq(a.certfile, "/c.pem");
+	cr_assert_str_eq(a.keyfile, "/k.pem");
+	cr_assert(a.tls_verify);
+	cr_assert_str_eq(a.vhost, "v");
+	cr_assert_str_eq(a.redacted,
+	                 "amqps://u:***@mq:5671/v?cacertfile=/ca%20x.pem&certfile=/c.pem&keyfile=/k.pem&verify=verify_peer");
+	cfg_amqp_free(&a);
+	amqp_ok("amqps://u:p@mq?verify=verify_none", &a);
+	cr_assert_not(a.tls_verify);
+	cr_assert_str_eq(a.vhost, "/");
+	cfg_amqp_free(&a);
+	amqp_bad("amqp://u:hunter2@h/v?cacertfile=/ca.pem", "bad URL: TLS options need amqps://");
+	amqp_bad("amqps://u:hunter2@h/v?verify=yes", "bad URL: verify must be verify_peer or verify_none");
+	amqp_bad("amqps://u:hunter2@h/v?certfile=/c.pem", "bad URL: certfile and keyfile go together");
+	amqp_bad("amqps://u:hunter2@h/v?cacertfile=", "bad URL: cacertfile needs a path");
+	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=mq.example",
+	         "bad URL: server_name_indication is not supported by this rabbitmq-c "
+	         "(the URL's host name is sent and verified)");
+}
+
 Test(cfg, amqp_defaults_guest_and_root_vhost)
 {
 	struct cfg_amqp a;
@@ -697,7 +729,8 @@ Test(cfg, amqp_bad_urls)
 	amqp_bad("amqp://u:hunter2@h/v%", "bad URL: bad percent escape in vhost");
 	amqp_bad("amqp://u:hunter2@h/v%00", "bad URL: %00 not allowed in vhost");
 	amqp_bad("amqp://u:hunter2@h/a/b", "bad URL: vhost must not contain '/' (write it as %2f)");
-	amqp_bad("amqp://u:hunter2@h/v?heartbeat=5", "bad URL: query options are not supported");
+	amqp_bad("amqp://u:hunter2@h/v?heartbeat=5",
+	         "bad URL: unknown option 'heartbeat' (known: cacertfile, certfile, keyfile, verify)");
 	amqp_bad("amqp://u:hunter2@h/v#f", "bad URL: '#' is not allowed (percent-encode it as %23)");
 	amqp_bad("amqp://u:hunter2@h o/", "bad URL: contains a space or control character");
 	amqp_bad("amqp://u:hunter2@h/v\n", "bad URL: contains a space or control character");
@@ -801,6 +834,51 @@ Test(cfg, db_url_ipv6_and_database_alphabet)
 	cfg_db_free(&d);
 }
 
+/* SPEC.md: any TLS option turns TLS on, and the server certificate is
+ * verified unless ssl-verify=0. */
+Test(cfg, db_url_any_tls_option_turns_tls_on_and_verifies)
+{
+	static const char *const on[] = {
+		"mysql://u:p@h/d?ssl=1",
+		"mysql://u:p@h/d?ssl-ca=/ca.pem",
+		"mysql://u:p@h/d?ssl-capath=/etc/ssl/certs",
+		"mysql://u:p@h/d?ssl-cert=/c.pem&ssl-key=/k.pem",
+		"mysql://u:p@h/d?ssl-verify=1",
+		"mysql://u:p@h/d?ssl-verify=true&ssl-ca=/ca.pem",
+	};
+	struct cfg_db d;
+
+	for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) {
+		db_ok(on[i], &d);
+		cr_expect(d.ssl, "%s: TLS on", on[i]);
+		cr_expect(d.ssl_verify, "%s: the server certificate verified", on[i]);
+		cfg_db_free(&d);
+	}
+	db_ok("mysql://u:p@h/d?ssl-ca=/ca.pem&ssl-cert=/c.pem&ssl-key=/k.pem&ssl-capath=/cas", &d);
+	cr_assert_str_eq(d.ssl_ca, "/ca.pem");
+	cr_assert_str_eq(d.ssl_cert, "/c.pem");
+	cr_assert_str_eq(d.ssl_key, "/k.pem");
+	cr_assert_str_eq(d.ssl_capath, "/cas");
+	cfg_db_free(&d);
+	db_ok("mysql://u:p@h/d?ssl-verify=0&ssl-ca=/ca.pem", &d);
+	cr_assert(d.ssl, "ssl-verify=0 is a TLS option too: encrypted, not verified");
+	cr_assert_not(d.ssl_verify);
+	cfg_db_free(&d);
+	db_ok("mysql://u:p@h/d?ssl=1&ssl-verify=false", &d);
+	cr_assert(d.ssl);
+	cr_assert_not(d.ssl_verify);
+	cfg_db_free(&d);
+	db_ok("mysql://u:p@h/d?ssl=0", &d);
+	cr_assert_not(d.ssl);
+	cr_assert_not(d.ssl_verify);
+	cfg_db_free(&d);
+	db_bad("mysql://u:hunter2@h/d?ssl=0&ssl-ca=/ca.pem",
+	       "bad URL: ssl=0 contradicts the other ssl-* options");
+	db_bad("mysql://u:hunter2@h/d?ssl-cert=/c.pem", "bad URL: ssl-cert and ssl-key go together");
+	db_bad("mysql://u:hunter2@h/d?ssl-key=/k.pem", "bad URL: ssl-cert and ssl-key go together");
+	db_bad("mysql://u:hunter2@h/d?ssl-key=", "bad URL: ssl-key needs a path");
+}
+
 Test(cfg, db_bad_urls)
 {
 	db_bad("", "bad URL: empty");
@@ -819,10 +897,10 @@ Test(cfg, db_bad_urls)
 	db_bad("mysql://u:hunter2@h:70000/d", "bad URL: port out of range [1, 65535]");
 	db_bad("mysql://u:hunter2@h/d?sslmode=require",
 	       "bad URL: unknown option 'sslmode' "
-	       "(known: ssl, ssl-ca, ssl-verify, socket, connect-timeout)");
+	       "(known: ssl, ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-verify, socket, connect-timeout)");
 	db_bad("mysql://u:hunter2@h/d?password=hunter2",
 	       "bad URL: unknown option 'password' "
-	       "(known: ssl, ssl-ca, ssl-verify, socket, connect-timeout)");
+	       "(known: ssl, ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-verify, socket, connect-timeout)");
 	db_bad("mysql://u:hunter2@h/d?ssl=yes", "bad URL: ssl must be 0, 1, true or false");
 	db_bad("mysql://u:hunter2@h/d?ssl-verify=2", "bad URL: ssl-verify must be 0, 1, true or false");
 	db_bad("mysql://u:hunter2@h/d?ssl", "bad URL: option 'ssl' needs a value (name=value)");
@@ -840,7 +918,7 @@ Test(cfg, db_error_from_load_names_the_variable)
 {
 	expect_env_err("INBOX_DB_URL", "mysql://u:hunter2@h/d?tls=1",
 	               "INBOX_DB_URL: bad URL: unknown option 'tls' "
-	               "(known: ssl, ssl-ca, ssl-verify, socket, connect-timeout)");
+	               "(known: ssl, ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-verify, socket, connect-timeout)");
 	EXPECT_ERR("INBOX_DB_URL: bad URL: missing host", "--db-url", "mysql://u:hunter2@/d", NULL);
 }
 
@@ -914,4 +992,21 @@ Test(cfg, help_lists_every_setting)
 	fclose(f);
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
 		cr_assert_not_null(strstr(buf, want[i]), "help lacks %s:\n%s", want[i], buf);
+}
+
+Test(cfg, scrub_argv_masks_the_password_of_every_url_flag)
+{
+	char a0[] = "inbox-worker", a1[] = "--amqp-url", a2[] = "amqps://u:se@cr/et@h:5671/v?verify=verify_peer",
+	     a3[] = "--db-url=mysql://u:pw@h/db", a4[] = "--migrate-db-url", a5[] = "mysql://owner:topsecret@h/db",
+	     a6[] = "--threads", a7[] = "u:notapassword@x", a8[] = "--db-url-file", a9[] = "/run/a:b@c",
+	     a10[] = "--amqp-url=amqp://nouser@h/";
+	char *argv[] = { a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, NULL };
+
+	cfg_scrub_argv(11, argv);
+	cr_assert_str_eq(argv[2], "amqps://u:********@h:5671/v?verify=verify_peer");
+	cr_assert_str_eq(argv[3], "--db-url=mysql://u:**@h/db");
+	cr_assert_str_eq(argv[5], "mysql://owner:*********@h/db");
+	cr_assert_str_eq(argv[7], "u:notapassword@x", "not a URL flag: left alone");
+	cr_assert_str_eq(argv[9], "/run/a:b@c", "a *_URL_FILE path holds no password");
+	cr_assert_str_eq(argv[10], "--amqp-url=amqp://nouser@h/");
 }

@@ -80,3 +80,25 @@ Test(cli, unknown_command_exits_2)
 	cr_assert_eq(run("", "frobnicate", err, sizeof err), 2);
 	cr_assert_eq(run("", "", err, sizeof err), 2);
 }
+
+/* A URL given as a flag is visible in `ps` until the worker masks it, so
+ * --help points at the variable or a *_URL_FILE for every URL. */
+Test(cli, help_recommends_the_environment_or_a_file_for_urls)
+{
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	char cmd[1024], out[65536];
+	size_t n;
+	FILE *p;
+
+	cr_assert_not_null(bin);
+	snprintf(cmd, sizeof cmd, "env -i PATH=/usr/bin:/bin %s run --help", bin);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	n = fread(out, 1, sizeof out - 1, p);
+	out[n] = '\0';
+	cr_assert_eq(pclose(p), 0);
+	cr_assert_not_null(strstr(out, "INBOX_AMQP_URL_FILE"), "%s", out);
+	cr_assert_not_null(strstr(out, "INBOX_DB_URL_FILE"), "%s", out);
+	cr_assert_not_null(strstr(out, "INBOX_MIGRATE_DB_URL_FILE"), "%s", out);
+	cr_assert_not_null(strstr(out, "Prefer the variable or the file: a password given with --db-url"), "%s", out);
+}

@@ -88,7 +88,12 @@ int main(int argc, char **argv)
 		argc = j;
 		argv[argc] = NULL;
 	}
-	switch (cfg_load(&conf, argc - 1, argv + 1, err, sizeof err)) {
+	/* cfg_load copies what it keeps, so the passwords in argv can go,
+	 * whatever the outcome: they are visible to every local user. */
+	enum cfg_result loaded = cfg_load(&conf, argc - 1, argv + 1, err, sizeof err);
+
+	cfg_scrub_argv(argc - 1, argv + 1);
+	switch (loaded) {
 	case CFG_OK:
 		break;
 	case CFG_HELP:

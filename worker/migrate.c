@@ -188,9 +188,11 @@ int migrate_main(const struct cfg *conf)
 	int count = 0, applied = 0, rc;
 	bool locked = false;
 
-	rc = db_open(&db, &conf->db);
+	/* The schema owner's account when one is given: the worker's own
+	 * account may only read and write rows and call the procedures. */
+	rc = db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", conf->db.redacted),
+		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", cfg_migrate_db(conf)->redacted),
 		    LOG_S("error", st_strerror(rc)));
 		return 1;
 	}

@@ -1,0 +1,270 @@
+/*
+ * test_tls.c - both links over TLS, against the stack that `scripts/stack
+ * up --tls` starts (INBOX_TLS_AMQP_URL, INBOX_TLS_DB_URL, INBOX_STACK_TLS_DIR
+ * from `scripts/stack env`; missing ones fail the test, never skip it).
+ *
+ * The worker and inbox-loadgen apply and verify messages over TLS; a
+ * certificate signed by a CA the client was not given is refused, and so is
+ * a server that speaks no TLS when TLS was asked for: each with a log line
+ * naming the link and the reason, and /readyz 503, never a quiet fall back
+ * to plain text.
+ */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "itest.h"
+#include "status.h"
+
+static const char *tls_env(const char *name)
+{
+	const char *v = getenv(name);
+
+	cr_assert(v != NULL && v[0] != '\0', "%s is not set: start the stack with `scripts/stack up --tls` "
+	          "and eval \"$(scripts/stack env)\"", name);
+	return v;
+}
+
+/* s with the first `from` replaced by `to`, into buf. */
+static const char *replace1(char *buf, size_t cap, const char *s, const char *from, const char *to)
+{
+	const char *p = strstr(s, from);
+
+	cr_assert_not_null(p, "'%s' not in '%s'", from, s);
+	snprintf(buf, cap, "%.*s%s%s", (int)(p - s), s, to, p + strlen(from));
+	return buf;
+}
+
+static void tls_sleep_ms(int ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+/* Poll log_path (bounded) until a line holds both a and b. */
+static bool wait_log(const char *log_path, const char *a, const char *b, int timeout_s)
+{
+	for (int i = 0; i < timeout_s * 10; i++) {
+		FILE *f = fopen(log_path, "r");
+		char line[4096];
+		bool found = false;
+
+		while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
+			found = strstr(line, a) != NULL && strstr(line, b) != NULL;
+		if (f != NULL)
+			fclose(f);
+		if (found)
+			return true;
+		tls_sleep_ms(100);
+	}
+	return false;
+}
+
+static void log_path_for(char *buf, size_t cap, const char *name)
+{
+	snprintf(buf, cap, "%s/inbox-tls-%s-%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name,
+	         (int)getpid());
+}
+
+/* A worker with the given URLs and a metrics port; stderr into log. */
+static pid_t tls_worker(const char *amqp_url, const char *db_url, int port, const char *log)
+{
+	static char amqp_env[2048], db_env[2048], addr_env[64];
+	const char *args[] = { "run", "--threads", "2", NULL };
+	const char *env[] = { amqp_env, db_env, addr_env, NULL };
+
+	snprintf(amqp_env, sizeof amqp_env, "INBOX_AMQP_URL=%s", amqp_url);
+	snprintf(db_env, sizeof db_env, "INBOX_DB_URL=%s", db_url);
+	snprintf(addr_env, sizeof addr_env, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	return itest_spawn_logged(args, env, log);
+}
+
+static int loadgen(const char *const *args, const char *amqp_url, const char *db_url, const char *log)
+{
+	static char amqp_env[2048], db_env[2048];
+	const char *env[] = { amqp_env, db_env, NULL };
+	const char *bin = getenv("INBOX_LOADGEN_BIN");
+	int st;
+
+	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
+	snprintf(amqp_env, sizeof amqp_env, "INBOX_AMQP_URL=%s", amqp_url);
+	snprintf(db_env, sizeof db_env, "INBOX_DB_URL=%s", db_url);
+	st = itest_wait_exit(itest_spawn_program(bin, args, env, log, true), 300);
+	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
+	return WEXITSTATUS(st);
+}
+
+Test(tls, worker_and_loadgen_over_tls_apply_every_message, .timeout = 600)
+{
+	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
+	char ledger[256], wlog[256], plog[300], vlog[300], body[4096];
+	const char *pub[] = { "publish", "--ledger", ledger, "--orders", "60", "--connections", "2",
+	                      "--settle-timeout", "120", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "120", NULL };
+	int port = itest_metrics_port(0);
+	pid_t w;
+	int rc;
+
+	cr_assert(strncmp(amqp, "amqps://", 8) == 0 && strstr(db, "ssl-ca=") != NULL);
+	itest_fresh();
+	log_path_for(ledger, sizeof ledger, "ledger");
+	log_path_for(wlog, sizeof wlog, "worker");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
+	w = tls_worker(amqp, db, port, wlog);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 200, body, sizeof body, 60), 200,
+	             "the worker did not become ready over TLS (see %s): %s", wlog, body);
+	cr_assert_eq(loadgen(pub, amqp, db, plog), 0, "publish over TLS failed, see %s", plog);
+	rc = loadgen(ver, amqp, db, vlog);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert_eq(rc, 0, "verify over TLS failed, see %s", vlog);
+	/* The stack's inbox_tls account is REQUIRE SSL: a session that fell
+	 * back to plain text could not have written these rows. */
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM order_events"), 0);
+}
+
+Test(tls, a_certificate_from_another_ca_is_refused, .timeout = 300)
+{
+	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
+	char bad_amqp[2048], bad_db[2048], log[256], body[4096];
+	int port = itest_metrics_port(1);
+	pid_t w;
+
+	itest_fresh();
+	/* The broker's certificate checked against an unrelated CA. */
+	replace1(bad_amqp, sizeof bad_amqp, amqp, "/ca.pem", "/other-ca.pem");
+	log_path_for(log, sizeof log, "wrong-ca-amqp");
+	w = tls_worker(bad_amqp, db, port, log);
+	cr_assert(wait_log(log, "broker connect failed", "tls handshake: SSL peer cert verification failed", 60),
+	          "no line names the broker and the reason, see %s", log);
+	cr_assert(itest_log_has(log, "amqps://inbox:***@localhost"), "the line names the broker, see %s", log);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
+
+	/* The database's certificate likewise. */
+	replace1(bad_db, sizeof bad_db, db, "/ca.pem", "/other-ca.pem");
+	log_path_for(log, sizeof log, "wrong-ca-db");
+	w = tls_worker(amqp, bad_db, port, log);
+	cr_assert(wait_log(log, "database connect failed", "certificate", 60),
+	          "no line names the database and the reason, see %s", log);
+	cr_assert(itest_log_has(log, "errno=2026"), "a TLS error (CR_SSL_CONNECTION_ERROR), see %s", log);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
+}
+
+/* ---- a MySQL server that offers no TLS ------------------------------------ */
+
+/* Answers every connection with a protocol-10 greeting whose capabilities
+ * lack CLIENT_SSL, then waits for the client to give up. */
+struct plain_db {
+	int fd;
+	int port;
+	pthread_t thread;
+};
+
+static void *plain_db_main(void *arg)
+{
+	struct plain_db *s = arg;
+	static const unsigned char payload[] = {
+		0x0a, '5', '.', '5', '.', '5', '-', '1', '0', '.', '1', '1', '-', 'p', 'l', 'a', 'i', 'n', 0,
+		1, 0, 0, 0,                             /* connection id */
+		'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 0, /* scramble part 1, filler */
+		0xff, 0xf7,                             /* capabilities: all but CLIENT_SSL (0x0800) */
+		0x21, 0x02, 0x00,                       /* charset, status */
+		0x08, 0x00,                             /* upper capabilities: CLIENT_PLUGIN_AUTH */
+		21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,       /* scramble length, reserved */
+		'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p', 'q', 'r', 's', 't', 0,
+		'm', 'y', 's', 'q', 'l', '_', 'n', 'a', 't', 'i', 'v', 'e', '_', 'p', 'a', 's', 's', 'w', 'o', 'r', 'd', 0,
+	};
+	unsigned char pkt[4 + sizeof payload];
+
+	pkt[0] = sizeof payload & 0xff;
+	pkt[1] = 0;
+	pkt[2] = 0;
+	pkt[3] = 0;
+	memcpy(pkt + 4, payload, sizeof payload);
+	for (;;) {
+		char buf[512];
+		int c = accept(s->fd, NULL, NULL);
+
+		if (c < 0)
+			return NULL; /* the listener was shut down */
+		if (write(c, pkt, sizeof pkt) == (ssize_t)sizeof pkt) {
+			struct timeval tv = { .tv_sec = 2 };
+
+			(void)setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			while (read(c, buf, sizeof buf) > 0)
+				;
+		}
+		close(c);
+	}
+}
+
+static void plain_db_start(struct plain_db *s)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t len = sizeof a;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	s->fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(s->fd, 0);
+	cr_assert_eq(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(listen(s->fd, 16), 0);
+	cr_assert_eq(getsockname(s->fd, (struct sockaddr *)&a, &len), 0);
+	s->port = ntohs(a.sin_port);
+	cr_assert_eq(pthread_create(&s->thread, NULL, plain_db_main, s), 0);
+}
+
+static void plain_db_stop(struct plain_db *s)
+{
+	shutdown(s->fd, SHUT_RDWR);
+	close(s->fd);
+	pthread_join(s->thread, NULL);
+}
+
+Test(tls, a_server_without_tls_is_refused_when_tls_is_asked_for, .timeout = 300)
+{
+	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
+	const char *dir = tls_env("INBOX_STACK_TLS_DIR");
+	char plain_amqp[2048], plain_db_url[2048], tls_port[16], plain_port[16], log[256], body[4096];
+	struct plain_db fake;
+	int port = itest_metrics_port(2);
+	pid_t w;
+
+	itest_fresh();
+	/* amqps:// to the broker's plain-text listener. */
+	snprintf(tls_port, sizeof tls_port, ":%s/", tls_env("INBOX_STACK_AMQP_TLS_PORT"));
+	snprintf(plain_port, sizeof plain_port, ":%d/", itest_cfg()->amqp.port);
+	replace1(plain_amqp, sizeof plain_amqp, amqp, tls_port, plain_port);
+	log_path_for(log, sizeof log, "plain-amqp");
+	w = tls_worker(plain_amqp, db, port, log);
+	cr_assert(wait_log(log, "broker connect failed", "tls handshake", 60),
+	          "no line names the broker and the reason, see %s", log);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
+
+	/* A database that offers no TLS, with only ssl-ca= in the URL: the
+	 * client must refuse it, not log in in plain text. */
+	plain_db_start(&fake);
+	snprintf(plain_db_url, sizeof plain_db_url, "mysql://inbox_tls:inbox_tls@127.0.0.1:%d/inbox?ssl-ca=%s/ca.pem",
+	         fake.port, dir);
+	log_path_for(log, sizeof log, "plain-db");
+	w = tls_worker(amqp, plain_db_url, port, log);
+	cr_assert(wait_log(log, "database connect failed", "errno=2026", 60),
+	          "no TLS error (CR_SSL_CONNECTION_ERROR) named, see %s", log);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
+	plain_db_stop(&fake);
+}
