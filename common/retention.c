@@ -142,6 +142,47 @@ static void retention_unlock(struct retention *r)
 		db_stmt_done(r->unlock);
 }
 
+static int retention_count1(struct db *db, const char *sql, int64_t retention_s, uint64_t *out)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[1] = { DBP_I64(retention_s) };
+	struct db_col c[1] = { DBC_I64() };
+	int rc, r;
+
+	*out = 0;
+	rc = db_prepare(db, &q, sql);
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 1);
+	if (rc == ST_OK) {
+		r = db_stmt_fetch(q, c, 1);
+		if (r < 0)
+			rc = r;
+		else if (r == 1) {
+			*out = c[0].is_null || c[0].i64 < 0 ? 0 : (uint64_t)c[0].i64;
+			db_stmt_done(q);
+		}
+	}
+	return rc;
+}
+
+int retention_count(struct db *db, const struct cfg *conf, uint64_t *inbox_rows, uint64_t *outbox_rows)
+{
+	int rc;
+
+	/* Keep these in step with the DELETEs of retention_open. */
+	rc = retention_count1(db,
+	                      "SELECT COUNT(*) FROM processed_messages WHERE processed_at < NOW(6) - INTERVAL ? SECOND"
+	                      " AND outcome <> 'held'",
+	                      conf->retention_s, inbox_rows);
+	if (rc == ST_OK)
+		rc = retention_count1(db,
+		                      "SELECT COUNT(*) FROM outbox WHERE sent_at IS NOT NULL"
+		                      " AND sent_at < NOW(6) - INTERVAL ? SECOND",
+		                      conf->retention_s, outbox_rows);
+	db_rollback(db);
+	return rc;
+}
+
 /* One slice of table t: DELETE and COMMIT; *n gets the rows deleted. */
 static int retention_slice(struct retention *r, int t, int rows, uint64_t *n)
 {

@@ -66,4 +66,11 @@ void retention_close(struct retention **r);
 int retention_run(struct retention *r, const struct retention_limits *lim, enum retention_state *state,
                   uint64_t *deleted);
 
+/* What a run would delete now, without deleting anything and without the
+ * lock: inbox rows past the window that are not held, sent outbox rows past
+ * it (the same conditions as the DELETEs).  For `cleanup --dry-run`; rows
+ * may expire between this count and a real run.  Statements are prepared
+ * on db; the read is rolled back. */
+int retention_count(struct db *db, const struct cfg *conf, uint64_t *inbox_rows, uint64_t *outbox_rows);
+
 #endif

@@ -32,6 +32,57 @@
 
 #define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options] | inbox-loadgen dlq unbind|bind"
 
+/* The settings inbox-loadgen reads (connections, names, the topology
+ * publish declares, logging); the worker's pool, retention and metrics
+ * settings mean nothing here. */
+static const char *const lg_settings_used[] = {
+	"INBOX_AMQP_URL", "INBOX_DB_URL", "INBOX_CONSUMER", "INBOX_QUEUE", "INBOX_EXCHANGE", "INBOX_DLX",
+	"INBOX_DLQ", "INBOX_OUT_EXCHANGE", "INBOX_MAX_BODY", "INBOX_DELIVERY_LIMIT", "INBOX_ORDERING",
+	"INBOX_SHARDS", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
+};
+
+static bool lg_setting_used(const char *line)
+{
+	for (int i = 0; lg_settings_used[i] != NULL; i++) {
+		size_t n = strlen(lg_settings_used[i]);
+		if (strncmp(line, lg_settings_used[i], n) == 0 && (line[n] == ' ' || line[n] == '\0'))
+			return true;
+	}
+	return false;
+}
+
+/* cfg_print_help prints every setting of the worker and has no filter (and
+ * cfg.c is not ours to change here): print it into memory and keep the
+ * blocks of the settings above — a block is a line "  INBOX_X ..." and the
+ * indented lines after it.  The text stays the worker's, defaults included. */
+static void help_settings(FILE *f)
+{
+	char *buf = NULL, *line, *save = NULL;
+	size_t len = 0;
+	FILE *mem = open_memstream(&buf, &len);
+	bool keep = true;
+
+	if (mem == NULL) {
+		cfg_print_help(f, "connection options (same as inbox-worker):");
+		return;
+	}
+	cfg_print_help(mem, "settings (as inbox-worker reads them; only those inbox-loadgen uses):");
+	if (fclose(mem) != 0 || buf == NULL) {
+		free(buf);
+		cfg_print_help(f, "connection options (same as inbox-worker):");
+		return;
+	}
+	for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, "  INBOX_", 8) == 0)
+			keep = lg_setting_used(line + 2);
+		else if (strncmp(line, "      ", 6) != 0)
+			keep = true;
+		if (keep)
+			fprintf(f, "%s\n", line);
+	}
+	free(buf);
+}
+
 static void usage(FILE *f)
 {
 	fputs(USAGE "\n\n"
@@ -53,22 +104,25 @@ static void usage(FILE *f)
 	      "  --malformed N          malformed messages spread over every SPEC.md class (0)\n"
 	      "  --connections C        publisher connections, each a thread (4)\n"
 	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
-	      "  --settle-timeout S     wait at most S s for originals before the delayed phase (600)\n"
-	      "  --settle-stall S       stop waiting for originals when none came for S s, publish the\n"
+	      "  --progress             a progress line a second on stderr even when it is not a terminal\n"
+	      "  --settle-timeout D     wait at most D for originals before the delayed phase (10m)\n"
+	      "  --settle-stall D       stop waiting for originals when none came for D, publish the\n"
 	      "                         delayed phase anyway and let verify name the missing (0 = never)\n"
-	      "  --retry-timeout S      after a broker fault keep reconnecting and re-publishing what was\n"
-	      "                         not confirmed for at most S s (120); a re-publish is a duplicate\n"
+	      "  --retry-timeout D      after a broker fault keep reconnecting and re-publishing what was\n"
+	      "                         not confirmed for at most D (2m); a re-publish is a duplicate\n"
 	      "\n"
 	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n"
 	      "  --ledger FILE          the ledger publish wrote\n"
-	      "  --timeout S            wait at most S s for the worker to go idle (300)\n"
+	      "  --timeout D            wait at most D for the worker to go idle (5m)\n"
 	      "  --list N               ids listed per problem kind (20)\n"
+	      "  --json                 the report as one JSON object with every figure (exit code as ever)\n"
 	      "\n"
 	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
 	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
+	      "Durations as inbox-worker takes them: 90, 90s, 5m, 2h, 1d.\n"
 	      "\n",
 	      f);
-	cfg_print_help(f, "connection options (same as inbox-worker):");
+	help_settings(f);
 }
 
 struct lg_args {
@@ -124,6 +178,25 @@ static int parse_num(const char *name, const char *v, long min, long max, long *
 	return 0;
 }
 
+/* A duration as the worker takes it (cfg_parse_duration: 30, 30s, 5m, 2h,
+ * 1d), bounded to [min, max] seconds. */
+static int parse_dur(const char *name, const char *v, long min, long max, int *out, char *err, size_t errlen)
+{
+	char why[128];
+	long s;
+
+	if (cfg_parse_duration(v, &s, why, sizeof why) != 0) {
+		snprintf(err, errlen, "%s: %s", name, why);
+		return -1;
+	}
+	if (s < min || s > max) {
+		snprintf(err, errlen, "%s: out of range [%lds, %lds]: '%s'", name, min, max, v);
+		return -1;
+	}
+	*out = (int)s;
+	return 0;
+}
+
 /* Take the options this program knows out of argv; the rest is copied to
  * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
 static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
@@ -152,9 +225,8 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			a->vo.ledger = v;
 		} else if (!publish && OPT("--timeout")) {
 			NEED("--timeout");
-			if (parse_num("--timeout", v, 1, 86400, &n, err, errlen) != 0)
+			if (parse_dur("--timeout", v, 1, 86400, &a->vo.timeout_s, err, errlen) != 0)
 				return -1;
-			a->vo.timeout_s = (int)n;
 		} else if (!publish && OPT("--list")) {
 			NEED("--list");
 			if (parse_num("--list", v, 1, 100000, &n, err, errlen) != 0)
@@ -227,21 +299,22 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			if (parse_num("--rate", v, 0, 10000000, &n, err, errlen) != 0)
 				return -1;
 			a->po.rate = (double)n;
+		} else if (!publish && strcmp(argv[i], "--json") == 0) {
+			a->vo.json = true;
+		} else if (publish && strcmp(argv[i], "--progress") == 0) {
+			a->po.progress = true;
 		} else if (publish && OPT("--settle-timeout")) {
 			NEED("--settle-timeout");
-			if (parse_num("--settle-timeout", v, 1, 86400, &n, err, errlen) != 0)
+			if (parse_dur("--settle-timeout", v, 1, 86400, &a->po.settle_timeout_s, err, errlen) != 0)
 				return -1;
-			a->po.settle_timeout_s = (int)n;
 		} else if (publish && OPT("--settle-stall")) {
 			NEED("--settle-stall");
-			if (parse_num("--settle-stall", v, 0, 86400, &n, err, errlen) != 0)
+			if (parse_dur("--settle-stall", v, 0, 86400, &a->po.settle_stall_s, err, errlen) != 0)
 				return -1;
-			a->po.settle_stall_s = (int)n;
 		} else if (publish && OPT("--retry-timeout")) {
 			NEED("--retry-timeout");
-			if (parse_num("--retry-timeout", v, 1, 86400, &n, err, errlen) != 0)
+			if (parse_dur("--retry-timeout", v, 1, 86400, &a->po.retry_s, err, errlen) != 0)
 				return -1;
-			a->po.retry_s = (int)n;
 		} else {
 			rest[(*nrest)++] = argv[i];
 		}

@@ -343,7 +343,33 @@ done:
 	return NULL;
 }
 
-/* Publish one phase; shows progress on a terminal.  Returns 0 or -1. */
+static void lg_fmt_secs(char *buf, size_t cap, double s)
+{
+	long t = s < 0 ? 0 : (long)(s + 0.5);
+
+	if (t >= 3600)
+		snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+void lg_progress_line(char *buf, size_t cap, const char *label, unsigned long long sent,
+                      unsigned long long confirmed, size_t total, double elapsed_s, bool have_rate, double rate)
+{
+	char el[24], eta[24] = "--";
+	double pct = total > 0 ? 100.0 * (double)sent / (double)total : 100.0;
+
+	/* Sent, not confirmed, drives the figures: confirms come in batches
+	 * and would show a stalled run between them. */
+	lg_fmt_secs(el, sizeof el, elapsed_s);
+	if (have_rate && rate > 0)
+		lg_fmt_secs(eta, sizeof eta, (double)(total > sent ? total - sent : 0) / rate);
+	snprintf(buf, cap, "%s: sent %llu/%zu (%.1f%%), confirmed %llu, elapsed %s, %.0f msg/s, ETA %s", label, sent,
+	         total, pct, confirmed, el, have_rate ? rate : 0.0, eta);
+}
+
+/* Publish one phase; shows progress on a terminal (or with --progress).
+ * Returns 0 or -1. */
 static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s, const struct lg_phase *ph,
                             const struct lg_publish_opts *po, const char *label, unsigned long long *republished,
                             unsigned long long *reconnects)
@@ -356,6 +382,7 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 	double t0 = lg_mono(), last_t = t0;
 	unsigned long long last_c = 0;
 	double shown_rate = 0;
+	bool have_rate = false;
 	int started = 0;
 
 	if (ph->items == 0)
@@ -390,26 +417,32 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 	}
 	while (atomic_load(&r.finished) < started) {
 		lg_sleep_ms(200);
-		if (tty) {
+		if (tty || po->progress) {
 			double now = lg_mono();
 			unsigned long long c = atomic_load(&r.confirmed);
 			unsigned long long sent = atomic_load(&r.sent);
-			double eta;
+			char line[200];
 
+			/* The rate is smoothed over one-second samples (EWMA,
+			 * weight 0.3), so one slow second does not swing the
+			 * ETA; until the first sample there is none. */
 			if (now - last_t >= 1.0) {
-				shown_rate = (double)(c - last_c) / (now - last_t);
-				last_c = c;
+				double sample = (double)(sent - last_c) / (now - last_t);
+				shown_rate = have_rate ? 0.3 * sample + 0.7 * shown_rate : sample;
+				have_rate = true;
+				last_c = sent;
 				last_t = now;
+			} else if (!tty && have_rate) {
+				continue; /* to a log: one line a second */
 			}
-			eta = shown_rate > 0 ? (double)(ph->items - c) / shown_rate : 0;
-			fprintf(stderr, "\r%s: sent %llu/%zu confirmed %llu  %.0f msg/s  ETA %.0fs   ", label, sent,
-			        ph->items, c, shown_rate, eta);
+			lg_progress_line(line, sizeof line, label, sent, c, ph->items, now - t0, have_rate, shown_rate);
+			fprintf(stderr, tty ? "\r%s   " : "%s\n", line);
 		}
 	}
 	for (int i = 0; i < started; i++)
 		pthread_join(pubs[i].thread, NULL);
 	if (tty)
-		fprintf(stderr, "\r%-78s\r", "");
+		fprintf(stderr, "\r%-130s\r", "");
 	free(pubs);
 	pthread_cond_destroy(&r.barrier.cv);
 	pthread_mutex_destroy(&r.barrier.mu);

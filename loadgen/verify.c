@@ -18,8 +18,9 @@
  *   unexpected a dead-letter or emitted message the ledger does not foresee.
  *
  * Everything is matched by id, so rows of other runs in the same database
- * are ignored (the run prefix selects ours).  Draining the two queues acks
- * what it reads: the verifier is their consumer.
+ * are ignored (the run prefix selects ours).  The two queues are browsed,
+ * not drained (v_browse): every message read is put back, so verify can
+ * run again on the same ledger and other runs' messages stay.
  */
 #include "verify.h"
 
@@ -158,7 +159,7 @@ struct v_state {
 	struct v_map omap, mmap;
 	json_t *run;
 	struct v_list missing, doubled, wrong, unexpected;
-	long foreign;       /* queue messages of other runs (acked, ignored) */
+	long foreign;       /* queue messages of other runs (left in place, ignored) */
 	struct {
 		char reason[V_REASON_MAX];
 		long n;
@@ -576,46 +577,66 @@ static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap)
 	}
 }
 
-/* Consume a queue until it stays empty for a moment; on_msg sees each. */
-static int v_drain(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
+/* Browse a queue: basic.get every message that is ready, without acking,
+ * then reject them all with requeue.  The verifier only reads — a second
+ * run on the same ledger sees the same queues, and other runs' messages
+ * stay.  basic.get rather than a consumer: a held (unacked) message is not
+ * handed out again, so each is seen once, and the browse stops at the
+ * ready count of a passive declare taken first (the run is settled, and
+ * nothing we requeue could come back to the head while we still read).
+ * The requeue happens only after the whole queue is read; a classic queue
+ * puts each message back in its place.  The passive declare after the
+ * rejects is a round trip behind them on the same channel, so when this
+ * returns the queue holds them again. */
+static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
 {
 	struct mq *m = NULL;
 	struct mq_delivery d;
-	uint64_t last_tag = 0;
-	int unacked = 0, rc;
+	uint64_t *tags = NULL;
+	uint32_t ready = 0, after = 0;
+	size_t n = 0;
+	int rc;
 
 	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
 	if (rc == ST_OK)
-		rc = mq_consume_start(m, queue, 500, false);
+		rc = mq_queue_counts(m, queue, &ready, NULL);
 	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: cannot consume %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
 		mq_close(&m);
 		return rc;
 	}
+	if (ready > 0) {
+		tags = malloc((size_t)ready * sizeof *tags);
+		if (tags == NULL) {
+			mq_close(&m);
+			return ST_ERR_NOMEM;
+		}
+	}
 	memset(&d, 0, sizeof d);
-	for (;;) {
-		rc = mq_consume(m, &d, 1500);
-		if (rc == ST_ERR_TIMEOUT) {
-			rc = ST_OK;
+	while (n < ready) {
+		rc = mq_get(m, queue, &d);
+		if (rc == ST_ERR_NOT_FOUND) {
+			rc = ST_OK; /* fewer than counted: another reader took some */
 			break;
 		}
 		if (rc != ST_OK) {
-			fprintf(stderr, "inbox-loadgen: consuming %s: %s\n", queue, mq_errmsg(m));
+			fprintf(stderr, "inbox-loadgen: reading %s: %s\n", queue, mq_errmsg(m));
 			break;
 		}
+		tags[n++] = d.tag;
 		on_msg(st, &d);
-		last_tag = d.tag;
 		mq_delivery_release(m, &d);
-		if (++unacked >= 200) {
-			rc = mq_ack(m, last_tag, true);
-			if (rc != ST_OK)
-				break;
-			unacked = 0;
-		}
 	}
-	if (rc == ST_OK && unacked > 0)
-		rc = mq_ack(m, last_tag, true);
+	for (size_t i = 0; i < n && rc == ST_OK; i++) {
+		rc = mq_reject(m, tags[i], true);
+		if (rc != ST_OK)
+			fprintf(stderr, "inbox-loadgen: requeueing %s: %s\n", queue, mq_errmsg(m));
+	}
+	if (rc == ST_OK)
+		rc = mq_queue_counts(m, queue, &after, NULL);
+	/* On an error the connection's close requeues what is still unacked. */
 	mq_close(&m);
+	free(tags);
 	return rc;
 }
 
@@ -781,10 +802,90 @@ static void v_print_list(const struct v_list *l)
 		printf("  %s\n", l->lines[i]);
 }
 
+static json_t *v_list_json(const struct v_list *l)
+{
+	json_t *a = json_array();
+
+	for (long i = 0; a != NULL && i < l->count && i < l->max; i++)
+		json_array_append_new(a, json_string(l->lines[i]));
+	return a;
+}
+
+/* The whole report as one JSON object on stdout: every figure of the text
+ * report under a stable key.  Returns 0, or -1 when it could not be built. */
+static int v_report_json(const struct v_state *st, const struct lg_verify_opts *vo, bool ok, long eff_exp,
+                         long eff_found, long dead_exp, long dead_seen, long emit_exp, long emits_seen,
+                         long long dups_published, long long dups_absorbed, double span, double tput, double p50,
+                         double p99, double pmax)
+{
+	json_t *by_reason = json_object(), *o;
+	char *text;
+
+	for (int i = 0; by_reason != NULL && i < st->ndead_reasons; i++)
+		json_object_set_new(by_reason, st->dead_by_reason[i].reason, json_integer(st->dead_by_reason[i].n));
+	o = json_pack("{s:s, s:s, s:b,"
+	              " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+	              " s:{s:I, s:I},"
+	              " s:{s:I, s:I, s:o},"
+	              " s:{s:I, s:I, s:I},"
+	              " s:{s:I, s:I},"
+	              " s:I, s:I,"
+	              " s:{s:f, s:f}, s:{s:f, s:f, s:f},"
+	              " s:{s:o, s:o, s:o, s:o}}",
+	              "run", st->prefix, "ledger", vo->ledger, "ok", ok,
+	              "published",
+	              "messages", (json_int_t)json_integer_value(json_object_get(st->run, "published")),
+	              "originals", (json_int_t)json_integer_value(json_object_get(st->run, "originals")),
+	              "copies_immediate", (json_int_t)json_integer_value(json_object_get(st->run, "copies_immediate")),
+	              "copies_concurrent", (json_int_t)json_integer_value(json_object_get(st->run, "copies_concurrent")),
+	              "copies_delayed", (json_int_t)json_integer_value(json_object_get(st->run, "copies_delayed")),
+	              "conflicts", (json_int_t)json_integer_value(json_object_get(st->run, "conflicts")),
+	              "malformed", (json_int_t)json_integer_value(json_object_get(st->run, "malformed")),
+	              "orders", (json_int_t)st->norders,
+	              "inbox_rows", "applied", (json_int_t)st->outcome_count[0], "compensated",
+	              (json_int_t)st->outcome_count[1], "ignored", (json_int_t)st->outcome_count[2], "dead_lettered",
+	              (json_int_t)st->outcome_count[3], "held", (json_int_t)st->outcome_count[4],
+	              "effects", "expected", (json_int_t)eff_exp, "exactly_once", (json_int_t)eff_found, "missing",
+	              (json_int_t)st->miss_effects, "doubled", (json_int_t)st->doubled.count,
+	              "missing", "total", (json_int_t)st->missing.count, "effects", (json_int_t)st->miss_effects,
+	              "dead_letters", (json_int_t)st->miss_dead, "dead_letters_without_reason",
+	              (json_int_t)st->miss_dead_bare, "conflict_dead_letters", (json_int_t)st->miss_conflicts,
+	              "order_rows", (json_int_t)st->miss_orders, "emitted", (json_int_t)st->miss_emits,
+	              "orders", "checked", (json_int_t)st->norders, "wrong", (json_int_t)st->wrong.count,
+	              "dead_letters", "expected", (json_int_t)dead_exp, "found", (json_int_t)dead_seen,
+	              "copies_by_reason", by_reason,
+	              "emitted", "expected", (json_int_t)emit_exp, "found", (json_int_t)emits_seen, "republished",
+	              (json_int_t)st->republished,
+	              "duplicates", "published", (json_int_t)dups_published, "absorbed", (json_int_t)dups_absorbed,
+	              "unexpected", (json_int_t)st->unexpected.count, "other_runs_queue_messages",
+	              (json_int_t)st->foreign,
+	              "throughput", "msg_per_s", tput, "span_s", span,
+	              "latency_ms", "p50", p50, "p99", p99, "max", pmax,
+	              "lists", "missing", v_list_json(&st->missing), "doubled", v_list_json(&st->doubled), "wrong",
+	              v_list_json(&st->wrong), "unexpected", v_list_json(&st->unexpected));
+	if (o == NULL) {
+		fprintf(stderr, "inbox-loadgen: cannot build the JSON report\n");
+		return -1;
+	}
+	text = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (text == NULL)
+		return -1;
+	printf("%s\n", text);
+	free(text);
+	return 0;
+}
+
 int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 {
 	struct v_state st;
 	long eff_exp = 0, eff_found = 0, dead_exp = 0, emit_exp = 0, emits_seen = 0, dead_seen = 0;
+	long long dups_published = 0, dups_absorbed = 0;
+	double span = 0, tput = 0, p50 = 0, p99 = 0, pmax = 0;
+	size_t rows = 0;
 	char (*lines)[200] = NULL;
 	int exit_code = 1;
 
@@ -806,7 +907,7 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 		fprintf(stderr, "inbox-loadgen: reading the database: %s\n", db_errmsg(st.db));
 		goto out;
 	}
-	if (v_drain(&st, conf->dlq, v_on_dead) != ST_OK || v_drain(&st, st.verify_queue, v_on_emitted) != ST_OK)
+	if (v_browse(&st, conf->dlq, v_on_dead) != ST_OK || v_browse(&st, st.verify_queue, v_on_emitted) != ST_OK)
 		goto out;
 	v_judge(&st, &eff_exp, &eff_found, &dead_exp, &emit_exp);
 	for (size_t i = 0; i < st.nmsgs; i++)
@@ -814,6 +915,33 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	for (size_t i = 0; i < st.norders; i++)
 		emits_seen += __builtin_popcount(st.orders[i].seen);
 
+	{
+		long long copies = (long long)json_integer_value(json_object_get(st.run, "copies_immediate")) +
+		                   (long long)json_integer_value(json_object_get(st.run, "copies_concurrent")) +
+		                   (long long)json_integer_value(json_object_get(st.run, "copies_delayed"));
+		/* Every duplicate copy published is absorbed unless it made a
+		 * second effect: the doubles are what was not. */
+		dups_published = copies;
+		dups_absorbed = copies > st.doubled.count ? copies - st.doubled.count : 0;
+	}
+	if (st.nlat > 0 && st.last_done > st.first_pub) {
+		for (int i = 0; i < 5; i++)
+			rows += (size_t)st.outcome_count[i];
+		qsort(st.lat, st.nlat, sizeof *st.lat, v_cmp_i64);
+		span = (double)(st.last_done - st.first_pub) / 1e6;
+		tput = (double)rows / span;
+		p50 = (double)st.lat[st.nlat / 2] / 1e3;
+		p99 = (double)st.lat[(st.nlat * 99) / 100] / 1e3;
+		pmax = (double)st.lat[st.nlat - 1] / 1e3;
+	}
+	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
+	if (vo->json) {
+		exit_code = v_report_json(&st, vo, exit_code == 0, eff_exp, eff_found, dead_exp, dead_seen, emit_exp,
+		                          emits_seen, dups_published, dups_absorbed, span, tput, p50, p99, pmax) == 0
+		                    ? exit_code
+		                    : 1;
+		goto out;
+	}
 	printf("inbox-loadgen verify: run %s, ledger %s\n", st.prefix, vo->ledger);
 	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
 	       " %lld conflicts, %lld malformed; %lld orders\n",
@@ -844,24 +972,18 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	for (int i = 0; i < st.ndead_reasons; i++)
 		printf("%s %s %ld", i ? "," : "", st.dead_by_reason[i].reason, st.dead_by_reason[i].n);
 	printf("\n");
-	printf("unexpected  %ld (other runs' queue messages ignored: %ld)\n", st.unexpected.count, st.foreign);
-	if (st.nlat > 0 && st.last_done > st.first_pub) {
-		double span = (double)(st.last_done - st.first_pub) / 1e6;
-		size_t rows = 0;
-		for (int i = 0; i < 5; i++)
-			rows += (size_t)st.outcome_count[i];
-		qsort(st.lat, st.nlat, sizeof *st.lat, v_cmp_i64);
-		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n",
-		       (double)rows / span, rows, span);
-		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
-		       (double)st.lat[st.nlat / 2] / 1e3, (double)st.lat[(st.nlat * 99) / 100] / 1e3,
-		       (double)st.lat[st.nlat - 1] / 1e3);
+	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", dups_published,
+	       dups_absorbed, st.doubled.count);
+	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st.unexpected.count, st.foreign);
+	if (span > 0) {
+		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n", tput, rows,
+		       span);
+		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", p50, p99, pmax);
 	}
 	v_print_list(&st.missing);
 	v_print_list(&st.doubled);
 	v_print_list(&st.wrong);
 	v_print_list(&st.unexpected);
-	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
 	printf("result      %s\n", exit_code == 0 ? "OK: every effect exactly once" : "FAIL");
 out:
 	db_close(&st.db);

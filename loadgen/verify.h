@@ -5,12 +5,15 @@
 #ifndef INBOX_LG_VERIFY_H
 #define INBOX_LG_VERIFY_H
 
+#include <stdbool.h>
+
 #include "cfg.h"
 
 struct lg_verify_opts {
 	const char *ledger;
 	int timeout_s;  /* bound on waiting for the worker to go idle */
 	int list_max;   /* ids listed per problem kind */
+	bool json;      /* the report as one JSON object on stdout instead of text */
 };
 
 /* Prints the report on stdout.  Returns the exit code: 0 when nothing is

@@ -183,3 +183,37 @@ Test(cleanup, rows_inside_the_window_held_and_unsent_are_kept, .timeout = 300)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"), 3, "unsent rows stay");
 	cr_assert_eq(itest_log_sum(logf, "cleanup done", "deleted"), 3 * RETENTION_SLICE_ROWS + 7 - 5 + 700);
 }
+
+/* `cleanup --dry-run` counts what a cleanup would delete — expired inbox
+ * rows that are not held, sent outbox rows past the window — deletes
+ * nothing and says so; the real cleanup then deletes exactly that many. */
+Test(cleanup, dry_run_counts_and_deletes_nothing, .timeout = 300)
+{
+	const char *dry[] = { "cleanup", "--dry-run", NULL }, *real[] = { "cleanup", NULL };
+	char logd[256], logr[256];
+	int st;
+
+	itest_fresh();
+	seed_expired(RETENTION_SLICE_ROWS + 3);
+	exec_ok("UPDATE processed_messages SET outcome = 'held' WHERE source = 'expired'"
+	        " AND message_id IN ('exp-1', 'exp-2')");
+	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
+	        " SELECT CONCAT('old-sent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
+	        " NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 8 DAY FROM seq_1_to_40");
+	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
+	        " SELECT CONCAT('unsent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
+	        " NOW(6) - INTERVAL 9 DAY, NULL FROM seq_1_to_3");
+	log_path(logd, sizeof logd, "cleanup-dry");
+	st = itest_wait_exit(itest_spawn_logged(dry, NULL, logd), WAIT_S);
+	cr_assert_eq(exit_code(st), 0, "status %d, see %s", st, logd);
+	cr_assert_eq(itest_int(EXPIRED_SQL), RETENTION_SLICE_ROWS + 3, "a dry run deleted inbox rows, see %s", logd);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox"), 43, "a dry run deleted outbox rows, see %s", logd);
+	cr_assert(itest_log_has(logd, "dry run"), "the dry run does not say it deleted nothing, see %s", logd);
+	cr_assert_eq(itest_log_sum(logd, "cleanup dry run", "processed_messages"), RETENTION_SLICE_ROWS + 1,
+	             "see %s", logd);
+	cr_assert_eq(itest_log_sum(logd, "cleanup dry run", "outbox"), 40, "see %s", logd);
+	log_path(logr, sizeof logr, "cleanup-after-dry");
+	st = itest_wait_exit(itest_spawn_logged(real, NULL, logr), WAIT_S);
+	cr_assert_eq(exit_code(st), 0, "status %d, see %s", st, logr);
+	cr_assert_eq(itest_log_sum(logr, "cleanup done", "deleted"), RETENTION_SLICE_ROWS + 1 + 40, "see %s", logr);
+}

@@ -397,3 +397,82 @@ Test(faults, deleted_shard_queue_is_named_by_readyz_and_consumed_again, .timeout
 {
 	deleted_queue_case(true);
 }
+
+/* Deliveries of one message (basic.get, reject with requeue) until the
+ * broker takes it out of the inbox queue; at most cap. */
+static int deliveries_until_gone(struct mq *m, const char *queue, int cap)
+{
+	struct mq_delivery d;
+	int n = 0;
+
+	memset(&d, 0, sizeof d);
+	while (n < cap) {
+		int rc = ST_ERR_NOT_FOUND;
+		/* A requeued message is back at once; a short bounded wait
+		 * covers the broker's return. */
+		for (int i = 0; i < 20 && rc == ST_ERR_NOT_FOUND; i++) {
+			rc = mq_get(m, queue, &d);
+			if (rc == ST_ERR_NOT_FOUND)
+				usleep(50 * 1000);
+		}
+		if (rc == ST_ERR_NOT_FOUND)
+			break;
+		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
+		n++;
+		cr_assert_eq(mq_reject(m, d.tag, true), ST_OK);
+		mq_delivery_release(m, &d);
+	}
+	return n;
+}
+
+/* Set (or replace) the test's policy on the inbox queue. */
+static void limit_policy(const struct cfg *c, int limit)
+{
+	char root[4096], cmd[4600];
+
+	snprintf(cmd, sizeof cmd,
+	         "%s ctl set_policy --apply-to queues --priority 10 inbox-test-limit '^%s$'"
+	         " '{\"delivery-limit\": %d, \"dead-letter-exchange\": \"%s\"}' >&2",
+	         itest_source("scripts/stack", root, sizeof root), c->queue, limit, c->dlx);
+	cr_assert_eq(system(cmd), 0, "set_policy failed");
+}
+
+/* The delivery limit of a running queue changes through a policy (README:
+ * "Changing the delivery limit"): no 406, no queue deleted, and the
+ * worker's declaration still passes afterwards.  A policy lowers the limit
+ * the worker declared (x-delivery-limit, 5 here) and cannot raise it: the
+ * broker takes the lower of argument and policy.  Both halves are what the
+ * README tells operators. */
+Test(faults, delivery_limit_policy_changes_a_running_queue, .timeout = 300)
+{
+	char body[512], root[4096], cmd[4600];
+	const struct cfg *c;
+	struct itest_dead dead[2];
+	struct mq *m;
+	int lowered, raised;
+
+	itest_fresh();
+	c = itest_cfg();
+	cr_assert_eq(c->delivery_limit, 5);
+	m = itest_mq(); /* declares the topology as the worker does */
+	limit_policy(c, 1);
+	itest_event(body, sizeof body, "policy-1", "OrderCreated", "o-pol");
+	itest_publish(m, "OrderCreated", body, "policy-1");
+	lowered = deliveries_until_gone(m, c->queue, 20);
+	cr_assert_eq(itest_dlq_drain(dead, 2, 1, 30), 1, "the message is not in the DLQ");
+	cr_assert_str_eq(dead[0].message_id, "policy-1");
+	limit_policy(c, 10);
+	itest_event(body, sizeof body, "policy-2", "OrderCreated", "o-pol2");
+	itest_publish(m, "OrderCreated", body, "policy-2");
+	raised = deliveries_until_gone(m, c->queue, 20);
+	snprintf(cmd, sizeof cmd, "%s ctl clear_policy inbox-test-limit >&2",
+	         itest_source("scripts/stack", root, sizeof root));
+	cr_assert_eq(system(cmd), 0, "clear_policy failed");
+	cr_assert_eq(lowered, 2, "policy delivery-limit 1: dead-lettered after 2 deliveries, not %d", lowered);
+	cr_assert_eq(raised, 6, "policy delivery-limit 10 over argument 5: the argument (6 deliveries), not %d", raised);
+	cr_assert_eq(itest_dlq_drain(dead, 2, 1, 30), 1, "the second message is not in the DLQ");
+	mq_close(&m);
+	/* The queue was not replaced: the worker's declaration still passes. */
+	m = itest_mq();
+	mq_close(&m);
+}

@@ -267,3 +267,196 @@ Test(loadgen, publisher_republishes_after_a_broker_restart, .timeout = 600)
 	itest_stop(w2, SIGTERM, 60);
 	cr_assert_eq(rc, 0, "verify failed, see %s", vlog);
 }
+
+/* The whole report but the lines that may differ between two readings of
+ * the same settled run: none should.  Returns the file's text (malloc). */
+static char *lg_slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = NULL;
+	size_t len = 0;
+
+	cr_assert_not_null(f, "cannot open %s", path);
+	cr_assert_eq(getdelim(&buf, &len, '\0', f) >= 0, true, "cannot read %s", path);
+	fclose(f);
+	return buf;
+}
+
+/* A verifier reads: run twice on one ledger it gives the same report, and
+ * the DLQ and the emitted-message queue keep every message it looked at,
+ * those of other runs included. */
+Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout = 600)
+{
+	char ledger[256], plog[300], v1[300], v2[300], vq[300], body[512];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "twice", "--orders", "30", "--malformed", "6",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver1[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	const char *ver2[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	struct mq_message msg = { .routing_key = "order.OrderCreated", .message_id = "otherrun-1", .mandatory = true };
+	const struct cfg *c;
+	uint32_t dlq_before, vq_before;
+	pid_t w1;
+	char *r1, *r2;
+	struct mq *m;
+
+	itest_fresh();
+	c = itest_cfg();
+	snprintf(vq, sizeof vq, "%s.verify", c->out_exchange);
+	lg_ledger_path(ledger, sizeof ledger, "twice");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(v1, sizeof v1, "%s.verify1.log", ledger);
+	snprintf(v2, sizeof v2, "%s.verify2.log", ledger);
+	w1 = itest_worker(2, NULL);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w1, SIGTERM, 30);
+	/* A dead-letter and an emitted message of another run. */
+	m = itest_mq();
+	itest_event(body, sizeof body, "otherrun-1", "OrderCreated", "otherrun-o1");
+	msg.body = body;
+	msg.len = strlen(body);
+	msg.exchange = c->dlx;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	msg.exchange = c->out_exchange;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	mq_close(&m);
+	dlq_before = itest_queue_depth(c->dlq);
+	vq_before = itest_queue_depth(vq);
+	cr_assert_gt(dlq_before, 1, "the run left no dead-letter to read");
+	cr_assert_gt(vq_before, 1, "the run emitted nothing to read");
+
+	cr_assert_eq(lg_run(ver1, v1, 120), 0, "first verify failed, see %s", v1);
+	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v1);
+	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v1);
+	cr_assert_eq(lg_run(ver2, v2, 120), 0, "second verify failed, see %s", v2);
+	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v2);
+	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v2);
+	r1 = lg_slurp(v1);
+	r2 = lg_slurp(v2);
+	cr_assert_str_eq(r1, r2, "two verifications of one run differ: %s and %s", v1, v2);
+	free(r1);
+	free(r2);
+}
+
+/* Durations as the worker takes them: `--timeout 5m` is five minutes, not
+ * a usage error (the ledger is missing, so verify stops at reading it). */
+Test(loadgen, durations_are_taken_like_the_worker, .timeout = 60)
+{
+	char log[256];
+	const char *ver[] = { "verify", "--ledger", "/nonexistent/ledger.jsonl", "--timeout", "5m", NULL };
+	const char *pub[] = { "publish", "--ledger", "/nonexistent/ledger.jsonl", "--settle-timeout", "2m",
+	                      "--settle-stall", "30s", "--retry-timeout", "1h", NULL };
+	const char *bad[] = { "verify", "--ledger", "/nonexistent/ledger.jsonl", "--timeout", "5 minutes", NULL };
+
+	lg_ledger_path(log, sizeof log, "durations");
+	cr_assert_eq(lg_run(ver, log, 30), 1, "verify --timeout 5m refused, see %s", log);
+	cr_assert(lg_file_has(log, "cannot read", NULL), "verify did not get to the ledger, see %s", log);
+	cr_assert_eq(lg_run(pub, log, 30), 1, "publish refused its durations, see %s", log);
+	cr_assert(lg_file_has(log, "cannot write", NULL), "publish did not get to the ledger, see %s", log);
+	cr_assert_eq(lg_run(bad, log, 30), 2, "a bad duration must be a usage error, see %s", log);
+	cr_assert(lg_file_has(log, "--timeout", "bad duration"), "the error does not name the option, see %s", log);
+}
+
+/* --help lists the settings inbox-loadgen reads, not the worker's pool,
+ * retention or metrics settings. */
+Test(loadgen, help_lists_only_the_settings_it_uses, .timeout = 60)
+{
+	char log[256];
+	const char *help[] = { "--help", NULL };
+
+	lg_ledger_path(log, sizeof log, "help");
+	cr_assert_eq(lg_run(help, log, 30), 0);
+	cr_assert(lg_file_has(log, "INBOX_AMQP_URL", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "INBOX_DB_URL", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "INBOX_DLQ", NULL), "see %s", log);
+	cr_assert(lg_file_has(log, "--timeout", NULL), "see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_THREADS", NULL), "help lists the worker's thread count, see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_RETENTION", NULL), "help lists retention, see %s", log);
+	cr_assert(!lg_file_has(log, "INBOX_METRICS_ADDR", NULL), "help lists the metrics address, see %s", log);
+}
+
+/* The progress line (on a terminal, or with --progress) shows the elapsed
+ * time, a percentage and a smoothed rate, and "ETA --" until the rate is
+ * known.  No worker needed: publishing alone makes progress. */
+Test(loadgen, progress_line_shows_elapsed_percentage_and_eta, .timeout = 120)
+{
+	char ledger[256], plog[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "progress", "--orders", "60", "--dup-rate", "0",
+	                      "--delayed-dups", "0", "--rate", "100", "--connections", "1", "--progress", NULL };
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "progress");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	cr_assert_eq(lg_run(pub, plog, 60), 0, "publish failed, see %s", plog);
+	cr_assert(lg_file_has(plog, "ETA --", "elapsed 0:00"), "no first progress line with ETA --, see %s", plog);
+	cr_assert(lg_file_has(plog, "%)", "msg/s"), "no percentage and rate, see %s", plog);
+	cr_assert(lg_file_has(plog, "ETA 0:0", NULL), "no ETA once the rate is known, see %s", plog);
+}
+
+/* `verify --json` prints one JSON object with every figure of the report,
+ * and they agree with the database, the DLQ and the ledger; the text report
+ * adds the duplicates absorbed. */
+Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .timeout = 600)
+{
+	char ledger[256], plog[300], vlog[300], tlog[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "json", "--orders", "30", "--malformed", "6",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "1m", "--json", NULL };
+	const char *txt[] = { "verify", "--ledger", ledger, "--timeout", "1m", NULL };
+	json_error_t jerr;
+	json_t *o, *rows;
+	int64_t copies;
+	pid_t w;
+	FILE *f;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "json");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.json", ledger);
+	snprintf(tlog, sizeof tlog, "%s.verify.txt", ledger);
+	w = itest_worker(2, NULL);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
+	f = fopen(vlog, "r");
+	cr_assert_not_null(f);
+	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
+	fclose(f);
+	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	cr_assert(json_is_true(json_object_get(o, "ok")), "see %s", vlog);
+	rows = json_object_get(o, "inbox_rows");
+	cr_assert_eq(json_integer_value(json_object_get(rows, "applied")),
+	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'applied'"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(rows, "dead_lettered")),
+	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'dead_lettered'"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "effects"), "exactly_once")),
+	             itest_int("SELECT COUNT(*) FROM order_events"), "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "dead_letters"), "found")),
+	             itest_queue_depth(itest_cfg()->dlq), "see %s", vlog);
+	{
+		json_t *dl = json_object_get(o, "dead_letters"), *v;
+		const char *k;
+		int64_t sum = 0;
+		cr_assert_eq(json_integer_value(json_object_get(dl, "expected")),
+		             json_integer_value(json_object_get(dl, "found")), "see %s", vlog);
+		cr_assert_gt(json_object_size(json_object_get(dl, "copies_by_reason")), 0, "see %s", vlog);
+		json_object_foreach(json_object_get(dl, "copies_by_reason"), k, v)
+			sum += json_integer_value(v);
+		cr_assert_eq(sum, itest_queue_depth(itest_cfg()->dlq), "see %s", vlog);
+	}
+	copies = lg_ledger_int(ledger, "copies_immediate") + lg_ledger_int(ledger, "copies_concurrent") +
+	         lg_ledger_int(ledger, "copies_delayed");
+	cr_assert_gt(copies, 0);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "published")), copies);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "missing"), "total")), 0);
+	cr_assert(json_is_integer(json_object_get(json_object_get(o, "emitted"), "found")), "see %s", vlog);
+	json_decref(o);
+	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
+	cr_assert(lg_file_has(tlog, "duplicates", "absorbed"), "the text report lacks the duplicates, see %s", tlog);
+}

@@ -4,6 +4,7 @@
  * Exit codes (SPEC.md): 0 done, 1 runtime failure, 2 usage or configuration
  * error (one line naming the bad setting).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +14,8 @@
 #include "log.h"
 #include "migrate.h"
 #include "pool.h"
+#include "retention.h"
+#include "status.h"
 
 #define USAGE "usage: inbox-worker run|migrate|cleanup [options]"
 
@@ -21,9 +24,31 @@ static void usage(FILE *f)
 	fprintf(f, "%s\n\n"
 	           "  run       consume the queue and apply each message exactly once\n"
 	           "  migrate   apply the SQL files of the migrations folder not yet applied\n"
-	           "  cleanup   delete inbox rows older than the retention window, then exit\n\n",
+	           "  cleanup   delete inbox rows older than the retention window, then exit\n"
+	           "            (--dry-run: count what it would delete, delete nothing)\n\n",
 	        USAGE);
 	cfg_print_help(f, NULL);
+}
+
+/* `cleanup --dry-run`: the counts a cleanup would delete now, nothing
+ * deleted.  Exit 0, or 1 when the database cannot be read. */
+static int cleanup_dry_run(const struct cfg *conf)
+{
+	struct db *db = NULL;
+	uint64_t inbox_rows = 0, outbox_rows = 0;
+	int rc;
+
+	rc = db_open(&db, &conf->db);
+	if (rc == ST_OK)
+		rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
+	if (rc != ST_OK)
+		LOG(LOG_ERROR, "cleanup dry run failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
+	else
+		LOG(LOG_INFO, "cleanup dry run: would delete these rows, deleted nothing",
+		    LOG_I("processed_messages", inbox_rows), LOG_I("outbox", outbox_rows),
+		    LOG_I("retention_s", conf->retention_s));
+	db_close(&db);
+	return rc == ST_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv)
@@ -31,6 +56,7 @@ int main(int argc, char **argv)
 	struct cfg conf;
 	char err[512];
 	const char *cmd;
+	bool dry_run = false;
 	int code;
 
 	if (argc < 2) {
@@ -49,6 +75,18 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0) {
 		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
 		return 2;
+	}
+	/* cleanup's own flag, taken out before the settings are read. */
+	if (strcmp(cmd, "cleanup") == 0) {
+		int j = 2;
+		for (int i = 2; i < argc; i++) {
+			if (strcmp(argv[i], "--dry-run") == 0)
+				dry_run = true;
+			else
+				argv[j++] = argv[i];
+		}
+		argc = j;
+		argv[argc] = NULL;
 	}
 	/* cfg_load copies what it keeps, so the passwords in argv can go,
 	 * whatever the outcome: they are visible to every local user. */
@@ -78,7 +116,7 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "migrate") == 0)
 		code = migrate_main(&conf);
 	else if (strcmp(cmd, "cleanup") == 0)
-		code = cleanup_main(&conf);
+		code = dry_run ? cleanup_dry_run(&conf) : cleanup_main(&conf);
 	else
 		code = pool_main(&conf);
 	db_global_end();
