@@ -957,6 +957,28 @@ static int inbox_token(int64_t *token)
 
 /* Round trip 1: claim the distinct keys (sorted), lock the orders of ours
  * and read them. */
+/* An order as read under its lock: held count, and status/version/flags
+ * of its row (status NULL: no order yet).  One place for the batch claim
+ * and for hold expiry. */
+static int inbox_order_fill(struct inbox_order *o, const char *id, const struct db_col *held,
+                            const struct db_col *status, const struct db_col *version, const struct db_col *flags)
+{
+	memset(o, 0, sizeof *o);
+	snprintf(o->id, sizeof o->id, "%s", id);
+	o->held = held->i64;
+	if (status->is_null) {
+		o->state = ORDER_NONE;
+		return ST_OK;
+	}
+	int st = order_state_from_name(status->buf);
+	if (st < 0)
+		return ST_ERR_DB;
+	o->state = (enum order_state)st;
+	o->version = version->i64;
+	o->flags = (unsigned)flags->i64;
+	return ST_OK;
+}
+
 static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 {
 	struct jbuf *b = &ib->claim;
@@ -1032,19 +1054,8 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 			if (ib->norders >= n)
 				return ST_ERR_DB;
 			o = &ib->orders[ib->norders++];
-			memset(o, 0, sizeof *o);
-			snprintf(o->id, sizeof o->id, "%s", txt);
-			o->held = c[4].i64;
-			if (c[5].is_null) {
-				o->state = ORDER_NONE;
-			} else {
-				int st = order_state_from_name(status);
-				if (st < 0)
-					return ST_ERR_DB;
-				o->state = (enum order_state)st;
-				o->version = c[6].i64;
-				o->flags = (unsigned)c[7].i64;
-			}
+			if (inbox_order_fill(o, txt, &c[4], &c[5], &c[6], &c[7]) != ST_OK)
+				return ST_ERR_DB;
 		}
 	}
 	for (int k = 0; k < ib->nkeys; k++)
@@ -1172,19 +1183,8 @@ static int inbox_lock_one(struct inbox *ib, const char *order_id, struct inbox_o
 		return ST_ERR_DB; /* we just wrote it */
 	db_stmt_done(ib->lock_read);
 	o = &ib->orders[0];
-	memset(o, 0, sizeof *o);
-	snprintf(o->id, sizeof o->id, "%s", order_id);
-	o->held = c[0].i64;
-	if (c[1].is_null) {
-		o->state = ORDER_NONE;
-	} else {
-		int st = order_state_from_name(status);
-		if (st < 0)
-			return ST_ERR_DB;
-		o->state = (enum order_state)st;
-		o->version = c[2].i64;
-		o->flags = (unsigned)c[3].i64;
-	}
+	if (inbox_order_fill(o, order_id, &c[0], &c[1], &c[2], &c[3]) != ST_OK)
+		return ST_ERR_DB;
 	ib->norders = 1;
 	*out = o;
 	return ST_OK;

@@ -289,33 +289,6 @@ Test(outbox, body_longer_than_a_lowered_max_body_is_relayed, .timeout = 600)
 	free(headers);
 }
 
-/* A minimal HTTP/1.0 GET on loopback; returns the status code. */
-static int http_get(int port, const char *path, char *body, size_t cap)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	char req[256];
-	size_t len = 0;
-	ssize_t r;
-	int fd, status = 0;
-
-	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
-	fd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_geq(fd, 0);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-		close(fd);
-		return 0;
-	}
-	snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
-	while (len + 1 < cap && (r = read(fd, body + len, cap - 1 - len)) > 0)
-		len += (size_t)r;
-	body[len] = '\0';
-	close(fd);
-	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
-		return 0;
-	return status;
-}
-
 /* The value of a sample line; -1 when the metric is absent. */
 static double metric(const char *text, const char *name)
 {
@@ -349,7 +322,7 @@ static double wait_metric(int port, const char *name, double lo, double hi, int 
 	double v = -1;
 
 	for (int i = 0; i < timeout_s * 10; i++) {
-		if (http_get(port, "/metrics", page, sizeof page) == 200) {
+		if (itest_http_get(port, "/metrics", page, sizeof page) == 200) {
 			v = metric(page, name);
 			if (v >= lo && v <= hi)
 				break;
@@ -375,7 +348,7 @@ Test(outbox, failures_and_oldest_pending_on_metrics, .timeout = 600)
 	/* Ready: the worker has declared (and bound) the topology; unbind the
 	 * DLQ after that. */
 	for (int i = 0; i < 600 && code != 200; i++) {
-		code = http_get(port, "/readyz", page, sizeof page);
+		code = itest_http_get(port, "/readyz", page, sizeof page);
 		if (code != 200)
 			usleep(100 * 1000);
 	}
