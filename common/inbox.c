@@ -806,6 +806,10 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	jb_i64(&ib->w[W_DEL], h.id);
 	jb_end(&ib->w[W_DEL]);
 	*settled = true;
+	if (reason == MSG_REASON_NONE && v.decision == ORDER_INVALID)
+		reason = MSG_REASON_INVALID_TRANSITION;
+	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
+	res->released_reason[reason]++;
 	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
 	return ST_OK;

@@ -121,7 +121,8 @@ BEGIN
         ON p.consumer = p_consumer
        AND p.source = CONVERT(m.source USING ascii) COLLATE ascii_bin
        AND p.message_id = CONVERT(m.message_id USING ascii) COLLATE ascii_bin
-       SET p.outcome = m.outcome, p.reason = m.reason, p.processed_at = NOW(6);
+       SET p.outcome = m.outcome, p.reason = m.reason, p.processed_at = NOW(6),
+           p.held_at = IF(m.outcome = 'held', NOW(6), p.held_at);
   END IF;
 
   IF p_l IS NOT NULL THEN
