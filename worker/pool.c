@@ -625,9 +625,10 @@ static void worker_count(const struct inbox_result *res)
 		break;
 	}
 	metrics_released(res->released);
-	for (int o = 0; o < INBOX_OUTCOME_COUNT; o++)
-		if (o != INBOX_DEAD_LETTERED && o != INBOX_HELD && o != INBOX_CONFLICT && o != INBOX_DUPLICATE)
-			metrics_outcome(as[o], res->released_as[o]);
+	metrics_outcome(METRICS_APPLIED, res->released_as[INBOX_APPLIED]);
+	metrics_outcome(METRICS_IGNORED, res->released_as[INBOX_IGNORED]);
+	metrics_outcome(METRICS_COMPENSATED, res->released_as[INBOX_COMPENSATED]);
+	/* the dead-lettered ones (released_as[INBOX_DEAD_LETTERED]) by reason */
 	for (int r = 1; r < MSG_REASON_COUNT; r++)
 		metrics_dead_letter((enum msg_reason)r, res->released_reason[r]);
 }
@@ -842,6 +843,7 @@ static void *janitor_main(void *arg)
 {
 	struct worker *w = arg;
 	int64_t last_housekeeping = 0, last_relay = 0;
+	bool gauge_warned = false;
 	struct janitor_pass pass = { .next_pass_ms = pool_now_ms() + w->conf->cleanup_interval_s * 1000 };
 
 	db_thread_init();
@@ -885,8 +887,10 @@ static void *janitor_main(void *arg)
 				metrics_outbox_pending(pending);
 				metrics_outbox_oldest_pending(oldest);
 			}
-			if (w->gauge == NULL && gauge_open(&w->gauge, w->db, w->conf) != ST_OK)
+			if (w->gauge == NULL && gauge_open(&w->gauge, w->db, w->conf) != ST_OK && !gauge_warned) {
+				gauge_warned = true; /* once: it is retried every second */
 				LOG(LOG_WARN, "held events gauge cannot prepare its statement", LOG_S("error", db_errmsg(w->db)));
+			}
 			if (w->gauge != NULL && gauge_held(w->gauge, &pending, &oldest) == ST_OK)
 				metrics_held_now(pending, oldest);
 		}
