@@ -270,4 +270,9 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	mq_close(&m);
 	st = itest_stop(w, SIGTERM, 60);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit 0 (status %d)", st);
+	/* The last line of the run says the same. */
+	cr_expect_eq(itest_log_sum(logf, " stopped applied=", "dead_lettered"), ndead, "see %s", logf);
+	cr_expect_eq(itest_log_sum(logf, " stopped applied=", "applied"),
+	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'applied'"), "see %s", logf);
+	cr_expect_eq(itest_log_sum(logf, " stopped applied=", "held"), 7, "see %s", logf);
 }
