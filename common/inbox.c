@@ -387,7 +387,9 @@ static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, cons
 	sqlbuf_str(b, outcome);
 	sqlbuf_sql(b, ", reason = ");
 	sqlbuf_str(b, reason);
-	sqlbuf_sql(b, ", processed_at = NOW(6) WHERE consumer = ");
+	/* held_at: the event waited (migration 0012), kept once settled. */
+	sqlbuf_sql(b, strcmp(outcome, "held") == 0 ? ", processed_at = NOW(6), held_at = NOW(6) WHERE consumer = "
+	                                           : ", processed_at = NOW(6) WHERE consumer = ");
 	sqlbuf_str(b, ib->conf->consumer);
 	sqlbuf_sql(b, " AND source = ");
 	sqlbuf_str(b, ev->source);
@@ -710,6 +712,10 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	sqlbuf_item(&ib->w[W_DEL]);
 	sqlbuf_i64(&ib->w[W_DEL], h.id);
 	*settled = true;
+	if (reason == MSG_REASON_NONE && v.decision == ORDER_INVALID)
+		reason = MSG_REASON_INVALID_TRANSITION;
+	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
+	res->released_reason[reason]++;
 	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
 	return ST_OK;
