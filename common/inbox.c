@@ -81,6 +81,9 @@ struct inbox_order {
 	unsigned flags;
 	int64_t version;
 	int64_t held;
+	/* Events of this batch held in memory (inbox_hold): not written
+	 * unless still held when the batch ends. */
+	int pending;
 	/* Not yet written: the row (dirty), the held count (held_dirty), a
 	 * payment that took effect (paid_now), the last amount seen. */
 	bool dirty, held_dirty, paid_now, has_amount;
@@ -123,6 +126,11 @@ struct inbox {
 	struct inbox_key *keys;
 	const struct msg **keymsg;   /* per key (in index order): its first message */
 	const char **order_ids;      /* the batch's orders, sorted, distinct */
+	/* The batch in hand (inbox_run), and its events held in memory: their
+	 * indexes in arrival order, -1 once released. */
+	const struct inbox_in *in;
+	int *pend;
+	int npend;
 	int nkeys;
 	struct inbox_order *orders;
 	int norders;
@@ -232,6 +240,7 @@ void inbox_close(struct inbox **ibp)
 	free(ib->keys);
 	free(ib->keymsg);
 	free(ib->order_ids);
+	free(ib->pend);
 	free(ib->orders);
 	sqlbuf_free(&ib->req);
 	for (int s = 0; s < W_NSECT; s++)
@@ -260,6 +269,7 @@ static int inbox_reserve(struct inbox *ib, int n)
 	GROW(keys);
 	GROW(keymsg);
 	GROW(order_ids);
+	GROW(pend);
 	GROW(orders);
 #undef GROW
 	ib->cap = n;
@@ -377,9 +387,11 @@ static void inbox_forget(struct inbox *ib)
 	ib->nkeys = 0;
 }
 
-/* The final outcome of a key whose claim said 'applied' (or 'held'). */
+/* The final outcome of a key whose claim said 'applied' (or 'held').
+ * waited: the event was held (held_at, migration 0012); a row held in an
+ * earlier transaction has it already. */
 static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, const char *outcome,
-                            const char *reason)
+                            const char *reason, bool waited)
 {
 	struct sqlbuf *b = &ib->w[W_OUTCOME];
 
@@ -387,9 +399,8 @@ static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, cons
 	sqlbuf_str(b, outcome);
 	sqlbuf_sql(b, ", reason = ");
 	sqlbuf_str(b, reason);
-	/* held_at: the event waited (migration 0012), kept once settled. */
-	sqlbuf_sql(b, strcmp(outcome, "held") == 0 ? ", processed_at = NOW(6), held_at = NOW(6) WHERE consumer = "
-	                                           : ", processed_at = NOW(6) WHERE consumer = ");
+	sqlbuf_sql(b, waited ? ", processed_at = NOW(6), held_at = NOW(6) WHERE consumer = "
+	                     : ", processed_at = NOW(6) WHERE consumer = ");
 	sqlbuf_str(b, ib->conf->consumer);
 	sqlbuf_sql(b, " AND source = ");
 	sqlbuf_str(b, ev->source);
@@ -504,13 +515,18 @@ static const char *inbox_reason_of(enum order_decision d)
 	return d == ORDER_INVALID ? "invalid-transition" : NULL;
 }
 
+/* Where an event being carried out comes from: the delivery (its inbox
+ * row says 'applied' from the claim), held_events (its row says 'held'),
+ * or held in memory earlier in this batch (its row says 'applied', and
+ * must say that it waited). */
+enum inbox_src { SRC_LIVE, SRC_HELD_ROW, SRC_HELD_MEM };
+
 /* Carry out a verdict (not ORDER_HOLD) on a locked order: the order's new
  * state, its ledger row, the outbox rows and the inbox outcome go to the
- * write document.  held_row: the event comes from held_events (its inbox
- * row says 'held' and must get the final outcome).  *changed is set when
- * the order changed (held events may now apply). */
+ * write.  *changed is set when the order changed (held events may now
+ * apply). */
 static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
-                     struct order_verdict v, bool held_row, struct inbox_result *res, bool *changed)
+                     struct order_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
 {
 	static const struct {
 		unsigned bit;
@@ -564,8 +580,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 	}
 	for (int i = 0; rc == ST_OK && i < nrows; i++)
 		inbox_w_outrow(ib, &rows[i], ev->order_id);
-	if (rc == ST_OK && (held_row || v.decision != ORDER_APPLY))
-		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision));
+	if (rc == ST_OK && (src != SRC_LIVE || v.decision != ORDER_APPLY))
+		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision), src == SRC_HELD_MEM);
 	for (int i = 0; i < nrows; i++)
 		inbox_outrow_free(&rows[i]);
 	if (rc != ST_OK)
@@ -664,7 +680,7 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
 
 	if (rc == ST_OK) {
 		inbox_w_outrow(ib, &row, raw->order_id);
-		inbox_w_outcome(ib, raw, "dead_lettered", reason);
+		inbox_w_outcome(ib, raw, "dead_lettered", reason, false);
 		res->outbox_rows++;
 	}
 	inbox_outrow_free(&row);
@@ -705,7 +721,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
 	} else {
 		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
-		rc = inbox_act(ib, o, &ev, v, true, res, changed);
+		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed);
 	}
 	if (rc != ST_OK)
 		return rc;
@@ -752,24 +768,68 @@ static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after
 	}
 }
 
-/* Re-evaluate every held event of the order, oldest first, a page at a
- * time, in passes until a pass leaves the order as it found it: an event
- * skipped early in a pass may apply after a later one changed the order.
- * What the transaction decided so far is written before each page is
- * listed, so the list sees the batch's own holds and releases.  Memory
- * stays at one page whatever the number of held events. */
+/* Re-evaluate the order's events held in memory earlier in this batch, in
+ * arrival order (newer than any in held_events): one that can take effect
+ * now does, exactly as if it had just arrived (it was parsed from the
+ * delivery in hand), and never reaches held_events.  *progress: the order
+ * changed. */
+static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
+                                 int *released, bool *progress)
+{
+	for (int k = 0; k < ib->npend && o->pending > 0; k++) {
+		const struct inbox_in *in;
+		struct inbox_event ev;
+		struct order_verdict v;
+		char *props = NULL;
+		bool changed = false;
+		int rc;
+
+		if (ib->pend[k] < 0)
+			continue;
+		in = &ib->in[ib->pend[k]];
+		if (strcmp(in->msg->order_id, o->id) != 0)
+			continue;
+		v = order_decide(o->state, o->flags, in->msg->type);
+		if (v.decision == ORDER_HOLD)
+			continue;
+		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
+		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
+			props = in->props_json(in->props_arg);
+			ev.props = props;
+		}
+		rc = inbox_act(ib, o, &ev, v, SRC_HELD_MEM, res, &changed);
+		free(props);
+		if (rc != ST_OK)
+			return rc;
+		ib->pend[k] = -1;
+		o->pending--;
+		(*released)++;
+		*progress = *progress || changed;
+		res->released_as[(enum inbox_outcome)v.decision]++; /* the enums agree up to DEAD_LETTERED */
+		res->released_reason[v.decision == ORDER_INVALID ? MSG_REASON_INVALID_TRANSITION : MSG_REASON_NONE]++;
+	}
+	return ST_OK;
+}
+
+/* Re-evaluate every held event of the order, oldest first — those in
+ * held_events a page at a time, then those held in memory in this batch —
+ * in passes until a pass leaves the order as it found it: an event skipped
+ * early in a pass may apply after a later one changed the order.  What the
+ * transaction decided so far is written before each page is listed, so
+ * the list sees the batch's own releases.  Memory stays at one page
+ * whatever the number of held events. */
 static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res)
 {
 	struct inbox_held page[INBOX_RELEASE_PAGE];
 	bool progress = true;
 	int released = 0, rc = ST_OK;
 
-	while (rc == ST_OK && progress && o->held > 0) {
+	while (rc == ST_OK && progress && (o->held > 0 || o->pending > 0)) {
 		int64_t after = 0;
 		int n = 0;
 
 		progress = false;
-		do {
+		while (rc == ST_OK && o->held > 0) {
 			rc = inbox_flush(ib, false);
 			if (rc == ST_OK)
 				rc = inbox_held_page(ib, o->id, after, page, INBOX_RELEASE_PAGE, &n);
@@ -786,7 +846,11 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 			}
 			if (n > 0)
 				after = page[n - 1].id;
-		} while (rc == ST_OK && n == INBOX_RELEASE_PAGE && o->held > 0);
+			if (n < INBOX_RELEASE_PAGE)
+				break;
+		}
+		if (rc == ST_OK)
+			rc = inbox_release_pending(ib, o, res, &released, &progress);
 	}
 	inbox_trim(ib);
 	if (rc != ST_OK)
@@ -795,27 +859,37 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 	return ST_OK;
 }
 
-/* Keep the event in held_events and count it on its order's lock row, and
- * record the 'held' outcome. */
-static void inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct inbox_event *ev,
-                       struct inbox_order *o)
+/* Hold an event: in memory for now (the rest of the batch may release
+ * it, and then it never costs a row); inbox_hold_write keeps it in
+ * held_events if it is still held when the batch ends. */
+static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox_order *o)
+{
+	ib->pend[ib->npend++] = (int)(in - ib->in);
+	o->pending++;
+}
+
+/* Keep a still-held event in held_events, count it on its order's lock
+ * row, and record the 'held' outcome. */
+static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_order *o)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
 	struct sqlbuf *b = &ib->w[W_HOLD];
+	struct inbox_event ev;
 
+	inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
 	sqlbuf_row(b);
 	sqlbuf_str(b, ib->conf->consumer);
-	sqlbuf_str(b, ev->source);
-	sqlbuf_str(b, ev->message_id);
-	sqlbuf_str(b, ev->order_id);
-	sqlbuf_str(b, ev->type_name);
-	sqlbuf_str(b, ev->routing_key);
+	sqlbuf_str(b, ev.source);
+	sqlbuf_str(b, ev.message_id);
+	sqlbuf_str(b, ev.order_id);
+	sqlbuf_str(b, ev.type_name);
+	sqlbuf_str(b, ev.routing_key);
 	sqlbuf_str(b, props);
-	sqlbuf_bytes(b, ev->body, ev->len);
+	sqlbuf_bytes(b, ev.body, ev.len);
 	sqlbuf_value(b, "NOW(6)");
 	sqlbuf_row_end(b);
 	free(props);
-	inbox_w_outcome(ib, ev, "held", NULL);
+	inbox_w_outcome(ib, &ev, "held", NULL, true);
 	o->held++;
 	o->held_dirty = true;
 }
@@ -1106,15 +1180,15 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
 	v = order_decide(o->state, o->flags, m->type);
 	if (v.decision == ORDER_HOLD) {
-		inbox_hold(ib, in, &ev, o);
+		inbox_hold(ib, in, o);
 	} else {
 		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
-		rc = inbox_act(ib, o, &ev, v, false, res, &changed);
+		rc = inbox_act(ib, o, &ev, v, SRC_LIVE, res, &changed);
 	}
-	if (rc == ST_OK && changed && o->held > 0)
+	if (rc == ST_OK && changed && (o->held > 0 || o->pending > 0))
 		rc = inbox_release_held(ib, o, res);
 	free(props);
 	if (rc != ST_OK)
@@ -1160,6 +1234,8 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
 	}
+	ib->in = in;
+	ib->npend = 0;
 	rc = inbox_claim(ib, in, n);
 	for (int i = 0; rc == ST_OK && i < n; i++) {
 		const struct inbox_key *k = &ib->keys[ib->key_of[i]];
@@ -1175,6 +1251,15 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 			rc = inbox_decide(ib, &in[i], &res[i]);
 		}
 	}
+	/* What is still held in memory is kept in held_events. */
+	for (int k = 0; rc == ST_OK && k < ib->npend; k++) {
+		if (ib->pend[k] >= 0) {
+			const struct inbox_in *h = &in[ib->pend[k]];
+			inbox_hold_write(ib, h, inbox_find_order(ib, h->msg->order_id));
+		}
+	}
+	ib->in = NULL;
+	ib->npend = 0;
 	return inbox_end(ib, rc, true);
 }
 
@@ -1234,7 +1319,7 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
 	if (rc == ST_OK) {
 		inbox_w_outrow(ib, &row, order_id);
-		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired");
+		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
 		sqlbuf_item(&ib->w[W_DEL]);
 		sqlbuf_i64(&ib->w[W_DEL], id);
 		o->held = o->held > 0 ? o->held - 1 : 0;

@@ -63,6 +63,7 @@ Test(batch, second_event_of_an_order_sees_the_first)
 	struct tb *b = calloc(1, sizeof *b);
 	struct db *d = NULL;
 	struct inbox *ib;
+	uint64_t before;
 
 	itest_fresh();
 	ib = open_inbox(&d, itest_cfg());
@@ -74,7 +75,14 @@ Test(batch, second_event_of_an_order_sees_the_first)
 	 * by the creation behind it, in the same transaction. */
 	tb_add(b, "b2", "PaymentAuthorized", "o-b");
 	tb_add(b, "b1", "OrderCreated", "o-b");
+	before = db_round_trips(d);
 	cr_assert_eq(inbox_run(ib, b->in, b->n, b->res), ST_OK, "%s", db_errmsg(d));
+	/* An event held and released inside one batch never leaves memory:
+	 * still the batch's two requests. */
+	cr_expect_eq(db_round_trips(d) - before, 2, "round trips: %llu", (unsigned long long)(db_round_trips(d) - before));
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'b2' AND outcome = 'applied'"
+	                       " AND held_at IS NOT NULL"), 1, "the event waited: held_at says so");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL"), 1);
 	for (int i = 0; i < 3; i++)
 		cr_expect_eq(b->res[i].outcome, INBOX_APPLIED, "a%d: %s", i + 1, inbox_outcome_name(b->res[i].outcome));
 	cr_expect_eq(b->res[3].outcome, INBOX_HELD);
