@@ -592,8 +592,13 @@ static int db_fetch_grow(struct db_stmt *s, MYSQL_BIND *b, const my_bool *errs, 
 int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 {
 	MYSQL_BIND b[DB_MAX_COLS];
-	my_bool nulls[DB_MAX_COLS];
-	my_bool errs[DB_MAX_COLS];
+	/* Zeroed: Connector/C writes a column's error flag only when it
+	 * truncates that column, so a flag left from the stack read as
+	 * "truncated" and failed the fetch of a column that fitted (seen
+	 * as "column value longer than its buffer" once the caller's stack
+	 * changed). */
+	my_bool nulls[DB_MAX_COLS] = { 0 };
+	my_bool errs[DB_MAX_COLS] = { 0 };
 	int r;
 
 	if (!s->has_result || ncols > DB_MAX_COLS)

@@ -499,7 +499,7 @@ static void worker_relay(struct worker *w)
 			/* A refusal already charged to its row was logged with it. */
 			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
 			    WORKER_KV(w), LOG_I("sent", r.sent),
-			    LOG_S("error", broker ? mq_errmsg(w->publisher) : st_strerror(rc)));
+			    LOG_S("error", broker ? mq_errmsg(w->publisher) : db_errmsg(w->db)));
 			if (broker)
 				mq_close(&w->publisher);
 			return;
