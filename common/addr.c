@@ -81,6 +81,47 @@ static void echo(char *dst, size_t dstlen, const char *s)
 
 /* ---- URLs --------------------------------------------------------------- */
 
+/*
+ * Percent-decode s[0..n) into *out, which the caller frees.  Returns 0, or
+ * -1 with a reason naming `what` (never the text itself: it may be a
+ * password) and *out NULL.
+ */
+int addr_url_decode(const char *s, size_t n, const char *what, char **out, char *err, size_t errlen)
+{
+	char *d = malloc(n + 1);
+	size_t j = 0;
+
+	*out = NULL;
+	if (d == NULL) {
+		set_err(err, errlen, "out of memory");
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] != '%') {
+			d[j++] = s[i];
+			continue;
+		}
+		int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
+		int lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
+
+		if (hi < 0 || lo < 0) {
+			set_err(err, errlen, "bad URL: bad percent escape in %s", what);
+			free(d);
+			return -1;
+		}
+		if (hi == 0 && lo == 0) {
+			set_err(err, errlen, "bad URL: %%00 not allowed in %s", what);
+			free(d);
+			return -1;
+		}
+		d[j++] = (char)(hi * 16 + lo);
+		i += 2;
+	}
+	d[j] = '\0';
+	*out = d;
+	return 0;
+}
+
 
 int addr_url_port(const struct addr_url *v, int *port, char *err, size_t errlen)
 {

@@ -41,6 +41,10 @@ int addr_url_scheme(const char *url, const char *const *schemes, const char *wan
 int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char *err, size_t errlen);
 /* The port of v into *port (left alone when the URL has none): 0 or -1. */
 int addr_url_port(const struct addr_url *v, int *port, char *err, size_t errlen);
+/* Percent-decode s[0..n) into *out (malloc'd, the caller frees).  0, or -1
+ * with a reason naming `what` (never the text: it may be a password) and
+ * *out NULL; %00 is refused. */
+int addr_url_decode(const char *s, size_t n, const char *what, char **out, char *err, size_t errlen);
 /* The URL with its password replaced by "***": safe to log.  malloc'd;
  * NULL when out of memory. */
 char *addr_url_redact(const char *url, const struct addr_url *v);

@@ -94,17 +94,6 @@ static bool is_alnum(char c)
 	return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
-static int hex_value(char c)
-{
-	if (is_digit(c))
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
 static void fmt_duration(char *dst, size_t dstlen, long s)
 {
@@ -182,48 +171,6 @@ too_large:
 }
 
 /* ---- URLs --------------------------------------------------------------- */
-
-/*
- * Percent-decode s[0..n) into *out, which the caller frees.  Returns 0, or
- * -1 with a reason naming `what` (never the text itself: it may be a
- * password) and *out NULL.
- */
-static int pct_decode(const char *s, size_t n, const char *what, char **out,
-                      char *err, size_t errlen)
-{
-	char *d = malloc(n + 1);
-	size_t j = 0;
-
-	*out = NULL;
-	if (d == NULL) {
-		set_err(err, errlen, "out of memory");
-		return -1;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] != '%') {
-			d[j++] = s[i];
-			continue;
-		}
-		int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
-		int lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
-
-		if (hi < 0 || lo < 0) {
-			set_err(err, errlen, "bad URL: bad percent escape in %s", what);
-			free(d);
-			return -1;
-		}
-		if (hi == 0 && lo == 0) {
-			set_err(err, errlen, "bad URL: %%00 not allowed in %s", what);
-			free(d);
-			return -1;
-		}
-		d[j++] = (char)(hi * 16 + lo);
-		i += 2;
-	}
-	d[j] = '\0';
-	*out = d;
-	return 0;
-}
 
 void cfg_amqp_free(struct cfg_amqp *a)
 {
@@ -304,7 +251,7 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 			set_err(err, errlen, "bad URL: TLS options need amqps://");
 			return -1;
 		}
-		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
+		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
 			return -1;
 		if (path == NULL) {
 			bool peer = strcmp(value, "verify_peer") == 0;
@@ -367,11 +314,11 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 		goto fail;
 	}
 	/* rabbitmq-c's rules: user and password default to guest each. */
-	if (pct_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
+	if (addr_url_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
 	               "user name", &a.user, err, errlen) != 0 ||
-	    pct_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
+	    addr_url_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
 	               "password", &a.password, err, errlen) != 0 ||
-	    pct_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
+	    addr_url_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
 	               "vhost", &a.vhost, err, errlen) != 0)
 		goto fail;
 	if (strlen(a.vhost) > 255) {
@@ -536,7 +483,7 @@ static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size
 			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
 			return -1;
 		}
-		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
+		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
 		               err, errlen) != 0)
 			return -1;
 		rc = db_option(d, &t, q, (size_t)(eq - q), value, err, errlen);
@@ -571,10 +518,10 @@ int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errl
 		set_err(err, errlen, "bad URL: missing database name (mysql://user:pass@host/db)");
 		return -1;
 	}
-	if (pct_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
-	    pct_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
+	if (addr_url_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
+	    addr_url_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
 	               err, errlen) != 0 ||
-	    pct_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
+	    addr_url_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
 		goto fail;
 	{
 		size_t n = strlen(d.database);

@@ -527,7 +527,7 @@ static void worker_relay(struct worker *w)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640];
+	char note[400], full[640], last[300] = "";
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
 	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
 	struct mq_message m = {
@@ -540,12 +540,22 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		snprintf(note, sizeof note, "not kept (out of memory)");
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
 	for (int attempt = 0;; attempt++) {
+		char why[300];
+
 		rc = worker_publish(w, &m);
-		if (rc == ST_OK)
+		if (rc == ST_OK) {
+			if (attempt > 0)
+				LOG(LOG_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
+				    LOG_I("attempts", attempt + 1));
 			break;
-		LOG(LOG_WARN, "dead-letter publish failed; message kept, retrying", WORKER_KV(w),
-		    LOG_S("reason", reason), LOG_S("error", st_strerror(rc)),
-		    LOG_S("broker", w->publisher != NULL ? mq_errmsg(w->publisher) : ""), LOG_I("attempt", attempt + 1));
+		}
+		/* Logged when it starts failing and when the broker's answer
+		 * changes, not on every retry (a DLQ unbound for minutes). */
+		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
+		LOG(attempt == 0 || strcmp(why, last) != 0 ? LOG_WARN : LOG_DEBUG,
+		    "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
+		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
+		snprintf(last, sizeof last, "%s", why);
 		if (rc == ST_ERR_MQ_CONN)
 			break;
 		if (atomic_load(&pool_stop)) {
