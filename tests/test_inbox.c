@@ -138,6 +138,8 @@ Test(inbox, log_lines_name_message_outcome_reason_thread_and_version)
 	cr_assert_not(itest_log_has(text_log, "worker=-1"), "the janitor has a name of its own");
 	cr_assert_not(itest_log_has(text_log, "outcome=payload-conflict"));
 
+	/* Bad input: the same outcome word and a reason. */
+	itest_publish(m, "OrderCreated", "{not json", "lw-bad");
 	/* The same in JSON: one key for the message id. */
 	itest_event(body, sizeof body, "lw-3", "PaymentAuthorized", "o-lw");
 	itest_publish(m, "PaymentAuthorized", body, NULL);
@@ -148,6 +150,8 @@ Test(inbox, log_lines_name_message_outcome_reason_thread_and_version)
 	stop_ok(w);
 	mq_close(&m);
 	cr_assert(itest_log_has(json_log, "\"message_id\":\"lw-3\""));
+	cr_assert(itest_log_has(json_log, "\"message_id\":\"lw-bad\",\"outcome\":\"dead_lettered\","
+	                                  "\"reason\":\"malformed-json\""));
 	cr_assert(itest_log_has(json_log, "\"outcome\":\"compensated\""));
 	cr_assert(itest_log_has(json_log, "\"version\":\"" INBOX_VERSION "\""));
 	cr_assert_not(itest_log_has(json_log, "msg_id"));

@@ -73,6 +73,7 @@
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
 #define POOL_BATCH_MAX 500 /* the bound of INBOX_BATCH */
+#define POOL_WHY_MAX 300   /* a link's failure, as logged */
 
 /* The one global: raised by the signal thread, read by workers. */
 static atomic_bool pool_stop;
@@ -104,7 +105,7 @@ struct link_log {
 	bool ever_up;
 	int attempts;
 	int64_t since_ms;
-	char why[256];
+	char why[POOL_WHY_MAX];
 };
 
 struct worker {
@@ -290,7 +291,7 @@ static void link_up(struct worker *w, enum pool_link k)
 
 int pool_db_open(struct db **out, const struct cfg_db *c)
 {
-	char why[300];
+	char why[POOL_WHY_MAX];
 	int rc = db_open_why(out, c, why, sizeof why);
 
 	if (rc == ST_ERR_ACCESS)
@@ -328,7 +329,7 @@ static int worker_refused(struct worker *w, enum pool_link k, const char *what, 
  * schema is not usable. */
 static int worker_db_up(struct worker *w)
 {
-	char why[300];
+	char why[POOL_WHY_MAX];
 
 	while (!atomic_load(&pool_stop)) {
 		int rc;
@@ -348,7 +349,7 @@ static int worker_db_up(struct worker *w)
 			if (rc != ST_OK && w->db != NULL && rc != ST_ERR_DB_CONN) {
 				/* A prepare failing means the schema is missing or
 				 * wrong, or a grant: waiting will not fix it. */
-				char err[300];
+				char err[POOL_WHY_MAX];
 				snprintf(err, sizeof err, "%u %s", db_errno(w->db), db_errmsg(w->db));
 				worker_close_db(w);
 				return worker_refused(w, POOL_LINK_DB, "database not usable: run `inbox-worker migrate`"
@@ -402,7 +403,7 @@ static int worker_consume(struct worker *w)
 
 static int worker_mq_up(struct worker *w)
 {
-	char why[300];
+	char why[POOL_WHY_MAX];
 
 	while (!atomic_load(&pool_stop)) {
 		int rc;
@@ -479,7 +480,7 @@ static void worker_relay(struct worker *w)
 		int rc;
 
 		if (w->publisher == NULL) {
-			char why[300];
+			char why[POOL_WHY_MAX];
 
 			rc = mq_open_why(&w->publisher, &w->conf->amqp, 0, w->name, why, sizeof why);
 			if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_AMQP].ever_up) {
@@ -540,7 +541,7 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		snprintf(note, sizeof note, "not kept (out of memory)");
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
 	for (int attempt = 0;; attempt++) {
-		char why[300];
+		char why[POOL_WHY_MAX];
 
 		rc = worker_publish(w, &m);
 		if (rc == ST_OK) {
@@ -705,8 +706,8 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 			return rc;
 		v[0]->reason = reason;
 		v[0]->done = true;
-		LOG(LOG_WARN, "dead-lettered", WORKER_KV(w), LOG_S("message_id", v[0]->m.message_id),
-		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", detail));
+		/* for the "handled" line worker_handle writes */
+		snprintf(v[0]->m.detail, sizeof v[0]->m.detail, "%.*s", (int)sizeof v[0]->m.detail - 1, detail);
 		return ST_OK;
 	}
 	return rc;
@@ -773,8 +774,17 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 			worker_ack_settled(w, items, n);
 			return rc;
 		}
-		LOG(LOG_WARN, "dead-lettered", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
-		    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("detail", it->m.detail));
+		/* the same line as a dead letter of the transaction's (below);
+		 * order and type only when the body yielded them */
+		if (it->m.order_id[0] != '\0' && it->m.type_name[0] != '\0')
+			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
+			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
+			    LOG_S("detail", it->m.detail));
+		else
+			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
+			    LOG_S("detail", it->m.detail));
 		it->done = true;
 	}
 	if (nvalid > 0) {
@@ -798,6 +808,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		if (it->reason != MSG_REASON_NONE) {
 			mo = METRICS_DEAD_LETTERED; /* retries-exhausted, unprocessable */
 			reason = msg_reason_name(it->reason);
+			snprintf(detail, sizeof detail, "%s", it->m.detail);
 		} else if (it->res.outcome == INBOX_CONFLICT) {
 			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
 			         it->m.message_id, it->m.source);
