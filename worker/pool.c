@@ -1259,7 +1259,7 @@ int pool_main(const struct cfg *conf)
 	    LOG_I("held", metrics_outcome_count(METRICS_HELD)),
 	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
-	    LOG_I("duplicate", metrics_outcome_count(METRICS_DUPLICATE)),
+	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
 done:
 	/* The exit code is decided above; nothing reads workers after this. */
