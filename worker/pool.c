@@ -312,7 +312,7 @@ static int worker_refused(struct worker *w, enum pool_link k, const char *what, 
 	if (!atomic_exchange(&w->shared->refused, true)) {
 		if (what == NULL)
 			log_refused(pool_links[k].name, db ? c->db.user : c->amqp.user,
-			                 db ? c->db.redacted : c->amqp.redacted, why);
+			            db ? c->db.redacted : c->amqp.redacted, why);
 		else
 			LOG(LOG_ERROR, what, LOG_S("link", pool_links[k].name),
 			    LOG_S("user", db ? c->db.user : c->amqp.user),
@@ -528,7 +528,7 @@ static void worker_relay(struct worker *w)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640], last[300] = "";
+	char note[400], full[640], last[POOL_WHY_MAX] = "";
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
 	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
 	struct mq_message m = {
@@ -600,6 +600,7 @@ static const char *item_rk(const struct item *it)
 static int worker_transact(struct worker *w, struct item **v, int n)
 {
 	int attempt = 0, outage = 0;
+	char last[POOL_WHY_MAX] = "";
 
 	for (;;) {
 		int rc = worker_db_up(w);
@@ -616,6 +617,8 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		rc = inbox_run(w->inbox, w->ins, n, w->res);
 		for (i = 0; rc == ST_OK && i < n; i++)
 			v[i]->res = w->res[i];
+		if (rc == ST_OK && outage > 0)
+			LOG(LOG_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
@@ -643,9 +646,16 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		/* A missing table, a privilege, a full disk...: the database's
 		 * fault, not the messages' nor the broker's.  Keep the batch
 		 * and the channel; try again later. */
-		LOG(LOG_ERROR, "transaction failed; messages kept, retrying", WORKER_KV(w),
-		    LOG_I("messages", n), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)),
-		    LOG_I("attempt", outage + 1));
+		{
+			/* Once when it starts and when the error changes, not
+			 * on every retry (a missing table can last). */
+			const char *why = w->db ? db_errmsg(w->db) : st_strerror(rc);
+
+			LOG(outage == 0 || strcmp(why, last) != 0 ? LOG_ERROR : LOG_DEBUG,
+			    "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
+			    LOG_S("error", why), LOG_I("attempt", outage + 1));
+			snprintf(last, sizeof last, "%s", why);
+		}
 		metrics_thread_ready(w->index, false);
 		if (atomic_load(&pool_stop))
 			return ST_ERR_STOPPED;
