@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "config.h"
 
 #define CFG_FILE_MAX 4096  /* a *_URL_FILE larger than this is not a URL */
@@ -91,17 +92,6 @@ static bool is_digit(char c)
 static bool is_alnum(char c)
 {
 	return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-}
-
-static int hex_value(char c)
-{
-	if (is_digit(c))
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
 }
 
 /* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
@@ -182,235 +172,6 @@ too_large:
 
 /* ---- URLs --------------------------------------------------------------- */
 
-/*
- * Percent-decode s[0..n) into *out, which the caller frees.  Returns 0, or
- * -1 with a reason naming `what` (never the text itself: it may be a
- * password) and *out NULL.
- */
-static int pct_decode(const char *s, size_t n, const char *what, char **out,
-                      char *err, size_t errlen)
-{
-	char *d = malloc(n + 1);
-	size_t j = 0;
-
-	*out = NULL;
-	if (d == NULL) {
-		set_err(err, errlen, "out of memory");
-		return -1;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] != '%') {
-			d[j++] = s[i];
-			continue;
-		}
-		int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
-		int lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
-
-		if (hi < 0 || lo < 0) {
-			set_err(err, errlen, "bad URL: bad percent escape in %s", what);
-			free(d);
-			return -1;
-		}
-		if (hi == 0 && lo == 0) {
-			set_err(err, errlen, "bad URL: %%00 not allowed in %s", what);
-			free(d);
-			return -1;
-		}
-		d[j++] = (char)(hi * 16 + lo);
-		i += 2;
-	}
-	d[j] = '\0';
-	*out = d;
-	return 0;
-}
-
-/* The pieces of scheme://user:pass@host:port/path?query, pointing into the
- * URL.  Lengths rather than copies: nothing to free on the error paths. */
-struct url_view {
-	const char *user, *pass, *host, *port, *path, *query;
-	size_t user_len, pass_len, host_len, port_len, path_len, query_len;
-	bool has_user, has_pass, has_port, has_path, has_query;
-};
-
-static int url_port(const struct url_view *v, int *port, char *err, size_t errlen)
-{
-	long p = 0;
-
-	if (!v->has_port)
-		return 0;
-	if (v->port_len == 0) {
-		set_err(err, errlen, "bad URL: missing port after ':'");
-		return -1;
-	}
-	for (size_t i = 0; i < v->port_len; i++) {
-		if (!is_digit(v->port[i])) {
-			set_err(err, errlen, "bad URL: port is not a number");
-			return -1;
-		}
-		if (p <= 65535)
-			p = p * 10 + (v->port[i] - '0');
-	}
-	if (p < 1 || p > 65535) {
-		set_err(err, errlen, "bad URL: port out of range [1, 65535]");
-		return -1;
-	}
-	*port = (int)p;
-	return 0;
-}
-
-/*
- * Split the part after "scheme://".  Only checks the shape; the callers
- * decide what a missing host or a query means for them.
- */
-/* Which of schemes (NULL-terminated, each ending in "://") url starts with,
- * case-insensitively: its index, with *len its length; or -1 with err set
- * (want names the accepted schemes). */
-static int url_scheme(const char *url, const char *const *schemes, const char *want, size_t *len, char *err,
-                      size_t errlen)
-{
-	if (url == NULL || url[0] == '\0') {
-		set_err(err, errlen, "bad URL: empty");
-		return -1;
-	}
-	for (int i = 0; schemes[i] != NULL; i++) {
-		*len = strlen(schemes[i]);
-		if (strncasecmp(url, schemes[i], *len) == 0)
-			return i;
-	}
-	set_err(err, errlen, "bad URL: scheme must be %s", want);
-	return -1;
-}
-
-static int url_split(const char *url, size_t scheme_len, struct url_view *v,
-                     char *err, size_t errlen)
-{
-	const char *p = url + scheme_len;
-	const char *auth_end, *at = NULL, *hp, *colon;
-
-	memset(v, 0, sizeof *v);
-	for (const char *q = url; *q != '\0'; q++) {
-		if ((unsigned char)*q <= 0x20 || *q == 0x7f) {
-			set_err(err, errlen, "bad URL: contains a space or control character");
-			return -1;
-		}
-	}
-	if (strchr(url, '#') != NULL) {
-		set_err(err, errlen, "bad URL: '#' is not allowed (percent-encode it as %%23)");
-		return -1;
-	}
-	auth_end = p + strcspn(p, "/?");
-	/* An '@' past the authority means a user name or password holds an
-	 * unencoded '/' or '?'; parsing on would put part of the password in
-	 * the host or path, and from there into logs. */
-	if (strchr(auth_end, '@') != NULL) {
-		set_err(err, errlen, "bad URL: '@' after the host "
-		        "(percent-encode '/', '?' and '@' in user name and password)");
-		return -1;
-	}
-	for (const char *q = p; q < auth_end; q++)
-		if (*q == '@')
-			at = q; /* the last one: an unencoded '@' in a password */
-	hp = p;
-	if (at != NULL) {
-		const char *c = memchr(p, ':', (size_t)(at - p));
-
-		v->has_user = true;
-		v->user = p;
-		v->user_len = (size_t)((c != NULL ? c : at) - p);
-		if (c != NULL) {
-			v->has_pass = true;
-			v->pass = c + 1;
-			v->pass_len = (size_t)(at - c - 1);
-		}
-		if (v->user_len == 0) {
-			set_err(err, errlen, "bad URL: empty user name");
-			return -1;
-		}
-		hp = at + 1;
-	}
-	if (*hp == '[') {
-		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
-
-		if (close == NULL) {
-			set_err(err, errlen, "bad URL: missing ']' after IPv6 address");
-			return -1;
-		}
-		v->host = hp + 1;
-		v->host_len = (size_t)(close - hp - 1);
-		for (size_t i = 0; i < v->host_len; i++) {
-			if (!(hex_value(v->host[i]) >= 0 || v->host[i] == ':' || v->host[i] == '.')) {
-				set_err(err, errlen, "bad URL: bad IPv6 address");
-				return -1;
-			}
-		}
-		if (v->host_len == 0) {
-			set_err(err, errlen, "bad URL: missing host");
-			return -1;
-		}
-		if (close + 1 != auth_end && close[1] != ':') {
-			set_err(err, errlen, "bad URL: expected ':' or '/' after ']'");
-			return -1;
-		}
-		colon = close + 1 != auth_end ? close + 1 : NULL;
-	} else {
-		colon = memchr(hp, ':', (size_t)(auth_end - hp));
-		v->host = hp;
-		v->host_len = (size_t)((colon != NULL ? colon : auth_end) - hp);
-		if (colon != NULL && memchr(colon + 1, ':', (size_t)(auth_end - colon - 1)) != NULL) {
-			set_err(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
-			return -1;
-		}
-		for (size_t i = 0; i < v->host_len; i++) {
-			char c = v->host[i];
-
-			if (!(is_alnum(c) || c == '.' || c == '-' || c == '_')) {
-				set_err(err, errlen, "bad URL: bad character in host");
-				return -1;
-			}
-		}
-	}
-	if (colon != NULL) {
-		v->has_port = true;
-		v->port = colon + 1;
-		v->port_len = (size_t)(auth_end - colon - 1);
-	}
-	if (*auth_end == '/') {
-		const char *q = strchr(auth_end, '?');
-
-		v->has_path = true;
-		v->path = auth_end + 1;
-		v->path_len = (size_t)((q != NULL ? q : auth_end + strlen(auth_end)) - v->path);
-		auth_end = q != NULL ? q : v->path + v->path_len;
-	}
-	if (*auth_end == '?') {
-		v->has_query = true;
-		v->query = auth_end + 1;
-		v->query_len = strlen(v->query);
-	}
-	return 0;
-}
-
-/* The URL with its password replaced by "***": safe to log.  The caller
- * frees it; NULL when out of memory. */
-static char *url_redact(const char *url, const struct url_view *v)
-{
-	size_t pre, post, n;
-	char *r;
-
-	if (!v->has_pass)
-		return strdup(url);
-	pre = (size_t)(v->pass - url);
-	post = strlen(v->pass + v->pass_len);
-	n = pre + 3 + post;
-	r = malloc(n + 1);
-	if (r == NULL)
-		return NULL;
-	memcpy(r, url, pre);
-	memcpy(r + pre, "***", 3);
-	memcpy(r + pre + 3, v->pass + v->pass_len, post + 1);
-	return r;
-}
-
 void cfg_amqp_free(struct cfg_amqp *a)
 {
 	if (a == NULL)
@@ -490,7 +251,7 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 			set_err(err, errlen, "bad URL: TLS options need amqps://");
 			return -1;
 		}
-		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
+		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
 			return -1;
 		if (path == NULL) {
 			bool peer = strcmp(value, "verify_peer") == 0;
@@ -528,19 +289,19 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 {
 	static const char *const schemes[] = { "amqp://", "amqps://", NULL };
 	struct cfg_amqp a = { 0 };
-	struct url_view v;
+	struct addr_url v;
 	size_t scheme_len;
 	int scheme;
 
 	memset(out, 0, sizeof *out);
-	scheme = url_scheme(url, schemes, "amqp:// or amqps://", &scheme_len, err, errlen);
+	scheme = addr_url_scheme(url, schemes, "amqp:// or amqps://", &scheme_len, err, errlen);
 	if (scheme < 0)
 		return -1;
 	a.tls = scheme == 1;
 	a.tls_verify = a.tls;
 	a.port = a.tls ? 5671 : 5672;
-	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
-	    url_port(&v, &a.port, err, errlen) != 0)
+	if (addr_url_split(url, scheme_len, &v, err, errlen) != 0 ||
+	    addr_url_port(&v, &a.port, err, errlen) != 0)
 		return -1;
 	if (v.host_len == 0) {
 		set_err(err, errlen, "bad URL: missing host");
@@ -553,11 +314,11 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 		goto fail;
 	}
 	/* rabbitmq-c's rules: user and password default to guest each. */
-	if (pct_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
+	if (addr_url_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
 	               "user name", &a.user, err, errlen) != 0 ||
-	    pct_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
+	    addr_url_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
 	               "password", &a.password, err, errlen) != 0 ||
-	    pct_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
+	    addr_url_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
 	               "vhost", &a.vhost, err, errlen) != 0)
 		goto fail;
 	if (strlen(a.vhost) > 255) {
@@ -565,7 +326,7 @@ int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t 
 		goto fail;
 	}
 	a.host = dup_range(v.host, v.host_len);
-	a.redacted = url_redact(url, &v);
+	a.redacted = addr_url_redact(url, &v);
 	if (a.host == NULL || a.redacted == NULL) {
 		set_err(err, errlen, "out of memory");
 		goto fail;
@@ -722,7 +483,7 @@ static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size
 			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
 			return -1;
 		}
-		if (pct_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
+		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
 		               err, errlen) != 0)
 			return -1;
 		rc = db_option(d, &t, q, (size_t)(eq - q), value, err, errlen);
@@ -738,16 +499,16 @@ int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errl
 {
 	static const char *const schemes[] = { "mysql://", "mariadb://", NULL };
 	struct cfg_db d = { 0 };
-	struct url_view v;
+	struct addr_url v;
 	size_t scheme_len;
 
 	memset(out, 0, sizeof *out);
-	if (url_scheme(url, schemes, "mysql:// or mariadb://", &scheme_len, err, errlen) < 0)
+	if (addr_url_scheme(url, schemes, "mysql:// or mariadb://", &scheme_len, err, errlen) < 0)
 		return -1;
 	d.port = 3306;
 	d.connect_timeout_s = 5;
-	if (url_split(url, scheme_len, &v, err, errlen) != 0 ||
-	    url_port(&v, &d.port, err, errlen) != 0)
+	if (addr_url_split(url, scheme_len, &v, err, errlen) != 0 ||
+	    addr_url_port(&v, &d.port, err, errlen) != 0)
 		return -1;
 	if (!v.has_user) {
 		set_err(err, errlen, "bad URL: missing user name (mysql://user:pass@host/db)");
@@ -757,10 +518,10 @@ int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errl
 		set_err(err, errlen, "bad URL: missing database name (mysql://user:pass@host/db)");
 		return -1;
 	}
-	if (pct_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
-	    pct_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
+	if (addr_url_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
+	    addr_url_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
 	               err, errlen) != 0 ||
-	    pct_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
+	    addr_url_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
 		goto fail;
 	{
 		size_t n = strlen(d.database);
@@ -782,7 +543,7 @@ int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errl
 	}
 	/* With ?socket= and no host, the client library wants "localhost". */
 	d.host = v.host_len > 0 ? dup_range(v.host, v.host_len) : strdup("localhost");
-	d.redacted = url_redact(url, &v);
+	d.redacted = addr_url_redact(url, &v);
 	if (d.host == NULL || d.redacted == NULL) {
 		set_err(err, errlen, "out of memory");
 		goto fail;
@@ -927,37 +688,15 @@ static int check_name(const char *v, long max, char *reason, size_t n)
 	return -1;
 }
 
-/* host:port or [v6]:port; "" turns the listener off. */
+/* host:port, :port or [v6]:port (addr_hostport_parse, the parser the
+ * metrics server uses too); "" turns the listener off. */
 static int check_addr(const char *v, char *reason, size_t n)
 {
-	const char *colon;
-	char shown[CFG_ECHO_MAX + 4];
-	long port;
-	bool ok = true;
+	struct addr_hostport a;
 
 	if (v[0] == '\0')
 		return 0;
-	if (v[0] == '[') {
-		const char *close = strchr(v, ']');
-
-		ok = close != NULL && close > v + 1 && close[1] == ':';
-		for (const char *p = v + 1; ok && p < close; p++)
-			ok = hex_value(*p) >= 0 || *p == ':' || *p == '.';
-		colon = ok ? close + 1 : NULL;
-	} else {
-		colon = strchr(v, ':');
-		ok = colon != NULL && colon > v && strchr(colon + 1, ':') == NULL;
-		for (const char *p = v; ok && p < colon; p++)
-			ok = is_alnum(*p) || *p == '.' || *p == '-' || *p == '_';
-	}
-	if (ok)
-		ok = cfg_parse_long(colon + 1, 1, 65535, &port, NULL, 0) == 0;
-	if (ok)
-		return 0;
-	echo(shown, sizeof shown, v);
-	set_err(reason, n, "bad address: '%s' (use host:port, e.g. 127.0.0.1:9464; "
-	        "empty turns it off)", shown);
-	return -1;
+	return addr_hostport_parse(v, &a, reason, n);
 }
 
 /* Parse `raw` into the field of `s`.  On error, reason has no name. */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "log.h"
 #include "status.h"
 
@@ -82,7 +83,24 @@ static int db_map_errno(unsigned e)
 	case ER_SERVER_SHUTDOWN:
 	case ER_CONNECTION_KILLED:
 	case 4031: /* ER_CLIENT_INTERACTION_TIMEOUT */
+	/* The server is full for now: a passing fault like an outage. */
+	case ER_CON_COUNT_ERROR:
+	case ER_TOO_MANY_USER_CONNECTIONS:
 		return ST_ERR_DB_CONN;
+	/* The server refused who we are or what we asked to open: the
+	 * URL (user, password, database) or the account must change, and
+	 * no retry will do it.  Seen at connect. */
+	case ER_ACCESS_DENIED_ERROR:            /* 1045: user or password */
+	case ER_DBACCESS_DENIED_ERROR:          /* 1044: no rights on the database */
+	case ER_BAD_DB_ERROR:                   /* 1049: no such database */
+	case ER_HOST_NOT_PRIVILEGED:            /* 1130: not from this host */
+	case ER_HOST_IS_BLOCKED:                /* 1129: until FLUSH HOSTS */
+	case ER_NOT_SUPPORTED_AUTH_MODE:
+	case ER_ACCESS_DENIED_NO_PASSWORD_ERROR:
+	case ER_MUST_CHANGE_PASSWORD_LOGIN:
+	case ER_ACCOUNT_HAS_BEEN_LOCKED:
+	case CR_AUTH_PLUGIN_CANNOT_LOAD:
+		return ST_ERR_ACCESS;
 	/* The value itself is wrong for its column: retrying cannot help,
 	 * and it is the fault of whoever supplied the value. */
 	case ER_DATA_TOO_LONG:
@@ -188,9 +206,23 @@ static int db_connect(struct db *d)
 	return ST_OK;
 fail:;
 	int rc = db_fail_my(d);
-	/* Any failure while connecting means "no usable connection". */
-	if (rc != ST_ERR_DB_CONN && d->last_errno >= 2000 && d->last_errno < 3000)
+	/* Any other failure while connecting means "no usable connection". */
+	if (rc != ST_ERR_DB_CONN && rc != ST_ERR_ACCESS && d->last_errno >= 2000 && d->last_errno < 3000)
 		rc = ST_ERR_DB_CONN;
+	if (d->last_errno == CR_CONNECTION_ERROR || d->last_errno == CR_CONN_HOST_ERROR) {
+		/* The connector connects without blocking and reports the
+		 * errno of that ("(115)", EINPROGRESS), not the socket's own
+		 * error: ask the socket once more, for the log line. */
+		char why[64];
+
+		addr_probe(c->host, c->port, c->socket, 1000, why, sizeof why);
+		if (c->socket != NULL)
+			snprintf(d->last_error, sizeof d->last_error, "cannot connect to socket %.150s: %s",
+			         c->socket, why);
+		else
+			snprintf(d->last_error, sizeof d->last_error, "cannot connect to %.150s:%d: %s", c->host,
+			         c->port, why);
+	}
 	mysql_close(d->my);
 	d->my = NULL;
 	return rc;
@@ -211,24 +243,31 @@ static int db_stmt_prepare_on(struct db_stmt *s)
 	return ST_OK;
 }
 
-int db_open(struct db **out, const struct cfg_db *conf)
+int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t cap)
 {
 	struct db *d = calloc(1, sizeof *d);
 	int rc;
 
 	*out = NULL;
+	if (why != NULL && cap > 0)
+		why[0] = '\0';
 	if (d == NULL)
 		return ST_ERR_NOMEM;
 	d->conf = conf;
 	rc = db_connect(d);
 	if (rc != ST_OK) {
-		LOG(LOG_WARN, "database connect failed", LOG_S("db", conf->redacted),
-		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		if (why != NULL && cap > 0)
+			snprintf(why, cap, "%u %s", d->last_errno, d->last_error);
 		free(d);
 		return rc;
 	}
 	*out = d;
 	return ST_OK;
+}
+
+int db_open(struct db **out, const struct cfg_db *conf)
+{
+	return db_open_why(out, conf, NULL, 0);
 }
 
 static void db_disconnect(struct db *d)
@@ -529,8 +568,13 @@ static int db_fetch_grow(struct db_stmt *s, MYSQL_BIND *b, const my_bool *errs, 
 int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 {
 	MYSQL_BIND b[DB_MAX_COLS];
-	my_bool nulls[DB_MAX_COLS];
-	my_bool errs[DB_MAX_COLS];
+	/* Zeroed: Connector/C writes a column's error flag only when it
+	 * truncates that column, so a flag left from the stack read as
+	 * "truncated" and failed the fetch of a column that fitted (seen
+	 * as "column value longer than its buffer" once the caller's stack
+	 * changed). */
+	my_bool nulls[DB_MAX_COLS] = { 0 };
+	my_bool errs[DB_MAX_COLS] = { 0 };
 	int r;
 
 	if (!s->has_result || ncols > DB_MAX_COLS)

@@ -11,7 +11,8 @@
  *
  * Errors are translated here and nowhere else: 1062 -> ST_ERR_DB_DUPLICATE,
  * 1213 -> ST_ERR_DB_DEADLOCK, 1205 -> ST_ERR_DB_LOCK_TIMEOUT, 2002/2003/2006/
- * 2013/... -> ST_ERR_DB_CONN, anything else -> ST_ERR_DB.  db_errmsg gives
+ * 2013/... -> ST_ERR_DB_CONN, 1044/1045/1049/... -> ST_ERR_ACCESS, anything
+ * else -> ST_ERR_DB.  db_errmsg gives
  * the server's text for logs.
  *
  * Ownership: db_open returns a handle freed by db_close (NULL-safe, clears
@@ -84,8 +85,14 @@ void db_global_end(void);
 void db_thread_init(void);
 void db_thread_end(void);
 
-/* Connect; ST_ERR_DB_CONN when the server is unreachable. */
+/* Connect.  ST_ERR_DB_CONN when the server is unreachable or full for
+ * now (a passing fault: retry); ST_ERR_ACCESS when it refused the account
+ * or the database (1044, 1045, 1049, ...: a retry cannot help).  Logs
+ * nothing: db_open_why puts the server's number and message, or the
+ * socket's reason ("connection refused", "timed out"), in why for the
+ * caller's one line. */
 int db_open(struct db **out, const struct cfg_db *conf);
+int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t cap);
 void db_close(struct db **d);
 
 /* Drop the connection and connect again, re-preparing every statement. */

@@ -387,3 +387,14 @@ void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, in
 		off += (size_t)w;
 	}
 }
+
+void log_refused(const char *link, const char *user, const char *url, const char *why)
+{
+	bool db = strcmp(link, "db") == 0;
+
+	LOG(LOG_ERROR, db ? "database refused the login: fix the URL's user, password or database, "
+	                    "or the account's grants"
+	                  : "broker refused the login: fix the URL's user, password or vhost, "
+	                    "or the user's permissions on the vhost",
+	    LOG_S("link", link), LOG_S("user", user), LOG_S(db ? "db" : "amqp", url), LOG_S("error", why));
+}

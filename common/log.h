@@ -4,11 +4,18 @@
  * An event is a short message plus key/value context, so that one grep
  * follows one message through the pool:
  *
- *     LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("msg", id),
+ *     LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", id),
  *         LOG_S("outcome", "duplicate"));
  *
- * text:  2026-11-29T18:00:00.123Z info handled worker=3 msg=abc outcome=duplicate
- * json:  {"ts":"...","level":"info","msg":"handled","worker":3,"msg_id":...}
+ * text:  2026-11-29T18:00:00.123Z info handled worker=3 message_id=abc outcome=duplicate
+ * json:  {"ts":"...","level":"info","msg":"handled","worker":3,"message_id":"abc",...}
+ *
+ * A message's id is `message_id` in both formats (SPEC.md's field name;
+ * `msg` is logfmt's key for the event text, which json uses for it).
+ * Outcomes are SPEC.md's outcome names (`applied`, `held`, `ignored`,
+ * `compensated`, `dead_lettered`, `duplicate`); a dead letter adds
+ * `reason=` with its x-inbox-reason (`invalid-transition`, ...).  The
+ * janitor thread is `thread=janitor`, a worker thread `worker=N`.
  *
  * The level check happens before any argument is formatted.  Lines are
  * written with one write(2) so that threads never interleave inside a line.
@@ -44,6 +51,11 @@ const char *log_level_name(enum log_level level);
 
 /* Emit msg with n key/values. Prefer the LOG macros. */
 void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, int n);
+
+/* The one error line every program writes when a server refused its
+ * login (link "db" or "amqp"): the user, the URL without its password and
+ * what the server said, so the operator knows what to fix. */
+void log_refused(const char *link, const char *user, const char *url, const char *why);
 
 #define LOG(level, msg, ...)                                                      \
 	do {                                                                      \

@@ -18,9 +18,10 @@
 #include "log.h"
 
 #if INBOX_HAVE_METRICS
-#include <arpa/inet.h>
 #include <microhttpd.h>
-#include <netinet/in.h>
+#include <unistd.h>
+
+#include "addr.h"
 #endif
 
 #define METRICS_MAX_THREADS 256
@@ -494,27 +495,25 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
 
 int metrics_start(const char *addr)
 {
-	struct sockaddr_in sa;
-	char host[64];
-	const char *colon;
-	long port;
-	char *end;
+	struct addr_hostport a;
+	char err[400];
+	bool v6 = false;
+	int fd;
 
 	if (addr == NULL || addr[0] == '\0')
 		return 0;
-	colon = strrchr(addr, ':');
-	if (colon == NULL || (size_t)(colon - addr) >= sizeof host)
-		goto bad;
-	memcpy(host, addr, (size_t)(colon - addr));
-	host[colon - addr] = '\0';
-	port = strtol(colon + 1, &end, 10);
-	if (*end != '\0' || port < 0 || port > 65535)
-		goto bad;
-	memset(&sa, 0, sizeof sa);
-	sa.sin_family = AF_INET;
-	sa.sin_port = htons((uint16_t)port);
-	if (inet_pton(AF_INET, host[0] ? host : "0.0.0.0", &sa.sin_addr) != 1)
-		goto bad;
+	/* The parser the configuration check used: what it accepted binds. */
+	if (addr_hostport_parse(addr, &a, err, sizeof err) != 0) {
+		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
+		return -1;
+	}
+	/* Our own socket, so that a failed bind says why (a port in use,
+	 * one that needs privileges) and what to do about it. */
+	fd = addr_listen(&a, "INBOX_METRICS_ADDR", &v6, err, sizeof err);
+	if (fd < 0) {
+		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
+		return -1;
+	}
 	/* Health checks must not queue behind clients that connect and say
 	 * nothing (or trickle): an idle connection is closed after
 	 * METRICS_CONN_TIMEOUT_S, one address holds at most
@@ -522,21 +521,20 @@ int metrics_start(const char *addr)
 	 * misbehaving peer leaves room for the prober and the scraper, and a
 	 * local one starves them for one time-out at most.  MHD_USE_AUTO
 	 * picks epoll: select() breaks on descriptors above FD_SETSIZE. */
-	metrics_daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL,
-	                                  NULL, metrics_answer, NULL, MHD_OPTION_SOCK_ADDR, &sa,
+	metrics_daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | (v6 ? MHD_USE_IPv6 : 0),
+	                                  (uint16_t)a.port, NULL, NULL, metrics_answer, NULL,
+	                                  MHD_OPTION_LISTEN_SOCKET, fd,
 	                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONN_LIMIT,
 	                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_PER_IP_LIMIT,
 	                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_CONN_TIMEOUT_S,
 	                                  MHD_OPTION_END);
 	if (metrics_daemon == NULL) {
-		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr));
+		close(fd);
+		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", "the HTTP server did not start"));
 		return -1;
 	}
 	LOG(LOG_INFO, "serving /metrics /healthz /readyz", LOG_S("addr", addr));
 	return 0;
-bad:
-	LOG(LOG_ERROR, "bad metrics address (want IPv4 host:port)", LOG_S("addr", addr));
-	return -1;
 }
 
 void metrics_stop(void)

@@ -22,6 +22,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "addr.h"
 #include "log.h"
 #include "status.h"
 
@@ -101,6 +102,22 @@ static int mq_status(struct mq *m, int status, const char *what)
 	return mq_fail(m, ST_ERR_MQ_CONN, what, amqp_error_string2(status));
 }
 
+/* What a connection.close with code means.  At login, 403 (credentials,
+ * or no rights on the vhost) and 530 (no such vhost) are refusals a retry
+ * cannot fix.  Later, 403, 530, 503 (COMMAND_INVALID: an exchange type the
+ * broker does not have, e.g. x-consistent-hash without its plugin) and 540
+ * are the broker refusing what we asked for.  Anything else (320 the broker
+ * shutting down, 541 an internal error, a frame error) is the connection
+ * failing: reconnect. */
+static int mq_close_code(unsigned code, const char *what)
+{
+	if (strcmp(what, "login") == 0 && (code == 403 || code == 530))
+		return ST_ERR_ACCESS;
+	if (code == 403 || code == 530 || code == 503 || code == 540)
+		return ST_ERR_MQ;
+	return ST_ERR_MQ_CONN;
+}
+
 static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 {
 	char buf[200];
@@ -117,9 +134,7 @@ static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 			amqp_connection_close_t *c = r.reply.decoded;
 			snprintf(buf, sizeof buf, "connection closed by broker: %u %.*s",
 			         c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-			/* A refused login or vhost is not a passing fault. */
-			return mq_fail(m, c->reply_code == 403 || c->reply_code == 530 ? ST_ERR_MQ : ST_ERR_MQ_CONN,
-			               what, buf);
+			return mq_fail(m, mq_close_code(c->reply_code, what), what, buf);
 		}
 		if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 			amqp_channel_close_t *c = r.reply.decoded;
@@ -252,6 +267,12 @@ static int mq_tls_fail(struct mq *m, int status)
 
 int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name)
 {
+	return mq_open_why(out, conf, heartbeat_s, name, NULL, 0);
+}
+
+int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
+                size_t why_cap)
+{
 	struct mq *m = calloc(1, sizeof *m);
 	amqp_socket_t *sock;
 	struct timeval tv = { .tv_sec = 10 };
@@ -260,6 +281,8 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 	int rc, status;
 
 	*out = NULL;
+	if (why != NULL && why_cap > 0)
+		snprintf(why, why_cap, "out of memory");
 	if (m == NULL)
 		return ST_ERR_NOMEM;
 	m->next_seq = 1;
@@ -286,6 +309,17 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 		ERR_clear_error();
 	}
 	status = amqp_socket_open_noblock(sock, conf->host, conf->port, &tv);
+	if (status == AMQP_STATUS_SOCKET_ERROR) {
+		/* rabbitmq-c keeps only "a socket error occurred" (errno is
+		 * its non-blocking connect's EINPROGRESS): find out why. */
+		char reason[64];
+
+		addr_probe(conf->host, conf->port, NULL, 1000, reason, sizeof reason);
+		if (strcmp(reason, "accepted") != 0) {
+			rc = mq_fail(m, ST_ERR_MQ_CONN, "connect", reason);
+			goto fail;
+		}
+	}
 	if (conf->tls && status != AMQP_STATUS_OK && status != AMQP_STATUS_TIMEOUT) {
 		rc = mq_tls_fail(m, status);
 		goto fail;
@@ -324,7 +358,8 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 	*out = m;
 	return ST_OK;
 fail:
-	LOG(LOG_WARN, "broker connect failed", LOG_S("amqp", conf->redacted), LOG_S("error", m->err));
+	if (why != NULL && why_cap > 0)
+		snprintf(why, why_cap, "%s", m->err);
 	mq_close(&m);
 	return rc != ST_OK ? rc : ST_ERR_MQ_CONN;
 }
@@ -454,6 +489,12 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 		e.value.kind = AMQP_FIELD_KIND_UTF8;
 		e.value.value.bytes = amqp_cstring_bytes("order_id");
 		rc = mq_exchange(m, hx, "x-consistent-hash", args);
+		if (rc == ST_ERR_MQ && strstr(m->err, "invalid exchange type") != NULL) {
+			/* The broker lacks the plugin: say what to do. */
+			size_t n = strlen(m->err);
+			snprintf(m->err + n, sizeof m->err - n, "; INBOX_ORDERING=sharded needs the plugin: "
+			         "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange");
+		}
 		if (rc != ST_OK)
 			return rc;
 		amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b("order.#"),

@@ -9,8 +9,10 @@
  * the other's frames.
  *
  * Errors become st_code values: ST_ERR_MQ_CONN when the connection is gone
- * (reconnect), ST_ERR_MQ when the broker refused something (channel closed,
- * e.g. a declare with other arguments, or a publish to a missing exchange),
+ * (reconnect), ST_ERR_ACCESS when the broker refused the login, ST_ERR_MQ
+ * when the broker refused something (channel closed, e.g. a declare with
+ * other arguments, or a publish to a missing exchange; or the connection
+ * closed with 503, e.g. an exchange type it does not have),
  * ST_ERR_MQ_NACK when a publish was nacked or returned unroutable,
  * ST_ERR_TIMEOUT when a bounded wait ran out.
  *
@@ -75,7 +77,15 @@ struct mq_message {
 	int64_t published_us; /* > 0: sent as the MQ_HEADER_PUBLISHED_US header */
 };
 
+/* Connect, log in and open the channel.  ST_ERR_MQ_CONN when the broker
+ * cannot be reached (a passing fault: retry); ST_ERR_ACCESS when it refused
+ * the login (403: user, password or rights on the vhost; 530: no such
+ * vhost), which a retry cannot fix.  Logs nothing: mq_open_why puts the
+ * reason in why ("login: connection closed by broker: 403 ACCESS_REFUSED
+ * ...", "connect: connection refused") for the caller's one line. */
 int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name);
+int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
+                size_t cap);
 void mq_close(struct mq **m);
 /* A short human line for the last broker error (for logs). */
 const char *mq_errmsg(const struct mq *m);

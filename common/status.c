@@ -25,6 +25,7 @@ static const char *const st_strings[] = {
 	[-ST_ERR_NOT_FOUND] = "not found",
 	[-ST_ERR_STOPPED] = "stopped",
 	[-ST_ERR_DB_DATA] = "value refused by the database",
+	[-ST_ERR_ACCESS] = "access refused",
 };
 
 const char *st_strerror(int code)

@@ -30,10 +30,13 @@ enum st_code {
 	ST_ERR_DB_DATA = -17,       /* the database refused a value for its column (too
 	                             * long, invalid characters, out of range): the fault
 	                             * of the data, not of the connection */
+	ST_ERR_ACCESS = -18,        /* a server refused our credentials or their rights:
+	                             * broker 403/530 at login, database 1044/1045/
+	                             * 1049/...; retrying will not fix it */
 };
 
 /* The lowest code, for tests that walk the enum. */
-#define ST_CODE_MIN ST_ERR_DB_DATA
+#define ST_CODE_MIN ST_ERR_ACCESS
 
 /* A static string for code; never NULL, "unknown status" for foreign values. */
 const char *st_strerror(int code);

@@ -196,11 +196,9 @@ static int lg_pub_open(struct lg_run *r, struct mq **m, const char *name, char *
 
 	/* Heartbeats off: between phases the connection may sit idle while
 	 * nothing services it. */
-	rc = mq_open(m, &r->conf->amqp, 0, name);
-	if (rc != ST_OK) {
-		snprintf(err, errlen, "broker connect: %s", st_strerror(rc));
+	rc = mq_open_why(m, &r->conf->amqp, 0, name, err, errlen);
+	if (rc != ST_OK)
 		return -1;
-	}
 	if (mq_confirm_select(*m) != ST_OK) {
 		snprintf(err, errlen, "confirm.select: %s", mq_errmsg(*m));
 		mq_close(m);
@@ -487,7 +485,11 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 		struct db_col c[1] = { DBC_I64() };
 
 		if (d == NULL) {
-			rc = db_open(&d, &conf->db);
+			rc = db_open_why(&d, &conf->db, last_err, sizeof last_err);
+			if (rc == ST_ERR_ACCESS) {
+				log_refused("db", conf->db.user, conf->db.redacted, last_err);
+				return rc;
+			}
 			if (rc == ST_OK)
 				rc = db_prepare(d, &q, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ?"
 				                       " AND message_id LIKE ?");
@@ -501,7 +503,8 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 		if (d != NULL)
 			db_rollback(d);
 		if (rc != ST_OK) {
-			snprintf(last_err, sizeof last_err, "%s", d != NULL ? db_errmsg(d) : st_strerror(rc));
+			if (d != NULL)
+				snprintf(last_err, sizeof last_err, "%s", db_errmsg(d));
 			db_close(&d);
 			q = NULL;
 		} else if (have >= (int64_t)s->originals) {
@@ -538,7 +541,7 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_publish_opts *po)
 {
 	struct mq *m = NULL;
-	char vq[300];
+	char vq[300], why[300];
 	FILE *f;
 	unsigned long long republished = 0, reconnects = 0;
 	int rc;
@@ -561,13 +564,17 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 
 	/* The topology first, and the queue that collects what the worker
 	 * emits, so nothing it publishes during the run is lost to the verifier. */
-	rc = mq_open(&m, &conf->amqp, 0, "inbox-loadgen-setup");
+	rc = mq_open_why(&m, &conf->amqp, 0, "inbox-loadgen-setup", why, sizeof why);
+	if (rc == ST_ERR_ACCESS) {
+		log_refused("amqp", conf->amqp.user, conf->amqp.redacted, why);
+		return 1;
+	}
 	if (rc == ST_OK)
 		rc = mq_declare_topology(m, conf);
 	if (rc == ST_OK)
 		rc = mq_queue_declare_bind(m, vq, conf->out_exchange, "#", true);
 	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: broker setup: %s\n", m ? mq_errmsg(m) : st_strerror(rc));
+		fprintf(stderr, "inbox-loadgen: broker setup: %s\n", m ? mq_errmsg(m) : why);
 		mq_close(&m);
 		return 1;
 	}

@@ -368,16 +368,18 @@ static int v_wait_idle(struct v_state *st, int timeout_s)
 		double now;
 
 		if (m == NULL) {
-			rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
-			if (rc != ST_OK)
-				snprintf(last_err, sizeof last_err, "broker: %s", st_strerror(rc));
+			rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, sizeof last_err);
+			if (rc == ST_ERR_ACCESS) {
+				log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
+				return rc;
+			}
 		}
 		if (st->db == NULL && rc == ST_OK) {
-			rc = db_open(&st->db, &st->conf->db);
-			if (rc != ST_OK) {
-				snprintf(last_err, sizeof last_err, "database: %s",
-				         st->db != NULL ? db_errmsg(st->db) : st_strerror(rc));
-				db_close(&st->db);
+			rc = db_open_why(&st->db, &st->conf->db, last_err, sizeof last_err);
+			if (rc == ST_ERR_ACCESS) {
+				mq_close(&m);
+				log_refused("db", st->conf->db.user, st->conf->db.redacted, last_err);
+				return rc;
 			}
 		}
 		if (rc == ST_OK) {
@@ -613,13 +615,16 @@ static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct
 	uint64_t *tags = NULL;
 	uint32_t ready = 0, after = 0;
 	size_t n = 0;
+	char why[300];
 	int rc;
 
-	rc = mq_open(&m, &st->conf->amqp, 0, "inbox-loadgen-verify");
+	rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", why, sizeof why);
 	if (rc == ST_OK)
 		rc = mq_queue_counts(m, queue, &ready, NULL);
-	if (rc != ST_OK) {
-		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : st_strerror(rc));
+	if (rc == ST_ERR_ACCESS)
+		log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, why);
+	else if (rc != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : why);
 		mq_close(&m);
 		return rc;
 	}

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "cfg.h"
 #include "config.h"
 
@@ -451,15 +452,46 @@ Test(cfg, bad_names_are_rejected)
 
 Test(cfg, bad_metrics_addr_is_rejected)
 {
-	const char *bad[] = { "nohost", ":9464", "h:0", "h:65536", "h:", "h:x", "::1:9464",
-	                      "[::1]", "[]:80", "a b:80" };
+	const char *bad[] = { "nohost", "h:0", "h:65536", "h:", "h:x", "::1:9464", ":",
+	                      "[::1]", "[]:80", "a b:80", "h:080000" };
 
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		char msg[160];
+		char msg[300];
 
 		snprintf(msg, sizeof msg, "INBOX_METRICS_ADDR: bad address: '%s' "
-		         "(use host:port, e.g. 127.0.0.1:9464; empty turns it off)", bad[i]);
+		         "(use host:port, :port or [v6]:port, e.g. 127.0.0.1:9464, localhost:9464, :9464, "
+		         "[::1]:9464; empty turns it off)", bad[i]);
 		expect_env_err("INBOX_METRICS_ADDR", bad[i], msg);
+	}
+}
+
+/* What the check accepts is what the metrics server binds: the same
+ * parser (addr_hostport_parse) reads it in both places. */
+Test(cfg, metrics_addr_takes_hostnames_port_alone_and_v6)
+{
+	const char *good[] = { "localhost:9464", ":9464", "[::1]:9464", "[::]:9464", "0.0.0.0:1",
+	                       "metrics.example-1.internal:65535" };
+	struct { const char *in, *host; int port; bool v6; } parsed[] = {
+		{ "localhost:9464", "localhost", 9464, false },
+		{ ":9464", "", 9464, false },
+		{ "[::1]:80", "::1", 80, true },
+	};
+
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		struct cfg c;
+
+		LOAD_OK(&c, "--metrics-addr", (char *)good[i], NULL);
+		cr_assert_str_eq(c.metrics_addr, good[i]);
+		cfg_free(&c);
+	}
+	for (size_t i = 0; i < sizeof parsed / sizeof parsed[0]; i++) {
+		struct addr_hostport a;
+		char err[256];
+
+		cr_assert_eq(addr_hostport_parse(parsed[i].in, &a, err, sizeof err), 0, "%s", err);
+		cr_assert_str_eq(a.host, parsed[i].host);
+		cr_assert_eq(a.port, parsed[i].port);
+		cr_assert_eq(a.v6, parsed[i].v6);
 	}
 }
 

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "itest.h"
 #include "status.h"
 
@@ -104,6 +105,58 @@ Test(inbox, backlog_acks_are_all_settled_once_idle, .timeout = 300)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), N);
 }
 
+/* Log lines (issue 12, item 5): the message id is message_id in text and
+ * in JSON, outcomes are SPEC.md's names and a dead letter says why, the
+ * janitor has its own name, the start line has the version. */
+Test(inbox, log_lines_name_message_outcome_reason_thread_and_version)
+{
+	char body[512], text_log[256], json_log[256];
+	const char *types[] = { "OrderCreated", "OrderCancelled", "ShipmentCreated" };
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	log_path(text_log, sizeof text_log, "logwords");
+	log_path(json_log, sizeof json_log, "logwords-json");
+	m = itest_mq();
+	for (int i = 0; i < 3; i++) {
+		char id[32];
+		snprintf(id, sizeof id, "lw-%d", i);
+		itest_event(body, sizeof body, id, types[i], "o-lw");
+		itest_publish(m, types[i], body, NULL);
+	}
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", NULL }, text_log);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 3, WAIT_S), 3);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	cr_assert(itest_log_has(text_log, " info starting version=" INBOX_VERSION " "));
+	cr_assert(itest_log_has(text_log, "message_id=lw-0 order=o-lw type=OrderCreated outcome=applied"));
+	cr_assert(itest_log_has(text_log, "message_id=lw-2 order=o-lw type=ShipmentCreated outcome=dead_lettered "
+	                                  "reason=invalid-transition detail=\"ShipmentCreated not allowed on an "
+	                                  "order in state Cancelled\""));
+	cr_assert_not(itest_log_has(text_log, " msg="), "no msg= key");
+	cr_assert_not(itest_log_has(text_log, "worker=-1"), "the janitor has a name of its own");
+	cr_assert_not(itest_log_has(text_log, "outcome=payload-conflict"));
+
+	/* Bad input: the same outcome word and a reason. */
+	itest_publish(m, "OrderCreated", "{not json", "lw-bad");
+	/* The same in JSON: one key for the message id. */
+	itest_event(body, sizeof body, "lw-3", "PaymentAuthorized", "o-lw");
+	itest_publish(m, "PaymentAuthorized", body, NULL);
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", "INBOX_LOG_FORMAT=json", NULL },
+	                        json_log);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 4, WAIT_S), 4);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	stop_ok(w);
+	mq_close(&m);
+	cr_assert(itest_log_has(json_log, "\"message_id\":\"lw-3\""));
+	cr_assert(itest_log_has(json_log, "\"message_id\":\"lw-bad\",\"outcome\":\"dead_lettered\","
+	                                  "\"reason\":\"malformed-json\""));
+	cr_assert(itest_log_has(json_log, "\"outcome\":\"compensated\""));
+	cr_assert(itest_log_has(json_log, "\"version\":\"" INBOX_VERSION "\""));
+	cr_assert_not(itest_log_has(json_log, "msg_id"));
+}
+
 /* The seeds' example: the same PaymentConfirmed handled twice reports
  * processed, then duplicate. */
 Test(inbox, payment_confirmed_twice_is_processed_then_duplicate)
@@ -130,8 +183,8 @@ Test(inbox, payment_confirmed_twice_is_processed_then_duplicate)
 	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "o-7", status, sizeof status));
 	cr_assert_str_eq(status, "Paid");
 	cr_assert_eq(itest_int1("SELECT paid_at IS NOT NULL FROM orders WHERE id = ?", "o-7"), 1);
-	cr_assert(itest_log_has(logf, "msg=pay-7 order=o-7 type=PaymentConfirmed outcome=applied"));
-	cr_assert(itest_log_has(logf, "msg=pay-7 order=o-7 type=PaymentConfirmed outcome=duplicate"));
+	cr_assert(itest_log_has(logf, "message_id=pay-7 order=o-7 type=PaymentConfirmed outcome=applied"));
+	cr_assert(itest_log_has(logf, "message_id=pay-7 order=o-7 type=PaymentConfirmed outcome=duplicate"));
 }
 
 /* Publish every message of a set from `conns` connections at the same

@@ -86,10 +86,10 @@ Test(log, text_line_has_timestamp_level_message_and_fields)
 	const char *out;
 
 	capture_begin();
-	LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("msg", "abc"),
+	LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", "abc"),
 	    LOG_S("outcome", "duplicate"));
 	out = capture_end();
-	cr_assert(matches(out, "^" TS_RE " info handled worker=3 msg=abc outcome=duplicate\n$"),
+	cr_assert(matches(out, "^" TS_RE " info handled worker=3 message_id=abc outcome=duplicate\n$"),
 	          "got: %s", out);
 }
 

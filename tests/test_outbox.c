@@ -200,8 +200,8 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 	mq_close(&m);
 	/* One line when the row started failing and one when it recovered, not
 	 * one per retry. */
-	cr_assert_eq(log_lines(logf, "outbox row failing", "msg=ship-5"), 1);
-	cr_assert_eq(log_lines(logf, "outbox row recovered", "msg=ship-5"), 1);
+	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=ship-5"), 1);
+	cr_assert_eq(log_lines(logf, "outbox row recovered", "message_id=ship-5"), 1);
 }
 
 Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
@@ -246,8 +246,8 @@ Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
 	cr_assert_neq(strstr(why, "headers"), NULL, "the row says why: %s", why);
 	cr_assert(itest_str1("SELECT last_error FROM outbox WHERE message_id = ?", "no-exchange", why, sizeof why));
 	cr_assert_neq(strstr(why, "itest.no.such.exchange"), NULL, "the row says why: %s", why);
-	cr_assert_eq(log_lines(logf, "outbox row failing", "msg=bad-headers"), 1);
-	cr_assert_eq(log_lines(logf, "outbox row failing", "msg=no-exchange"), 1);
+	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=bad-headers"), 1);
+	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=no-exchange"), 1);
 }
 
 Test(outbox, body_longer_than_a_lowered_max_body_is_relayed, .timeout = 600)

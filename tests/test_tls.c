@@ -149,7 +149,7 @@ Test(tls, a_certificate_from_another_ca_is_refused, .timeout = 300)
 	replace1(bad_amqp, sizeof bad_amqp, amqp, "/ca.pem", "/other-ca.pem");
 	log_path_for(log, sizeof log, "wrong-ca-amqp");
 	w = tls_worker(bad_amqp, db, port, log);
-	cr_assert(wait_log(log, "broker connect failed", "tls handshake: SSL peer cert verification failed", 60),
+	cr_assert(wait_log(log, "broker unavailable", "tls handshake: SSL peer cert verification failed", 60),
 	          "no line names the broker and the reason, see %s", log);
 	cr_assert(itest_log_has(log, "amqps://inbox:***@localhost"), "the line names the broker, see %s", log);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
@@ -159,9 +159,9 @@ Test(tls, a_certificate_from_another_ca_is_refused, .timeout = 300)
 	replace1(bad_db, sizeof bad_db, db, "/ca.pem", "/other-ca.pem");
 	log_path_for(log, sizeof log, "wrong-ca-db");
 	w = tls_worker(amqp, bad_db, port, log);
-	cr_assert(wait_log(log, "database connect failed", "certificate", 60),
+	cr_assert(wait_log(log, "database unavailable", "certificate", 60),
 	          "no line names the database and the reason, see %s", log);
-	cr_assert(itest_log_has(log, "errno=2026"), "a TLS error (CR_SSL_CONNECTION_ERROR), see %s", log);
+	cr_assert(itest_log_has(log, "error=\"2026 "), "a TLS error (CR_SSL_CONNECTION_ERROR), see %s", log);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
 	itest_stop(w, SIGTERM, 30);
 }
@@ -252,7 +252,7 @@ Test(tls, a_server_without_tls_is_refused_when_tls_is_asked_for, .timeout = 300)
 	replace1(plain_amqp, sizeof plain_amqp, amqp, tls_port, plain_port);
 	log_path_for(log, sizeof log, "plain-amqp");
 	w = tls_worker(plain_amqp, db, port, log);
-	cr_assert(wait_log(log, "broker connect failed", "tls handshake", 60),
+	cr_assert(wait_log(log, "broker unavailable", "tls handshake", 60),
 	          "no line names the broker and the reason, see %s", log);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
 	itest_stop(w, SIGTERM, 30);
@@ -264,7 +264,7 @@ Test(tls, a_server_without_tls_is_refused_when_tls_is_asked_for, .timeout = 300)
 	         fake.port, dir);
 	log_path_for(log, sizeof log, "plain-db");
 	w = tls_worker(amqp, plain_db_url, port, log);
-	cr_assert(wait_log(log, "database connect failed", "errno=2026", 60),
+	cr_assert(wait_log(log, "database unavailable", "error=\"2026 ", 60),
 	          "no TLS error (CR_SSL_CONNECTION_ERROR) named, see %s", log);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
 	itest_stop(w, SIGTERM, 30);
@@ -391,7 +391,7 @@ Test(tls, server_name_indication_is_the_name_the_certificate_is_checked_against,
 	srv = sni_server(port, slog, &in);
 	w = tls_worker(sni_url(url, sizeof url, "localhost", port, "&server_name_indication=sni.example.test"),
 	               db, mport, wlog);
-	cr_assert(wait_log(wlog, "broker connect failed", "tls handshake: SSL peer cert verification failed", 60),
+	cr_assert(wait_log(wlog, "broker unavailable", "tls handshake: SSL peer cert verification failed", 60),
 	          "a certificate not issued to the SNI name was accepted, see %s", wlog);
 	cr_assert_eq(itest_wait_http(mport, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
 	itest_stop(w, SIGTERM, 30);

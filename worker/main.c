@@ -40,9 +40,10 @@ static int cleanup_dry_run(const struct cfg *conf)
 	uint64_t inbox_rows = 0, outbox_rows = 0;
 	int rc;
 
-	rc = db_open(&db, &conf->db);
-	if (rc == ST_OK)
-		rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
+	rc = pool_db_open(&db, &conf->db);
+	if (rc != ST_OK)
+		return 1; /* said */
+	rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
 	if (rc != ST_OK)
 		LOG(LOG_ERROR, "cleanup dry run failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
 	else

@@ -33,6 +33,7 @@
 #include "db.h"
 #include "log.h"
 #include "msg.h"
+#include "pool.h"
 #include "status.h"
 
 #define MIGRATE_LOCK "inbox-worker.migrate"
@@ -261,12 +262,9 @@ int migrate_main(const struct cfg *conf)
 
 	/* The schema owner's account when one is given: the worker's own
 	 * account may only read and write rows and call the procedures. */
-	rc = db_open(&db, cfg_migrate_db(conf));
-	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", cfg_migrate_db(conf)->redacted),
-		    LOG_S("error", st_strerror(rc)));
-		return 1;
-	}
+	rc = pool_db_open(&db, cfg_migrate_db(conf));
+	if (rc != ST_OK)
+		return 1; /* said */
 	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
 	if (rc != ST_OK) {
 		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),

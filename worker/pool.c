@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "db.h"
 #include "fault.h"
 #include "gauge.h"
@@ -73,17 +74,39 @@
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
 #define POOL_BATCH_MAX 500 /* the bound of INBOX_BATCH */
+#define POOL_WHY_MAX 300   /* a link's failure, as logged */
 
 /* The one global: raised by the signal thread, read by workers. */
 static atomic_bool pool_stop;
 
-/* Workers wake the janitor through this when they committed outbox rows,
- * so emitted messages leave within milliseconds without the worker
- * waiting for the broker's confirms itself. */
-struct kick {
+/* The thread's name in log lines: worker=N, or thread=janitor. */
+#define WORKER_KV(w) ((w)->index >= 0 ? LOG_I("worker", (w)->index) : LOG_S("thread", "janitor"))
+
+/* What the pool's threads share besides the stop flag.  Workers wake the
+ * janitor through mu/cv/pending when they committed outbox rows, so
+ * emitted messages leave within milliseconds without the worker waiting
+ * for the broker's confirms itself.  refused: a refusal that ends the
+ * process was logged, so the other threads, meeting the same, exit
+ * without a word (the operator reads one line, not one per thread). */
+struct pool_shared {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool pending;
+	atomic_bool refused;
+};
+
+/* A link (database or broker) as this thread last reported it: a failing
+ * link is logged when it starts failing and when its reason changes, and
+ * once when it works again; each attempt only at debug level.  ever_up:
+ * the link worked once, so a refusal now is someone changing the server
+ * under a running pool (retried) rather than a wrong setting (fatal). */
+enum pool_link { POOL_LINK_DB = 0, POOL_LINK_AMQP = 1 };
+struct link_log {
+	bool down;
+	bool ever_up;
+	int attempts;
+	int64_t since_ms;
+	char why[POOL_WHY_MAX];
 };
 
 struct worker {
@@ -105,7 +128,8 @@ struct worker {
 	bool consumed_once;   /* a topology refusal after this is not fatal */
 	char name[64];
 	unsigned seed;
-	struct kick *kick;    /* wakes the janitor when outbox rows were committed */
+	struct pool_shared *shared; /* wakes the janitor; says a refusal was logged */
+	struct link_log link[2];    /* by enum pool_link */
 	atomic_int exit_code; /* written by the thread, read by main */
 	struct item *items;   /* INBOX_BATCH deliveries */
 	struct inbox_in *ins; /* the valid ones of a batch, as the inbox takes them */
@@ -207,7 +231,7 @@ static void worker_wait(struct worker *w, int ms)
 	 * database outage): a crash meanwhile must not redeliver it. */
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
-		    LOG_I("worker", w->index));
+		    WORKER_KV(w));
 
 	while (!atomic_load(&pool_stop)) {
 		int64_t left = end - pool_now_ms();
@@ -229,10 +253,86 @@ static void worker_close_db(struct worker *w)
 	db_close(&w->db);
 }
 
-/* Connect (or reconnect) the database side until it works or we stop. */
+static const struct {
+	const char *name, *attempt, *down, *up;
+} pool_links[2] = {
+	[POOL_LINK_DB] = { "db", "database connect attempt failed", "database unavailable, retrying",
+	                   "database reconnected" },
+	[POOL_LINK_AMQP] = { "amqp", "broker connect attempt failed", "broker unavailable, retrying",
+	                     "broker reconnected" },
+};
+
+/* One failed attempt on link k, for why. */
+static void link_failed(struct worker *w, enum pool_link k, const char *why)
+{
+	struct link_log *l = &w->link[k];
+	const struct cfg *c = w->conf;
+
+	l->attempts++;
+	LOG(LOG_DEBUG, pool_links[k].attempt, WORKER_KV(w), LOG_I("attempt", l->attempts), LOG_S("error", why));
+	if (l->down && strcmp(l->why, why) == 0)
+		return;
+	if (!l->down)
+		l->since_ms = pool_now_ms();
+	l->down = true;
+	snprintf(l->why, sizeof l->why, "%s", why);
+	LOG(LOG_WARN, pool_links[k].down, WORKER_KV(w),
+	    LOG_S(pool_links[k].name, k == POOL_LINK_DB ? c->db.redacted : c->amqp.redacted), LOG_S("error", why));
+}
+
+static void link_up(struct worker *w, enum pool_link k)
+{
+	struct link_log *l = &w->link[k];
+
+	if (l->down)
+		LOG(LOG_INFO, pool_links[k].up, WORKER_KV(w), LOG_I("attempts", l->attempts),
+		    LOG_I("down_ms", pool_now_ms() - l->since_ms));
+	l->down = false;
+	l->attempts = 0;
+	l->ever_up = true;
+}
+
+int pool_db_open(struct db **out, const struct cfg_db *c)
+{
+	char why[POOL_WHY_MAX];
+	int rc = db_open_why(out, c, why, sizeof why);
+
+	if (rc == ST_ERR_ACCESS)
+		log_refused("db", c->user, c->redacted, why);
+	else if (rc != ST_OK)
+		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("link", "db"), LOG_S("user", c->user),
+		    LOG_S("db", c->redacted), LOG_S("error", why));
+	return rc;
+}
+
+/* A refusal that ends the process (a wrong setting, not a passing fault):
+ * the first thread that meets one logs it, every thread stops. */
+static int worker_refused(struct worker *w, enum pool_link k, const char *what, const char *why, int rc)
+{
+	const struct cfg *c = w->conf;
+	bool db = k == POOL_LINK_DB;
+
+	if (!atomic_exchange(&w->shared->refused, true)) {
+		if (what == NULL)
+			log_refused(pool_links[k].name, db ? c->db.user : c->amqp.user,
+			            db ? c->db.redacted : c->amqp.redacted, why);
+		else
+			LOG(LOG_ERROR, what, LOG_S("link", pool_links[k].name),
+			    LOG_S("user", db ? c->db.user : c->amqp.user),
+			    LOG_S(pool_links[k].name, db ? c->db.redacted : c->amqp.redacted), LOG_S("error", why));
+	}
+	atomic_store(&w->exit_code, 1);
+	atomic_store(&pool_stop, true);
+	return rc;
+}
+
+/* Connect (or reconnect) the database side until it works or we stop.
+ * ST_ERR_ACCESS (logged, the pool stopping) when the server refuses the
+ * account before this thread ever connected; another error when the
+ * schema is not usable. */
 static int worker_db_up(struct worker *w)
 {
-	int attempt = 0;
+	char why[POOL_WHY_MAX];
 
 	while (!atomic_load(&pool_stop)) {
 		int rc;
@@ -241,36 +341,42 @@ static int worker_db_up(struct worker *w)
 			return ST_OK;
 		if (w->db != NULL) {
 			rc = db_reconnect(w->db);
+			if (rc != ST_OK)
+				snprintf(why, sizeof why, "%u %s", db_errno(w->db), db_errmsg(w->db));
 		} else {
-			rc = db_open(&w->db, &w->conf->db);
+			rc = db_open_why(&w->db, &w->conf->db, why, sizeof why);
 			if (rc == ST_OK)
 				rc = inbox_open(&w->inbox, w->db, w->conf);
 			if (rc == ST_OK)
 				rc = outbox_open(&w->outbox, w->db, w->conf);
-			if (rc != ST_OK && rc != ST_ERR_DB_CONN) {
+			if (rc != ST_OK && w->db != NULL && rc != ST_ERR_DB_CONN) {
 				/* A prepare failing means the schema is missing or
-				 * wrong: waiting will not fix it. */
-				LOG(LOG_ERROR, "database not usable (did you run `inbox-worker migrate`?)",
-				    LOG_I("worker", w->index), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+				 * wrong, or a grant: waiting will not fix it. */
+				char err[POOL_WHY_MAX];
+				snprintf(err, sizeof err, "%u %s", db_errno(w->db), db_errmsg(w->db));
 				worker_close_db(w);
-				return rc;
+				return worker_refused(w, POOL_LINK_DB, "database not usable: run `inbox-worker migrate`"
+				                      " (a table or procedure is missing), or grant the account what it lacks",
+				                      err, rc);
 			}
+			if (rc != ST_OK && w->db != NULL)
+				snprintf(why, sizeof why, "%u %s", db_errno(w->db), db_errmsg(w->db));
 			if (rc != ST_OK)
 				worker_close_db(w);
 		}
 		if (rc == ST_OK) {
-			if (attempt > 0) {
+			if (w->link[POOL_LINK_DB].ever_up)
 				metrics_reconnect(METRICS_PEER_DB);
-				LOG(LOG_INFO, "database reconnected", LOG_I("worker", w->index));
-			}
+			link_up(w, POOL_LINK_DB);
 			return ST_OK;
 		}
+		if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_DB].ever_up)
+			return worker_refused(w, POOL_LINK_DB, NULL, why, rc);
 		worker_ready(w, false);
-		LOG(LOG_WARN, "database unavailable, retrying", LOG_I("worker", w->index),
-		    LOG_I("attempt", attempt + 1), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)));
+		link_failed(w, POOL_LINK_DB, why);
 		/* The thread may hold deliveries (and has prefetched more):
 		 * keep its broker connection alive meanwhile. */
-		worker_wait(w, pool_backoff_ms(w, attempt++, 200));
+		worker_wait(w, pool_backoff_ms(w, w->link[POOL_LINK_DB].attempts - 1, 200));
 	}
 	return ST_ERR_STOPPED;
 }
@@ -293,14 +399,14 @@ static int worker_consume(struct worker *w)
 		rc = mq_consume_start(w->consumer, queue, per, sharded);
 		if (rc != ST_OK)
 			return rc;
-		LOG(LOG_INFO, "consuming", LOG_I("worker", w->index), LOG_S("queue", queue), LOG_I("prefetch", per));
+		LOG(LOG_INFO, "consuming", WORKER_KV(w), LOG_S("queue", queue), LOG_I("prefetch", per));
 	}
 	return ST_OK;
 }
 
 static int worker_mq_up(struct worker *w)
 {
-	int attempt = 0;
+	char why[POOL_WHY_MAX];
 
 	while (!atomic_load(&pool_stop)) {
 		int rc;
@@ -308,36 +414,37 @@ static int worker_mq_up(struct worker *w)
 		if (w->consumer != NULL)
 			return ST_OK;
 		w->ack_pending = 0; /* delivery tags belong to the channel that is gone */
-		rc = mq_open(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name);
+		rc = mq_open_why(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name, why, sizeof why);
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
 		if (rc == ST_OK)
 			rc = worker_consume(w);
 		if (rc == ST_OK) {
-			if (attempt > 0)
+			if (w->link[POOL_LINK_AMQP].ever_up)
 				metrics_reconnect(METRICS_PEER_AMQP);
+			link_up(w, POOL_LINK_AMQP);
 			w->consumed_once = true;
 			return ST_OK;
 		}
-		if (rc == ST_ERR_MQ && w->consumer != NULL) {
-			/* The broker refused a declaration (e.g. the queue exists
-			 * with other arguments).  At start-up that is a
-			 * configuration error: retrying will not help.  Once the
-			 * thread has consumed, someone changed the broker under
-			 * us (a queue deleted and not yet declarable, a limit):
-			 * keep trying, not ready, and say why. */
-			LOG(LOG_ERROR, "broker refused the topology", LOG_I("worker", w->index),
-			    LOG_S("error", mq_errmsg(w->consumer)));
+		if (w->consumer != NULL) {
+			snprintf(why, sizeof why, "%s", mq_errmsg(w->consumer));
 			mq_close(&w->consumer);
-			if (!w->consumed_once)
-				return rc;
-		} else {
-			mq_close(&w->consumer);
-			LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index),
-			    LOG_I("attempt", attempt + 1));
+		}
+		if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_AMQP].ever_up)
+			return worker_refused(w, POOL_LINK_AMQP, NULL, why, rc);
+		if (rc == ST_ERR_MQ && !w->consumed_once) {
+			/* The broker refused a declaration (a queue that exists
+			 * with other arguments, an exchange type it lacks).  At
+			 * start-up that is a configuration error: retrying will
+			 * not help.  Once the thread has consumed, someone
+			 * changed the broker under us (a queue deleted and not
+			 * yet declarable, a limit): keep trying, not ready, and
+			 * say why (link_failed). */
+			return worker_refused(w, POOL_LINK_AMQP, "broker refused the topology", why, rc);
 		}
 		worker_ready(w, false);
-		pool_sleep_ms(pool_backoff_ms(w, attempt++, 200));
+		link_failed(w, POOL_LINK_AMQP, why);
+		pool_sleep_ms(pool_backoff_ms(w, w->link[POOL_LINK_AMQP].attempts - 1, 200));
 	}
 	return ST_ERR_STOPPED;
 }
@@ -375,16 +482,28 @@ static void worker_relay(struct worker *w)
 		struct outbox_round r;
 		int rc;
 
-		if (w->publisher == NULL && mq_open(&w->publisher, &w->conf->amqp, 0, w->name) != ST_OK)
-			return;
+		if (w->publisher == NULL) {
+			char why[POOL_WHY_MAX];
+
+			rc = mq_open_why(&w->publisher, &w->conf->amqp, 0, w->name, why, sizeof why);
+			if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_AMQP].ever_up) {
+				(void)worker_refused(w, POOL_LINK_AMQP, NULL, why, rc);
+				return;
+			}
+			if (rc != ST_OK) {
+				link_failed(w, POOL_LINK_AMQP, why);
+				return; /* the janitor comes back within POOL_RELAY_IDLE_MS */
+			}
+			link_up(w, POOL_LINK_AMQP);
+		}
 		rc = outbox_relay(w->outbox, w->publisher, 64, &r);
 		metrics_outbox_failed(r.failed);
 		if (rc != ST_OK) {
 			bool broker = rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK;
 			/* A refusal already charged to its row was logged with it. */
 			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
-			    LOG_I("worker", w->index), LOG_I("sent", r.sent),
-			    LOG_S("error", broker ? mq_errmsg(w->publisher) : st_strerror(rc)));
+			    WORKER_KV(w), LOG_I("sent", r.sent),
+			    LOG_S("error", broker ? mq_errmsg(w->publisher) : db_errmsg(w->db)));
 			if (broker)
 				mq_close(&w->publisher);
 			return;
@@ -412,7 +531,7 @@ static void worker_relay(struct worker *w)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640];
+	char note[400], full[640], last[POOL_WHY_MAX] = "";
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
 	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
 	struct mq_message m = {
@@ -425,12 +544,22 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		snprintf(note, sizeof note, "not kept (out of memory)");
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
 	for (int attempt = 0;; attempt++) {
+		char why[POOL_WHY_MAX];
+
 		rc = worker_publish(w, &m);
-		if (rc == ST_OK)
+		if (rc == ST_OK) {
+			if (attempt > 0)
+				LOG(LOG_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
+				    LOG_I("attempts", attempt + 1));
 			break;
-		LOG(LOG_WARN, "dead-letter publish failed; message kept, retrying", LOG_I("worker", w->index),
-		    LOG_S("reason", reason), LOG_S("error", st_strerror(rc)),
-		    LOG_S("broker", w->publisher != NULL ? mq_errmsg(w->publisher) : ""), LOG_I("attempt", attempt + 1));
+		}
+		/* Logged when it starts failing and when the broker's answer
+		 * changes, not on every retry (a DLQ unbound for minutes). */
+		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
+		LOG(attempt == 0 || strcmp(why, last) != 0 ? LOG_WARN : LOG_DEBUG,
+		    "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
+		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
+		snprintf(last, sizeof last, "%s", why);
 		if (rc == ST_ERR_MQ_CONN)
 			break;
 		if (atomic_load(&pool_stop)) {
@@ -474,6 +603,7 @@ static const char *item_rk(const struct item *it)
 static int worker_transact(struct worker *w, struct item **v, int n)
 {
 	int attempt = 0, outage = 0;
+	char last[POOL_WHY_MAX] = "";
 
 	for (;;) {
 		int rc = worker_db_up(w);
@@ -490,26 +620,28 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		rc = inbox_run(w->inbox, w->ins, n, w->res);
 		for (i = 0; rc == ST_OK && i < n; i++)
 			v[i]->res = w->res[i];
+		if (rc == ST_OK && outage > 0)
+			LOG(LOG_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
 			if (attempt >= w->conf->max_retries)
 				return ST_ERR_DB_DEADLOCK;
 			metrics_db_retry(); /* counted when it is retried, not when it gives up */
-			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_I("messages", n),
+			LOG(LOG_DEBUG, "transaction retry", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
 			worker_wait(w, pool_backoff_ms(w, attempt++, 10));
 			continue;
 		}
 		if (rc == ST_ERR_DB_DATA) {
-			LOG(LOG_WARN, "database refused a value", LOG_I("worker", w->index), LOG_I("messages", n),
+			LOG(LOG_WARN, "database refused a value", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", db_errmsg(w->db)));
 			return rc;
 		}
 		if (rc == ST_ERR_DB_CONN) {
 			/* Not the messages' fault: keep them and wait for the
 			 * database (worker_db_up reconnects with backoff). */
-			LOG(LOG_WARN, "database connection lost; messages kept", LOG_I("worker", w->index),
+			LOG(LOG_WARN, "database connection lost; messages kept", WORKER_KV(w),
 			    LOG_I("messages", n));
 			worker_ready(w, false);
 			continue;
@@ -517,9 +649,16 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		/* A missing table, a privilege, a full disk...: the database's
 		 * fault, not the messages' nor the broker's.  Keep the batch
 		 * and the channel; try again later. */
-		LOG(LOG_ERROR, "transaction failed; messages kept, retrying", LOG_I("worker", w->index),
-		    LOG_I("messages", n), LOG_S("error", w->db ? db_errmsg(w->db) : st_strerror(rc)),
-		    LOG_I("attempt", outage + 1));
+		{
+			/* Once when it starts and when the error changes, not
+			 * on every retry (a missing table can last). */
+			const char *why = w->db ? db_errmsg(w->db) : st_strerror(rc);
+
+			LOG(outage == 0 || strcmp(why, last) != 0 ? LOG_ERROR : LOG_DEBUG,
+			    "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
+			    LOG_S("error", why), LOG_I("attempt", outage + 1));
+			snprintf(last, sizeof last, "%s", why);
+		}
 		metrics_thread_ready(w->index, false);
 		if (atomic_load(&pool_stop))
 			return ST_ERR_STOPPED;
@@ -580,8 +719,8 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 			return rc;
 		v[0]->reason = reason;
 		v[0]->done = true;
-		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", v[0]->m.message_id),
-		    LOG_S("reason", msg_reason_name(reason)), LOG_S("detail", detail));
+		/* for the "handled" line worker_handle writes */
+		snprintf(v[0]->m.detail, sizeof v[0]->m.detail, "%.*s", (int)sizeof v[0]->m.detail - 1, detail);
 		return ST_OK;
 	}
 	return rc;
@@ -682,8 +821,17 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 			worker_ack_settled(w, items, n);
 			return rc;
 		}
-		LOG(LOG_WARN, "dead-lettered", LOG_I("worker", w->index), LOG_S("msg", it->m.message_id),
-		    LOG_S("reason", msg_reason_name(it->reason)), LOG_S("detail", it->m.detail));
+		/* the same line as a dead letter of the transaction's (below);
+		 * order and type only when the body yielded them */
+		if (it->m.order_id[0] != '\0' && it->m.type_name[0] != '\0')
+			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
+			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
+			    LOG_S("detail", it->m.detail));
+		else
+			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
+			    LOG_S("detail", it->m.detail));
 		it->done = true;
 	}
 	if (nvalid > 0) {
@@ -696,7 +844,11 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 	for (int i = 0; i < nvalid; i++) {
 		struct item *it = valid[i];
-		bool dead = false;
+		/* The outcome is one of SPEC.md's outcome names; a dead
+		 * letter also says why, in x-inbox-reason's words. */
+		const char *outcome = "dead_lettered";
+		const char *reason = NULL;
+		char detail[320] = "";
 
 		if (!it->done)
 			continue; /* handed back by the fault hook */
@@ -704,9 +856,9 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 			/* retries-exhausted, unprocessable: no transaction
 			 * committed, so nothing was released either */
 			metrics_dead_letter(it->reason, 1);
-			dead = true;
+			reason = msg_reason_name(it->reason);
+			snprintf(detail, sizeof detail, "%s", it->m.detail);
 		} else if (it->res.outcome == INBOX_CONFLICT) {
-			char detail[320];
 			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
 			         it->m.message_id, it->m.source);
 			rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
@@ -716,17 +868,27 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 				return rc;
 			}
 			metrics_dead_letter(MSG_REASON_PAYLOAD_CONFLICT, 1);
-			dead = true;
+			reason = "payload-conflict";
 		} else {
-			dead = it->res.outcome == INBOX_DEAD_LETTERED;
 			worker_count(&it->res);
+			outcome = inbox_outcome_name(it->res.outcome);
+			if (it->res.outcome == INBOX_DEAD_LETTERED) {
+				/* its dead-letter copy is in the outbox */
+				reason = msg_reason_name(MSG_REASON_INVALID_TRANSITION);
+				snprintf(detail, sizeof detail, "%s not allowed on an order in state %s",
+				         it->m.type_name, order_state_name(it->res.state));
+			}
 		}
 		outbox_rows += it->res.outbox_rows;
-		LOG(dead ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
-		    LOG_S("msg", it->m.message_id), LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
-		    LOG_S("outcome", it->reason != MSG_REASON_NONE ? msg_reason_name(it->reason)
-		                                                    : inbox_outcome_name(it->res.outcome)),
-		    LOG_I("released", it->res.released));
+		if (reason != NULL)
+			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
+			    LOG_S("outcome", outcome), LOG_S("reason", reason),
+			    LOG_S("detail", detail[0] != '\0' ? detail : NULL), LOG_I("released", it->res.released));
+		else
+			LOG(LOG_DEBUG, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
+			    LOG_S("outcome", outcome), LOG_I("released", it->res.released));
 	}
 	if (fault_hit("after-commit")) {
 		/* Test hook: die between the commit and the ack, as a SIGKILL
@@ -758,10 +920,10 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		if (rc != ST_OK)
 			return rc;
 	}
-	if (outbox_rows > 0 && pthread_mutex_lock(&w->kick->mu) == 0) {
-		w->kick->pending = true;
-		pthread_cond_signal(&w->kick->cv);
-		pthread_mutex_unlock(&w->kick->mu);
+	if (outbox_rows > 0 && pthread_mutex_lock(&w->shared->mu) == 0) {
+		w->shared->pending = true;
+		pthread_cond_signal(&w->shared->cv);
+		pthread_mutex_unlock(&w->shared->mu);
 	}
 	return ST_OK;
 }
@@ -850,24 +1012,32 @@ static void *janitor_main(void *arg)
 	while (!atomic_load(&pool_stop)) {
 		struct timespec until;
 		int64_t now;
+		int rc;
 
 		if (clock_gettime(CLOCK_MONOTONIC, &until) == 0) {
 			until.tv_nsec += POOL_RELAY_IDLE_MS * 1000000L;
 			until.tv_sec += until.tv_nsec / 1000000000L;
 			until.tv_nsec %= 1000000000L;
 		}
-		if (pthread_mutex_lock(&w->kick->mu) == 0) {
-			while (!w->kick->pending && !atomic_load(&pool_stop))
-				if (pthread_cond_timedwait(&w->kick->cv, &w->kick->mu, &until) != 0)
+		if (pthread_mutex_lock(&w->shared->mu) == 0) {
+			while (!w->shared->pending && !atomic_load(&pool_stop))
+				if (pthread_cond_timedwait(&w->shared->cv, &w->shared->mu, &until) != 0)
 					break; /* time-out: relay anyway */
-			w->kick->pending = false;
-			pthread_mutex_unlock(&w->kick->mu);
+			w->shared->pending = false;
+			pthread_mutex_unlock(&w->shared->mu);
 		}
 		now = pool_now_ms();
 		if (now - last_relay < POOL_RELAY_MIN_GAP_MS)
 			pool_sleep_ms((int)(POOL_RELAY_MIN_GAP_MS - (now - last_relay)));
-		if (worker_db_up(w) != ST_OK)
-			continue;
+		rc = worker_db_up(w);
+		if (rc == ST_ERR_STOPPED)
+			break;
+		if (rc != ST_OK) {
+			/* Refused (logged, the pool stopping) */
+			atomic_store(&w->exit_code, 1);
+			atomic_store(&pool_stop, true);
+			break;
+		}
 		worker_relay(w);
 		last_relay = now = pool_now_ms();
 		if (now - last_housekeeping >= POOL_HOUSEKEEPING_MS) {
@@ -917,7 +1087,7 @@ static int worker_consume_again(struct worker *w)
 	int rc;
 
 	worker_ready(w, false);
-	LOG(LOG_WARN, "consumer cancelled by the broker; consuming again", LOG_I("worker", w->index),
+	LOG(LOG_WARN, "consumer cancelled by the broker; consuming again", WORKER_KV(w),
 	    LOG_S("error", mq_errmsg(w->consumer)));
 	rc = worker_ack_flush(w);
 	if (rc == ST_OK)
@@ -925,7 +1095,7 @@ static int worker_consume_again(struct worker *w)
 	if (rc == ST_OK)
 		rc = mq_consume_again(w->consumer);
 	if (rc == ST_OK)
-		LOG(LOG_INFO, "consuming again", LOG_I("worker", w->index));
+		LOG(LOG_INFO, "consuming again", WORKER_KV(w));
 	return rc;
 }
 
@@ -987,7 +1157,7 @@ static void *worker_main(void *arg)
 		 * database and dead-letter faults itself): drop the consumer so
 		 * the broker redelivers what we hold. */
 reset:
-		LOG(LOG_WARN, "broker connection reset", LOG_I("worker", w->index),
+		LOG(LOG_WARN, "broker connection reset", WORKER_KV(w),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
 		worker_ready(w, false);
 		if (w->consumer != NULL)
@@ -997,7 +1167,7 @@ reset:
 	}
 	worker_ready(w, false);
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
-		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", LOG_I("worker", w->index));
+		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
 	mq_close(&w->consumer);
 	mq_close(&w->publisher);
 	worker_close_db(w);
@@ -1041,7 +1211,7 @@ static void pool_assign_shards(const struct cfg *conf, struct worker *w)
 int pool_main(const struct cfg *conf)
 {
 	struct worker *workers = NULL;
-	struct kick kick = { .pending = false };
+	struct pool_shared shared = { .pending = false };
 	pthread_condattr_t ca;
 	sigset_t set;
 	int started = 0, code = 0;
@@ -1057,7 +1227,7 @@ int pool_main(const struct cfg *conf)
 	/* The janitor's timed wait runs on the monotonic clock: a wall clock
 	 * step must not stall the outbox. */
 	if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
-	    pthread_cond_init(&kick.cv, &ca) != 0 || pthread_mutex_init(&kick.mu, NULL) != 0) {
+	    pthread_cond_init(&shared.cv, &ca) != 0 || pthread_mutex_init(&shared.mu, NULL) != 0) {
 		LOG0(LOG_ERROR, "cannot initialise the janitor's condition variable");
 		return 1;
 	}
@@ -1074,14 +1244,14 @@ int pool_main(const struct cfg *conf)
 	}
 	metrics_set_threads(conf->threads);
 	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
-	LOG(LOG_INFO, "starting", LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
+	LOG(LOG_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
 	for (int i = 0; i < nthreads; i++) {
 		struct worker *w = &workers[i];
 		bool janitor = i == conf->threads;
 		w->index = janitor ? -1 : i;
 		w->conf = conf;
-		w->kick = &kick;
+		w->shared = &shared;
 		w->seed = (unsigned)time(NULL) ^ (unsigned)getpid() ^ (unsigned)(i * 2654435761u);
 		snprintf(w->name, sizeof w->name, "inbox-worker pid=%d %s=%d", (int)getpid(),
 		         janitor ? "janitor" : "thread", i);
@@ -1157,8 +1327,8 @@ done:
 			free(workers[i].res);
 		}
 	free(workers);
-	pthread_cond_destroy(&kick.cv);
-	pthread_mutex_destroy(&kick.mu);
+	pthread_cond_destroy(&shared.cv);
+	pthread_mutex_destroy(&shared.mu);
 	return code;
 }
 
@@ -1182,9 +1352,10 @@ int cleanup_main(const struct cfg *conf)
 	uint64_t deleted = 0;
 	int rc;
 
-	rc = db_open(&db, &conf->db);
-	if (rc == ST_OK)
-		rc = retention_open(&ret, db, conf);
+	rc = pool_db_open(&db, &conf->db);
+	if (rc != ST_OK)
+		return 1; /* said */
+	rc = retention_open(&ret, db, conf);
 	if (rc == ST_OK)
 		rc = retention_run(ret, &lim, &state, &deleted);
 	if (rc == ST_OK && state == RETENTION_MORE)

@@ -14,6 +14,12 @@
 /* Runs until SIGTERM/SIGINT; returns a process exit code. */
 int pool_main(const struct cfg *conf);
 
+/* db_open for the one-shot commands (migrate, cleanup): on failure, the
+ * one line that says why (log_refused for a refused login). */
+struct db;
+struct cfg_db;
+int pool_db_open(struct db **out, const struct cfg_db *c);
+
 /* `inbox-worker cleanup`: one retention pass; returns an exit code. */
 int cleanup_main(const struct cfg *conf);
 
