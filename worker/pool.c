@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "db.h"
+#include "dlq.h"
 #include "fault.h"
 #include "inbox.h"
 #include "log.h"
@@ -409,15 +410,23 @@ static void worker_relay(struct worker *w)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640];
+	char note[400], full[640], at[32], deliveries[24];
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
-	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
+	/* When, and after how many deliveries: what `inbox-worker dlq list`
+	 * shows (the quorum queue counts earlier deliveries). */
+	struct mq_header h[4] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full },
+		                  { DLQ_HEADER_AT, at }, { DLQ_HEADER_DELIVERIES, deliveries } };
 	struct mq_message m = {
 		.exchange = w->conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
-		.props_json = props, .headers = h, .nheaders = 2, .mandatory = true,
+		.props_json = props, .headers = h, .nheaders = 4, .mandatory = true,
 	};
+	time_t now = time(NULL);
+	struct tm tm;
 	int rc;
 
+	if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(at, sizeof at, "unknown");
+	snprintf(deliveries, sizeof deliveries, "%lld", (long long)d->delivery_count + 1);
 	if (props == NULL)
 		snprintf(note, sizeof note, "not kept (out of memory)");
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
