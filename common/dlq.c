@@ -738,10 +738,20 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 	if (!r->o->dry_run) {
 		if (v == DLQ_V_REOPEN) {
 			char sha[65];
-			struct db_param p[4] = { DBP_STR(r->conf->consumer), DBP_STR(e->m.source),
-				                 DBP_STR(e->m.message_id), DBP_STR(sha) };
+			struct db_param p[4];
+			uint64_t reopened = 0;
+
 			msg_sha256_hex(e->m.sha256, sha);
-			rc = db_stmt_exec(r->q_reopen, p, 4, NULL);
+			p[0] = DBP_STR(r->conf->consumer);
+			p[1] = DBP_STR(e->m.source);
+			p[2] = DBP_STR(e->m.message_id);
+			p[3] = DBP_STR(sha);
+			rc = db_stmt_exec(r->q_reopen, p, 4, &reopened);
+			/* 0: claimed again since the judgement (a concurrent
+			 * replay): the copy is then a duplicate, still safe. */
+			if (rc == ST_OK && reopened == 0)
+				LOG(LOG_INFO, "the key was claimed again meanwhile; the copy will be a duplicate",
+				    LOG_S("msg", e->m.message_id));
 			if (rc == ST_OK)
 				rc = db_commit(r->db);
 			if (rc != ST_OK) {

@@ -34,6 +34,7 @@ static struct {
 	atomic_int_fast64_t outbox_pending;
 	atomic_uint_fast64_t outbox_failed;
 	atomic_int_fast64_t outbox_oldest_ms;
+	atomic_int_fast64_t dlq_depth;       /* stored + 1: 0 means never read */
 	atomic_uint_fast64_t redelivered;
 	atomic_int threads;
 	atomic_bool ready[METRICS_MAX_THREADS];
@@ -93,6 +94,11 @@ void metrics_outbox_failed(int n)
 {
 	if (n > 0)
 		atomic_fetch_add_explicit(&metrics.outbox_failed, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_dlq_depth(int64_t n)
+{
+	atomic_store_explicit(&metrics.dlq_depth, n < 0 ? 0 : n + 1, memory_order_relaxed);
 }
 
 void metrics_outbox_oldest_pending(double seconds)
@@ -254,6 +260,12 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",
 	            (double)atomic_load(&metrics.outbox_oldest_ms) / 1000.0);
+	/* Absent until the janitor read it: a 0 would claim an empty DLQ. */
+	if (atomic_load(&metrics.dlq_depth) > 0)
+		metrics_put(&b, "# HELP inbox_dlq_messages Messages ready in the dead-letter queue, as this process last read it.\n"
+		                "# TYPE inbox_dlq_messages gauge\n"
+		                "inbox_dlq_messages %lld\n",
+		            (long long)atomic_load(&metrics.dlq_depth) - 1);
 	return b.overflow ? -1 : (int)b.len;
 }
 

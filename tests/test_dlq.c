@@ -254,3 +254,135 @@ Test(dlq, list_on_a_quorum_dlq_keeps_count_and_order)
 	(void)mq_queue_delete(m, q);
 	mq_close(&m);
 }
+
+/* Wait (bounded) until queue holds want ready messages; the last depth. */
+static uint32_t wait_depth(const char *queue, uint32_t want, int timeout_s)
+{
+	uint32_t n = 0;
+
+	for (int i = 0; i < timeout_s * 10; i++) {
+		n = itest_queue_depth(queue);
+		if (n == want)
+			break;
+		usleep(100 * 1000);
+	}
+	return n;
+}
+
+static char out[1 << 20];
+
+static int replay(const char *const *args, const char *const *env)
+{
+	const char *a[16] = { "replay" };
+	int n = 1;
+
+	for (int i = 0; args != NULL && args[i] != NULL; i++)
+		a[n++] = args[i];
+	a[n] = NULL;
+	return run_dlq(a, env, out, sizeof out, "dlq-replay.log");
+}
+
+/* The ids and replay counts of a list, as one string ("id:replays ..."). */
+static void list_signature(char *buf, size_t cap)
+{
+	json_t *doc = list_json(NULL, NULL);
+	json_t *e;
+	size_t i, len = 0;
+
+	buf[0] = '\0';
+	json_array_foreach(json_object_get(doc, "dead_letters"), i, e) {
+		int k = snprintf(buf + len, cap - len, "%s:%s:%lld ", json_string_value(json_object_get(e, "message_id")),
+		                 json_string_value(json_object_get(e, "reason")),
+		                 (long long)json_integer_value(json_object_get(e, "replays")));
+		cr_assert(k > 0 && (size_t)k < cap - len);
+		len += (size_t)k;
+	}
+	json_decref(doc);
+}
+
+/*
+ * The issue's case: payments arrive for orders that do not exist (the
+ * order service was down) and their holds expire.  Replayed before the
+ * orders exist, they are left (replay would only hold them again);
+ * after, replay applies each exactly once, although the first replay is
+ * SIGKILLed between the broker's confirm of a copy and the removal of its
+ * dead letter, and a second replay sends that one again.
+ */
+Test(dlq, replay_of_a_fixed_cause_applies_once_also_after_sigkill)
+{
+	enum { N = 20 };
+	const char *wenv[] = { "INBOX_HOLD_TTL=1s", NULL };
+	const char *dlq = NULL;
+	char body[512], id[32], order[32], before[8192], after[8192];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	w = itest_worker_logged(2, wenv, "dlq-worker.log");
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "pay-%02d", i);
+		snprintf(order, sizeof order, "ro-%02d", i);
+		itest_event(body, sizeof body, id, "PaymentAuthorized", order);
+		itest_publish_async(m, "PaymentAuthorized", body, NULL);
+	}
+	itest_confirm_all(m);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'", N, 60), N);
+	cr_assert_eq(wait_depth(dlq, N, 60), N, "the expired holds did not all reach the DLQ");
+
+	/* The cause is not fixed yet: nothing is replayed. */
+	st = replay(NULL, NULL);
+	cr_assert(exited_0(st), "replay exit %d: %s", st, out);
+	cr_expect(strstr(out, "replayed 0") != NULL && strstr(out, "prerequisite-missing 20") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), N);
+
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "create-%02d", i);
+		snprintf(order, sizeof order, "ro-%02d", i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish_async(m, "OrderCreated", body, NULL);
+	}
+	itest_confirm_all(m);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Created'", N, 60), N);
+
+	/* --dry-run: says what it would do, changes nothing. */
+	list_signature(before, sizeof before);
+	{
+		const char *a[] = { "--dry-run", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st), "replay --dry-run exit %d: %s", st, out);
+	cr_expect(strstr(out, "would replay 20") != NULL, "%s", out);
+	list_signature(after, sizeof after);
+	cr_assert_str_eq(after, before, "a dry run changed the DLQ");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'"), N);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Created'"), N);
+
+	/* Killed after the tenth copy was confirmed, before its dead letter
+	 * was removed. */
+	{
+		const char *env[] = { "INBOX_FAULT=dlq-replay-after-confirm", "INBOX_FAULT_SKIP=9", NULL };
+		const char *a[] = { "--reason", "hold-expired", NULL };
+		st = replay(a, env);
+	}
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the replay was not killed (status %d): %s", st, out);
+	cr_assert_eq(wait_depth(dlq, N - 9, 10), N - 9, "nine dead letters removed, the tenth back in the queue");
+
+	st = replay(NULL, NULL);
+	cr_assert(exited_0(st), "replay exit %d: %s", st, out);
+	cr_expect(strstr(out, "replayed 11") != NULL, "%s", out);
+
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Paid'", N, 60), N);
+	itest_wait_queue_empty(itest_cfg()->queue, 60);
+	cr_assert_eq(itest_queue_depth(dlq), 0);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE type = 'PaymentAuthorized'"), N,
+	             "each payment took effect exactly once");
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), 2 * N);
+	cr_expect_eq(itest_int("SELECT SUM(version) FROM orders"), 2 * N);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id LIKE 'pay-%'"
+	                       " AND outcome = 'applied'"), N);
+	mq_close(&m);
+	itest_stop(w, SIGTERM, 30);
+}

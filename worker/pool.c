@@ -802,6 +802,25 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 		    LOG_I("ms", now - p->started_ms), LOG_I("retention_s", w->conf->retention_s));
 }
 
+/* The DLQ's depth for /metrics, read on the janitor's publisher with a
+ * passive declare (its confirms are all settled after a relay round).  A
+ * missing queue closes the channel: the publisher is then reopened by the
+ * next relay, and the gauge says nothing meanwhile. */
+static void janitor_dlq_depth(struct worker *w)
+{
+	uint32_t depth = 0;
+
+	if (w->publisher == NULL)
+		return;
+	if (mq_queue_counts(w->publisher, w->conf->dlq, &depth, NULL) == ST_OK) {
+		metrics_dlq_depth(depth);
+		return;
+	}
+	metrics_dlq_depth(-1);
+	if (mq_broken(w->publisher))
+		mq_close(&w->publisher);
+}
+
 /*
  * The janitor: one thread per process that publishes the outbox (woken by
  * the workers, and every POOL_RELAY_IDLE_MS for rows left by a crashed
@@ -853,6 +872,7 @@ static void *janitor_main(void *arg)
 				metrics_outbox_pending(pending);
 				metrics_outbox_oldest_pending(oldest);
 			}
+			janitor_dlq_depth(w);
 		}
 		janitor_retention(w, &pass, now);
 	}
