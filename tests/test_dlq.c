@@ -386,3 +386,202 @@ Test(dlq, replay_of_a_fixed_cause_applies_once_also_after_sigkill)
 	mq_close(&m);
 	itest_stop(w, SIGTERM, 30);
 }
+
+/* A conflict stays a conflict and a body that does not parse stays
+ * malformed: replay reports both and leaves them where they are, run after
+ * run, instead of sending them round through the worker again. */
+Test(dlq, conflict_and_malformed_are_reported_not_looped)
+{
+	const char *dlq;
+	char body[512], before[8192], after[8192];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	w = itest_worker_logged(1, NULL, "dlq-worker.log");
+	m = itest_mq();
+	itest_event(body, sizeof body, "k-1", "OrderCreated", "ko-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_event(body, sizeof body, "k-1", "OrderCreated", "ko-2"); /* the same key, another payload */
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_publish(m, "OrderCreated", "{\"message_id\": \"bad-1\", \"type\": \"OrderCreated\", oops", "bad-1");
+	cr_assert_eq(wait_depth(dlq, 2, 30), 2);
+	list_signature(before, sizeof before);
+	cr_assert_str_eq(before, "k-1:payload-conflict:0 bad-1:malformed-json:0 ");
+
+	for (int round = 0; round < 2; round++) {
+		st = replay(NULL, NULL);
+		cr_assert(exited_0(st), "replay exit %d: %s", st, out);
+		cr_expect(strstr(out, "replayed 0") != NULL && strstr(out, "payload-conflict 1") != NULL &&
+		          strstr(out, "still-malformed 1") != NULL, "round %d: %s", round, out);
+		cr_expect(strstr(out, "the first one stands") != NULL, "the conflict is explained: %s", out);
+		list_signature(after, sizeof after);
+		cr_assert_str_eq(after, before, "round %d: replay moved or resent a dead letter", round);
+	}
+	/* Chosen by id, the same. */
+	{
+		const char *a[] = { "--id", "k-1", NULL };
+		st = replay(a, NULL);
+		cr_assert(exited_0(st));
+		cr_expect(strstr(out, "1 chosen") != NULL && strstr(out, "payload-conflict 1") != NULL, "%s", out);
+	}
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM orders"), 1);
+	cr_expect_eq(itest_int("SELECT version FROM orders WHERE id = 'ko-1'"), 1);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 1);
+
+	/* show: everything an operator needs to decide about the conflict. */
+	{
+		const char *a[] = { "show", "k-1", NULL };
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-show.log");
+		cr_assert(exited_0(st), "show exit %d", st);
+		cr_expect(strstr(out, "reason:       payload-conflict") != NULL, "%s", out);
+		cr_expect(strstr(out, "\"order_id\":\"ko-2\"") != NULL, "the body: %s", out);
+		cr_expect(strstr(out, "(ANOTHER payload)") != NULL, "the inbox row: %s", out);
+		cr_expect(strstr(out, "order row:    ko-1") == NULL && strstr(out, "ko-2 does not exist") != NULL,
+		          "the dead letter's own order: %s", out);
+		cr_expect(strstr(out, "would leave it") != NULL, "%s", out);
+	}
+	{
+		const char *a[] = { "show", "no-such-message", NULL };
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-show.log");
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "show of a missing id: status %d", st);
+	}
+	cr_assert_eq(itest_queue_depth(dlq), 2);
+	mq_close(&m);
+	itest_stop(w, SIGTERM, 30);
+}
+
+/* A cause fixed by configuration: bodies over INBOX_MAX_BODY.  A dry run
+ * under the old limit says they still fail, under the new one says it
+ * would replay them, and neither changes anything; the replay then
+ * applies them. */
+Test(dlq, dry_run_changes_nothing_and_a_raised_limit_lets_replay_apply)
+{
+	enum { N = 5 };
+	const char *small[] = { "INBOX_MAX_BODY=200", NULL };
+	const char *dlq;
+	char body[1024], id[32], order[32], before[8192], after[8192];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	w = itest_worker_logged(1, small, "dlq-worker.log");
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "big-%d", i);
+		snprintf(order, sizeof order, "bo-%d", i);
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s\",\"type\":\"OrderCreated\",\"order_id\":\"%s\",\"data\":{\"note\":"
+		         "\"%0200d\"}}", id, order, 0);
+		itest_publish(m, "OrderCreated", body, NULL);
+	}
+	cr_assert_eq(wait_depth(dlq, N, 30), N);
+	itest_stop(w, SIGTERM, 30);
+	list_signature(before, sizeof before);
+
+	st = replay(NULL, small);
+	cr_assert(exited_0(st));
+	cr_expect(strstr(out, "still-malformed 5") != NULL && strstr(out, "too-large") != NULL, "%s", out);
+	{
+		const char *a[] = { "--dry-run", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st));
+	cr_expect(strstr(out, "dry run, nothing changed") != NULL && strstr(out, "would replay 5") != NULL, "%s", out);
+	list_signature(after, sizeof after);
+	cr_assert_str_eq(after, before, "a dry run changed the DLQ");
+	cr_assert_eq(itest_queue_depth(itest_cfg()->queue), 0, "a dry run published");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0);
+
+	/* The fix: workers with the default limit; then the replay. */
+	w = itest_worker_logged(1, NULL, "dlq-worker2.log");
+	{
+		const char *a[] = { "--reason", "too-large", "--limit", "3", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st), "%s", out);
+	cr_expect(strstr(out, "replayed 3") != NULL, "--limit 3: %s", out);
+	st = replay(NULL, NULL);
+	cr_assert(exited_0(st));
+	cr_expect(strstr(out, "replayed 2") != NULL, "the rest: %s", out);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Created'", N, 30), N);
+	itest_wait_queue_empty(itest_cfg()->queue, 30);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), N);
+	cr_expect_eq(itest_queue_depth(dlq), 0);
+	mq_close(&m);
+	itest_stop(w, SIGTERM, 30);
+}
+
+/* purge counts first, and removes only the reason asked for. */
+Test(dlq, purge_counts_first_and_removes_only_that_reason)
+{
+	const char *dlq;
+	struct itest_dead dead[8];
+	struct mq *m;
+	int64_t dc;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	m = itest_mq();
+	put_dead(m, "g-1", "malformed-json", "x", "order.X");
+	put_dead(m, "c-1", "payload-conflict", "x", "order.X");
+	put_dead(m, "g-2", "malformed-json", "x", "order.X");
+	put_dead(m, "c-2", "payload-conflict", "x", "order.X");
+	put_dead(m, "g-3", "malformed-json", "x", "order.X");
+	mq_close(&m);
+	{
+		const char *a[] = { "purge", "--reason", "malformed-json", NULL };
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+	}
+	cr_assert(exited_0(st));
+	cr_expect(strstr(out, "would purge 3 of 5") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), 5);
+	{
+		const char *a[] = { "purge", NULL };
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "purge without --reason: status %d", st);
+	}
+	{
+		const char *a[] = { "purge", "--reason", "malformed-json", "--yes", NULL };
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+	}
+	cr_assert(exited_0(st));
+	cr_expect(strstr(out, "purged 3 of 5") != NULL, "%s", out);
+	cr_assert_eq(drain_counted(dlq, dead, 8, &dc), 2);
+	cr_expect_str_eq(dead[0].message_id, "c-1");
+	cr_expect_str_eq(dead[1].message_id, "c-2");
+}
+
+/* /metrics shows the DLQ's depth as the worker's janitor reads it. */
+Test(dlq, metrics_show_the_dlq_depth)
+{
+	char addr[64], metrics_env[128], body[8192];
+	const char *env[] = { metrics_env, NULL };
+	struct mq *m;
+	pid_t w;
+	int port = itest_metrics_port(0);
+	bool seen = false;
+
+	itest_fresh();
+	snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+	snprintf(metrics_env, sizeof metrics_env, "INBOX_METRICS_ADDR=%s", addr);
+	w = itest_worker_logged(1, env, "dlq-worker.log");
+	m = itest_mq();
+	put_dead(m, "d-1", "malformed-json", "x", "order.X");
+	put_dead(m, "d-2", "malformed-json", "x", "order.X");
+	put_dead(m, "d-3", "malformed-json", "x", "order.X");
+	mq_close(&m);
+	for (int i = 0; i < 100 && !seen; i++) {
+		if (itest_http_get(port, "/metrics", body, sizeof body) == 200 && strstr(body, "\ninbox_dlq_messages 3\n"))
+			seen = true;
+		else
+			usleep(100 * 1000);
+	}
+	cr_expect(seen, "inbox_dlq_messages 3 never shown: %s", body);
+	itest_stop(w, SIGTERM, 30);
+}
