@@ -986,8 +986,12 @@ int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t 
 			o->order_id = v;
 		} else if ((v = dlq_flag_value(n, argv, &i, "--since", &missing)) != NULL) {
 			char why[160];
-			if (cfg_parse_duration(v, &o->since_s, why, sizeof why) != 0 || o->since_s <= 0) {
-				snprintf(err, cap, "--since: %s", o->since_s <= 0 ? "must be positive" : why);
+			if (cfg_parse_duration(v, &o->since_s, why, sizeof why) != 0) {
+				snprintf(err, cap, "--since: %s", why);
+				return -1;
+			}
+			if (o->since_s <= 0) {
+				snprintf(err, cap, "--since: must be positive: '%s'", v);
 				return -1;
 			}
 		} else if ((v = dlq_flag_value(n, argv, &i, "--limit", &missing)) != NULL) {
