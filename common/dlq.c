@@ -410,11 +410,11 @@ static int dlq_visit_list(struct dlq_run *r, const struct mq_delivery *d, struct
 	r->shown++;
 	dlq_count_reason(r, e->reason);
 	if (r->o->json) {
-		json_t *j = json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:s?, s:I, s:I, s:s}", "position",
+		json_t *j = json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:s?, s:o, s:I, s:s}", "position",
 		                      (json_int_t)e->position, "message_id", e->message_id, "source", e->source, "type",
 		                      e->type, "order_id", e->order_id, "reason", e->reason, "detail", e->detail,
 		                      "dead_lettered_at", e->at[0] ? e->at : NULL, "deliveries",
-		                      (json_int_t)e->deliveries, "replays", (json_int_t)e->replays, "routing_key", rk);
+		                      e->deliveries >= 0 ? json_integer((json_int_t)e->deliveries) : json_null(), "replays", (json_int_t)e->replays, "routing_key", rk);
 		if (j == NULL || json_array_append_new(r->list, j) != 0)
 			return ST_ERR_NOMEM;
 		return ST_OK;
@@ -616,8 +616,12 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 	        e->position, r->in_queue, r->conf->dlq);
 	fprintf(r->out, "reason:       %s\n", e->reason);
 	fprintf(r->out, "detail:       %s\n", e->detail[0] ? e->detail : "-");
-	fprintf(r->out, "dead-lettered %s, deliveries %lld, replays %lld\n", e->at[0] ? e->at : "at an unknown time",
-	        (long long)e->deliveries, (long long)e->replays);
+	if (e->deliveries >= 0)
+		snprintf(why, sizeof why, "%lld", (long long)e->deliveries);
+	else
+		snprintf(why, sizeof why, "unknown");
+	fprintf(r->out, "dead-lettered %s, deliveries %s, replays %lld\n", e->at[0] ? e->at : "at an unknown time",
+	        why, (long long)e->replays);
 	fprintf(r->out, "routing key:  %s\n", d->routing_key);
 	props = json_dumps(e->props, JSON_INDENT(2) | JSON_SORT_KEYS);
 	fprintf(r->out, "properties:   %s\n", props != NULL ? props : "?");
@@ -865,14 +869,15 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 		break;
 	case DLQ_REPLAY: {
 		long left = r.chosen - r.acted;
-		fprintf(out, "%s%ld chosen of %u in %s; %s %ld (%ld of them duplicates of what the inbox already has,"
-		        " %ld keys reopened); left in the queue %ld",
+		fprintf(out, "%s%ld chosen of %u in %s; %s %ld (keys reopened %ld, duplicates %ld); left in the queue %ld",
 		        o->dry_run ? "dry run, nothing changed: " : "", r.chosen, r.in_queue, conf->dlq,
-		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_V_DUPLICATE],
-		        r.by_verdict[DLQ_V_REOPEN], left);
-		for (int v = DLQ_V_MALFORMED; v < DLQ_V_COUNT; v++)
-			if (r.by_verdict[v] > 0)
-				fprintf(out, ", %s %ld", dlq_verdict_names[v], r.by_verdict[v]);
+		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_V_REOPEN],
+		        r.by_verdict[DLQ_V_DUPLICATE], left);
+		for (int v = DLQ_V_MALFORMED, first = 1; v < DLQ_V_COUNT; v++)
+			if (r.by_verdict[v] > 0) {
+				fprintf(out, "%s %s %ld", first ? ":" : ",", dlq_verdict_names[v], r.by_verdict[v]);
+				first = 0;
+			}
 		fprintf(out, "\n");
 		dlq_print_by_reason(&r, "chosen by reason");
 		code = rc == ST_OK ? 0 : 1;
