@@ -310,11 +310,13 @@ static bool dlq_matches(const struct dlq_opts *o, const struct dlq_entry *e, int
 	return true;
 }
 
-static void dlq_count_reason(struct dlq_run *r, const char *reason)
+static int dlq_count_reason(struct dlq_run *r, const char *reason)
 {
 	json_t *v = json_object_get(r->by_reason, reason);
 
-	json_object_set_new(r->by_reason, reason, json_integer(json_is_integer(v) ? json_integer_value(v) + 1 : 1));
+	return json_object_set_new(r->by_reason, reason, json_integer(json_is_integer(v) ? json_integer_value(v) + 1 : 1)) == 0
+	               ? ST_OK
+	               : ST_ERR_NOMEM;
 }
 
 static void dlq_print_by_reason(struct dlq_run *r, const char *what)
@@ -408,7 +410,8 @@ static int dlq_visit_list(struct dlq_run *r, const struct mq_delivery *d, struct
 	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
 		return ST_OK;
 	r->shown++;
-	dlq_count_reason(r, e->reason);
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
 	if (r->o->json) {
 		json_t *j = json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:s?, s:o, s:I, s:s}", "position",
 		                      (json_int_t)e->position, "message_id", e->message_id, "source", e->source, "type",
@@ -726,7 +729,8 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
 		return ST_OK;
 	r->chosen++;
-	dlq_count_reason(r, e->reason);
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
 	rc = dlq_judge(r, e, &v, why, sizeof why);
 	if (rc != ST_OK) {
 		LOG(LOG_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
@@ -775,7 +779,7 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 		 * next replay sends the dead letter again, and the inbox takes
 		 * the second copy for a duplicate. */
 		if (fault_hit("dlq-replay-after-confirm"))
-			raise(SIGKILL);
+			(void)raise(SIGKILL);
 		rc = mq_ack(r->mq, d->tag, false);
 		if (rc != ST_OK) {
 			LOG(LOG_ERROR, "replayed, but the dead letter could not be removed: a later replay of it is a"
@@ -800,7 +804,8 @@ static int dlq_visit_purge(struct dlq_run *r, const struct mq_delivery *d, struc
 	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
 		return ST_OK;
 	r->chosen++;
-	dlq_count_reason(r, e->reason);
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
 	if (r->o->yes) {
 		rc = mq_ack(r->mq, d->tag, false);
 		if (rc != ST_OK) {

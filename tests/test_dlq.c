@@ -586,3 +586,61 @@ Test(dlq, metrics_show_the_dlq_depth)
 	cr_expect(seen, "inbox_dlq_messages 3 never shown: %s", body);
 	itest_stop(w, SIGTERM, 30);
 }
+
+/* A message the broker dead-lettered (the delivery limit: it crashed
+ * every worker that took it) has no x-inbox-reason, only x-death: it is
+ * listed as delivery-limit with the broker's time, and replayed like any
+ * other once the cause is gone. */
+Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
+{
+	const struct cfg *c;
+	char body[512];
+	struct mq *m;
+	json_t *doc, *e;
+	pid_t w;
+	int st, rounds = 0;
+
+	itest_fresh();
+	c = itest_cfg();
+	m = itest_mq();
+	itest_event(body, sizeof body, "poison-1", "OrderCreated", "po-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	mq_close(&m);
+	/* Each delivery handed back (no worker runs): past the limit the
+	 * broker dead-letters it. */
+	cr_assert_eq(mq_open(&m, &c->amqp, 0, "itest-dlq-poison"), ST_OK);
+	while (itest_queue_depth(c->dlq) == 0 && rounds++ < 50) {
+		struct mq_delivery d;
+		if (mq_get(m, c->queue, &d) != ST_OK) {
+			usleep(50 * 1000);
+			continue;
+		}
+		cr_assert_eq(mq_reject(m, d.tag, true), ST_OK);
+		mq_delivery_release(m, &d);
+	}
+	mq_close(&m);
+	cr_assert_eq(wait_depth(c->dlq, 1, 10), 1, "the broker did not dead-letter it");
+	doc = list_json(NULL, NULL);
+	e = json_array_get(json_object_get(doc, "dead_letters"), 0);
+	cr_assert_not_null(e);
+	cr_expect_str_eq(json_string_value(json_object_get(e, "message_id")), "poison-1");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "reason")), "delivery-limit");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "detail")), "dead-lettered by the broker from orders.inbox");
+	cr_expect(json_is_string(json_object_get(e, "dead_lettered_at")), "the x-death time");
+	cr_expect_gt(json_integer_value(json_object_get(e, "deliveries")), c->delivery_limit);
+	json_decref(doc);
+	cr_expect(!itest_log_has("dlq-list.log", "counts deliveries"), "a classic DLQ taken for a quorum one");
+
+	w = itest_worker_logged(1, NULL, "dlq-worker.log");
+	{
+		const char *a[] = { "--reason", "delivery-limit", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st), "%s", out);
+	cr_expect(strstr(out, "replayed 1") != NULL, "%s", out);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'po-1'", 1, 30), 1);
+	itest_wait_queue_empty(c->queue, 30);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
+	cr_expect_eq(itest_queue_depth(c->dlq), 0);
+	itest_stop(w, SIGTERM, 30);
+}
