@@ -92,6 +92,7 @@ struct worker {
 	pthread_t thread;
 	struct mq *consumer;
 	struct mq *publisher;
+	struct mq *probe;     /* the janitor's: reads the DLQ's depth */
 	struct db *db;
 	struct inbox *inbox;
 	struct outbox *outbox;
@@ -802,23 +803,25 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 		    LOG_I("ms", now - p->started_ms), LOG_I("retention_s", w->conf->retention_s));
 }
 
-/* The DLQ's depth for /metrics, read on the janitor's publisher with a
- * passive declare (its confirms are all settled after a relay round).  A
- * missing queue closes the channel: the publisher is then reopened by the
- * next relay, and the gauge says nothing meanwhile. */
+/* The DLQ's depth for /metrics, a passive declare on a connection of its
+ * own: on the publisher it would interleave with the relay's confirms and
+ * returns (seen: a relay round then timed out waiting for its confirms
+ * and published a row twice).  A missing queue closes the channel: the
+ * probe is opened again next time, and the gauge says nothing meanwhile. */
 static void janitor_dlq_depth(struct worker *w)
 {
 	uint32_t depth = 0;
 
-	if (w->publisher == NULL)
+	if (w->probe == NULL && mq_open(&w->probe, &w->conf->amqp, 0, w->name) != ST_OK) {
+		metrics_dlq_depth(-1);
 		return;
-	if (mq_queue_counts(w->publisher, w->conf->dlq, &depth, NULL) == ST_OK) {
+	}
+	if (mq_queue_counts(w->probe, w->conf->dlq, &depth, NULL) == ST_OK) {
 		metrics_dlq_depth(depth);
 		return;
 	}
 	metrics_dlq_depth(-1);
-	if (mq_broken(w->publisher))
-		mq_close(&w->publisher);
+	mq_close(&w->probe);
 }
 
 /*
@@ -876,6 +879,7 @@ static void *janitor_main(void *arg)
 		}
 		janitor_retention(w, &pass, now);
 	}
+	mq_close(&w->probe);
 	mq_close(&w->publisher);
 	worker_close_db(w);
 	db_thread_end();
