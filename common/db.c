@@ -57,6 +57,7 @@ struct db {
 	const struct cfg_db *conf;
 	struct db_stmt *stmts;
 	bool broken; /* a connection-lost error was seen: reconnect before use */
+	uint64_t round_trips; /* requests sent since db_open (db_round_trips) */
 	unsigned last_errno;
 	char last_error[256];
 };
@@ -174,7 +175,7 @@ static int db_connect(struct db *d)
 			goto fail;
 	}
 	if (mysql_real_connect(d->my, c->host, c->user, c->password, c->database,
-	                       (unsigned)c->port, c->socket, CLIENT_FOUND_ROWS) == NULL)
+	                       (unsigned)c->port, c->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS) == NULL)
 		goto fail;
 	/* Autocommit off: the first statement opens the transaction, which
 	 * saves one round trip per message over sending BEGIN. */
@@ -291,6 +292,7 @@ int db_exec(struct db *d, const char *sql)
 
 	if (d->my == NULL)
 		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	d->round_trips++;
 	if (mysql_query(d->my, sql) != 0)
 		return db_fail_my(d);
 	res = mysql_store_result(d->my);
@@ -303,42 +305,14 @@ int db_exec(struct db *d, const char *sql)
 
 int db_exec_script(struct db *d, const char *sql, size_t len)
 {
-	int rc = ST_OK;
-	int status;
-
-	if (d->my == NULL)
-		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
-	if (mysql_set_server_option(d->my, MYSQL_OPTION_MULTI_STATEMENTS_ON) != 0)
-		return db_fail_my(d);
-	if (mysql_real_query(d->my, sql, (unsigned long)len) != 0) {
-		rc = db_fail_my(d);
-		goto cleanup;
-	}
-	do {
-		MYSQL_RES *res = mysql_store_result(d->my);
-		if (res != NULL)
-			mysql_free_result(res);
-		else if (mysql_errno(d->my) != 0) {
-			rc = db_fail_my(d);
-			goto cleanup;
-		}
-		status = mysql_next_result(d->my);
-		if (status > 0) {
-			rc = db_fail_my(d);
-			goto cleanup;
-		}
-	} while (status == 0);
-cleanup:
-	if (d->my != NULL &&
-	    mysql_set_server_option(d->my, MYSQL_OPTION_MULTI_STATEMENTS_OFF) != 0 && rc == ST_OK)
-		rc = db_fail_my(d);
-	return rc;
+	return db_multi(d, sql, len, NULL, NULL);
 }
 
 int db_commit(struct db *d)
 {
 	if (d->my == NULL)
 		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	d->round_trips++;
 	if (mysql_commit(d->my) != 0)
 		return db_fail_my(d);
 	return ST_OK;
@@ -348,6 +322,7 @@ void db_rollback(struct db *d)
 {
 	if (d->my == NULL)
 		return;
+	d->round_trips++;
 	if (mysql_rollback(d->my) != 0) {
 		db_fail_my(d);
 		LOG(LOG_WARN, "rollback failed, dropping the connection",
@@ -432,6 +407,7 @@ static int db_stmt_run(struct db_stmt *s, const struct db_param *p, int n)
 		if (mysql_stmt_bind_param(s->st, b) != 0)
 			return db_fail_stmt(s);
 	}
+	s->db->round_trips++;
 	if (mysql_stmt_execute(s->st) != 0)
 		return db_fail_stmt(s);
 	return ST_OK;
@@ -492,7 +468,7 @@ int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, in
 		}
 	}
 	if (mysql_stmt_attr_set(s->st, STMT_ATTR_ARRAY_SIZE, &size) != 0 || mysql_stmt_bind_param(s->st, b) != 0 ||
-	    mysql_stmt_execute(s->st) != 0) {
+	    (s->db->round_trips++, mysql_stmt_execute(s->st) != 0)) {
 		rc = db_fail_stmt(s);
 	} else if (affected != NULL) {
 		*affected = (uint64_t)mysql_stmt_affected_rows(s->st);
@@ -661,4 +637,62 @@ const char *db_errmsg(const struct db *d)
 unsigned db_errno(const struct db *d)
 {
 	return d->last_errno;
+}
+
+/* The statements of one request run in order and the server stops at the
+ * first that fails, so a failed request leaves at most a prefix of it done
+ * inside the open transaction: the caller rolls back, as after any failed
+ * statement.  Every result is read to its end, also after an error of the
+ * caller's row function, so the connection is ready for the next request. */
+int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg)
+{
+	int rc = ST_OK, status, stmt = 0;
+
+	if (d->my == NULL)
+		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
+	d->round_trips++;
+	if (mysql_real_query(d->my, sql, (unsigned long)len) != 0)
+		return db_fail_my(d);
+	do {
+		MYSQL_RES *res = mysql_store_result(d->my);
+
+		if (res != NULL) {
+			unsigned ncols = mysql_num_fields(res);
+			MYSQL_ROW row;
+
+			while (rc == ST_OK && fn != NULL && (row = mysql_fetch_row(res)) != NULL) {
+				unsigned long *lens = mysql_fetch_lengths(res);
+
+				if (lens == NULL)
+					rc = db_fail(d, CR_UNKNOWN_ERROR, "no lengths for a fetched row");
+				else
+					rc = fn(arg, stmt, (const char *const *)row, lens, (int)ncols);
+			}
+			mysql_free_result(res);
+		} else if (mysql_field_count(d->my) != 0) {
+			/* A result set that could not be read (out of memory, or
+			 * the connection dropped while reading). */
+			int e = db_fail_my(d);
+			return rc == ST_OK ? e : rc;
+		}
+		stmt++;
+		status = mysql_next_result(d->my);
+		if (status > 0) {
+			int e = db_fail_my(d);
+			return rc == ST_OK ? e : rc;
+		}
+	} while (status == 0);
+	return rc;
+}
+
+size_t db_escape(struct db *d, char *to, const char *from, size_t len)
+{
+	unsigned long n = mysql_real_escape_string(d->my, to, from, (unsigned long)len);
+
+	return n == (unsigned long)-1 ? SIZE_MAX : (size_t)n;
+}
+
+uint64_t db_round_trips(const struct db *d)
+{
+	return d->round_trips;
 }

@@ -127,4 +127,30 @@ unsigned db_errno(const struct db *d);
  * results; stops at the first error. */
 int db_exec_script(struct db *d, const char *sql, size_t len);
 
+/* A row of a text result: vals[i] is NUL-terminated text of lens[i] bytes,
+ * or NULL for SQL NULL; borrowed for the call.  stmt: the 0-based index
+ * of the statement in the request that produced it.  A value other than
+ * ST_OK stops the calls (the rest of the results is still read) and is
+ * returned by db_multi. */
+typedef int (*db_row_fn)(void *arg, int stmt, const char *const *vals, const unsigned long *lens, int ncols);
+
+/* Several statements of text SQL in one round trip (the connection allows
+ * multi-statements; only values escaped with db_escape, or our own
+ * numbers, may be spliced into sql).  Each row of each result goes to fn
+ * (may be NULL: results discarded).  Stops at the first failing statement
+ * and returns its error; the statements before it stay done inside the
+ * open transaction. */
+int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg);
+
+/* Escape len bytes of from for a quoted string literal on this connection
+ * (its character set, and NO_BACKSLASH_ESCAPES if the server runs with
+ * it): to must hold 2 * len + 1 bytes.  Returns the escaped length, or
+ * SIZE_MAX when the text cannot be escaped for the connection. */
+size_t db_escape(struct db *d, char *to, const char *from, size_t len);
+
+/* Requests sent to the server on this handle since db_open (statements,
+ * multi-statement requests, COMMITs and ROLLBACKs): what the round-trip
+ * budget of a batch is measured by. */
+uint64_t db_round_trips(const struct db *d);
+
 #endif

@@ -2,42 +2,44 @@
  * inbox.c - the transaction at the heart of the worker, for a batch of
  * messages (a batch may be one message).
  *
- * Round trips, and why: on loopback a round trip costs more CPU, in the
- * kernel on both sides, than the statements it carries (see bench/), so a
- * batch costs the same few round trips whatever its size:
- *   1. CALL inbox_claim_batch (migrations/procedures/): every distinct key
- *      of the batch in one multi-row INSERT, sorted so that two batches
+ * Two round trips a batch, whatever its size: on loopback a round trip
+ * costs more CPU, in the kernel on both sides, than the statements it
+ * carries, and every statement the server parses and runs per row counts
+ * on two cores (see bench/).  Both requests are multi-statement text built
+ * with sqlbuf (values escaped or hex-encoded; no SQL from message text):
+ *   1. The claim (inbox_claim): every distinct key of the batch in one
+ *      multi-row INSERT into processed_messages, sorted so that two batches
  *      take their index locks in the same order; a key already taken is
- *      left as it is, and reading the rows back tells ours (they carry the
- *      transaction's random claim token) from the others (their stored
- *      hash says duplicate or conflict).  The UNIQUE index stays the only
- *      arbiter.  In the same CALL the order_locks rows of our keys' orders
- *      are created or bumped (a real write: a certification-based cluster
- *      only sees rows that change), sorted by order id, and read with
- *      their orders.
+ *      left as it is (the UNIQUE index stays the only arbiter), and the
+ *      rows we inserted carry the transaction's random claim token.  Then
+ *      the order_locks rows of the batch's orders, sorted by id, created
+ *      or bumped (a real write: a certification-based cluster only sees
+ *      rows that change); then, read back, the keys that are not ours
+ *      (their stored hash says duplicate or conflict) and the locked
+ *      orders.
  *   2. Decide in C (common/order.c), per message in delivery order,
  *      against the order state as it evolves inside the batch; every row
- *      to write is appended to one JSON document.
- *   3. CALL inbox_write_batch: held events, order rows, ledger rows, outbox
- *      rows, outcomes and held counts, all in one round trip.
- *   4. COMMIT (the test fault hooks fire between 3 and 4).
+ *      to write goes to the section of its statement (held events, order
+ *      rows, ledger rows, outbox rows, outcomes, held counts).
+ *   3. The write (inbox_flush): those statements and the COMMIT in one
+ *      request (the test fault hooks fire just before it).
  * Held events to re-evaluate (an order changed and has some) are read in
- * pages of 64 after writing what is pending, so the reads see the batch's
- * own writes; that is the one case with more round trips.  A released
- * event is read back whole and parsed again (msg_parse), so it takes
- * effect with every field of its data exactly as it would have arriving in
- * order.
+ * pages of 64 after writing what is pending (without the COMMIT), so the
+ * reads see the batch's own writes; that is the one case with more round
+ * trips.  A released event is read back whole and parsed again
+ * (msg_parse), so it takes effect with every field of its data exactly as
+ * it would have arriving in order.
  *
- * One owner: inbox_run opens the transaction (autocommit is off: statement
- * 1 opens it), runs it and ends it; the procedures never commit or roll
- * back.  Each write lives in one place, inbox_write_batch; the janitor's
- * hold expiry uses it too.
+ * One owner: inbox_run opens the transaction (autocommit is off: the
+ * claim opens it), runs it and ends it in inbox_end; each kind of row is
+ * written in one place, its section of inbox_flush, which the janitor's
+ * hold expiry uses too.  The SQL is portable between MariaDB 10.11 and
+ * MySQL 8.0 (multi-row INSERT ... ON DUPLICATE KEY UPDATE, no RETURNING).
  */
 #include "inbox.h"
 
 #include <errno.h>
 #include <jansson.h>
-#include <openssl/evp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -50,6 +52,7 @@
 #include "fault.h"
 #include "log.h"
 #include "mq.h"
+#include "sqlbuf.h"
 #include "status.h"
 
 /* The widths of the columns a held event is kept in (migrations/0002):
@@ -64,19 +67,12 @@
  * The header only measures latency, so a value out of range is dropped
  * instead of costing the message anything. */
 #define INBOX_PUBLISHED_US_MAX (INT64_C(2147483647) * 1000000)
-/* A JSON buffer grown past this (a large held body) is given back after
- * the transaction, so one large message does not pin its memory. */
-#define INBOX_JBUF_KEEP (256u * 1024u)
+/* A request buffer grown past this (a batch with large held bodies) is
+ * given back after the transaction, so one large message does not pin its
+ * memory. */
+#define INBOX_SQL_KEEP (256u * 1024u)
 
-/* A growing byte buffer for the JSON documents the procedures read. */
-struct jbuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-/* inbox_write_batch's arrays, in the order of its parameters and of its
- * writes (migrations/procedures/inbox_write_batch.sql). */
+/* The write's statements, in the order they run (inbox_flush). */
 enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_NSECT };
 
 /* An order of the transaction, locked: its state as it evolves. */
@@ -102,15 +98,12 @@ struct inbox_sortent {
 struct inbox_key {
 	int first;         /* index of its first message in delivery order */
 	bool mine;         /* the claim inserted it */
-	bool seen;         /* the claim returned its row */
-	char stored[65];   /* the hash of the row: ours or the one before us */
+	char stored[65];   /* when not mine: the hash of the row before us */
 };
 
 struct inbox {
 	struct db *db;
 	const struct cfg *conf;
-	struct db_stmt *claim_batch;
-	struct db_stmt *write_batch;
 	struct db_stmt *lock_touch;
 	struct db_stmt *lock_read;
 	struct db_stmt *held_list;
@@ -129,12 +122,14 @@ struct inbox {
 	int *key_of;
 	struct inbox_sortent *sorted;
 	struct inbox_key *keys;
+	const struct msg **keymsg;   /* per key (in index order): its first message */
+	const char **order_ids;      /* the batch's orders, sorted, distinct */
 	int nkeys;
 	struct inbox_order *orders;
 	int norders;
-	/* The claim's keys and the write's arrays (one per kind of row). */
-	struct jbuf claim;
-	struct jbuf w[W_NSECT];
+	/* The request being built, and the rows of each write statement. */
+	struct sqlbuf req;
+	struct sqlbuf w[W_NSECT];
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */
@@ -179,153 +174,6 @@ const char *inbox_outcome_name(enum inbox_outcome o)
 	           : "unknown";
 }
 
-/* ---- JSON documents --------------------------------------------------- */
-
-static void jb_reserve(struct jbuf *b, size_t more)
-{
-	size_t cap;
-	char *np;
-
-	if (b->oom || b->len + more + 1 <= b->cap)
-		return;
-	cap = b->cap > 0 ? b->cap : 1024;
-	while (cap < b->len + more + 1)
-		cap *= 2;
-	np = realloc(b->p, cap);
-	if (np == NULL) {
-		b->oom = true;
-		return;
-	}
-	b->p = np;
-	b->cap = cap;
-}
-
-static void jb_raw(struct jbuf *b, const char *s, size_t n)
-{
-	jb_reserve(b, n);
-	if (b->oom)
-		return;
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-}
-
-static void jb_ch(struct jbuf *b, char c)
-{
-	jb_raw(b, &c, 1);
-}
-
-/* A comma unless the array or object was just opened. */
-static void jb_sep(struct jbuf *b)
-{
-	if (b->len > 0 && b->p[b->len - 1] != '[' && b->p[b->len - 1] != '{')
-		jb_ch(b, ',');
-}
-
-/* A JSON string.  The text is UTF-8 (validated at the boundary, or read
- * from a utf8mb4 column); only the characters JSON requires are escaped. */
-static void jb_strn(struct jbuf *b, const char *s, size_t n)
-{
-	static const char hexd[] = "0123456789abcdef";
-
-	jb_sep(b);
-	jb_reserve(b, n + 2);
-	jb_ch(b, '"');
-	for (size_t i = 0; i < n && !b->oom; i++) {
-		unsigned char c = (unsigned char)s[i];
-		size_t run = i;
-
-		while (run < n && (unsigned char)s[run] >= 0x20 && s[run] != '"' && s[run] != '\\')
-			run++;
-		if (run > i) {
-			jb_raw(b, s + i, run - i);
-			i = run - 1;
-			continue;
-		}
-		if (c == '"' || c == '\\') {
-			char e[2] = { '\\', (char)c };
-			jb_raw(b, e, 2);
-		} else {
-			char e[6] = { '\\', 'u', '0', '0', hexd[c >> 4], hexd[c & 15] };
-			jb_raw(b, e, 6);
-		}
-	}
-	jb_ch(b, '"');
-}
-
-static void jb_str(struct jbuf *b, const char *s)
-{
-	if (s == NULL) {
-		jb_sep(b);
-		jb_raw(b, "null", 4);
-		return;
-	}
-	jb_strn(b, s, strlen(s));
-}
-
-static void jb_i64(struct jbuf *b, int64_t v)
-{
-	char t[24];
-	int n = snprintf(t, sizeof t, "%lld", (long long)v);
-
-	jb_sep(b);
-	jb_raw(b, t, (size_t)n);
-}
-
-static void jb_null(struct jbuf *b)
-{
-	jb_sep(b);
-	jb_raw(b, "null", 4);
-}
-
-/* Bytes as a base64 JSON string: a stored body need not be text. */
-static void jb_b64(struct jbuf *b, const void *p, size_t n)
-{
-	size_t out = 4 * ((n + 2) / 3);
-
-	jb_sep(b);
-	jb_reserve(b, out + 2);
-	if (b->oom)
-		return;
-	b->p[b->len++] = '"';
-	if (n > 0)
-		b->len += (size_t)EVP_EncodeBlock((unsigned char *)b->p + b->len, p, (int)n);
-	b->p[b->len++] = '"';
-	b->p[b->len] = '\0';
-}
-
-/* Open a row of an array of rows (opening the array on its first row). */
-static void jb_row(struct jbuf *b)
-{
-	if (b->len == 0)
-		jb_ch(b, '[');
-	jb_sep(b);
-	jb_ch(b, '[');
-}
-
-static void jb_end(struct jbuf *b)
-{
-	jb_ch(b, ']');
-}
-
-static void jb_clear(struct jbuf *b)
-{
-	b->len = 0;
-	b->oom = false;
-	if (b->p != NULL)
-		b->p[0] = '\0';
-}
-
-static void jb_trim(struct jbuf *b)
-{
-	if (b->cap > INBOX_JBUF_KEEP) {
-		free(b->p);
-		b->p = NULL;
-		b->cap = 0;
-	}
-	jb_clear(b);
-}
-
 /* ---- open / close ----------------------------------------------------- */
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
@@ -344,11 +192,8 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		if (rc != ST_OK)                                \
 			goto fail;                              \
 	} while (0)
-	/* migrations/procedures/: the claim of a batch, and its writes. */
-	PREP(claim_batch, "CALL inbox_claim_batch(?, ?, ?)");
-	PREP(write_batch, "CALL inbox_write_batch(?, ?, ?, ?, ?, ?, ?, ?)");
 	/* Hold expiry locks one order outside a batch: the same real write
-	 * as inbox_claim_batch's, then the locking read. */
+	 * as the claim's, then the locking read. */
 	PREP(lock_touch, "INSERT INTO order_locks (order_id, held, locks) VALUES (?, 0, 1)"
 	                 " ON DUPLICATE KEY UPDATE locks = locks + 1");
 	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
@@ -362,6 +207,9 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
 #undef PREP
+	ib->req.db = db;
+	for (int i = 0; i < W_NSECT; i++)
+		ib->w[i].db = db;
 	*out = ib;
 	return ST_OK;
 fail:
@@ -383,10 +231,12 @@ void inbox_close(struct inbox **ibp)
 	free(ib->key_of);
 	free(ib->sorted);
 	free(ib->keys);
+	free(ib->keymsg);
+	free(ib->order_ids);
 	free(ib->orders);
-	free(ib->claim.p);
+	sqlbuf_free(&ib->req);
 	for (int s = 0; s < W_NSECT; s++)
-		free(ib->w[s].p);
+		sqlbuf_free(&ib->w[s]);
 	free(ib);
 	*ibp = NULL;
 }
@@ -409,90 +259,144 @@ static int inbox_reserve(struct inbox *ib, int n)
 	GROW(key_of);
 	GROW(sorted);
 	GROW(keys);
+	GROW(keymsg);
+	GROW(order_ids);
 	GROW(orders);
 #undef GROW
 	ib->cap = n;
 	return ST_OK;
 }
 
-/* ---- the write document ----------------------------------------------- */
+/* ---- the write ------------------------------------------------------- */
 
-/* Send what the transaction decided so far (inbox_write_batch) and start
- * the sections anew.  Order rows and held counts go as they stand now:
- * the procedure writes absolute values, so writing an order twice in one
- * transaction is harmless. */
-static int inbox_flush(struct inbox *ib)
+/* The write's statements: each section of ib->w holds the rows of one
+ * multi-row statement (head + rows + tail), or for the outcome and held
+ * count updates, whole statements of their own (one row each: a key, or
+ * an order, may be written twice in one request, and must end as its last
+ * write says). */
+static const struct {
+	const char *head, *tail;
+} inbox_wsql[W_NSECT] = {
+	[W_DEL] = { "DELETE FROM held_events WHERE id IN (", ")" },
+	[W_HOLD] = { "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body,"
+	             " held_at) VALUES ", "" },
+	[W_ORDER] = { "INSERT INTO orders (id, status, version, flags, amount_cents, paid_at, created_at, updated_at)"
+	              " VALUES ",
+	              " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
+	              " flags = VALUES(flags),"
+	              " paid_at = IF(VALUES(paid_at) IS NOT NULL AND orders.paid_at IS NULL, VALUES(paid_at),"
+	              " orders.paid_at),"
+	              " amount_cents = COALESCE(VALUES(amount_cents), orders.amount_cents),"
+	              " updated_at = VALUES(updated_at)" },
+	[W_EVENT] = { "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome, from_status,"
+	              " to_status, version, applied_at) VALUES ", "" },
+	[W_OUTBOX] = { "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"
+	               " created_at) VALUES ", "" },
+	[W_OUTCOME] = { NULL, NULL },
+	[W_LOCK] = { NULL, NULL },
+};
+
+/* Write what the transaction decided so far, and COMMIT in the same
+ * request when commit is set.  Order rows and held counts go as they stand
+ * now: absolute values, so writing an order twice in one transaction is
+ * harmless.  With nothing to write, commit alone is one COMMIT. */
+static int inbox_flush(struct inbox *ib, bool commit)
 {
-	struct jbuf *o = &ib->w[W_ORDER], *l = &ib->w[W_LOCK];
+	struct sqlbuf *q = &ib->req;
 	bool any = false;
-	int rc;
+	int rc = ST_OK;
 
 	for (int i = 0; i < ib->norders; i++) {
 		struct inbox_order *r = &ib->orders[i];
 
 		if (r->dirty) {
-			jb_row(o);
-			jb_str(o, r->id);
-			jb_str(o, order_state_name(r->state));
-			jb_i64(o, r->version);
-			jb_i64(o, r->flags);
-			jb_i64(o, r->paid_now ? 1 : 0);
+			struct sqlbuf *o = &ib->w[W_ORDER];
+
+			sqlbuf_row(o);
+			sqlbuf_str(o, r->id);
+			sqlbuf_str(o, order_state_name(r->state));
+			sqlbuf_i64(o, r->version);
+			sqlbuf_i64(o, r->flags);
 			if (r->has_amount)
-				jb_i64(o, r->amount_cents);
+				sqlbuf_i64(o, r->amount_cents);
 			else
-				jb_null(o);
-			jb_end(o);
+				sqlbuf_value(o, "NULL");
+			sqlbuf_value(o, r->paid_now ? "NOW(6)" : "NULL");
+			sqlbuf_value(o, "NOW(6)");
+			sqlbuf_value(o, "NOW(6)");
+			sqlbuf_row_end(o);
 			r->dirty = r->paid_now = r->has_amount = false;
 		}
 		if (r->held_dirty) {
-			jb_row(l);
-			jb_str(l, r->id);
-			jb_i64(l, r->held);
-			jb_end(l);
+			struct sqlbuf *l = &ib->w[W_LOCK];
+
+			sqlbuf_sql(l, "UPDATE order_locks SET held = ");
+			sqlbuf_i64(l, r->held);
+			sqlbuf_sql(l, " WHERE order_id = ");
+			sqlbuf_str(l, r->id);
+			sqlbuf_sql(l, ";");
 			r->held_dirty = false;
 		}
 	}
-	{
-		struct db_param p[1 + W_NSECT];
+	sqlbuf_reset(q);
+	for (int s = 0; s < W_NSECT; s++) {
+		struct sqlbuf *b = &ib->w[s];
 
-		p[0] = DBP_STR(ib->conf->consumer);
-		for (int s = 0; s < W_NSECT; s++) {
-			struct jbuf *b = &ib->w[s];
-
-			if (b->len > 0)
-				jb_ch(b, ']');
-			if (b->oom)
-				return ST_ERR_NOMEM;
-			p[1 + s] = b->len > 0 ? DBP_STRN(b->p, b->len) : DBP_NULL();
-			any = any || b->len > 0;
+		if (sqlbuf_err(b) != ST_OK && rc == ST_OK)
+			rc = sqlbuf_err(b);
+		if (b->len == 0)
+			continue;
+		any = true;
+		if (inbox_wsql[s].head != NULL) {
+			sqlbuf_sql(q, inbox_wsql[s].head);
+			sqlbuf_sql(q, b->p);
+			sqlbuf_sql(q, inbox_wsql[s].tail);
+			sqlbuf_sql(q, ";");
+		} else {
+			sqlbuf_sql(q, b->p);
 		}
-		rc = any ? db_stmt_exec(ib->write_batch, p, 1 + W_NSECT, NULL) : ST_OK;
 	}
+	if (commit)
+		sqlbuf_sql(q, "COMMIT");
+	if (rc == ST_OK)
+		rc = sqlbuf_err(q);
+	if (rc == ST_OK && any)
+		rc = db_multi(ib->db, q->p, q->len, NULL, NULL);
+	else if (rc == ST_OK && commit)
+		rc = db_commit(ib->db);
 	for (int s = 0; s < W_NSECT; s++)
-		jb_clear(&ib->w[s]);
+		sqlbuf_reset(&ib->w[s]);
 	return rc;
 }
 
 static void inbox_forget(struct inbox *ib)
 {
 	for (int s = 0; s < W_NSECT; s++)
-		jb_trim(&ib->w[s]);
-	jb_trim(&ib->claim);
+		sqlbuf_trim(&ib->w[s], INBOX_SQL_KEEP);
+	sqlbuf_trim(&ib->req, INBOX_SQL_KEEP);
 	ib->norders = 0;
 	ib->nkeys = 0;
 }
 
+/* The final outcome of a key whose claim said 'applied' (or 'held'). */
 static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, const char *outcome,
                             const char *reason)
 {
-	struct jbuf *b = &ib->w[W_OUTCOME];
+	struct sqlbuf *b = &ib->w[W_OUTCOME];
 
-	jb_row(b);
-	jb_str(b, ev->source);
-	jb_str(b, ev->message_id);
-	jb_str(b, outcome);
-	jb_str(b, reason);
-	jb_end(b);
+	sqlbuf_sql(b, "UPDATE processed_messages SET outcome = ");
+	sqlbuf_str(b, outcome);
+	sqlbuf_sql(b, ", reason = ");
+	sqlbuf_str(b, reason);
+	/* held_at: the event waited (migration 0012), kept once settled. */
+	sqlbuf_sql(b, strcmp(outcome, "held") == 0 ? ", processed_at = NOW(6), held_at = NOW(6) WHERE consumer = "
+	                                           : ", processed_at = NOW(6) WHERE consumer = ");
+	sqlbuf_str(b, ib->conf->consumer);
+	sqlbuf_sql(b, " AND source = ");
+	sqlbuf_str(b, ev->source);
+	sqlbuf_sql(b, " AND message_id = ");
+	sqlbuf_str(b, ev->message_id);
+	sqlbuf_sql(b, ";");
 }
 
 /* One outbox row as it is about to be written. */
@@ -590,18 +494,19 @@ static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev,
 
 static void inbox_w_outrow(struct inbox *ib, const struct inbox_outrow *r, const char *order_id)
 {
-	struct jbuf *b = &ib->w[W_OUTBOX];
+	struct sqlbuf *b = &ib->w[W_OUTBOX];
 
-	jb_row(b);
-	jb_str(b, r->id);
-	jb_str(b, r->exchange);
-	jb_str(b, r->rk);
-	jb_str(b, r->type);
-	jb_str(b, order_id);
-	jb_str(b, r->props);
-	jb_str(b, r->headers);
-	jb_b64(b, r->body, r->len);
-	jb_end(b);
+	sqlbuf_row(b);
+	sqlbuf_str(b, r->id);
+	sqlbuf_str(b, r->exchange);
+	sqlbuf_str(b, r->rk);
+	sqlbuf_str(b, r->type);
+	sqlbuf_str(b, order_id);
+	sqlbuf_str(b, r->props);
+	sqlbuf_str(b, r->headers);
+	sqlbuf_bytes(b, r->body, r->len);
+	sqlbuf_value(b, "NOW(6)");
+	sqlbuf_row_end(b);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -631,22 +536,24 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 
 	*changed = false;
 	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
-		struct jbuf *e = &ib->w[W_EVENT];
+		struct sqlbuf *e = &ib->w[W_EVENT];
 
 		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++)
 			if (v.emits & emits[i].bit)
 				rc = inbox_emit_row(ib, emits[i].type, ev, &rows[nrows++]);
 		if (rc == ST_OK) {
-			jb_row(e);
-			jb_str(e, ev->order_id);
-			jb_str(e, ev->source);
-			jb_str(e, ev->message_id);
-			jb_str(e, ev->type_name);
-			jb_str(e, outcome);
-			jb_str(e, o->state == ORDER_NONE ? "None" : order_state_name(o->state));
-			jb_str(e, order_state_name(v.next));
-			jb_i64(e, o->version + 1);
-			jb_end(e);
+			sqlbuf_row(e);
+			sqlbuf_str(e, ev->order_id);
+			sqlbuf_str(e, ib->conf->consumer);
+			sqlbuf_str(e, ev->source);
+			sqlbuf_str(e, ev->message_id);
+			sqlbuf_str(e, ev->type_name);
+			sqlbuf_str(e, outcome);
+			sqlbuf_str(e, o->state == ORDER_NONE ? "None" : order_state_name(o->state));
+			sqlbuf_str(e, order_state_name(v.next));
+			sqlbuf_i64(e, o->version + 1);
+			sqlbuf_value(e, "NOW(6)");
+			sqlbuf_row_end(e);
 			if ((v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID))
 				o->paid_now = true;
 			if (ev->has_amount) {
@@ -812,10 +719,13 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	}
 	if (rc != ST_OK)
 		return rc;
-	jb_row(&ib->w[W_DEL]);
-	jb_i64(&ib->w[W_DEL], h.id);
-	jb_end(&ib->w[W_DEL]);
+	sqlbuf_item(&ib->w[W_DEL]);
+	sqlbuf_i64(&ib->w[W_DEL], h.id);
 	*settled = true;
+	if (reason == MSG_REASON_NONE && v.decision == ORDER_INVALID)
+		reason = MSG_REASON_INVALID_TRANSITION;
+	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
+	res->released_reason[reason]++;
 	LOG(LOG_DEBUG, "held event settled", LOG_S("msg", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
 	return ST_OK;
@@ -870,7 +780,7 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 
 		progress = false;
 		do {
-			rc = inbox_flush(ib);
+			rc = inbox_flush(ib, false);
 			if (rc == ST_OK)
 				rc = inbox_held_page(ib, o->id, after, page, INBOX_RELEASE_PAGE, &n);
 			for (int i = 0; rc == ST_OK && i < n && o->held > 0; i++) {
@@ -901,17 +811,19 @@ static void inbox_hold(struct inbox *ib, const struct inbox_in *in, const struct
                        struct inbox_order *o)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
-	struct jbuf *b = &ib->w[W_HOLD];
+	struct sqlbuf *b = &ib->w[W_HOLD];
 
-	jb_row(b);
-	jb_str(b, ev->source);
-	jb_str(b, ev->message_id);
-	jb_str(b, ev->order_id);
-	jb_str(b, ev->type_name);
-	jb_str(b, ev->routing_key);
-	jb_str(b, props);
-	jb_b64(b, ev->body, ev->len);
-	jb_end(b);
+	sqlbuf_row(b);
+	sqlbuf_str(b, ib->conf->consumer);
+	sqlbuf_str(b, ev->source);
+	sqlbuf_str(b, ev->message_id);
+	sqlbuf_str(b, ev->order_id);
+	sqlbuf_str(b, ev->type_name);
+	sqlbuf_str(b, ev->routing_key);
+	sqlbuf_str(b, props);
+	sqlbuf_bytes(b, ev->body, ev->len);
+	sqlbuf_value(b, "NOW(6)");
+	sqlbuf_row_end(b);
 	free(props);
 	inbox_w_outcome(ib, ev, "held", NULL);
 	o->held++;
@@ -965,112 +877,224 @@ static int inbox_token(int64_t *token)
 	return ST_OK;
 }
 
-/* Round trip 1: claim the distinct keys (sorted), lock the orders of ours
- * and read them. */
 /* An order as read under its lock: held count, and status/version/flags
  * of its row (status NULL: no order yet).  One place for the batch claim
  * and for hold expiry. */
-static int inbox_order_fill(struct inbox_order *o, const char *id, const struct db_col *held,
-                            const struct db_col *status, const struct db_col *version, const struct db_col *flags)
+static int inbox_order_fill(struct inbox_order *o, const char *id, int64_t held, const char *status,
+                            int64_t version, int64_t flags)
 {
 	memset(o, 0, sizeof *o);
 	snprintf(o->id, sizeof o->id, "%s", id);
-	o->held = held->i64;
-	if (status->is_null) {
+	o->held = held;
+	if (status == NULL) {
 		o->state = ORDER_NONE;
 		return ST_OK;
 	}
-	int st = order_state_from_name(status->buf);
+	int st = order_state_from_name(status);
 	if (st < 0)
 		return ST_ERR_DB;
 	o->state = (enum order_state)st;
-	o->version = version->i64;
-	o->flags = (unsigned)flags->i64;
+	o->version = version;
+	o->flags = (unsigned)flags;
 	return ST_OK;
 }
 
+/* A whole integer column of a text row, or ST_ERR_DB. */
+static int inbox_col_i64(const char *v, int64_t *out)
+{
+	char *end;
+	long long x;
+
+	if (v == NULL)
+		return ST_ERR_DB;
+	errno = 0;
+	x = strtoll(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0')
+		return ST_ERR_DB;
+	*out = x;
+	return ST_OK;
+}
+
+/* The claim's result rows (statements 0 and 1 lock the orders and insert
+ * the keys): statement 2 lists the keys that are not ours
+ * (source, message_id, stored hash), statement 3 the locked orders
+ * (order_id, held, status, version, flags). */
+static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	struct inbox *ib = arg;
+
+	(void)lens;
+	if (stmt == 2 && ncols == 3) {
+		/* Keys are in index order (inbox_claim), so bisect. */
+		int lo = 0, hi = ib->nkeys - 1;
+
+		if (v[0] == NULL || v[1] == NULL || v[2] == NULL)
+			return ST_ERR_DB;
+		while (lo <= hi) {
+			int mid = (lo + hi) / 2;
+			const struct msg *m = ib->keymsg[mid];
+			int c = strcmp(m->source, v[0]);
+
+			if (c == 0)
+				c = strcmp(m->message_id, v[1]);
+			if (c == 0) {
+				ib->keys[mid].mine = false;
+				snprintf(ib->keys[mid].stored, sizeof ib->keys[mid].stored, "%s", v[2]);
+				return ST_OK;
+			}
+			if (c < 0)
+				lo = mid + 1;
+			else
+				hi = mid - 1;
+		}
+		return ST_ERR_DB; /* a row we did not ask for */
+	}
+	if (stmt == 3 && ncols == 5) {
+		int64_t held, version = 0, flags = 0;
+
+		if (ib->norders >= ib->nkeys || v[0] == NULL || inbox_col_i64(v[1], &held) != ST_OK)
+			return ST_ERR_DB;
+		if (v[2] != NULL && (inbox_col_i64(v[3], &version) != ST_OK || inbox_col_i64(v[4], &flags) != ST_OK))
+			return ST_ERR_DB;
+		return inbox_order_fill(&ib->orders[ib->norders++], v[0], held, v[2], version, flags);
+	}
+	return ST_ERR_DB;
+}
+
+static int inbox_str_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
+ * keys (sorted), and read back the keys that are not ours and the orders. */
 static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 {
-	struct jbuf *b = &ib->claim;
+	struct sqlbuf *q = &ib->req;
+	const char *cons = ib->conf->consumer;
 	int64_t token;
-	int rc, r;
+	int norder = 0, rc;
 
 	for (int i = 0; i < n; i++)
 		ib->sorted[i] = (struct inbox_sortent){ .m = in[i].msg, .i = i };
 	qsort(ib->sorted, (size_t)n, sizeof *ib->sorted, inbox_key_cmp);
+	rc = inbox_token(&token);
+	if (rc != ST_OK)
+		return rc;
 	ib->nkeys = 0;
-	jb_clear(b);
-	jb_ch(b, '[');
+	sqlbuf_reset(q);
+	/* The distinct keys, in index order. */
 	for (int s = 0; s < n; s++) {
 		int i = ib->sorted[s].i;
 		const struct msg *m = in[i].msg;
-		int64_t pub = in[i].published_us > 0 && in[i].published_us <= INBOX_PUBLISHED_US_MAX ? in[i].published_us : 0;
 
-		if (s > 0) {
-			const struct msg *p = in[ib->keys[ib->nkeys - 1].first].msg;
+		if (ib->nkeys > 0) {
+			const struct msg *p = ib->keymsg[ib->nkeys - 1];
 			if (strcmp(p->source, m->source) == 0 && strcmp(p->message_id, m->message_id) == 0) {
 				ib->key_of[i] = ib->nkeys - 1; /* the same key again in this batch */
 				continue;
 			}
 		}
 		ib->key_of[i] = ib->nkeys;
-		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i };
-		jb_row(b);
-		jb_str(b, m->source);
-		jb_str(b, m->message_id);
-		jb_str(b, ib->hex[i]);
-		jb_str(b, m->type_name);
-		jb_str(b, m->order_id);
-		jb_i64(b, pub);
-		jb_end(b);
+		ib->keymsg[ib->nkeys] = m;
+		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i, .mine = true };
+		ib->order_ids[norder++] = m->order_id;
 	}
-	jb_ch(b, ']');
-	if (b->oom)
-		return ST_ERR_NOMEM;
-	rc = inbox_token(&token);
-	if (rc != ST_OK)
-		return rc;
+	/* Orders first, then keys: a key's row is only ever written under its
+	 * order's lock (a released or expired held event's outcome is written
+	 * by whoever holds the order), so a batch holding a duplicate of a
+	 * held event must not lock that key before the order, or it and the
+	 * releasing batch deadlock.  Every key's order, ours or not, sorted
+	 * and distinct: a duplicate's order costs a lock, and spares a round
+	 * trip. */
+	qsort(ib->order_ids, (size_t)norder, sizeof *ib->order_ids, inbox_str_cmp);
 	{
-		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(token), DBP_STRN(b->p, b->len) };
-		rc = db_stmt_query(ib->claim_batch, p, 3);
+		int k = 0;
+		for (int i = 0; i < norder; i++)
+			if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
+				ib->order_ids[k++] = ib->order_ids[i];
+		norder = k;
 	}
+	sqlbuf_sql(q, "INSERT INTO order_locks (order_id, held, locks) VALUES ");
+	sqlbuf_list(q);
+	for (int i = 0; i < norder; i++) {
+		sqlbuf_row(q);
+		sqlbuf_str(q, ib->order_ids[i]);
+		sqlbuf_value(q, "0");
+		sqlbuf_value(q, "1");
+		sqlbuf_row_end(q);
+	}
+	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE locks = order_locks.locks + 1;");
+
+	sqlbuf_sql(q, "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type, order_id,"
+	              " outcome, published_at, processed_at, claim) VALUES ");
+	sqlbuf_list(q);
+	for (int k = 0; k < ib->nkeys; k++) {
+		int i = ib->keys[k].first;
+		const struct msg *m = in[i].msg;
+		int64_t pub = in[i].published_us > 0 && in[i].published_us <= INBOX_PUBLISHED_US_MAX ? in[i].published_us : 0;
+
+		sqlbuf_row(q);
+		sqlbuf_str(q, cons);
+		sqlbuf_str(q, m->source);
+		sqlbuf_str(q, m->message_id);
+		sqlbuf_str(q, ib->hex[i]);
+		sqlbuf_str(q, m->type_name);
+		sqlbuf_str(q, m->order_id);
+		sqlbuf_value(q, "'applied'");
+		if (pub > 0)
+			sqlbuf_unix_us(q, pub);
+		else
+			sqlbuf_value(q, "NULL");
+		sqlbuf_value(q, "NOW(6)");
+		sqlbuf_i64(q, token);
+		sqlbuf_row_end(q);
+	}
+	/* A key already taken stays as it is: the no-op update waits for,
+	 * then locks, the row of a concurrent claim, as a failed INSERT would,
+	 * and a value its column refuses is still an error (INSERT IGNORE
+	 * would store it cut). */
+	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE claim = processed_messages.claim;");
+
+
+	/* The keys that are not ours, one IN list per source (the range
+	 * optimiser takes that better than a list of row constructors). */
+	sqlbuf_sql(q, "SELECT source, message_id, payload_sha256 FROM processed_messages WHERE consumer = ");
+	sqlbuf_str(q, cons);
+	sqlbuf_sql(q, " AND (");
+	for (int k = 0; k < ib->nkeys; k++) {
+		const struct msg *m = ib->keymsg[k];
+
+		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
+			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
+			sqlbuf_str(q, m->source);
+			sqlbuf_sql(q, " AND message_id IN (");
+			sqlbuf_list(q);
+		}
+		sqlbuf_item(q);
+		sqlbuf_str(q, m->message_id);
+	}
+	sqlbuf_sql(q, "))) AND NOT (claim <=> ");
+	sqlbuf_i64(q, token);
+	sqlbuf_sql(q, ");");
+
+	sqlbuf_sql(q, "SELECT l.order_id, l.held, o.status, o.version, o.flags FROM order_locks l"
+	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id IN (");
+	sqlbuf_list(q);
+	for (int i = 0; i < norder; i++) {
+		sqlbuf_item(q);
+		sqlbuf_str(q, ib->order_ids[i]);
+	}
+	sqlbuf_sql(q, ")");
+	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
 	ib->norders = 0;
-	for (;;) {
-		char txt[65], status[32]; /* a hash or an order id: 64 at most */
-		struct db_col c[8] = {
-			DBC_I64(), DBC_I64(), DBC_STR(txt, sizeof txt), DBC_I64(),
-			DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(), DBC_I64(),
-		};
-
-		r = db_stmt_fetch(ib->claim_batch, c, 8);
-		if (r < 0)
-			return r;
-		if (r == 0)
-			break;
-		if (c[0].i64 == 0) {
-			struct inbox_key *k;
-
-			if (c[1].i64 < 1 || c[1].i64 > ib->nkeys)
-				return ST_ERR_DB;
-			k = &ib->keys[c[1].i64 - 1];
-			k->seen = true;
-			k->mine = c[3].i64 == 1;
-			snprintf(k->stored, sizeof k->stored, "%s", txt);
-		} else {
-			struct inbox_order *o;
-
-			if (ib->norders >= n)
-				return ST_ERR_DB;
-			o = &ib->orders[ib->norders++];
-			if (inbox_order_fill(o, txt, &c[4], &c[5], &c[6], &c[7]) != ST_OK)
-				return ST_ERR_DB;
-		}
-	}
-	for (int k = 0; k < ib->nkeys; k++)
-		if (!ib->keys[k].seen)
-			return ST_ERR_DB_DEADLOCK; /* cannot be: the INSERT left a row either way; start over */
+	rc = db_multi(ib->db, q->p, q->len, inbox_claim_row, ib);
+	if (rc != ST_OK)
+		return rc;
+	if (ib->norders != norder)
+		return ST_ERR_DB; /* every order was just written */
 	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
 	return ST_OK;
 }
@@ -1110,26 +1134,23 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	return ST_OK;
 }
 
-/* End the transaction: COMMIT when rc is ST_OK (the test fault hooks,
- * for a message's transaction, fire just before it), else ROLLBACK. */
+/* End the transaction: when rc is ST_OK, write what is pending and COMMIT
+ * in one request (the test fault hooks, for a message's transaction, fire
+ * just before it); else, or when that fails, ROLLBACK. */
 static int inbox_end(struct inbox *ib, int rc, bool hooks)
 {
-	if (rc == ST_OK && !hooks) {
-		rc = db_commit(ib->db);
-	} else if (rc == ST_OK) {
-		if (fault_hit("before-commit")) {
+	if (rc == ST_OK && hooks) {
+		if (fault_hit("before-commit"))
 			rc = ST_ERR_FAULT;
-		} else {
-			if (fault_hit("crash-before-commit"))
-				raise(SIGKILL); /* a message that kills its worker */
-			/* If the connection breaks during COMMIT we cannot know
-			 * whether it happened.  That is safe: the caller
-			 * reconnects and runs the messages again; if the commit
-			 * did happen, their keys are taken now and they are
-			 * settled as duplicates instead of applied twice. */
-			rc = db_commit(ib->db);
-		}
+		else if (fault_hit("crash-before-commit"))
+			raise(SIGKILL); /* a message that kills its worker */
 	}
+	/* If the connection breaks during the request we cannot know whether
+	 * the COMMIT happened.  That is safe: the caller reconnects and runs
+	 * the messages again; if it did happen, their keys are taken now and
+	 * they are settled as duplicates instead of applied twice. */
+	if (rc == ST_OK)
+		rc = inbox_flush(ib, true);
 	if (rc != ST_OK)
 		db_rollback(ib->db);
 	inbox_forget(ib);
@@ -1164,8 +1185,6 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 			rc = inbox_decide(ib, &in[i], &res[i]);
 		}
 	}
-	if (rc == ST_OK)
-		rc = inbox_flush(ib);
 	return inbox_end(ib, rc, true);
 }
 
@@ -1193,7 +1212,7 @@ static int inbox_lock_one(struct inbox *ib, const char *order_id, struct inbox_o
 		return ST_ERR_DB; /* we just wrote it */
 	db_stmt_done(ib->lock_read);
 	o = &ib->orders[0];
-	if (inbox_order_fill(o, order_id, &c[0], &c[1], &c[2], &c[3]) != ST_OK)
+	if (inbox_order_fill(o, order_id, c[0].i64, c[1].is_null ? NULL : status, c[2].i64, c[3].i64) != ST_OK)
 		return ST_ERR_DB;
 	ib->norders = 1;
 	*out = o;
@@ -1226,15 +1245,12 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	if (rc == ST_OK) {
 		inbox_w_outrow(ib, &row, order_id);
 		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired");
-		jb_row(&ib->w[W_DEL]);
-		jb_i64(&ib->w[W_DEL], id);
-		jb_end(&ib->w[W_DEL]);
+		sqlbuf_item(&ib->w[W_DEL]);
+		sqlbuf_i64(&ib->w[W_DEL], id);
 		o->held = o->held > 0 ? o->held - 1 : 0;
 		o->held_dirty = true;
 	}
 	inbox_outrow_free(&row);
-	if (rc == ST_OK)
-		rc = inbox_flush(ib);
 	/* No fault hooks here: those stand for a message's transaction. */
 	rc = inbox_end(ib, rc, false);
 	if (rc != ST_OK)

@@ -38,6 +38,7 @@ enum inbox_outcome {
 	INBOX_DEAD_LETTERED, /* invalid-transition: the DLQ copy is in the outbox */
 	INBOX_DUPLICATE,     /* same key, same hash: rolled back, ack it */
 	INBOX_CONFLICT,      /* same key, other hash: rolled back, dead-letter it */
+	INBOX_OUTCOME_COUNT
 };
 
 /* One delivery to record.  body/props_json are only read when the event is
@@ -55,6 +56,12 @@ struct inbox_in {
 struct inbox_result {
 	enum inbox_outcome outcome;
 	int released;      /* held events applied/settled by this transaction */
+	/* The released ones by their final outcome (INBOX_APPLIED,
+	 * INBOX_IGNORED, INBOX_COMPENSATED, INBOX_DEAD_LETTERED) and the
+	 * dead-lettered ones by reason (invalid-transition, or why a stored
+	 * body no longer parses): what /metrics counts them as. */
+	int released_as[INBOX_OUTCOME_COUNT];
+	int released_reason[MSG_REASON_COUNT];
 	int outbox_rows;   /* rows written to the outbox */
 	enum order_state state;
 };

@@ -4,11 +4,15 @@
  */
 #include "metrics.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "log.h"
@@ -20,6 +24,8 @@
 #endif
 
 #define METRICS_MAX_THREADS 256
+/* The page with every series at METRICS_MAX_THREADS threads fits. */
+#define METRICS_PAGE_MAX 65536
 
 static const double metrics_buckets[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                           0.05, 0.1, 0.25, 0.5, 1, 2.5, 5 };
@@ -27,6 +33,11 @@ static const double metrics_buckets[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.
 
 static struct {
 	atomic_uint_fast64_t outcomes[METRICS_OUTCOME_COUNT];
+	atomic_uint_fast64_t dead_letters[MSG_REASON_COUNT];
+	atomic_uint_fast64_t held;
+	atomic_uint_fast64_t released;
+	atomic_int_fast64_t held_now;
+	atomic_int_fast64_t held_oldest_ms;
 	atomic_uint_fast64_t db_retries;
 	atomic_uint_fast64_t reconnects[METRICS_PEER_COUNT];
 	atomic_uint_fast64_t hist[METRICS_NBUCKETS + 1];
@@ -43,7 +54,7 @@ static struct {
 } metrics;
 
 static const char *const metrics_outcome_names[METRICS_OUTCOME_COUNT] = {
-	"applied", "held", "ignored", "compensated", "dead_lettered", "duplicate",
+	"applied", "ignored", "compensated", "dead_lettered", "duplicate",
 };
 
 const char *metrics_outcome_name(enum metrics_outcome o)
@@ -51,10 +62,55 @@ const char *metrics_outcome_name(enum metrics_outcome o)
 	return (unsigned)o < METRICS_OUTCOME_COUNT ? metrics_outcome_names[o] : "unknown";
 }
 
-void metrics_outcome(enum metrics_outcome o)
+void metrics_outcome(enum metrics_outcome o, int n)
 {
-	if ((unsigned)o < METRICS_OUTCOME_COUNT)
-		atomic_fetch_add_explicit(&metrics.outcomes[o], 1, memory_order_relaxed);
+	if ((unsigned)o < METRICS_OUTCOME_COUNT && n > 0)
+		atomic_fetch_add_explicit(&metrics.outcomes[o], (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_dead_letter(enum msg_reason r, int n)
+{
+	if (n <= 0)
+		return;
+	/* A reason outside the list still counts as a dead letter, under
+	 * "" (rendered as "other"), so the two sums never disagree. */
+	if ((unsigned)r >= MSG_REASON_COUNT)
+		r = MSG_REASON_NONE;
+	atomic_fetch_add_explicit(&metrics.dead_letters[r], (uint_fast64_t)n, memory_order_relaxed);
+	metrics_outcome(METRICS_DEAD_LETTERED, n);
+}
+
+uint64_t metrics_dead_letter_count(enum msg_reason r)
+{
+	return (unsigned)r < MSG_REASON_COUNT ? atomic_load_explicit(&metrics.dead_letters[r], memory_order_relaxed)
+	                                      : 0;
+}
+
+void metrics_held(void)
+{
+	atomic_fetch_add_explicit(&metrics.held, 1, memory_order_relaxed);
+}
+
+void metrics_released(int n)
+{
+	if (n > 0)
+		atomic_fetch_add_explicit(&metrics.released, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+uint64_t metrics_held_count(void)
+{
+	return atomic_load_explicit(&metrics.held, memory_order_relaxed);
+}
+
+uint64_t metrics_released_count(void)
+{
+	return atomic_load_explicit(&metrics.released, memory_order_relaxed);
+}
+
+void metrics_held_now(int64_t n, double oldest_s)
+{
+	atomic_store_explicit(&metrics.held_now, n, memory_order_relaxed);
+	atomic_store_explicit(&metrics.held_oldest_ms, (int_fast64_t)(oldest_s * 1000), memory_order_relaxed);
 }
 
 uint64_t metrics_outcome_count(enum metrics_outcome o)
@@ -115,6 +171,45 @@ void metrics_thread_ready(int thread, bool ready)
 {
 	if (thread >= 0 && thread < METRICS_MAX_THREADS)
 		atomic_store(&metrics.ready[thread], ready);
+}
+
+/* The process's start in seconds since the epoch: the boot time
+ * (/proc/stat btime) plus the start in clock ticks after boot (field 22 of
+ * /proc/self/stat), as the Prometheus clients compute it; read once, it
+ * does not change.  0 when /proc cannot say. */
+static double metrics_start_time(long ticks)
+{
+	static _Atomic double cached;
+	double t = atomic_load(&cached);
+	char line[1024], *p;
+	unsigned long long start = 0, btime = 0;
+	FILE *f;
+	size_t n;
+
+	if (t > 0 || ticks <= 0)
+		return t;
+	f = fopen("/proc/self/stat", "r");
+	if (f == NULL)
+		return 0;
+	n = fread(line, 1, sizeof line - 1, f);
+	fclose(f);
+	line[n] = '\0';
+	p = strrchr(line, ')'); /* the command name may hold spaces */
+	if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+	                         &start) != 1)
+		return 0;
+	f = fopen("/proc/stat", "r");
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof line, f) != NULL)
+		if (sscanf(line, "btime %llu", &btime) == 1)
+			break;
+	fclose(f);
+	if (btime == 0)
+		return 0;
+	t = (double)btime + (double)start / (double)ticks;
+	atomic_store(&cached, t);
+	return t;
 }
 
 /* Append to buf; on overflow mark it so the caller returns -1. */
@@ -203,20 +298,93 @@ bool metrics_ready(void)
 	return metrics_readiness(NULL, 0);
 }
 
+/* The process_* series of the Prometheus client libraries, from /proc
+ * (Linux); one that cannot be read is left out rather than made up. */
+static void metrics_process(struct metrics_buf *b)
+{
+	struct rusage ru;
+	long page = sysconf(_SC_PAGESIZE), ticks = sysconf(_SC_CLK_TCK);
+	FILE *f;
+	DIR *d;
+
+	if (getrusage(RUSAGE_SELF, &ru) == 0)
+		metrics_put(b, "# HELP process_cpu_seconds_total User and system CPU time spent, in seconds.\n"
+		               "# TYPE process_cpu_seconds_total counter\n"
+		               "process_cpu_seconds_total %.3f\n",
+		            (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+		                (double)ru.ru_stime.tv_usec / 1e6);
+	f = fopen("/proc/self/statm", "r");
+	if (f != NULL) {
+		unsigned long size, resident;
+		if (fscanf(f, "%lu %lu", &size, &resident) == 2 && page > 0)
+			metrics_put(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+			               "# TYPE process_resident_memory_bytes gauge\n"
+			               "process_resident_memory_bytes %llu\n",
+			            (unsigned long long)resident * (unsigned long long)page);
+		fclose(f);
+	}
+	d = opendir("/proc/self/fd");
+	if (d != NULL) {
+		long n = 0;
+		struct dirent *e;
+		while ((e = readdir(d)) != NULL)
+			if (e->d_name[0] != '.')
+				n++;
+		closedir(d);
+		metrics_put(b, "# HELP process_open_fds Number of open file descriptors.\n"
+		               "# TYPE process_open_fds gauge\n"
+		               "process_open_fds %ld\n",
+		            n - 1); /* less the one opendir itself held */
+	}
+	if (metrics_start_time(ticks) > 0)
+		metrics_put(b, "# HELP process_start_time_seconds Start time of the process since the epoch, in seconds.\n"
+		               "# TYPE process_start_time_seconds gauge\n"
+		               "process_start_time_seconds %.2f\n",
+		            metrics_start_time(ticks));
+}
+
 int metrics_render(char *buf, size_t cap)
 {
 	struct metrics_buf b = { .p = buf, .cap = cap };
 	uint64_t cum = 0;
 
-	metrics_put(&b, "# HELP inbox_messages_total Deliveries by final decision.\n"
+	metrics_put(&b, "# HELP inbox_build_info The worker's version.\n"
+	                "# TYPE inbox_build_info gauge\n"
+	                "inbox_build_info{version=\"%s\"} 1\n",
+	            INBOX_VERSION);
+	metrics_put(&b, "# HELP inbox_messages_total Deliveries by final decision; a held event is counted when"
+	                " it is settled (released or expired).\n"
 	                "# TYPE inbox_messages_total counter\n");
 	for (int i = 0; i < METRICS_OUTCOME_COUNT; i++)
 		metrics_put(&b, "inbox_messages_total{outcome=\"%s\"} %llu\n", metrics_outcome_names[i],
 		            (unsigned long long)metrics_outcome_count((enum metrics_outcome)i));
-	metrics_put(&b, "# HELP inbox_duplicates_total Deliveries recognised as duplicates.\n"
-	                "# TYPE inbox_duplicates_total counter\n"
-	                "inbox_duplicates_total %llu\n",
-	            (unsigned long long)metrics_outcome_count(METRICS_DUPLICATE));
+	metrics_put(&b, "# HELP inbox_dead_letters_total Dead letters the worker sent, by x-inbox-reason"
+	                " (their sum is outcome=\"dead_lettered\").\n"
+	                "# TYPE inbox_dead_letters_total counter\n");
+	for (int r = 1; r <= MSG_REASON_COUNT; r++) {
+		enum msg_reason why = r < MSG_REASON_COUNT ? (enum msg_reason)r : MSG_REASON_NONE;
+		uint64_t n = metrics_dead_letter_count(why);
+		if (why == MSG_REASON_NONE && n == 0)
+			continue; /* "other" only when something unexpected happened */
+		metrics_put(&b, "inbox_dead_letters_total{reason=\"%s\"} %llu\n",
+		            why == MSG_REASON_NONE ? "other" : msg_reason_name(why), (unsigned long long)n);
+	}
+	metrics_put(&b, "# HELP inbox_held_total Events held on arrival to wait for their prerequisite (each is"
+	                " counted again in inbox_messages_total once settled).\n"
+	                "# TYPE inbox_held_total counter\n"
+	                "inbox_held_total %llu\n"
+	                "# HELP inbox_released_total Held events settled by this process when their order changed.\n"
+	                "# TYPE inbox_released_total counter\n"
+	                "inbox_released_total %llu\n",
+	            (unsigned long long)metrics_held_count(), (unsigned long long)metrics_released_count());
+	metrics_put(&b, "# HELP inbox_held_events Events held now, waiting for their prerequisite (the database's"
+	                " count for this consumer, all processes).\n"
+	                "# TYPE inbox_held_events gauge\n"
+	                "inbox_held_events %lld\n"
+	                "# HELP inbox_held_oldest_seconds Age of the oldest held event (0: none).\n"
+	                "# TYPE inbox_held_oldest_seconds gauge\n"
+	                "inbox_held_oldest_seconds %.3f\n",
+	            (long long)atomic_load(&metrics.held_now), (double)atomic_load(&metrics.held_oldest_ms) / 1000.0);
 	metrics_put(&b, "# HELP inbox_db_retries_total Transactions retried after deadlock or lock wait timeout.\n"
 	                "# TYPE inbox_db_retries_total counter\n"
 	                "inbox_db_retries_total %llu\n",
@@ -260,6 +428,12 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",
 	            (double)atomic_load(&metrics.outbox_oldest_ms) / 1000.0);
+	metrics_put(&b, "# HELP inbox_thread_ready 1 while the worker thread has its broker and database"
+	                " connections and its consumers.\n"
+	                "# TYPE inbox_thread_ready gauge\n");
+	for (int i = 0, n = atomic_load(&metrics.threads); i < n; i++)
+		metrics_put(&b, "inbox_thread_ready{thread=\"%d\"} %d\n", i, atomic_load(&metrics.ready[i]) ? 1 : 0);
+	metrics_process(&b);
 	/* Absent until the janitor read it: a 0 would claim an empty DLQ. */
 	if (atomic_load(&metrics.dlq_depth) > 0)
 		metrics_put(&b, "# HELP inbox_dlq_messages Messages ready in the dead-letter queue, as this process last read it.\n"
@@ -282,7 +456,7 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
                                       const char *method, const char *version, const char *upload,
                                       size_t *upload_size, void **req_cls)
 {
-	char body[8192];
+	char *body = malloc(METRICS_PAGE_MAX); /* freed below: the response keeps a copy */
 	const char *text;
 	unsigned status = MHD_HTTP_OK;
 	struct MHD_Response *resp;
@@ -290,11 +464,13 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
 	int n;
 
 	(void)cls; (void)version; (void)upload; (void)upload_size; (void)req_cls;
+	if (body == NULL)
+		return MHD_NO;
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
 		text = "method not allowed\n";
 		status = MHD_HTTP_METHOD_NOT_ALLOWED;
 	} else if (strcmp(url, "/metrics") == 0) {
-		n = metrics_render(body, sizeof body);
+		n = metrics_render(body, METRICS_PAGE_MAX);
 		text = n < 0 ? "metrics buffer too small\n" : body;
 		status = n < 0 ? MHD_HTTP_INTERNAL_SERVER_ERROR : MHD_HTTP_OK;
 	} else if (strcmp(url, "/healthz") == 0) {
@@ -307,7 +483,7 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
 		} else {
 			/* Say which thread or shard is missing, so that the
 			 * operator need not read the logs to find out. */
-			snprintf(body, sizeof body, "not ready:%s\n", why);
+			snprintf(body, METRICS_PAGE_MAX, "not ready:%s\n", why);
 			text = body;
 		}
 		status = ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
@@ -316,6 +492,7 @@ static enum MHD_Result metrics_answer(void *cls, struct MHD_Connection *conn, co
 		status = MHD_HTTP_NOT_FOUND;
 	}
 	resp = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+	free(body);
 	if (resp == NULL)
 		return MHD_NO;
 	if (MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4") != MHD_YES) {

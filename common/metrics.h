@@ -1,6 +1,15 @@
 /*
  * metrics.h - process-wide counters for /metrics and the logs.
  *
+ * The counters add up: every delivery is counted once in
+ * inbox_messages_total, by its final decision.  An event that had to wait
+ * is counted in inbox_held_total when it is held and in
+ * inbox_messages_total when it is settled (released by its order's change,
+ * or expired by the janitor), by whichever process settles it; the events
+ * held right now are a gauge read from the database.  Every dead letter the
+ * worker decides is counted once by its reason, and that count is the
+ * dead_lettered outcome.
+ *
  * Counters are C11 atomics updated with relaxed ordering from any thread:
  * they are statistics, never used to make a decision.  The HTTP endpoint
  * (libmicrohttpd, optional at build time) serves /metrics in the Prometheus
@@ -19,9 +28,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "msg.h"
+
 enum metrics_outcome {
 	METRICS_APPLIED = 0,
-	METRICS_HELD,
 	METRICS_IGNORED,
 	METRICS_COMPENSATED,
 	METRICS_DEAD_LETTERED,
@@ -31,7 +41,17 @@ enum metrics_outcome {
 
 enum metrics_peer { METRICS_PEER_AMQP = 0, METRICS_PEER_DB, METRICS_PEER_COUNT };
 
-void metrics_outcome(enum metrics_outcome o);
+/* n deliveries (or held events settled) with final decision o; a dead
+ * letter goes through metrics_dead_letter instead, which knows why. */
+void metrics_outcome(enum metrics_outcome o, int n);
+/* n dead letters for reason r: counted by reason and as dead_lettered. */
+void metrics_dead_letter(enum msg_reason r, int n);
+/* An event held on arrival, and n held events settled by their order. */
+void metrics_held(void);
+void metrics_released(int n);
+/* The events held now (this consumer, all processes) and the age of the
+ * oldest, as the janitor read them. */
+void metrics_held_now(int64_t n, double oldest_s);
 void metrics_db_retry(void);
 void metrics_reconnect(enum metrics_peer p);
 void metrics_processing_seconds(double s);
@@ -63,6 +83,9 @@ uint64_t metrics_redelivered_count(void);
 
 uint64_t metrics_outcome_count(enum metrics_outcome o);
 const char *metrics_outcome_name(enum metrics_outcome o);
+uint64_t metrics_dead_letter_count(enum msg_reason r);
+uint64_t metrics_held_count(void);
+uint64_t metrics_released_count(void);
 
 /* Render the Prometheus text into buf; returns the length or -1 if cap is
  * too small. */

@@ -72,6 +72,9 @@ struct outbox {
 	char *headers;
 	size_t headers_cap;
 	bool isolate; /* a broker error in the last round: one row at a time */
+	/* A round's rows, allocated once: the janitor runs a round after
+	 * every batch that wrote outbox rows, often for a handful. */
+	struct outbox_row *rows;
 };
 
 /* A row taken in this round and what became of it. */
@@ -149,6 +152,7 @@ void outbox_close(struct outbox **obp)
 	free(ob->body);
 	free(ob->props);
 	free(ob->headers);
+	free(ob->rows);
 	free(ob);
 	*obp = NULL;
 }
@@ -422,9 +426,10 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_rou
 	rc = mq_confirm_select(pub);
 	if (rc != ST_OK)
 		return rc;
-	rows = calloc(OUTBOX_BATCH_MAX, sizeof *rows);
-	if (rows == NULL)
+	if (ob->rows == NULL && (ob->rows = malloc(OUTBOX_BATCH_MAX * sizeof *ob->rows)) == NULL)
 		return ST_ERR_NOMEM;
+	rows = ob->rows;
+	memset(rows, 0, (size_t)limit * sizeof *rows);
 	rc = outbox_take(ob, pub, ob->take_due, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, true, rows, &n,
 	                 &mqrc);
 	if (rc == ST_OK && mqrc == ST_OK && n < limit)
@@ -456,7 +461,6 @@ done:
 	outbox_shrink(&ob->body, &ob->body_cap);
 	outbox_shrink(&ob->props, &ob->props_cap);
 	outbox_shrink(&ob->headers, &ob->headers_cap);
-	free(rows);
 	return rc != ST_OK ? rc : mqrc;
 }
 

@@ -62,6 +62,7 @@ struct v_msg {
 	bool effect;
 	char reason[V_REASON_MAX];
 	int conflicts;
+	int copies;         /* deliveries published: 1 + its duplicate copies */
 	char sha[65];
 	bool row;
 	char got_outcome[20];
@@ -169,6 +170,10 @@ struct v_state {
 	/* The missing list by kind, for the report's totals. */
 	long miss_effects, miss_dead, miss_dead_bare, miss_conflicts, miss_orders, miss_emits;
 	long outcome_count[6];
+	/* Rows with held_at: events that waited.  By what became of them:
+	 * released into an outcome (v_outcomes index 0..3), expired, still
+	 * held. */
+	long held_total, held_released[4], held_expired, held_still;
 	int64_t *lat;       /* publish -> commit, microseconds */
 	size_t nlat;
 	int64_t first_pub, last_done;
@@ -270,6 +275,7 @@ static int v_load(struct v_state *st, const char *path)
 			v_copy(m->sha, sizeof m->sha, json_object_get(o, "sha256"));
 			m->effect = ex != NULL && strcmp(ex, "effect") == 0;
 			m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
+			m->copies = (int)json_integer_value(json_object_get(o, "copies"));
 			v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
 			st->nmsgs++;
 		}
@@ -451,21 +457,33 @@ static int v_read_inbox(struct v_state *st)
 	rc = db_prepare(st->db, &q,
 	                "SELECT message_id, outcome, COALESCE(reason, ''), payload_sha256,"
 	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', published_at),"
-	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', processed_at)"
+	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', processed_at), held_at IS NOT NULL"
 	                " FROM processed_messages WHERE consumer = ? AND message_id LIKE ?");
 	if (rc == ST_OK)
 		rc = db_stmt_query(q, p, 2);
 	while (rc == ST_OK) {
-		struct db_col c[6] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
-		                       DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64() };
+		struct db_col c[7] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
+		                       DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64(),
+		                       DBC_I64() };
+		int oi;
 		long i;
 
-		r = db_stmt_fetch(q, c, 6);
+		r = db_stmt_fetch(q, c, 7);
 		if (r <= 0) {
 			rc = r;
 			break;
 		}
-		st->outcome_count[v_outcome_index(outcome)]++;
+		oi = v_outcome_index(outcome);
+		st->outcome_count[oi]++;
+		if (c[6].i64 != 0) {
+			st->held_total++;
+			if (oi == 4)
+				st->held_still++;
+			else if (strcmp(reason, "hold-expired") == 0)
+				st->held_expired++;
+			else if (oi < 4)
+				st->held_released[oi]++;
+		}
 		if (!c[4].is_null) {
 			if (st->nlat == cap) {
 				int64_t *n = realloc(st->lat, cap * 2 * sizeof *n);
@@ -813,12 +831,17 @@ static json_t *v_list_json(const struct v_list *l)
 
 /* The whole report as one JSON object on stdout: every figure of the text
  * report under a stable key.  Returns 0, or -1 when it could not be built. */
+static long v_released(const struct v_state *st)
+{
+	return st->held_released[0] + st->held_released[1] + st->held_released[2] + st->held_released[3];
+}
+
 static int v_report_json(const struct v_state *st, const struct lg_verify_opts *vo, bool ok, long eff_exp,
                          long eff_found, long dead_exp, long dead_seen, long emit_exp, long emits_seen,
                          long long dups_published, long long dups_absorbed, double span, double tput, double p50,
                          double p99, double pmax)
 {
-	json_t *by_reason = json_object(), *o;
+	json_t *by_reason = json_object(), *o, *holds;
 	char *text;
 
 	for (int i = 0; by_reason != NULL && i < st->ndead_reasons; i++)
@@ -866,8 +889,15 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	              "latency_ms", "p50", p50, "p99", p99, "max", pmax,
 	              "lists", "missing", v_list_json(&st->missing), "doubled", v_list_json(&st->doubled), "wrong",
 	              v_list_json(&st->wrong), "unexpected", v_list_json(&st->unexpected));
-	if (o == NULL) {
+	/* Events that waited, from the rows' held_at (migration 0012). */
+	holds = json_pack("{s:I, s:I, s:{s:I, s:I, s:I, s:I}, s:I, s:I}", "held", (json_int_t)st->held_total,
+	                  "released", (json_int_t)v_released(st), "released_by_outcome", "applied",
+	                  (json_int_t)st->held_released[0], "compensated", (json_int_t)st->held_released[1], "ignored",
+	                  (json_int_t)st->held_released[2], "dead_lettered", (json_int_t)st->held_released[3], "expired",
+	                  (json_int_t)st->held_expired, "still_held", (json_int_t)st->held_still);
+	if (o == NULL || holds == NULL || json_object_set_new(o, "holds", holds) != 0) {
 		fprintf(stderr, "inbox-loadgen: cannot build the JSON report\n");
+		json_decref(o);
 		return -1;
 	}
 	text = json_dumps(o, JSON_COMPACT);
@@ -919,10 +949,17 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 		long long copies = (long long)json_integer_value(json_object_get(st.run, "copies_immediate")) +
 		                   (long long)json_integer_value(json_object_get(st.run, "copies_concurrent")) +
 		                   (long long)json_integer_value(json_object_get(st.run, "copies_delayed"));
-		/* Every duplicate copy published is absorbed unless it made a
-		 * second effect: the doubles are what was not. */
+		/* A copy is absorbed when its message has its inbox row (the
+		 * key it found taken) and it made no second effect: counted
+		 * from the rows, so a message that went missing absorbed
+		 * nothing. */
 		dups_published = copies;
-		dups_absorbed = copies > st.doubled.count ? copies - st.doubled.count : 0;
+		for (size_t i = 0; i < st.nmsgs; i++) {
+			const struct v_msg *m = &st.msgs[i];
+			long long extra = m->events > 1 ? m->events - 1 : 0;
+			if (m->row && m->copies > 1 + extra)
+				dups_absorbed += m->copies - 1 - extra;
+		}
 	}
 	if (st.nlat > 0 && st.last_done > st.first_pub) {
 		for (int i = 0; i < 5; i++)
@@ -974,6 +1011,10 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	printf("\n");
 	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", dups_published,
 	       dups_absorbed, st.doubled.count);
+	printf("holds       held %ld, released %ld (applied %ld, compensated %ld, ignored %ld, dead_lettered %ld),"
+	       " expired %ld, still held %ld\n",
+	       st.held_total, v_released(&st), st.held_released[0], st.held_released[1], st.held_released[2],
+	       st.held_released[3], st.held_expired, st.held_still);
 	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st.unexpected.count, st.foreign);
 	if (span > 0) {
 		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n", tput, rows,

@@ -460,3 +460,71 @@ Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .ti
 	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
 	cr_assert(lg_file_has(tlog, "duplicates", "absorbed"), "the text report lacks the duplicates, see %s", tlog);
 }
+
+/* The verify report counts, from the inbox rows (held_at), the events that
+ * had to wait and what became of them (released into each outcome,
+ * expired, still held), in text and in --json. */
+Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout = 600)
+{
+	char ledger[256], plog[300], vlog[300], tlog[300], like[64], line[200];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "hold", "--orders", "40", "--reorder-window", "4",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "1m", "--json", NULL };
+	const char *txt[] = { "verify", "--ledger", ledger, "--timeout", "1m", NULL };
+	json_error_t jerr;
+	json_t *o, *h, *by;
+	int64_t held, released, copies;
+	pid_t w;
+	FILE *f;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "hold");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.json", ledger);
+	snprintf(tlog, sizeof tlog, "%s.verify.txt", ledger);
+	w = itest_worker(1, NULL);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w, SIGTERM, 30);
+	snprintf(like, sizeof like, "%s-%%", "lg1-hold");
+	held = itest_int1("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL AND message_id LIKE ?", like);
+	released = itest_int1("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL AND outcome <> 'held'"
+	                      " AND COALESCE(reason, '') <> 'hold-expired' AND message_id LIKE ?",
+	                      like);
+	cr_assert_gt(held, 0, "a reorder window of 4 holds some events");
+
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
+	f = fopen(vlog, "r");
+	cr_assert_not_null(f);
+	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
+	fclose(f);
+	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	h = json_object_get(o, "holds");
+	cr_assert(json_is_object(h), "no holds in %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(h, "held")), held, "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(h, "released")), released, "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(h, "expired")), 0, "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(h, "still_held")), 0, "see %s", vlog);
+	by = json_object_get(h, "released_by_outcome");
+	cr_assert_eq(json_integer_value(json_object_get(by, "applied")) +
+	                 json_integer_value(json_object_get(by, "compensated")) +
+	                 json_integer_value(json_object_get(by, "ignored")) +
+	                 json_integer_value(json_object_get(by, "dead_lettered")),
+	             released, "see %s", vlog);
+	cr_assert_eq(json_integer_value(json_object_get(by, "applied")),
+	             itest_int1("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL"
+	                        " AND outcome = 'applied' AND message_id LIKE ?",
+	                        like),
+	             "see %s", vlog);
+	copies = lg_ledger_int(ledger, "copies_immediate") + lg_ledger_int(ledger, "copies_concurrent") +
+	         lg_ledger_int(ledger, "copies_delayed");
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
+	json_decref(o);
+
+	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
+	snprintf(line, sizeof line, "held %lld, released %lld (", (long long)held, (long long)released);
+	cr_assert(lg_file_has(tlog, "holds ", line), "the text report lacks '%s', see %s", line, tlog);
+	cr_assert(lg_file_has(tlog, "holds ", "expired 0, still held 0"), "see %s", tlog);
+}

@@ -1,11 +1,16 @@
 /*
  * test_metrics.c - readiness: every thread ready and, in sharded ordering,
  * every shard covered by some thread of the process; the reason names what
- * is missing.
+ * is missing.  The rendered page: dead letters by reason adding up to the
+ * dead_lettered outcome, holds as a counter and a gauge, build info, per
+ * thread readiness and the process series.
  */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "config.h"
 #include "metrics.h"
 
 Test(metrics, readiness_names_threads_and_shards_without_a_consumer)
@@ -58,4 +63,66 @@ Test(metrics, redeliveries_are_counted_and_rendered)
 	cr_assert_eq(metrics_redelivered_count(), 2);
 	cr_assert_gt(metrics_render(page, sizeof page), 0);
 	cr_assert_not_null(strstr(page, "\ninbox_redelivered_total 2\n"), "%s", page);
+}
+
+/* Dead letters by reason add up to the dead_lettered outcome; a held event
+ * is counted as held and, once settled, in its outcome (issue 12). */
+Test(metrics, dead_letters_by_reason_add_up_and_holds_are_not_an_outcome)
+{
+	char page[65536];
+
+	metrics_dead_letter(MSG_REASON_TOO_LARGE, 2);
+	metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, 1);
+	metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, 0);
+	metrics_held();
+	metrics_released(1);
+	metrics_outcome(METRICS_APPLIED, 1);
+	metrics_held_now(3, 1.5);
+	cr_assert_eq(metrics_outcome_count(METRICS_DEAD_LETTERED), 3);
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	cr_assert_not_null(strstr(page, "\ninbox_dead_letters_total{reason=\"too-large\"} 2\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_dead_letters_total{reason=\"hold-expired\"} 1\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_dead_letters_total{reason=\"invalid-transition\"} 0\n"), "%s", page);
+	cr_assert_null(strstr(page, "reason=\"other\""), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_messages_total{outcome=\"dead_lettered\"} 3\n"), "%s", page);
+	cr_assert_null(strstr(page, "outcome=\"held\""), "%s", page);
+	cr_assert_null(strstr(page, "inbox_duplicates_total"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_held_total 1\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_released_total 1\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_held_events 3\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_held_oldest_seconds 1.500\n"), "%s", page);
+}
+
+Test(metrics, build_info_threads_and_process_series)
+{
+	char page[65536];
+
+	metrics_set_threads(3);
+	metrics_thread_ready(0, true);
+	metrics_thread_ready(1, false);
+	metrics_thread_ready(2, true);
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	cr_assert_not_null(strstr(page, "\ninbox_build_info{version=\"" INBOX_VERSION "\"} 1\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_thread_ready{thread=\"0\"} 1\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_thread_ready{thread=\"1\"} 0\n"), "%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_thread_ready{thread=\"2\"} 1\n"), "%s", page);
+	cr_assert_null(strstr(page, "thread=\"3\""), "%s", page);
+	cr_assert_not_null(strstr(page, "\nprocess_cpu_seconds_total "), "%s", page);
+	cr_assert_not_null(strstr(page, "\nprocess_resident_memory_bytes "), "%s", page);
+	cr_assert_not_null(strstr(page, "\nprocess_open_fds "), "%s", page);
+	cr_assert_not_null(strstr(page, "\nprocess_start_time_seconds "), "%s", page);
+	{
+		double start = strtod(strstr(page, "\nprocess_start_time_seconds ") + 28, NULL);
+		double now = (double)time(NULL);
+		cr_assert(start > now - 3600 && start <= now + 1, "start %f now %f", start, now);
+	}
+}
+
+Test(metrics, every_series_fits_the_page_at_the_thread_limit)
+{
+	static char page[65536];
+
+	metrics_set_threads(256);
+	metrics_set_shards(64);
+	cr_assert_gt(metrics_render(page, sizeof page), 0, "the HTTP handler's page is 64 KiB");
 }

@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "db.h"
 #include "itest.h"
+#include "status.h"
 
 static int run_migrate(const char *dir)
 {
@@ -29,8 +31,9 @@ static int count_migration_files(void)
 	FILE *p;
 	int n = -1;
 
-	/* The numbered files and the procedure files, each recorded once. */
-	snprintf(cmd, sizeof cmd, "(ls %s; ls %s/procedures) | grep -c '\\.sql$'",
+	/* The numbered files and the procedure files (none today), each
+	 * recorded once. */
+	snprintf(cmd, sizeof cmd, "(ls %s; ls %s/procedures 2>/dev/null) | grep -c '\\.sql$'",
 	         itest_source("migrations", dir, sizeof dir), dir);
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
@@ -109,7 +112,8 @@ Test(migrate, changed_applied_file_is_refused)
 
 /* A procedure lives in one file of migrations/procedures/: an edited file
  * is applied again (the procedure replaced, its checksum recorded anew),
- * an unchanged one is left alone. */
+ * an unchanged one is left alone.  The worker itself uses none today
+ * (0011 dropped the batch procedures), so the test brings its own. */
 Test(migrate, changed_procedure_file_is_applied_again)
 {
 	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200], sha1[65], sha2[65];
@@ -118,25 +122,168 @@ Test(migrate, changed_procedure_file_is_applied_again)
 
 	itest_fresh();
 	cr_assert_not_null(mkdtemp(tmpl));
-	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", itest_source("migrations", src, sizeof src), tmpl);
+	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/ && mkdir -p %s/procedures", itest_source("migrations", src, sizeof src),
+	         tmpl, tmpl);
 	cr_assert_eq(system(cmd), 0);
+	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("DROP PROCEDURE IF EXISTS itest_probe;\nCREATE PROCEDURE itest_probe() SELECT 1;\n", f);
+	cr_assert_eq(fclose(f), 0);
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unchanged copy must be accepted");
-	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/inbox_claim_batch.sql",
+	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/itest_probe.sql",
 	                     sha1, sizeof sha1));
 
-	snprintf(path, sizeof path, "%s/procedures/inbox_claim_batch.sql", tmpl);
 	f = fopen(path, "a");
 	cr_assert_not_null(f);
 	fputs("\n-- an edit after the fact\n", f);
 	cr_assert_eq(fclose(f), 0);
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a changed procedure file must be applied again");
-	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/inbox_claim_batch.sql",
+	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/itest_probe.sql",
 	                     sha2, sizeof sha2));
 	cr_assert_str_neq(sha1, sha2, "the new checksum is recorded");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.routines WHERE routine_schema = DATABASE()"
-	                       " AND routine_name = 'inbox_claim_batch'"), 1);
+	                       " AND routine_name = 'itest_probe'"), 1);
+
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* The line of the status report that names file, or NULL. */
+static char *status_line(const char *report, const char *file, char *line, size_t cap)
+{
+	const char *p = report;
+	size_t n = strlen(file);
+
+	while ((p = strstr(p, file)) != NULL) {
+		const char *start = p, *end;
+		while (start > report && start[-1] != '\n')
+			start--;
+		end = strchr(p, '\n');
+		if (end == NULL)
+			end = p + strlen(p);
+		/* the file's own name, not one that merely contains it */
+		if ((p[n] == ' ' || p[n] == '\n' || p[n] == '\0') && (p == report || p[-1] == ' ')) {
+			snprintf(line, cap, "%.*s", (int)(end - start), start);
+			return line;
+		}
+		p += n;
+	}
+	return NULL;
+}
+
+static int run_status(const char *dir, char *out, size_t cap)
+{
+	char env[4200], logf[256];
+	const char *args[] = { "migrate", "--status", NULL };
+	const char *envv[] = { env, "INBOX_LOG_LEVEL=warn", NULL };
+	FILE *f;
+	size_t len;
+	int st;
+
+	snprintf(env, sizeof env, "INBOX_MIGRATIONS_DIR=%s", dir);
+	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-migrate-status.log", (int)getpid());
+	st = itest_wait_exit(itest_spawn_program(getenv("INBOX_WORKER_BIN"), args, envv, logf, true), 120);
+	f = fopen(logf, "r");
+	cr_assert_not_null(f);
+	len = fread(out, 1, cap - 1, f);
+	out[len] = '\0';
+	fclose(f);
+	return st;
+}
+
+/* `migrate --status` only reads: it lists every file applied, pending or
+ * changed since it was applied, with its checksum, and every record whose
+ * file is gone; it creates nothing and applies nothing. */
+Test(migrate, status_lists_applied_pending_and_changed_files_and_only_reads)
+{
+	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200], sha[65], line[600];
+	static char out[65536];
+	struct db *db;
+	FILE *f;
+	int st, files;
+
+	itest_fresh();
+	cr_assert_not_null(mkdtemp(tmpl));
+	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/ && mkdir -p %s/procedures", itest_source("migrations", src, sizeof src),
+	         tmpl, tmpl);
+	cr_assert_eq(system(cmd), 0);
+	/* The worker uses no procedure today (0011): the test brings one, and
+	 * migrates once to apply it. */
+	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("DROP PROCEDURE IF EXISTS itest_probe;\nCREATE PROCEDURE itest_probe() SELECT 1;\n", f);
+	cr_assert_eq(fclose(f), 0);
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	files = count_migration_files() + 1;
+
+	/* Up to date: every file applied, with the recorded checksum. */
+	st = run_status(tmpl, out, sizeof out);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, out);
+	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "0001_inbox.sql", sha, sizeof sha));
+	cr_assert_not_null(status_line(out, "0001_inbox.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "applied", 7), 0, "%s", line);
+	cr_assert_not_null(strstr(line, sha), "the checksum: %s", line);
+	cr_assert_not_null(status_line(out, "procedures/itest_probe.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "applied", 7), 0, "%s", line);
+	snprintf(line, sizeof line, "applied=%d pending=0 changed=0 missing=0", files);
+	cr_assert_not_null(strstr(out, line), "%s", out);
+
+	/* A new file, an edited numbered file, an edited procedure, a record
+	 * without a file. */
+	snprintf(path, sizeof path, "%s/9999_later.sql", tmpl);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("CREATE TABLE IF NOT EXISTS later (id INT PRIMARY KEY);\n", f);
+	cr_assert_eq(fclose(f), 0);
+	snprintf(path, sizeof path, "%s/0002_saga.sql", tmpl);
+	f = fopen(path, "a");
+	cr_assert_not_null(f);
+	fputs("\n-- an edit after the fact\n", f);
+	cr_assert_eq(fclose(f), 0);
+	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
+	f = fopen(path, "a");
+	cr_assert_not_null(f);
+	fputs("\n-- an edit\n", f);
+	cr_assert_eq(fclose(f), 0);
+	db = itest_db();
+	cr_assert_eq(db_exec(db, "INSERT INTO schema_migrations (name, sha256, applied_at)"
+	                         " VALUES ('0003_gone.sql', REPEAT('a', 64), NOW(6))"),
+	             ST_OK);
+	cr_assert_eq(db_commit(db), ST_OK);
+	st = run_status(tmpl, out, sizeof out);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, out);
+	cr_assert_not_null(status_line(out, "9999_later.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "pending", 7), 0, "%s", line);
+	cr_assert_not_null(strstr(line, "sha256="), "%s", line);
+	cr_assert_not_null(status_line(out, "0002_saga.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "CHANGED", 7), 0, "%s", line);
+	cr_assert_not_null(strstr(line, "refuses"), "says what migrate will do: %s", line);
+	cr_assert_not_null(status_line(out, "procedures/itest_probe.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "changed", 7), 0, "%s", line);
+	cr_assert_not_null(strstr(line, "applies it again"), "%s", line);
+	cr_assert_not_null(status_line(out, "0003_gone.sql", line, sizeof line), "%s", out);
+	cr_assert_eq(strncmp(line, "missing", 7), 0, "%s", line);
+	snprintf(line, sizeof line, "applied=%d pending=1 changed=2 missing=1", files - 2);
+	cr_assert_not_null(strstr(out, line), "%s", out);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE()"
+	                       " AND table_name = 'later'"),
+	             0, "nothing applied");
+
+	/* A database never migrated: everything pending, and the status
+	 * creates no schema_migrations table. */
+	cr_assert_eq(db_exec(db, "DROP TABLE schema_migrations"), ST_OK);
+	st = run_status(tmpl, out, sizeof out);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, out);
+	snprintf(line, sizeof line, "applied=0 pending=%d changed=0 missing=0", files + 1);
+	cr_assert_not_null(strstr(out, line), "%s", out);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE()"
+	                       " AND table_name = 'schema_migrations'"),
+	             0, "status created nothing");
 
 	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
 	cr_assert_eq(system(cmd), 0);

@@ -86,9 +86,9 @@ Test(security, a_password_in_a_flag_is_not_in_the_process_list)
 
 /*
  * Two accounts: `migrate` runs as the schema owner (INBOX_MIGRATE_DB_URL),
- * the worker as an account that may only read and write rows and call the
- * procedures.  The worker still applies a message (the procedures run with
- * their definer's rights), and its account cannot change the schema.
+ * the worker as an account that may only read and write rows (DML).  The
+ * worker still applies a message, and its account cannot change the
+ * schema, nor create or run stored routines.
  */
 Test(security, the_workers_account_reads_writes_and_executes_only)
 {
@@ -101,7 +101,7 @@ Test(security, the_workers_account_reads_writes_and_executes_only)
 		"ALTER TABLE orders ADD COLUMN security_probe INT",
 		"DROP TABLE order_events",
 		"CREATE INDEX security_probe ON orders (status)",
-		"DROP PROCEDURE inbox_claim",
+		"CREATE PROCEDURE security_probe() SELECT 1",
 	};
 	pid_t pid;
 

@@ -25,6 +25,8 @@ static void usage(FILE *f)
 	fprintf(f, "%s\n\n"
 	           "  run       consume the queue and apply each message exactly once\n"
 	           "  migrate   apply the SQL files of the migrations folder not yet applied\n"
+	           "            (--status: list applied, pending and changed files with their\n"
+	           "            checksums; applies nothing)\n"
 	           "  cleanup   delete inbox rows older than the retention window, then exit\n"
 	           "            (--dry-run: count what it would delete, delete nothing)\n",
 	        USAGE);
@@ -59,7 +61,7 @@ int main(int argc, char **argv)
 	struct cfg conf;
 	char err[512];
 	const char *cmd;
-	bool dry_run = false;
+	bool dry_run = false, status = false;
 	struct dlq_opts dlq;
 	int code;
 
@@ -81,14 +83,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
 		return 2;
 	}
-	/* cleanup's own flag, taken out before the settings are read. */
-	if (strcmp(cmd, "cleanup") == 0) {
+	/* cleanup's and migrate's own flags, taken out before the settings
+	 * are read. */
+	if (strcmp(cmd, "cleanup") == 0 || strcmp(cmd, "migrate") == 0) {
+		const char *own = cmd[0] == 'c' ? "--dry-run" : "--status";
 		int j = 2;
 		for (int i = 2; i < argc; i++) {
-			if (strcmp(argv[i], "--dry-run") == 0)
+			if (strcmp(argv[i], own) != 0)
+				argv[j++] = argv[i];
+			else if (cmd[0] == 'c')
 				dry_run = true;
 			else
-				argv[j++] = argv[i];
+				status = true;
 		}
 		argc = j;
 		argv[argc] = NULL;
@@ -125,7 +131,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (strcmp(cmd, "migrate") == 0)
-		code = migrate_main(&conf);
+		code = status ? migrate_status(&conf) : migrate_main(&conf);
 	else if (strcmp(cmd, "cleanup") == 0)
 		code = dry_run ? cleanup_dry_run(&conf) : cleanup_main(&conf);
 	else if (strcmp(cmd, "dlq") == 0)

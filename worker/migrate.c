@@ -15,6 +15,10 @@
  * applied after the numbered files whenever its checksum differs from the
  * one recorded (as "procedures/<name>"), so a procedure is changed by
  * editing its file, not by copying it into a new numbered migration.
+ *
+ * `migrate --status` only reads: it takes no lock, creates no table, and
+ * compares each file's checksum with its record, so an operator sees what
+ * a migrate would do (apply, re-apply, refuse) before running it.
  */
 #include "migrate.h"
 
@@ -132,6 +136,38 @@ static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***n
 	return ST_OK;
 }
 
+/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
+ * frees it), or pass NULL when only the checksum is wanted. */
+static int migrate_digest(const char *dir, const char *name, char **sql, size_t *len, char hex[65])
+{
+	char path[4096];
+	char *buf = NULL;
+	size_t n = 0;
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned mdlen = 0;
+	int rc;
+
+	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+		return ST_ERR_INVALID;
+	rc = migrate_read(path, &buf, &n);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
+		return rc;
+	}
+	if (EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
+		free(buf);
+		return ST_ERR_NOMEM;
+	}
+	msg_sha256_hex(md, hex);
+	if (sql != NULL) {
+		*sql = buf;
+		*len = n;
+	} else {
+		free(buf);
+	}
+	return ST_OK;
+}
+
 /* Apply one file unless recorded.  A changed numbered file is refused; a
  * changed procedure file (record = "procedures/<name>") is applied again
  * and its record replaced. */
@@ -139,28 +175,16 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
                        const char *name, const char *record, int *applied)
 {
 	bool reapply = record != name;
-	char path[4096];
 	char *sql = NULL;
 	size_t len = 0;
-	unsigned char md[EVP_MAX_MD_SIZE];
-	unsigned mdlen = 0;
 	char hex[65], stored[65];
 	struct db_param p[1] = { DBP_STR(record) };
 	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
 	int rc, r;
 
-	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-		return ST_ERR_INVALID;
-	rc = migrate_read(path, &sql, &len);
-	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
+	rc = migrate_digest(dir, name, &sql, &len, hex);
+	if (rc != ST_OK)
 		return rc;
-	}
-	if (EVP_Digest(sql, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
-		rc = ST_ERR_NOMEM;
-		goto cleanup;
-	}
-	msg_sha256_hex(md, hex);
 	rc = db_stmt_query(get, p, 1);
 	if (rc != ST_OK)
 		goto cleanup;
@@ -297,6 +321,164 @@ cleanup:
 	for (int i = 0; i < count; i++)
 		free(names[i]);
 	free(names);
+	db_close(&db);
+	return rc == ST_OK ? 0 : 1;
+}
+
+/* ---- migrate --status ---------------------------------------------------- */
+
+/* A row of schema_migrations, and whether a file matched it. */
+struct migrate_record {
+	char name[201];
+	char sha256[65];
+	char applied_at[32];
+	bool seen;
+};
+
+struct migrate_tally {
+	int applied, pending, changed, missing;
+};
+
+static struct migrate_record *migrate_find(struct migrate_record *rec, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(rec[i].name, name) == 0)
+			return &rec[i];
+	return NULL;
+}
+
+/* One line for the file dir/name, recorded as record. */
+static int migrate_status_file(const char *dir, const char *name, const char *record, bool procedure,
+                               struct migrate_record *rec, int nrec, struct migrate_tally *t)
+{
+	char hex[65];
+	struct migrate_record *r;
+	int rc = migrate_digest(dir, name, NULL, NULL, hex);
+
+	if (rc != ST_OK)
+		return rc;
+	r = migrate_find(rec, nrec, record);
+	if (r == NULL) {
+		t->pending++;
+		printf("pending  %s  sha256=%s\n", record, hex);
+		return ST_OK;
+	}
+	r->seen = true;
+	if (strcmp(r->sha256, hex) == 0) {
+		t->applied++;
+		printf("applied  %s  sha256=%s  applied_at=%s\n", record, hex, r->applied_at);
+		return ST_OK;
+	}
+	t->changed++;
+	/* A changed numbered file stops migrate; say so loudly. */
+	printf("%s  %s  sha256=%s  recorded=%s  applied_at=%s  (%s)\n", procedure ? "changed" : "CHANGED", record, hex,
+	       r->sha256, r->applied_at,
+	       procedure ? "migrate applies it again"
+	                 : "changed since it was applied: migrate refuses to go on until the file is restored");
+	return ST_OK;
+}
+
+int migrate_status(const struct cfg *conf)
+{
+	struct db *db = NULL;
+	struct db_stmt *exists = NULL, *list = NULL;
+	struct migrate_record *rec = NULL;
+	struct migrate_tally t = { 0 };
+	char **names = NULL, **procs = NULL, pdir[4096];
+	int count = 0, nproc = 0, nrec = 0, rc;
+	bool have_table = false;
+	struct stat st;
+
+	rc = db_open(&db, cfg_migrate_db(conf));
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", cfg_migrate_db(conf)->redacted),
+		    LOG_S("error", st_strerror(rc)));
+		return 1;
+	}
+	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
+		    LOG_S("error", strerror(errno)));
+		goto cleanup;
+	}
+	if (snprintf(pdir, sizeof pdir, "%s/procedures", conf->migrations_dir) >= (int)sizeof pdir) {
+		rc = ST_ERR_INVALID;
+		goto cleanup;
+	}
+	if (stat(pdir, &st) == 0 || errno != ENOENT) {
+		rc = migrate_list(pdir, migrate_proc_name_ok, &procs, &nproc);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+			goto cleanup;
+		}
+	}
+	/* No schema_migrations yet: nothing applied (and nothing created). */
+	rc = db_prepare(db, &exists,
+	                "SELECT COUNT(*) FROM information_schema.tables"
+	                " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
+	if (rc == ST_OK) {
+		struct db_col c[1] = { DBC_I64() };
+		rc = db_stmt_query(exists, NULL, 0);
+		if (rc == ST_OK && db_stmt_fetch(exists, c, 1) == 1) {
+			db_stmt_done(exists);
+			have_table = c[0].i64 > 0;
+		}
+	}
+	rec = calloc(2 * MIGRATE_MAX_FILES, sizeof *rec);
+	if (rc == ST_OK && rec == NULL)
+		rc = ST_ERR_NOMEM;
+	if (rc == ST_OK && have_table) {
+		rc = db_prepare(db, &list,
+		                "SELECT name, sha256, DATE_FORMAT(applied_at, '%Y-%m-%dT%H:%i:%S')"
+		                " FROM schema_migrations ORDER BY name");
+		if (rc == ST_OK)
+			rc = db_stmt_query(list, NULL, 0);
+		while (rc == ST_OK) {
+			struct migrate_record spill, *r = nrec < 2 * MIGRATE_MAX_FILES ? &rec[nrec] : &spill;
+			struct db_col c[3] = { DBC_STR(r->name, sizeof r->name), DBC_STR(r->sha256, sizeof r->sha256),
+			                       DBC_STR(r->applied_at, sizeof r->applied_at) };
+			int f = db_stmt_fetch(list, c, 3);
+			if (f < 0)
+				rc = f;
+			if (f <= 0)
+				break;
+			if (r != &spill)
+				nrec++;
+		}
+	}
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot read schema_migrations", LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	printf("migrations in %s\n", conf->migrations_dir);
+	for (int i = 0; rc == ST_OK && i < count; i++)
+		rc = migrate_status_file(conf->migrations_dir, names[i], names[i], false, rec, nrec, &t);
+	for (int i = 0; rc == ST_OK && i < nproc; i++) {
+		char record[256];
+		snprintf(record, sizeof record, "procedures/%s", procs[i]);
+		rc = migrate_status_file(pdir, procs[i], record, true, rec, nrec, &t);
+	}
+	for (int i = 0; rc == ST_OK && i < nrec; i++) {
+		if (rec[i].seen)
+			continue;
+		t.missing++;
+		printf("missing  %s  recorded=%s  applied_at=%s  (recorded, but no such file here)\n", rec[i].name,
+		       rec[i].sha256, rec[i].applied_at);
+	}
+	if (rc == ST_OK)
+		printf("status applied=%d pending=%d changed=%d missing=%d\n", t.applied, t.pending, t.changed,
+		       t.missing);
+	if (rc == ST_OK && fflush(stdout) != 0)
+		rc = ST_ERR_IO;
+cleanup:
+	db_rollback(db);
+	for (int i = 0; i < count; i++)
+		free(names[i]);
+	free(names);
+	for (int i = 0; i < nproc; i++)
+		free(procs[i]);
+	free(procs);
+	free(rec);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }

@@ -10,4 +10,11 @@
 /* Returns a process exit code: 0 done, 1 failed (reason logged). */
 int migrate_main(const struct cfg *conf);
 
+/* `migrate --status`: print every migration file (numbered, then
+ * procedures) as applied, pending or changed, with its SHA-256, and every
+ * record without a file as missing, then a summary line, on stdout.  Only
+ * reads.  Returns 0 when the report was printed, 1 when the database or
+ * the files cannot be read. */
+int migrate_status(const struct cfg *conf);
+
 #endif

@@ -48,6 +48,7 @@
 #include "db.h"
 #include "dlq.h"
 #include "fault.h"
+#include "gauge.h"
 #include "inbox.h"
 #include "log.h"
 #include "metrics.h"
@@ -97,6 +98,7 @@ struct worker {
 	struct inbox *inbox;
 	struct outbox *outbox;
 	struct retention *retention; /* the janitor's, prepared on first use */
+	struct gauge *gauge;         /* the janitor's, prepared on first use */
 	/* The queues this thread consumes: indexes for mq_consume_queue_name
 	 * (one, 0, in shared ordering; its shards in sharded ordering). */
 	int shard[64];
@@ -223,6 +225,7 @@ static void worker_wait(struct worker *w, int ms)
 static void worker_close_db(struct worker *w)
 {
 	retention_close(&w->retention);
+	gauge_close(&w->gauge);
 	outbox_close(&w->outbox);
 	inbox_close(&w->inbox);
 	db_close(&w->db);
@@ -500,9 +503,9 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
-			metrics_db_retry();
 			if (attempt >= w->conf->max_retries)
 				return ST_ERR_DB_DEADLOCK;
+			metrics_db_retry(); /* counted when it is retried, not when it gives up */
 			LOG(LOG_DEBUG, "transaction retry", LOG_I("worker", w->index), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
 			worker_wait(w, pool_backoff_ms(w, attempt++, 10));
@@ -607,6 +610,39 @@ static void worker_ack_settled(struct worker *w, struct item *items, int n)
 			return;
 }
 
+/* Count a committed message in /metrics: its own decision (a hold only as
+ * a hold: it is counted in its outcome when it is settled), and every held
+ * event its transaction released, in the outcome it got then. */
+static void worker_count(const struct inbox_result *res)
+{
+	static const enum metrics_outcome as[INBOX_OUTCOME_COUNT] = {
+		[INBOX_APPLIED] = METRICS_APPLIED, [INBOX_IGNORED] = METRICS_IGNORED,
+		[INBOX_COMPENSATED] = METRICS_COMPENSATED, [INBOX_DUPLICATE] = METRICS_DUPLICATE,
+	};
+
+	switch (res->outcome) {
+	case INBOX_HELD:
+		metrics_held();
+		break;
+	case INBOX_DEAD_LETTERED:
+		metrics_dead_letter(MSG_REASON_INVALID_TRANSITION, 1);
+		break;
+	case INBOX_CONFLICT: /* counted by the caller once its copy is confirmed */
+	case INBOX_OUTCOME_COUNT:
+		break;
+	default:
+		metrics_outcome(as[res->outcome], 1);
+		break;
+	}
+	metrics_released(res->released);
+	metrics_outcome(METRICS_APPLIED, res->released_as[INBOX_APPLIED]);
+	metrics_outcome(METRICS_IGNORED, res->released_as[INBOX_IGNORED]);
+	metrics_outcome(METRICS_COMPENSATED, res->released_as[INBOX_COMPENSATED]);
+	/* the dead-lettered ones (released_as[INBOX_DEAD_LETTERED]) by reason */
+	for (int r = 1; r < MSG_REASON_COUNT; r++)
+		metrics_dead_letter((enum msg_reason)r, res->released_reason[r]);
+}
+
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
  * that is not the messages' kept some (they stay unacked); or a broker
@@ -627,6 +663,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 		it->done = false;
 		it->valid = false;
+		memset(&it->res, 0, sizeof it->res); /* a dead-lettered one has no transaction's result */
 		if (it->d.redelivered)
 			metrics_redelivered();
 		it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->conf->max_body, &props, &it->m);
@@ -669,12 +706,15 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 	for (int i = 0; i < nvalid; i++) {
 		struct item *it = valid[i];
-		enum metrics_outcome mo;
+		bool dead = false;
 
 		if (!it->done)
 			continue; /* handed back by the fault hook */
 		if (it->reason != MSG_REASON_NONE) {
-			mo = METRICS_DEAD_LETTERED; /* retries-exhausted, unprocessable */
+			/* retries-exhausted, unprocessable: no transaction
+			 * committed, so nothing was released either */
+			metrics_dead_letter(it->reason, 1);
+			dead = true;
 		} else if (it->res.outcome == INBOX_CONFLICT) {
 			char detail[320];
 			snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
@@ -685,15 +725,14 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 				worker_ack_settled(w, items, n);
 				return rc;
 			}
-			mo = METRICS_DEAD_LETTERED;
-		} else if (it->res.outcome == INBOX_DUPLICATE) {
-			mo = METRICS_DUPLICATE;
+			metrics_dead_letter(MSG_REASON_PAYLOAD_CONFLICT, 1);
+			dead = true;
 		} else {
-			mo = (enum metrics_outcome)it->res.outcome; /* same order up to DEAD_LETTERED */
+			dead = it->res.outcome == INBOX_DEAD_LETTERED;
+			worker_count(&it->res);
 		}
-		metrics_outcome(mo);
 		outbox_rows += it->res.outbox_rows;
-		LOG(mo == METRICS_DEAD_LETTERED ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
+		LOG(dead ? LOG_WARN : LOG_DEBUG, "handled", LOG_I("worker", w->index),
 		    LOG_S("msg", it->m.message_id), LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
 		    LOG_S("outcome", it->reason != MSG_REASON_NONE ? msg_reason_name(it->reason)
 		                                                    : inbox_outcome_name(it->res.outcome)),
@@ -718,7 +757,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		if (!items[i].done)
 			continue;
 		if (!items[i].valid)
-			metrics_outcome(METRICS_DEAD_LETTERED); /* the valid ones are counted above */
+			metrics_dead_letter(items[i].reason, 1); /* the valid ones are counted above */
 		metrics_processing_seconds(pool_now_s() - t0);
 		if (all_done) {
 			w->ack_tag = items[i].d.tag;
@@ -835,6 +874,7 @@ static void *janitor_main(void *arg)
 {
 	struct worker *w = arg;
 	int64_t last_housekeeping = 0, last_relay = 0;
+	bool gauge_warned = false;
 	struct janitor_pass pass = { .next_pass_ms = pool_now_ms() + w->conf->cleanup_interval_s * 1000 };
 
 	db_thread_init();
@@ -869,12 +909,21 @@ static void *janitor_main(void *arg)
 			last_housekeeping = now;
 			if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
 				LOG(LOG_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
+			/* counted even when the pass failed later: each one
+			 * expired in a committed transaction of its own */
+			metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, expired);
 			if (expired > 0)
 				worker_relay(w);
 			if (outbox_stats(w->outbox, &pending, &oldest) == ST_OK) {
 				metrics_outbox_pending(pending);
 				metrics_outbox_oldest_pending(oldest);
 			}
+			if (w->gauge == NULL && gauge_open(&w->gauge, w->db, w->conf) != ST_OK && !gauge_warned) {
+				gauge_warned = true; /* once: it is retried every second */
+				LOG(LOG_WARN, "held events gauge cannot prepare its statement", LOG_S("error", db_errmsg(w->db)));
+			}
+			if (w->gauge != NULL && gauge_held(w->gauge, &pending, &oldest) == ST_OK)
+				metrics_held_now(pending, oldest);
 			janitor_dlq_depth(w);
 		}
 		janitor_retention(w, &pass, now);
@@ -1127,7 +1176,7 @@ int pool_main(const struct cfg *conf)
 	metrics_stop();
 	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
 	    LOG_I("redelivered", metrics_redelivered_count()),
-	    LOG_I("held", metrics_outcome_count(METRICS_HELD)),
+	    LOG_I("held", metrics_held_count()), LOG_I("released", metrics_released_count()),
 	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),

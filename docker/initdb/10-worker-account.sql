@@ -1,6 +1,5 @@
--- The worker's own account (README, "Database accounts"): rows and the
--- procedures only.  The schema belongs to inbox_owner (MARIADB_USER in
+-- The worker's own account (README, "Database accounts"): rows only (DML).  The schema belongs to inbox_owner (MARIADB_USER in
 -- compose.yaml), which `inbox-worker migrate` uses.  Run once, by the
 -- MariaDB image's entrypoint, when the data volume is first initialised.
 CREATE USER IF NOT EXISTS 'inbox'@'%' IDENTIFIED BY 'inbox';
-GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON `inbox`.* TO 'inbox'@'%';
+GRANT SELECT, INSERT, UPDATE, DELETE ON `inbox`.* TO 'inbox'@'%';
