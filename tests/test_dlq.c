@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <amqp.h>
@@ -95,7 +96,7 @@ static void put_dead(struct mq *m, const char *id, const char *reason, const cha
 {
 	char body[2048];
 	struct mq_header h[3] = { { "x-inbox-reason", reason }, { "x-inbox-detail", "put there by the test" },
-		                  { "x-inbox-dead-lettered-at", "2026-11-30T12:00:00Z" } };
+		                  { "x-inbox-dead-lettered-at", "2020-01-01T12:00:00Z" } };
 	struct mq_message msg = { .exchange = itest_cfg()->dlx, .routing_key = rk, .body = body,
 		                  .message_id = id, .headers = h, .nheaders = 3, .mandatory = true };
 
@@ -643,4 +644,52 @@ Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
 	cr_expect_eq(itest_queue_depth(c->dlq), 0);
 	itest_stop(w, SIGTERM, 30);
+}
+
+/* --since chooses by when a message was dead-lettered: the worker's
+ * x-inbox-dead-lettered-at; one that does not say is not known to be
+ * recent. */
+Test(dlq, list_since_chooses_by_the_dead_letter_time)
+{
+	char now[32], body[256];
+	time_t t = time(NULL);
+	struct tm tm;
+	struct mq *m;
+	json_t *doc;
+	struct mq_header recent[2] = { { "x-inbox-reason", "malformed-json" }, { "x-inbox-dead-lettered-at", now } };
+	struct mq_header bare[1] = { { "x-inbox-reason", "malformed-json" } };
+	struct mq_message msg = { .routing_key = "order.X", .body = body, .mandatory = true };
+
+	itest_fresh();
+	cr_assert_not_null(gmtime_r(&t, &tm));
+	cr_assert_neq(strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", &tm), 0);
+	snprintf(body, sizeof body, "{}");
+	msg.exchange = itest_cfg()->dlx;
+	msg.len = strlen(body);
+	m = itest_mq();
+	put_dead(m, "old-1", "malformed-json", "x", "order.X"); /* dead-lettered in 2020 */
+	msg.message_id = "recent-1";
+	msg.headers = recent;
+	msg.nheaders = 2;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	msg.message_id = "unknown-1";
+	msg.headers = bare;
+	msg.nheaders = 1;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	mq_close(&m);
+	{
+		const char *f[] = { "--since", "1h", NULL };
+		const char *want[] = { "recent-1" };
+		doc = list_json(f, NULL);
+		expect_ids(doc, want, 1);
+		json_decref(doc);
+	}
+	{
+		const char *want[] = { "old-1", "recent-1", "unknown-1" };
+		doc = list_json(NULL, NULL);
+		expect_ids(doc, want, 3);
+		cr_expect(json_is_null(json_object_get(json_array_get(json_object_get(doc, "dead_letters"), 2),
+		                                       "dead_lettered_at")));
+		json_decref(doc);
+	}
 }
