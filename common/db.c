@@ -580,6 +580,12 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 	if (!s->has_result || ncols > DB_MAX_COLS)
 		return db_fail(s->db, 0xffff, "fetch without a result");
 	memset(b, 0, sizeof b);
+	/* The connector sets a column's error flag only when it cuts the
+	 * value: the others must read 0, not what the stack held (seen: an
+	 * integer column taken for a truncated one, a relay round failing
+	 * with "column value longer than its buffer" after its publishes). */
+	memset(errs, 0, sizeof errs);
+	memset(nulls, 0, sizeof nulls);
 	for (int i = 0; i < ncols; i++) {
 		struct db_col *c = &cols[i];
 		b[i].is_null = &nulls[i];

@@ -15,6 +15,7 @@
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 static const char *fault_point;
 static atomic_long fault_left;
+static atomic_long fault_skip;
 
 static void fault_load(void)
 {
@@ -29,6 +30,14 @@ static void fault_load(void)
 			v = 1;
 	}
 	atomic_store(&fault_left, v);
+	n = getenv("INBOX_FAULT_SKIP");
+	v = 0;
+	if (n != NULL) {
+		v = strtol(n, &end, 10);
+		if (*end != '\0' || v < 0)
+			v = 0;
+	}
+	atomic_store(&fault_skip, v);
 }
 
 bool fault_armed(const char *point)
@@ -40,6 +49,8 @@ bool fault_hit(const char *point)
 {
 	if (pthread_once(&fault_once, fault_load) != 0 || fault_point == NULL ||
 	    strcmp(fault_point, point) != 0)
+		return false;
+	if (atomic_fetch_sub(&fault_skip, 1) > 0)
 		return false;
 	if (atomic_fetch_sub(&fault_left, 1) <= 0)
 		return false;

@@ -1,11 +1,14 @@
 /*
  * fault.h - test-only fault injection.  A build configured with
  * -Dfault_hooks=true honours INBOX_FAULT=<point> (fire at that point) and
- * INBOX_FAULT_COUNT=<n> (how many times in this process, default 1).  Points:
+ * INBOX_FAULT_COUNT=<n> (how many times in this process, default 1), after
+ * INBOX_FAULT_SKIP=<k> reaches of the point that pass (default 0).  Points:
  *   before-commit  after the claim, before COMMIT: the transaction rolls back
  *   crash-before-commit  after the claim, before COMMIT: the process kills
  *                  itself (a poison message, for the delivery limit)
  *   after-commit   after COMMIT, before the ack: the process kills itself
+ *   dlq-replay-after-confirm  `dlq replay`: a copy confirmed, its dead
+ *                  letter not yet acked: the process kills itself
  * The default build compiles fault_hit to false, so nothing here can fire in
  * production.
  */

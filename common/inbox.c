@@ -48,6 +48,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "dlq.h"
 #include "fault.h"
 #include "log.h"
 #include "mq.h"
@@ -478,7 +479,16 @@ static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev,
 	 * DLQ reader looks (mq.c keeps the note ASCII). */
 	mq_props_json_note(ev->props, note, sizeof note);
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
-	h = json_pack("{s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", full);
+	{
+		/* When, for `inbox-worker dlq list` (common/dlq.h). */
+		char at[32];
+		time_t now = time(NULL);
+		struct tm tm;
+
+		if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+			snprintf(at, sizeof at, "unknown");
+		h = json_pack("{s:s, s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", full, DLQ_HEADER_AT, at);
+	}
 
 	memset(r, 0, sizeof *r);
 	snprintf(r->id, sizeof r->id, "%s", ev->message_id);

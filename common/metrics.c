@@ -46,6 +46,7 @@ static struct {
 	atomic_int_fast64_t outbox_pending;
 	atomic_uint_fast64_t outbox_failed;
 	atomic_int_fast64_t outbox_oldest_ms;
+	atomic_int_fast64_t dlq_depth;       /* stored + 1: 0 means never read */
 	atomic_uint_fast64_t redelivered;
 	atomic_int threads;
 	atomic_bool ready[METRICS_MAX_THREADS];
@@ -150,6 +151,11 @@ void metrics_outbox_failed(int n)
 {
 	if (n > 0)
 		atomic_fetch_add_explicit(&metrics.outbox_failed, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_dlq_depth(int64_t n)
+{
+	atomic_store_explicit(&metrics.dlq_depth, n < 0 ? 0 : n + 1, memory_order_relaxed);
 }
 
 void metrics_outbox_oldest_pending(double seconds)
@@ -429,6 +435,12 @@ int metrics_render(char *buf, size_t cap)
 	for (int i = 0, n = atomic_load(&metrics.threads); i < n; i++)
 		metrics_put(&b, "inbox_thread_ready{thread=\"%d\"} %d\n", i, atomic_load(&metrics.ready[i]) ? 1 : 0);
 	metrics_process(&b);
+	/* Absent until the janitor read it: a 0 would claim an empty DLQ. */
+	if (atomic_load(&metrics.dlq_depth) > 0)
+		metrics_put(&b, "# HELP inbox_dlq_messages Messages ready in the dead-letter queue, as this process last read it.\n"
+		                "# TYPE inbox_dlq_messages gauge\n"
+		                "inbox_dlq_messages %lld\n",
+		            (long long)atomic_load(&metrics.dlq_depth) - 1);
 	return b.overflow ? -1 : (int)b.len;
 }
 

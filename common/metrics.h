@@ -60,6 +60,10 @@ void metrics_outbox_pending(int64_t n);
  * unpublishable) and the age of the oldest pending row. */
 void metrics_outbox_failed(int n);
 void metrics_outbox_oldest_pending(double seconds);
+/* Messages ready in the DLQ (the janitor's passive declare); the gauge is
+ * left out of /metrics until it was read once, and again after a negative
+ * value (unknown). */
+void metrics_dlq_depth(int64_t n);
 /* Thread readiness for /readyz: threads call it as their connections come
  * and go. */
 void metrics_set_threads(int n);

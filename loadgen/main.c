@@ -24,13 +24,15 @@
 #include "cfg.h"
 #include "db.h"
 #include "log.h"
+#include "mq.h"
 #include "msg.h"
 #include "publish.h"
 #include "scenario.h"
 #include "status.h"
 #include "verify.h"
 
-#define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options] | inbox-loadgen dlq unbind|bind"
+#define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options] | inbox-loadgen dlq unbind|bind\n" \
+	"       inbox-loadgen send ROUTING_KEY BODY [--message-id ID] [settings]"
 
 /* The settings inbox-loadgen reads (connections, names, the topology
  * publish declares, logging); the worker's pool, retention and metrics
@@ -81,6 +83,57 @@ static void help_settings(FILE *f)
 			fprintf(f, "%s\n", line);
 	}
 	free(buf);
+}
+
+/* `send`: one message to INBOX_EXCHANGE, persistent and confirmed (the
+ * topology declared first, as the worker declares it): what an operator
+ * needs to try a fix or to stage an incident by hand (README, *Dead
+ * letters*).  argv: "send" RK BODY [--message-id ID] [settings]. */
+static int lg_send(int argc, char **argv)
+{
+	struct cfg conf;
+	char err[512];
+	const char *mid = NULL;
+	struct mq *m = NULL;
+	int j = 1, rc, code = 1;
+
+	if (argc < 3) {
+		fprintf(stderr, "inbox-loadgen: send: say ROUTING_KEY and BODY\n%s\n", USAGE);
+		return 2;
+	}
+	for (int i = 3; i < argc; i++) {
+		if (strcmp(argv[i], "--message-id") == 0 && i + 1 < argc)
+			mid = argv[++i];
+		else
+			argv[j++] = argv[i];
+	}
+	rc = cfg_load(&conf, j, argv, err, sizeof err);
+	cfg_scrub_argv(j, argv);
+	if (rc != CFG_OK) {
+		if (rc == CFG_ERROR)
+			fprintf(stderr, "inbox-loadgen: %s\n", err);
+		else
+			fprintf(stdout, "%s\n", USAGE);
+		return rc == CFG_ERROR ? 2 : 0;
+	}
+	log_setup(conf.log_level, conf.log_format);
+	rc = mq_open(&m, &conf.amqp, 0, "inbox-loadgen send");
+	if (rc == ST_OK)
+		rc = mq_declare_topology(m, &conf);
+	if (rc == ST_OK) {
+		struct mq_message msg = { .exchange = conf.exchange, .routing_key = argv[1], .body = argv[2],
+			                  .len = strlen(argv[2]), .message_id = mid, .mandatory = true };
+		rc = mq_publish_confirmed(m, &msg, 10000);
+	}
+	if (rc == ST_OK) {
+		printf("sent %s to %s\n", argv[1], conf.exchange);
+		code = 0;
+	} else {
+		fprintf(stderr, "inbox-loadgen: send: %s\n", m != NULL ? mq_errmsg(m) : st_strerror(rc));
+	}
+	mq_close(&m);
+	cfg_free(&conf);
+	return code;
 }
 
 static void usage(FILE *f)
@@ -359,6 +412,8 @@ int main(int argc, char **argv)
 		printf("inbox-loadgen %s\n", INBOX_VERSION);
 		return 0;
 	}
+	if (strcmp(argv[1], "send") == 0)
+		return lg_send(argc - 1, argv + 1);
 	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0 && strcmp(argv[1], "dlq") != 0) {
 		fprintf(stderr, "inbox-loadgen: unknown command '%s'\n%s\n", argv[1], USAGE);
 		return 2;

@@ -102,3 +102,26 @@ Test(cli, help_recommends_the_environment_or_a_file_for_urls)
 	cr_assert_not_null(strstr(out, "INBOX_MIGRATE_DB_URL_FILE"), "%s", out);
 	cr_assert_not_null(strstr(out, "Prefer the variable or the file: a password given with --db-url"), "%s", out);
 }
+
+Test(cli, dlq_usage_errors_exit_2_with_one_line)
+{
+	static const struct bad cases[] = {
+		{ "", "dlq", "inbox-worker: dlq: missing subcommand (list, show, replay, purge)\n" },
+		{ "", "dlq frob", "inbox-worker: dlq: unknown subcommand 'frob' (list, show, replay, purge)\n" },
+		{ "", "dlq show", "inbox-worker: dlq show: missing MESSAGE_ID\n" },
+		{ "", "dlq purge --yes",
+		  "inbox-worker: dlq purge: --reason is required (rabbitmqctl purge_queue empties it all)\n" },
+		{ "", "dlq list --limit 3", "inbox-worker: --limit: only for dlq replay\n" },
+		{ "", "dlq replay --limit x", "inbox-worker: --limit: not a positive number: 'x'\n" },
+		{ "", "dlq list --since 5x", "inbox-worker: --since: bad duration: '5x' (use e.g. 30s, 10m, 7d)\n" },
+		{ "", "dlq list --reason", "inbox-worker: --reason: missing value\n" },
+		{ "", "dlq list --bogus", "inbox-worker: --bogus: unknown flag (see --help)\n" },
+	};
+	char err[1024];
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int code = run(cases[i].env, cases[i].args, err, sizeof err);
+		cr_expect_eq(code, 2, "%s: exit %d, want 2", cases[i].args, code);
+		cr_expect_str_eq(err, cases[i].line);
+	}
+}

@@ -1,5 +1,5 @@
 /*
- * main.c - `inbox-worker run | migrate | cleanup`.
+ * main.c - `inbox-worker run | migrate | cleanup | dlq ...`.
  *
  * Exit codes (SPEC.md): 0 done, 1 runtime failure, 2 usage or configuration
  * error (one line naming the bad setting).
@@ -11,13 +11,14 @@
 #include "cfg.h"
 #include "config.h"
 #include "db.h"
+#include "dlq.h"
 #include "log.h"
 #include "migrate.h"
 #include "pool.h"
 #include "retention.h"
 #include "status.h"
 
-#define USAGE "usage: inbox-worker run|migrate|cleanup [options]"
+#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options]"
 
 static void usage(FILE *f)
 {
@@ -27,8 +28,10 @@ static void usage(FILE *f)
 	           "            (--status: list applied, pending and changed files with their\n"
 	           "            checksums; applies nothing)\n"
 	           "  cleanup   delete inbox rows older than the retention window, then exit\n"
-	           "            (--dry-run: count what it would delete, delete nothing)\n\n",
+	           "            (--dry-run: count what it would delete, delete nothing)\n",
 	        USAGE);
+	dlq_usage(f);
+	fputc('\n', f);
 	cfg_print_help(f, NULL);
 }
 
@@ -60,6 +63,7 @@ int main(int argc, char **argv)
 	char err[512];
 	const char *cmd;
 	bool dry_run = false, status = false;
+	struct dlq_opts dlq;
 	int code;
 
 	if (argc < 2) {
@@ -75,7 +79,8 @@ int main(int argc, char **argv)
 		printf("inbox-worker %s\n", INBOX_VERSION);
 		return 0;
 	}
-	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0) {
+	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0 &&
+	    strcmp(cmd, "dlq") != 0) {
 		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
 		return 2;
 	}
@@ -94,6 +99,12 @@ int main(int argc, char **argv)
 		}
 		argc = j;
 		argv[argc] = NULL;
+	}
+	/* dlq's subcommand and its own flags, likewise; the settings are
+	 * run's. */
+	if (strcmp(cmd, "dlq") == 0 && dlq_take_args(&argc, argv, &dlq, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-worker: %s\n", err);
+		return 2;
 	}
 	/* cfg_load copies what it keeps, so the passwords in argv can go,
 	 * whatever the outcome: they are visible to every local user. */
@@ -124,6 +135,8 @@ int main(int argc, char **argv)
 		code = status ? migrate_status(&conf) : migrate_main(&conf);
 	else if (strcmp(cmd, "cleanup") == 0)
 		code = dry_run ? cleanup_dry_run(&conf) : cleanup_main(&conf);
+	else if (strcmp(cmd, "dlq") == 0)
+		code = dlq_main(&conf, &dlq, stdout);
 	else
 		code = pool_main(&conf);
 	db_global_end();

@@ -47,6 +47,7 @@
 
 #include "config.h"
 #include "db.h"
+#include "dlq.h"
 #include "fault.h"
 #include "gauge.h"
 #include "inbox.h"
@@ -115,6 +116,7 @@ struct worker {
 	pthread_t thread;
 	struct mq *consumer;
 	struct mq *publisher;
+	struct mq *probe;     /* the janitor's: reads the DLQ's depth */
 	struct db *db;
 	struct inbox *inbox;
 	struct outbox *outbox;
@@ -531,15 +533,23 @@ static void worker_relay(struct worker *w)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640], last[POOL_WHY_MAX] = "";
+	char note[400], full[640], last[POOL_WHY_MAX] = "", at[32], deliveries[24];
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
-	struct mq_header h[2] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full } };
+	/* When, and after how many deliveries: what `inbox-worker dlq list`
+	 * shows (the quorum queue counts earlier deliveries). */
+	struct mq_header h[4] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full },
+		                  { DLQ_HEADER_AT, at }, { DLQ_HEADER_DELIVERIES, deliveries } };
 	struct mq_message m = {
 		.exchange = w->conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
-		.props_json = props, .headers = h, .nheaders = 2, .mandatory = true,
+		.props_json = props, .headers = h, .nheaders = 4, .mandatory = true,
 	};
+	time_t now = time(NULL);
+	struct tm tm;
 	int rc;
 
+	if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(at, sizeof at, "unknown");
+	snprintf(deliveries, sizeof deliveries, "%lld", (long long)d->delivery_count + 1);
 	if (props == NULL)
 		snprintf(note, sizeof note, "not kept (out of memory)");
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
@@ -994,6 +1004,27 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 		    LOG_I("ms", now - p->started_ms), LOG_I("retention_s", w->conf->retention_s));
 }
 
+/* The DLQ's depth for /metrics, a passive declare on a connection of its
+ * own: on the publisher it would interleave with the relay's confirms and
+ * returns (seen: a relay round then timed out waiting for its confirms
+ * and published a row twice).  A missing queue closes the channel: the
+ * probe is opened again next time, and the gauge says nothing meanwhile. */
+static void janitor_dlq_depth(struct worker *w)
+{
+	uint32_t depth = 0;
+
+	if (w->probe == NULL && mq_open(&w->probe, &w->conf->amqp, 0, w->name) != ST_OK) {
+		metrics_dlq_depth(-1);
+		return;
+	}
+	if (mq_queue_counts(w->probe, w->conf->dlq, &depth, NULL) == ST_OK) {
+		metrics_dlq_depth(depth);
+		return;
+	}
+	metrics_dlq_depth(-1);
+	mq_close(&w->probe);
+}
+
 /*
  * The janitor: one thread per process that publishes the outbox (woken by
  * the workers, and every POOL_RELAY_IDLE_MS for rows left by a crashed
@@ -1063,9 +1094,11 @@ static void *janitor_main(void *arg)
 			}
 			if (w->gauge != NULL && gauge_held(w->gauge, &pending, &oldest) == ST_OK)
 				metrics_held_now(pending, oldest);
+			janitor_dlq_depth(w);
 		}
 		janitor_retention(w, &pass, now);
 	}
+	mq_close(&w->probe);
 	mq_close(&w->publisher);
 	worker_close_db(w);
 	db_thread_end();

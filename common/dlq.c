@@ -1,0 +1,1043 @@
+/*
+ * dlq.c - `inbox-worker dlq list | show | replay | purge` (see dlq.h).
+ *
+ * Every subcommand walks the queue the same way (dlq_walk): the message
+ * count from a passive declare, then one consumer whose prefetch window is
+ * that count, reading exactly that many deliveries, in queue order, and
+ * settling only what the subcommand means to remove.  The window is why a
+ * browse never needs to ack, reject or requeue a message one by one (each
+ * of which moves it or, on a quorum queue, counts a delivery): what is not
+ * acked goes back when the connection closes, in its place.  Messages
+ * that arrive while a walk runs are behind the counted ones and are not
+ * visited, so a replayed message that the worker dead-letters again at
+ * once is not taken a second time by the same run.
+ */
+#include "dlq.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "db.h"
+#include "fault.h"
+#include "log.h"
+#include "mq.h"
+#include "msg.h"
+#include "order.h"
+#include "status.h"
+
+/* The broker delivers at most this many unacked messages to one consumer
+ * (basic.qos takes 16 bits): a longer queue is read up to here. */
+#define DLQ_WINDOW_MAX 65535
+/* How long a walk waits for the next counted message before it concludes
+ * that another consumer holds the rest. */
+#define DLQ_WAIT_MS 5000
+#define DLQ_CONFIRM_MS 30000
+
+/* What one dead letter says about itself. */
+struct dlq_entry {
+	long position;                       /* 1-based place in the queue */
+	char message_id[MSG_ID_MAX + 1];     /* "-" when unreadable */
+	char source[MSG_SOURCE_MAX + 1];
+	char type[MSG_TYPE_NAME_MAX + 1];
+	char order_id[MSG_ORDER_ID_MAX + 1];
+	char reason[40];
+	char detail[700];
+	char at[40];                         /* when it was dead-lettered, "" unknown */
+	int64_t at_s;
+	int64_t deliveries;                  /* -1 unknown */
+	int64_t replays;
+	int64_t dlq_count;                   /* the DLQ's own x-delivery-count (a quorum DLQ) */
+	enum msg_reason parse;               /* the body under today's rules */
+	struct msg m;
+	json_t *props;                       /* the AMQP properties as mq_delivery_props_json */
+	char *props_text;
+};
+
+/* What replay makes of a dead letter. */
+enum dlq_verdict {
+	DLQ_V_REPLAY = 0, /* the inbox never recorded the key: replay */
+	DLQ_V_DUPLICATE,  /* the inbox recorded this payload: the copy is a harmless duplicate */
+	DLQ_V_REOPEN,     /* the inbox dead-lettered it and the cause is gone: reopen the key, replay */
+	DLQ_V_MALFORMED,  /* the body still fails the checks: left */
+	DLQ_V_CONFLICT,   /* the inbox holds another payload for the key: left */
+	DLQ_V_WAITING,    /* its prerequisite is still missing: left */
+	DLQ_V_INVALID,    /* still an impossible transition: left */
+	DLQ_V_COUNT
+};
+
+static const char *const dlq_verdict_names[DLQ_V_COUNT] = {
+	"replay", "duplicate", "reopen", "still-malformed", "payload-conflict", "prerequisite-missing",
+	"invalid-transition",
+};
+
+struct dlq_run {
+	const struct cfg *conf;
+	const struct dlq_opts *o;
+	FILE *out;
+	struct mq *mq;      /* the consumer of the walk */
+	struct mq *pub;     /* replay: confirmed publishes */
+	struct db *db;
+	struct db_stmt *q_inbox, *q_order, *q_reopen;
+	uint32_t in_queue;  /* messages ready when the walk began */
+	long read, shown, chosen, acted;
+	long by_verdict[DLQ_V_COUNT];
+	json_t *by_reason;  /* reason -> count of what was shown/chosen */
+	json_t *list;       /* list --json: the entries */
+	bool stop;          /* replay --limit reached */
+	bool counted;       /* the DLQ counts deliveries: a quorum queue */
+	int failed;         /* st_code of a failure that ended the walk */
+};
+
+/* ---- reading a dead letter ----------------------------------------------- */
+
+/* Printable ASCII, cut to cap: ids and names from a message end up in one
+ * line of output, whatever the producer sent. */
+static void dlq_text(char *dst, size_t cap, const char *s, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len && n + 1 < cap; i++) {
+		unsigned char c = (unsigned char)s[i];
+		dst[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+	}
+	dst[n] = '\0';
+}
+
+static const char *dlq_hstr(json_t *headers, const char *key)
+{
+	json_t *v = json_object_get(headers, key);
+
+	return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static bool dlq_hint(json_t *headers, const char *key, int64_t *out)
+{
+	json_t *v = json_object_get(headers, key);
+	char *end;
+
+	if (json_is_integer(v)) {
+		*out = json_integer_value(v);
+		return true;
+	}
+	if (json_is_string(v)) {
+		long long n = strtoll(json_string_value(v), &end, 10);
+		if (end != json_string_value(v) && *end == '\0') {
+			*out = n;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void dlq_fmt_time(int64_t s, char *buf, size_t cap)
+{
+	time_t t = (time_t)s;
+	struct tm tm;
+
+	if (gmtime_r(&t, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(buf, cap, "%lld", (long long)s);
+}
+
+/* "2026-11-30T19:40:02Z" (what the worker writes) to seconds; 0 if not. */
+static int64_t dlq_parse_time(const char *s)
+{
+	struct tm tm;
+	const char *end;
+
+	memset(&tm, 0, sizeof tm);
+	end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+	if (end == NULL)
+		return 0;
+	return (int64_t)timegm(&tm);
+}
+
+/* The first x-death entry of a message the broker dead-lettered: {"$array":
+ * [{"$table": {...}}]} as mq_delivery_props_json writes it. */
+static json_t *dlq_xdeath(json_t *headers)
+{
+	json_t *a = json_object_get(json_object_get(headers, "x-death"), "$array");
+
+	return json_object_get(json_array_get(a, 0), "$table");
+}
+
+/* The fields of a body that failed the checks, as far as they can be read,
+ * so that a malformed dead letter is still listed by its id and order. */
+static void dlq_lenient_fields(struct dlq_entry *e, const void *body, size_t len)
+{
+	static const struct {
+		const char *key;
+		size_t off, cap;
+	} f[] = {
+		{ "message_id", offsetof(struct dlq_entry, message_id), MSG_ID_MAX + 1 },
+		{ "source", offsetof(struct dlq_entry, source), MSG_SOURCE_MAX + 1 },
+		{ "type", offsetof(struct dlq_entry, type), MSG_TYPE_NAME_MAX + 1 },
+		{ "order_id", offsetof(struct dlq_entry, order_id), MSG_ORDER_ID_MAX + 1 },
+	};
+	json_error_t jerr;
+	json_t *o;
+
+	if (len > (size_t)16 * 1024 * 1024)
+		return;
+	o = json_loadb(body, len, 0, &jerr);
+	if (!json_is_object(o)) {
+		json_decref(o);
+		return;
+	}
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		json_t *v = json_object_get(o, f[i].key);
+		char *dst = (char *)e + f[i].off;
+		if (json_is_string(v) && dst[0] == '\0')
+			dlq_text(dst, f[i].cap, json_string_value(v), json_string_length(v));
+	}
+	json_decref(o);
+}
+
+/* Fill e from a delivery.  ST_ERR_NOMEM only. */
+static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, long position, struct dlq_entry *e)
+{
+	json_t *h, *xd;
+	const char *s;
+	json_error_t jerr;
+
+	memset(e, 0, sizeof *e);
+	e->position = position;
+	e->deliveries = -1;
+	e->props_text = mq_delivery_props_json(d);
+	if (e->props_text == NULL)
+		return ST_ERR_NOMEM;
+	e->props = json_loads(e->props_text, 0, &jerr);
+	if (e->props == NULL)
+		return ST_ERR_NOMEM;
+	h = json_object_get(e->props, "headers");
+	e->parse = msg_parse(d->body, d->len, (size_t)conf->max_body, &d->props, &e->m);
+	if (e->parse == MSG_REASON_NONE) {
+		snprintf(e->message_id, sizeof e->message_id, "%s", e->m.message_id);
+		snprintf(e->source, sizeof e->source, "%s", e->m.source);
+		snprintf(e->type, sizeof e->type, "%s", e->m.type_name);
+		snprintf(e->order_id, sizeof e->order_id, "%s", e->m.order_id);
+	} else {
+		if (d->props.message_id != NULL)
+			dlq_text(e->message_id, sizeof e->message_id, d->props.message_id, d->props.message_id_len);
+		if (d->props.type != NULL)
+			dlq_text(e->type, sizeof e->type, d->props.type, d->props.type_len);
+		if (d->len <= (size_t)conf->max_body)
+			dlq_lenient_fields(e, d->body, d->len);
+	}
+	if (e->message_id[0] == '\0')
+		snprintf(e->message_id, sizeof e->message_id, "-");
+	xd = dlq_xdeath(h);
+	s = dlq_hstr(h, "x-inbox-reason");
+	if (s != NULL) {
+		dlq_text(e->reason, sizeof e->reason, s, strlen(s));
+	} else if (json_is_string(json_object_get(xd, "reason"))) {
+		/* Dead-lettered by the broker: "delivery_limit" is a message
+		 * that crashed every worker that took it. */
+		s = json_string_value(json_object_get(xd, "reason"));
+		dlq_text(e->reason, sizeof e->reason, s, strlen(s));
+		for (char *p = e->reason; *p; p++)
+			if (*p == '_')
+				*p = '-';
+	} else {
+		snprintf(e->reason, sizeof e->reason, "none");
+	}
+	s = dlq_hstr(h, "x-inbox-detail");
+	if (s != NULL) {
+		dlq_text(e->detail, sizeof e->detail, s, strlen(s));
+	} else if (xd != NULL) {
+		const char *q = json_string_value(json_object_get(xd, "queue"));
+		snprintf(e->detail, sizeof e->detail, "dead-lettered by the broker from %s", q != NULL ? q : "?");
+	}
+	s = dlq_hstr(h, DLQ_HEADER_AT);
+	if (s != NULL && (e->at_s = dlq_parse_time(s)) != 0) {
+		dlq_fmt_time(e->at_s, e->at, sizeof e->at);
+	} else {
+		json_t *t = json_object_get(json_object_get(xd, "time"), "$timestamp");
+		if (json_is_integer(t)) {
+			e->at_s = json_integer_value(t);
+			dlq_fmt_time(e->at_s, e->at, sizeof e->at);
+		}
+	}
+	if (!dlq_hint(h, DLQ_HEADER_DELIVERIES, &e->deliveries)) {
+		json_t *c = json_object_get(xd, "count");
+		if (json_is_integer(c) && json_is_string(json_object_get(xd, "reason")) &&
+		    strcmp(json_string_value(json_object_get(xd, "reason")), "delivery_limit") == 0)
+			e->deliveries = conf->delivery_limit + 1; /* past the limit */
+		else if (json_is_integer(c))
+			e->deliveries = json_integer_value(c);
+	}
+	if (!dlq_hint(h, DLQ_HEADER_REPLAYS, &e->replays))
+		e->replays = 0;
+	if (!dlq_hint(h, "x-delivery-count", &e->dlq_count))
+		e->dlq_count = 0;
+	return ST_OK;
+}
+
+static void dlq_entry_free(struct dlq_entry *e)
+{
+	json_decref(e->props);
+	free(e->props_text);
+	e->props = NULL;
+	e->props_text = NULL;
+}
+
+static bool dlq_matches(const struct dlq_opts *o, const struct dlq_entry *e, int64_t now)
+{
+	bool ok;
+
+	if (o->nreasons > 0) {
+		ok = false;
+		for (int i = 0; i < o->nreasons && !ok; i++)
+			ok = strcmp(o->reasons[i], e->reason) == 0;
+		if (!ok)
+			return false;
+	}
+	if (o->nids > 0) {
+		ok = false;
+		for (int i = 0; i < o->nids && !ok; i++)
+			ok = strcmp(o->ids[i], e->message_id) == 0;
+		if (!ok)
+			return false;
+	}
+	if (o->order_id != NULL && strcmp(o->order_id, e->order_id) != 0)
+		return false;
+	/* A dead letter that does not say when is not known to be recent. */
+	if (o->since_s > 0 && (e->at_s == 0 || e->at_s < now - o->since_s))
+		return false;
+	return true;
+}
+
+static int dlq_count_reason(struct dlq_run *r, const char *reason)
+{
+	json_t *v = json_object_get(r->by_reason, reason);
+
+	return json_object_set_new(r->by_reason, reason, json_integer(json_is_integer(v) ? json_integer_value(v) + 1 : 1)) == 0
+	               ? ST_OK
+	               : ST_ERR_NOMEM;
+}
+
+static void dlq_print_by_reason(struct dlq_run *r, const char *what)
+{
+	const char *k;
+	json_t *v;
+	bool first = true;
+
+	fprintf(r->out, "%s:", what);
+	json_object_foreach(r->by_reason, k, v) {
+		fprintf(r->out, "%s %s %lld", first ? "" : ",", k, (long long)json_integer_value(v));
+		first = false;
+	}
+	fprintf(r->out, "%s\n", first ? " none" : "");
+}
+
+/* ---- the walk ------------------------------------------------------------ */
+
+typedef int (*dlq_visit_fn)(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e);
+
+/* Read the messages that are in the queue now, in order, handing each to
+ * visit; nothing is settled here.  The caller closes r->mq afterwards,
+ * which returns whatever was not acked. */
+static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
+{
+	int rc;
+	uint32_t window;
+
+	rc = mq_queue_counts(r->mq, r->conf->dlq, &r->in_queue, NULL);
+	if (rc == ST_ERR_NOT_FOUND) {
+		LOG(LOG_ERROR, "the dead-letter queue does not exist", LOG_S("queue", r->conf->dlq));
+		return rc;
+	}
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot read the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
+		return rc;
+	}
+	if (r->in_queue == 0)
+		return ST_OK;
+	window = r->in_queue > DLQ_WINDOW_MAX ? DLQ_WINDOW_MAX : r->in_queue;
+	if (window < r->in_queue)
+		LOG(LOG_WARN, "the queue is longer than one consumer's window: only its head is read",
+		    LOG_I("in_queue", r->in_queue), LOG_I("read", window));
+	rc = mq_consume_start(r->mq, r->conf->dlq, (int)window, false);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "cannot consume the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
+		return rc;
+	}
+	while (r->read < (long)window && !r->stop) {
+		struct mq_delivery d;
+		struct dlq_entry e;
+
+		memset(&d, 0, sizeof d);
+		rc = mq_consume(r->mq, &d, DLQ_WAIT_MS);
+		if (rc == ST_ERR_TIMEOUT) {
+			/* Another consumer (a second operator, a verifier) holds
+			 * the rest for now. */
+			LOG(LOG_WARN, "fewer messages came than the queue counted; another consumer holds the rest",
+			    LOG_I("in_queue", r->in_queue), LOG_I("read", r->read));
+			break;
+		}
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "reading the dead-letter queue failed", LOG_S("error", mq_errmsg(r->mq)));
+			return rc;
+		}
+		r->read++;
+		rc = dlq_entry_read(r->conf, &d, r->read, &e);
+		if (rc == ST_OK && e.dlq_count > 0 && !r->counted) {
+			r->counted = true;
+			LOG(LOG_WARN, "the dead-letter queue counts deliveries (a quorum queue): every read adds one to"
+			    " each message's x-delivery-count, and a delivery-limit on it would drop messages",
+			    LOG_S("queue", r->conf->dlq));
+		}
+		if (rc == ST_OK)
+			rc = visit(r, &d, &e);
+		dlq_entry_free(&e);
+		mq_delivery_release(r->mq, &d);
+		if (rc != ST_OK)
+			return rc;
+	}
+	return ST_OK;
+}
+
+/* ---- list ---------------------------------------------------------------- */
+
+static int dlq_visit_list(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
+{
+	char rk[256];
+
+	dlq_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
+	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
+		return ST_OK;
+	r->shown++;
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
+	if (r->o->json) {
+		json_t *j = json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:s?, s:o, s:I, s:s}", "position",
+		                      (json_int_t)e->position, "message_id", e->message_id, "source", e->source, "type",
+		                      e->type, "order_id", e->order_id, "reason", e->reason, "detail", e->detail,
+		                      "dead_lettered_at", e->at[0] ? e->at : NULL, "deliveries",
+		                      e->deliveries >= 0 ? json_integer((json_int_t)e->deliveries) : json_null(), "replays", (json_int_t)e->replays, "routing_key", rk);
+		if (j == NULL || json_array_append_new(r->list, j) != 0)
+			return ST_ERR_NOMEM;
+		return ST_OK;
+	}
+	if (r->shown == 1)
+		fprintf(r->out, "%-4s %-24s %-10s %-18s %-12s %-20s %-20s %5s %s\n", "#", "MESSAGE_ID", "SOURCE", "TYPE",
+		        "ORDER", "REASON", "DEAD_LETTERED_AT", "DELIV", "DETAIL");
+	{
+		char deliv[24];
+
+		if (e->deliveries >= 0)
+			snprintf(deliv, sizeof deliv, "%lld", (long long)e->deliveries);
+		else
+			snprintf(deliv, sizeof deliv, "-");
+		fprintf(r->out, "%-4ld %-24s %-10s %-18s %-12s %-20s %-20s %5s %s%s\n", e->position, e->message_id,
+		        e->source[0] ? e->source : "-", e->type[0] ? e->type : "-", e->order_id[0] ? e->order_id : "-",
+		        e->reason, e->at[0] ? e->at : "-", deliv, e->detail[0] ? e->detail : "-",
+		        e->replays > 0 ? " [replayed before]" : "");
+	}
+	return ST_OK;
+}
+
+/* ---- the database side of show and replay -------------------------------- */
+
+struct dlq_inbox_row {
+	bool found;
+	char outcome[24];
+	char reason[40];
+	char sha[65];
+	char at[40];
+};
+
+struct dlq_order_row {
+	bool found;
+	char status[32];
+	int64_t version;
+	int64_t flags;
+	bool has_amount;
+	int64_t amount;
+	char paid_at[40];
+};
+
+static int dlq_db_open(struct dlq_run *r)
+{
+	int rc = db_open(&r->db, &r->conf->db);
+
+	if (rc == ST_OK)
+		rc = db_prepare(r->db, &r->q_inbox,
+		                "SELECT outcome, COALESCE(reason, ''), payload_sha256, CAST(processed_at AS CHAR)"
+		                " FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?");
+	if (rc == ST_OK)
+		rc = db_prepare(r->db, &r->q_order,
+		                "SELECT status, version, flags, amount_cents, COALESCE(CAST(paid_at AS CHAR), '')"
+		                " FROM orders WHERE id = ?");
+	/* Only a key the inbox dead-lettered with this very payload: a key
+	 * that was claimed again meanwhile (applied, held) is left alone. */
+	if (rc == ST_OK)
+		rc = db_prepare(r->db, &r->q_reopen,
+		                "DELETE FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?"
+		                " AND payload_sha256 = ? AND outcome = 'dead_lettered'");
+	if (rc != ST_OK)
+		LOG(LOG_ERROR, "database unavailable", LOG_S("db", r->conf->db.redacted),
+		    LOG_S("error", r->db != NULL ? db_errmsg(r->db) : st_strerror(rc)));
+	return rc;
+}
+
+static int dlq_inbox_lookup(struct dlq_run *r, const struct msg *m, struct dlq_inbox_row *row)
+{
+	struct db_param p[3] = { DBP_STR(r->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
+	struct db_col c[4] = { DBC_STR(row->outcome, sizeof row->outcome), DBC_STR(row->reason, sizeof row->reason),
+		               DBC_STR(row->sha, sizeof row->sha), DBC_STR(row->at, sizeof row->at) };
+	int rc, got;
+
+	memset(row, 0, sizeof *row);
+	rc = db_stmt_query(r->q_inbox, p, 3);
+	if (rc != ST_OK)
+		return rc;
+	got = db_stmt_fetch(r->q_inbox, c, 4);
+	if (got < 0)
+		return got;
+	if (got == 1)
+		db_stmt_done(r->q_inbox);
+	row->found = got == 1;
+	return db_commit(r->db);
+}
+
+static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_order_row *row)
+{
+	struct db_param p[1] = { DBP_STR(order_id) };
+	struct db_col c[5] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64(), DBC_I64(),
+		               DBC_STR(row->paid_at, sizeof row->paid_at) };
+	int rc, got;
+
+	memset(row, 0, sizeof *row);
+	rc = db_stmt_query(r->q_order, p, 1);
+	if (rc != ST_OK)
+		return rc;
+	got = db_stmt_fetch(r->q_order, c, 5);
+	if (got < 0)
+		return got;
+	if (got == 1) {
+		db_stmt_done(r->q_order);
+		row->found = true;
+		row->version = c[1].i64;
+		row->flags = c[2].i64;
+		row->has_amount = !c[3].is_null;
+		row->amount = c[3].i64;
+	}
+	return db_commit(r->db);
+}
+
+/* What replaying e would do, and why in one line.  Reads only. */
+static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
+{
+	struct dlq_inbox_row in;
+	struct dlq_order_row ord;
+	char sha[65];
+	int rc;
+
+	if (e->parse != MSG_REASON_NONE) {
+		*v = DLQ_V_MALFORMED;
+		snprintf(why, cap, "the body still fails the checks: %s: %s", msg_reason_name(e->parse), e->m.detail);
+		return ST_OK;
+	}
+	rc = dlq_inbox_lookup(r, &e->m, &in);
+	if (rc != ST_OK)
+		return rc;
+	msg_sha256_hex(e->m.sha256, sha);
+	if (!in.found) {
+		*v = DLQ_V_REPLAY;
+		snprintf(why, cap, "the inbox has no record of it");
+		return ST_OK;
+	}
+	if (strcmp(in.sha, sha) != 0) {
+		*v = DLQ_V_CONFLICT;
+		snprintf(why, cap, "the inbox holds another payload for this key (outcome %s, sha256 %.12s...): the"
+		         " first one stands; replaying would only dead-letter it again", in.outcome, in.sha);
+		return ST_OK;
+	}
+	if (strcmp(in.outcome, "dead_lettered") != 0) {
+		*v = DLQ_V_DUPLICATE;
+		snprintf(why, cap, "the inbox recorded this payload already (outcome %s): the copy is a duplicate,"
+		         " no effect", in.outcome);
+		return ST_OK;
+	}
+	/* The inbox dead-lettered this very payload (hold-expired,
+	 * invalid-transition): only worth replaying if the order now lets
+	 * it take effect. */
+	rc = dlq_order_lookup(r, e->m.order_id, &ord);
+	if (rc != ST_OK)
+		return rc;
+	{
+		int st = ord.found ? order_state_from_name(ord.status) : ORDER_NONE;
+		struct order_verdict ov = order_decide(st < 0 ? ORDER_NONE : (enum order_state)st,
+		                                       (unsigned)ord.flags, e->m.type);
+		const char *now = ord.found ? ord.status : "absent";
+
+		if (ov.decision == ORDER_HOLD) {
+			*v = DLQ_V_WAITING;
+			snprintf(why, cap, "its prerequisite is still missing (order %s: %s): it would be held again",
+			         e->m.order_id, now);
+		} else if (ov.decision == ORDER_INVALID) {
+			*v = DLQ_V_INVALID;
+			snprintf(why, cap, "still an impossible transition (order %s: %s)", e->m.order_id, now);
+		} else {
+			*v = DLQ_V_REOPEN;
+			snprintf(why, cap, "the inbox dead-lettered it (%s); order %s is %s now: the key is reopened"
+			         " and the event %s", in.reason, e->m.order_id, now, order_decision_outcome(ov.decision));
+		}
+	}
+	return ST_OK;
+}
+
+/* ---- show ---------------------------------------------------------------- */
+
+static bool dlq_is_text(const void *p, size_t len)
+{
+	const unsigned char *s = p;
+
+	for (size_t i = 0; i < len; i++)
+		if ((s[i] < 0x20 && s[i] != '\n' && s[i] != '\t' && s[i] != '\r') || s[i] == 0x7f)
+			return false;
+	return true;
+}
+
+static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
+{
+	struct dlq_inbox_row in;
+	struct dlq_order_row ord;
+	enum dlq_verdict v;
+	char why[800], sha[65];
+	char *props;
+	int rc;
+
+	if (strcmp(e->message_id, r->o->message_id) != 0)
+		return ST_OK;
+	r->shown++;
+	fprintf(r->out, "%sdead letter %s at position %ld of %u in %s\n", r->shown > 1 ? "\n" : "", e->message_id,
+	        e->position, r->in_queue, r->conf->dlq);
+	fprintf(r->out, "reason:       %s\n", e->reason);
+	fprintf(r->out, "detail:       %s\n", e->detail[0] ? e->detail : "-");
+	if (e->deliveries >= 0)
+		snprintf(why, sizeof why, "%lld", (long long)e->deliveries);
+	else
+		snprintf(why, sizeof why, "unknown");
+	fprintf(r->out, "dead-lettered %s, deliveries %s, replays %lld\n", e->at[0] ? e->at : "at an unknown time",
+	        why, (long long)e->replays);
+	fprintf(r->out, "routing key:  %s\n", d->routing_key);
+	props = json_dumps(e->props, JSON_INDENT(2) | JSON_SORT_KEYS);
+	fprintf(r->out, "properties:   %s\n", props != NULL ? props : "?");
+	free(props);
+	if (dlq_is_text(d->body, d->len))
+		fprintf(r->out, "body (%zu bytes):\n%.*s\n", d->len, (int)(d->len > 65536 ? 65536 : d->len),
+		        (const char *)d->body);
+	else
+		fprintf(r->out, "body (%zu bytes): not text\n", d->len);
+	if (e->parse != MSG_REASON_NONE) {
+		fprintf(r->out, "parse:        %s: %s\n", msg_reason_name(e->parse), e->m.detail);
+	} else {
+		msg_sha256_hex(e->m.sha256, sha);
+		fprintf(r->out, "parse:        ok, key (%s, %s, %s), sha256 %s\n", r->conf->consumer, e->m.source,
+		        e->m.message_id, sha);
+		rc = dlq_inbox_lookup(r, &e->m, &in);
+		if (rc != ST_OK)
+			return rc;
+		if (in.found)
+			fprintf(r->out, "inbox row:    outcome %s%s%s, sha256 %s (%s payload), processed_at %s\n",
+			        in.outcome, in.reason[0] ? ", reason " : "", in.reason, in.sha,
+			        strcmp(in.sha, sha) == 0 ? "the same" : "ANOTHER", in.at);
+		else
+			fprintf(r->out, "inbox row:    none\n");
+		rc = dlq_order_lookup(r, e->m.order_id, &ord);
+		if (rc != ST_OK)
+			return rc;
+		if (ord.found) {
+			char amount[24];
+			if (ord.has_amount)
+				snprintf(amount, sizeof amount, "%lld", (long long)ord.amount);
+			else
+				snprintf(amount, sizeof amount, "NULL");
+			fprintf(r->out, "order row:    %s status %s, version %lld, flags %lld, amount_cents %s, paid_at %s\n",
+			        e->m.order_id, ord.status, (long long)ord.version, (long long)ord.flags, amount,
+			        ord.paid_at[0] ? ord.paid_at : "NULL");
+		} else {
+			fprintf(r->out, "order row:    %s does not exist\n", e->m.order_id);
+		}
+	}
+	rc = dlq_judge(r, e, &v, why, sizeof why);
+	if (rc != ST_OK)
+		return rc;
+	fprintf(r->out, "replay:       %s: %s\n", v <= DLQ_V_REOPEN ? "would replay" : "would leave it", why);
+	return ST_OK;
+}
+
+/* ---- replay -------------------------------------------------------------- */
+
+/* The saved properties without the previous replay count (ours replaces
+ * it); x-inbox-* headers and the broker's x-delivery-count are dropped by
+ * mq_publish itself.  Malloc'd, NULL when out of memory. */
+static char *dlq_replay_props(const struct dlq_entry *e)
+{
+	json_t *copy = json_deep_copy(e->props);
+	char *out;
+
+	if (copy == NULL)
+		return NULL;
+	json_object_del(json_object_get(copy, "headers"), DLQ_HEADER_REPLAYS);
+	out = json_dumps(copy, JSON_COMPACT);
+	json_decref(copy);
+	return out;
+}
+
+static int dlq_publish_copy(struct dlq_run *r, const struct mq_delivery *d, const struct dlq_entry *e)
+{
+	char replays[24], rk[300];
+	char *props = dlq_replay_props(e);
+	struct mq_header h[1] = { { DLQ_HEADER_REPLAYS, replays } };
+	struct mq_message msg = {
+		.exchange = r->conf->exchange, .routing_key = rk, .body = d->body, .len = d->len,
+		.props_json = props, .headers = h, .nheaders = 1,
+		/* An unroutable copy (the inbox queue unbound) must not be
+		 * taken for delivered: the dead letter stays. */
+		.mandatory = true,
+	};
+	int rc;
+
+	if (props == NULL)
+		return ST_ERR_NOMEM;
+	snprintf(replays, sizeof replays, "%lld", (long long)e->replays + 1);
+	snprintf(rk, sizeof rk, "%s", d->routing_key[0] ? d->routing_key : "order.unknown");
+	if (r->pub == NULL) {
+		rc = mq_open(&r->pub, &r->conf->amqp, 0, "inbox-worker dlq replay");
+		if (rc != ST_OK)
+			goto cleanup;
+	}
+	rc = mq_publish_confirmed(r->pub, &msg, DLQ_CONFIRM_MS);
+cleanup:
+	free(props);
+	return rc;
+}
+
+static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
+{
+	enum dlq_verdict v;
+	char why[800];
+	const char *what;
+	int rc;
+
+	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
+		return ST_OK;
+	r->chosen++;
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
+	rc = dlq_judge(r, e, &v, why, sizeof why);
+	if (rc != ST_OK) {
+		LOG(LOG_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
+		return rc;
+	}
+	r->by_verdict[v]++;
+	if (v > DLQ_V_REOPEN) {
+		fprintf(r->out, "left       %-24s %-12s %-20s %s\n", e->message_id, e->order_id[0] ? e->order_id : "-",
+		        e->reason, why);
+		return ST_OK;
+	}
+	what = r->o->dry_run ? "would replay" : "replayed";
+	if (!r->o->dry_run) {
+		if (v == DLQ_V_REOPEN) {
+			char sha[65];
+			struct db_param p[4];
+			uint64_t reopened = 0;
+
+			msg_sha256_hex(e->m.sha256, sha);
+			p[0] = DBP_STR(r->conf->consumer);
+			p[1] = DBP_STR(e->m.source);
+			p[2] = DBP_STR(e->m.message_id);
+			p[3] = DBP_STR(sha);
+			rc = db_stmt_exec(r->q_reopen, p, 4, &reopened);
+			/* 0: claimed again since the judgement (a concurrent
+			 * replay): the copy is then a duplicate, still safe. */
+			if (rc == ST_OK && reopened == 0)
+				LOG(LOG_INFO, "the key was claimed again meanwhile; the copy will be a duplicate",
+				    LOG_S("msg", e->m.message_id));
+			if (rc == ST_OK)
+				rc = db_commit(r->db);
+			if (rc != ST_OK) {
+				LOG(LOG_ERROR, "cannot reopen the key; the dead letter stays", LOG_S("msg", e->message_id),
+				    LOG_S("error", db_errmsg(r->db)));
+				db_rollback(r->db);
+				return rc;
+			}
+		}
+		rc = dlq_publish_copy(r, d, e);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "replay publish not confirmed; the dead letter stays", LOG_S("msg", e->message_id),
+			    LOG_S("exchange", r->conf->exchange), LOG_S("error", r->pub != NULL ? mq_errmsg(r->pub) : st_strerror(rc)));
+			return rc;
+		}
+		/* The copy is the broker's now.  Dying here leaves both: the
+		 * next replay sends the dead letter again, and the inbox takes
+		 * the second copy for a duplicate. */
+		if (fault_hit("dlq-replay-after-confirm"))
+			(void)raise(SIGKILL);
+		rc = mq_ack(r->mq, d->tag, false);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "replayed, but the dead letter could not be removed: a later replay of it is a"
+			    " duplicate", LOG_S("msg", e->message_id), LOG_S("error", mq_errmsg(r->mq)));
+			return rc;
+		}
+	}
+	r->acted++;
+	fprintf(r->out, "%-10s %-24s %-12s %-20s %s\n", what, e->message_id, e->order_id[0] ? e->order_id : "-",
+	        e->reason, why);
+	if (r->o->limit > 0 && r->acted >= r->o->limit)
+		r->stop = true;
+	return ST_OK;
+}
+
+/* ---- purge --------------------------------------------------------------- */
+
+static int dlq_visit_purge(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
+{
+	int rc;
+
+	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
+		return ST_OK;
+	r->chosen++;
+	if (dlq_count_reason(r, e->reason) != ST_OK)
+		return ST_ERR_NOMEM;
+	if (r->o->yes) {
+		rc = mq_ack(r->mq, d->tag, false);
+		if (rc != ST_OK) {
+			LOG(LOG_ERROR, "purge interrupted", LOG_S("error", mq_errmsg(r->mq)));
+			return rc;
+		}
+		r->acted++;
+	}
+	fprintf(r->out, "%-12s %-24s %-12s %-20s %s\n", r->o->yes ? "purged" : "would purge", e->message_id,
+	        e->order_id[0] ? e->order_id : "-", e->reason, e->detail[0] ? e->detail : "-");
+	return ST_OK;
+}
+
+/* ---- commands ------------------------------------------------------------ */
+
+int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
+{
+	struct dlq_run r = { .conf = conf, .o = o, .out = out };
+	static const dlq_visit_fn visits[] = {
+		[DLQ_LIST] = dlq_visit_list, [DLQ_SHOW] = dlq_visit_show,
+		[DLQ_REPLAY] = dlq_visit_replay, [DLQ_PURGE] = dlq_visit_purge,
+	};
+	int rc, code = 1;
+
+	r.by_reason = json_object();
+	r.list = json_array();
+	if (r.by_reason == NULL || r.list == NULL)
+		goto cleanup;
+	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY) && dlq_db_open(&r) != ST_OK)
+		goto cleanup;
+	rc = mq_open(&r.mq, &conf->amqp, 0, "inbox-worker dlq");
+	if (rc != ST_OK)
+		goto cleanup;
+	rc = dlq_walk(&r, visits[o->cmd]);
+	/* Hand back every message not acked, in its place, before saying
+	 * anything more. */
+	mq_close(&r.mq);
+	/* A replay or purge that failed half-way still says what it did. */
+	if (rc != ST_OK && o->cmd != DLQ_REPLAY && o->cmd != DLQ_PURGE)
+		goto cleanup;
+	switch (o->cmd) {
+	case DLQ_LIST:
+		if (o->json) {
+			json_t *doc = json_pack("{s:s, s:I, s:I, s:I, s:O, s:O}", "queue", conf->dlq, "in_queue",
+			                        (json_int_t)r.in_queue, "read", (json_int_t)r.read, "shown",
+			                        (json_int_t)r.shown, "by_reason", r.by_reason, "dead_letters", r.list);
+			char *s = doc != NULL ? json_dumps(doc, JSON_INDENT(2)) : NULL;
+			json_decref(doc);
+			if (s == NULL)
+				goto cleanup;
+			fprintf(out, "%s\n", s);
+			free(s);
+		} else {
+			fprintf(out, "%ld dead letters shown, %ld read, %u in %s\n", r.shown, r.read, r.in_queue, conf->dlq);
+			dlq_print_by_reason(&r, "by reason");
+		}
+		code = 0;
+		break;
+	case DLQ_SHOW:
+		if (r.shown == 0) {
+			fprintf(out, "no dead letter with message id %s among the %ld read from %s\n", o->message_id, r.read,
+			        conf->dlq);
+			goto cleanup;
+		}
+		code = 0;
+		break;
+	case DLQ_REPLAY: {
+		long left = r.chosen - r.acted;
+		fprintf(out, "%s%ld chosen of %u in %s; %s %ld (keys reopened %ld, duplicates %ld); left in the queue %ld",
+		        o->dry_run ? "dry run, nothing changed: " : "", r.chosen, r.in_queue, conf->dlq,
+		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_V_REOPEN],
+		        r.by_verdict[DLQ_V_DUPLICATE], left);
+		for (int v = DLQ_V_MALFORMED, first = 1; v < DLQ_V_COUNT; v++)
+			if (r.by_verdict[v] > 0) {
+				fprintf(out, "%s %s %ld", first ? ":" : ",", dlq_verdict_names[v], r.by_verdict[v]);
+				first = 0;
+			}
+		fprintf(out, "\n");
+		dlq_print_by_reason(&r, "chosen by reason");
+		code = rc == ST_OK ? 0 : 1;
+		break;
+	}
+	case DLQ_PURGE:
+		if (o->yes)
+			fprintf(out, "purged %ld of %u in %s\n", r.acted, r.in_queue, conf->dlq);
+		else
+			fprintf(out, "would purge %ld of %u in %s; nothing purged (add --yes)\n", r.chosen, r.in_queue,
+			        conf->dlq);
+		code = rc == ST_OK ? 0 : 1;
+		break;
+	}
+cleanup:
+	mq_close(&r.mq);
+	mq_close(&r.pub);
+	db_close(&r.db);
+	json_decref(r.by_reason);
+	json_decref(r.list);
+	return code;
+}
+
+/* ---- arguments ----------------------------------------------------------- */
+
+void dlq_usage(FILE *f)
+{
+	fprintf(f, "  dlq list [--reason R]... [--id ID]... [--order ID] [--since DURATION] [--json]\n"
+	           "            every dead letter, in queue order, and a count by reason; reads only\n"
+	           "  dlq show MESSAGE_ID\n"
+	           "            body, properties, the inbox row and the order row of a dead letter\n"
+	           "  dlq replay [--reason R]... [--id ID]... [--order ID] [--since D] [--limit N] [--dry-run]\n"
+	           "            publish the chosen dead letters to the inbox exchange again; each is\n"
+	           "            removed only after the broker confirmed its copy\n"
+	           "  dlq purge --reason R [--id ID]... [--order ID] [--since D] [--yes]\n"
+	           "            count (and with --yes remove) the chosen dead letters\n");
+}
+
+/* "--name value" or "--name=value": the value, advancing *i; NULL when
+ * arg is not this flag. */
+static const char *dlq_flag_value(int argc, char **argv, int *i, const char *name, bool *missing)
+{
+	size_t n = strlen(name);
+	const char *a = argv[*i];
+
+	if (strncmp(a, name, n) != 0)
+		return NULL;
+	if (a[n] == '=')
+		return a + n + 1;
+	if (a[n] != '\0')
+		return NULL;
+	if (*i + 1 >= argc) {
+		*missing = true;
+		return NULL;
+	}
+	return argv[++*i];
+}
+
+int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t cap)
+{
+	static const char *const cmds[] = { [DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay",
+		                            [DLQ_PURGE] = "purge" };
+	int n = *argc, j, first;
+	bool found = false;
+
+	memset(o, 0, sizeof *o);
+	if (n < 3 || argv[2][0] == '-') {
+		/* --help alone is cfg_load's to answer. */
+		if (n >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))
+			return 0;
+		snprintf(err, cap, "dlq: missing subcommand (list, show, replay, purge)");
+		return -1;
+	}
+	for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+		if (strcmp(argv[2], cmds[c]) == 0) {
+			o->cmd = (enum dlq_cmd)c;
+			found = true;
+		}
+	if (!found) {
+		snprintf(err, cap, "dlq: unknown subcommand '%s' (list, show, replay, purge)", argv[2]);
+		return -1;
+	}
+	first = 3;
+	if (o->cmd == DLQ_SHOW) {
+		if (n < 4 || argv[3][0] == '-') {
+			snprintf(err, cap, "dlq show: missing MESSAGE_ID");
+			return -1;
+		}
+		o->message_id = argv[3];
+		first = 4;
+	}
+	j = 2;
+	for (int i = first; i < n; i++) {
+		bool missing = false;
+		const char *v;
+		const char *a = argv[i];
+
+		if ((v = dlq_flag_value(n, argv, &i, "--reason", &missing)) != NULL) {
+			if (o->nreasons >= DLQ_MAX_REASONS) {
+				snprintf(err, cap, "--reason: at most %d", DLQ_MAX_REASONS);
+				return -1;
+			}
+			o->reasons[o->nreasons++] = v;
+		} else if ((v = dlq_flag_value(n, argv, &i, "--id", &missing)) != NULL) {
+			if (o->nids >= DLQ_MAX_IDS) {
+				snprintf(err, cap, "--id: at most %d", DLQ_MAX_IDS);
+				return -1;
+			}
+			o->ids[o->nids++] = v;
+		} else if ((v = dlq_flag_value(n, argv, &i, "--order", &missing)) != NULL) {
+			o->order_id = v;
+		} else if ((v = dlq_flag_value(n, argv, &i, "--since", &missing)) != NULL) {
+			char why[160];
+			if (cfg_parse_duration(v, &o->since_s, why, sizeof why) != 0) {
+				snprintf(err, cap, "--since: %s", why);
+				return -1;
+			}
+			if (o->since_s <= 0) {
+				snprintf(err, cap, "--since: must be positive: '%s'", v);
+				return -1;
+			}
+		} else if ((v = dlq_flag_value(n, argv, &i, "--limit", &missing)) != NULL) {
+			char *end;
+			o->limit = strtol(v, &end, 10);
+			if (*v == '\0' || *end != '\0' || o->limit < 1) {
+				snprintf(err, cap, "--limit: not a positive number: '%s'", v);
+				return -1;
+			}
+		} else if (missing) {
+			snprintf(err, cap, "%s: missing value", a);
+			return -1;
+		} else if (strcmp(a, "--json") == 0 && o->cmd == DLQ_LIST) {
+			o->json = true;
+		} else if (strcmp(a, "--dry-run") == 0 && o->cmd == DLQ_REPLAY) {
+			o->dry_run = true;
+		} else if (strcmp(a, "--yes") == 0 && o->cmd == DLQ_PURGE) {
+			o->yes = true;
+		} else {
+			argv[j++] = argv[i]; /* a setting's flag, for cfg_load */
+			continue;
+		}
+		if ((o->cmd == DLQ_SHOW) && strncmp(a, "--", 2) == 0) {
+			snprintf(err, cap, "dlq show: %s does not apply (show takes a MESSAGE_ID)", a);
+			return -1;
+		}
+	}
+	if (o->cmd == DLQ_PURGE && o->nreasons == 0) {
+		snprintf(err, cap, "dlq purge: --reason is required (rabbitmqctl purge_queue empties it all)");
+		return -1;
+	}
+	if (o->limit > 0 && o->cmd != DLQ_REPLAY) {
+		snprintf(err, cap, "--limit: only for dlq replay");
+		return -1;
+	}
+	argv[j] = NULL;
+	*argc = j;
+	return 0;
+}
