@@ -54,7 +54,8 @@ struct db_stmt {
 
 struct db {
 	MYSQL *my;
-	const struct cfg_db *conf;
+	const struct cfg_db *conf;  /* the first node of the list */
+	const struct cfg_db *node;  /* the node connected to (or last tried) */
 	struct db_stmt *stmts;
 	bool broken; /* a connection-lost error was seen: reconnect before use */
 	unsigned last_errno;
@@ -81,6 +82,11 @@ static int db_map_errno(unsigned e)
 	case ER_SERVER_SHUTDOWN:
 	case ER_CONNECTION_KILLED:
 	case 4031: /* ER_CLIENT_INTERACTION_TIMEOUT */
+	/* Galera: "WSREP has not yet prepared node for application use" (the
+	 * node left the primary component or is still joining).  Nothing on
+	 * this connection will work until it is back: treat it as lost, so
+	 * the thread moves on to another node of the list. */
+	case ER_UNKNOWN_COM_ERROR:
 		return ST_ERR_DB_CONN;
 	/* The value itself is wrong for its column: retrying cannot help,
 	 * and it is the fault of whoever supplied the value. */
@@ -143,9 +149,9 @@ void db_thread_end(void)
 	mysql_thread_end();
 }
 
-static int db_connect(struct db *d)
+static int db_connect_one(struct db *d)
 {
-	const struct cfg_db *c = d->conf;
+	const struct cfg_db *c = d->node;
 	my_bool off = 0;
 	unsigned timeout = (unsigned)c->connect_timeout_s;
 	/* Read/write time-outs bound how long a thread can hang on a
@@ -195,6 +201,34 @@ fail:;
 	return rc;
 }
 
+/*
+ * Connect to a node of the list (conf->next: the other nodes of a
+ * cluster), starting at `from` and trying each once in list order; d->node
+ * is the node connected to.  A node that refuses or is unreachable is
+ * logged and the next one tried; the caller backs off when none answers.
+ */
+static int db_connect(struct db *d, const struct cfg_db *from)
+{
+	const struct cfg_db *n = from;
+	int rc = ST_ERR_DB_CONN;
+
+	do {
+		d->node = n;
+		rc = db_connect_one(d);
+		if (rc == ST_OK) {
+			if (n != from || from != d->conf)
+				LOG(LOG_INFO, "database connected to another node of the cluster",
+				    LOG_S("db", n->redacted));
+			return ST_OK;
+		}
+		if (d->conf->next != NULL)
+			LOG(LOG_WARN, "database node unavailable; trying the next", LOG_S("db", n->redacted),
+			    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		n = n->next != NULL ? n->next : d->conf;
+	} while (n != from);
+	return rc;
+}
+
 static int db_stmt_prepare_on(struct db_stmt *s)
 {
 	s->st = mysql_stmt_init(s->db->my);
@@ -210,24 +244,41 @@ static int db_stmt_prepare_on(struct db_stmt *s)
 	return ST_OK;
 }
 
-int db_open(struct db **out, const struct cfg_db *conf)
+int db_open_from(struct db **out, const struct cfg_db *conf, int *node)
 {
 	struct db *d = calloc(1, sizeof *d);
-	int rc;
+	const struct cfg_db *from = conf;
+	int rc, count = 0, i;
 
 	*out = NULL;
 	if (d == NULL)
 		return ST_ERR_NOMEM;
 	d->conf = conf;
-	rc = db_connect(d);
+	for (const struct cfg_db *n = conf; n != NULL; n = n->next)
+		count++;
+	i = ((*node % count) + count) % count;
+	for (int j = 0; j < i; j++)
+		from = from->next;
+	rc = db_connect(d, from);
 	if (rc != ST_OK) {
-		LOG(LOG_WARN, "database connect failed", LOG_S("db", conf->redacted),
+		LOG(LOG_WARN, "database connect failed", LOG_S("db", d->node->redacted),
 		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
 		free(d);
 		return rc;
 	}
+	i = 0;
+	for (const struct cfg_db *n = conf; n != d->node; n = n->next)
+		i++;
+	*node = i;
 	*out = d;
 	return ST_OK;
+}
+
+int db_open(struct db **out, const struct cfg_db *conf)
+{
+	int node = 0;
+
+	return db_open_from(out, conf, &node);
 }
 
 static void db_disconnect(struct db *d)
@@ -272,7 +323,10 @@ int db_reconnect(struct db *d)
 
 	db_disconnect(d);
 	d->broken = false;
-	rc = db_connect(d);
+	/* A lost connection moves on to the next node of a cluster (the one
+	 * it had is the last tried): the node may be down, or no longer
+	 * ready (1047), and waiting for it would stall the thread. */
+	rc = db_connect(d, d->node != NULL && d->node->next != NULL ? d->node->next : d->conf);
 	if (rc != ST_OK)
 		return rc;
 	for (struct db_stmt *s = d->stmts; s != NULL; s = s->next) {

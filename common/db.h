@@ -84,8 +84,13 @@ void db_global_end(void);
 void db_thread_init(void);
 void db_thread_end(void);
 
-/* Connect; ST_ERR_DB_CONN when the server is unreachable. */
+/* Connect; ST_ERR_DB_CONN when the server is unreachable.  conf may list
+ * a cluster's nodes (conf->next): each is tried once, in list order, and
+ * db_reconnect later starts from the node after the one that failed. */
 int db_open(struct db **out, const struct cfg_db *conf);
+/* The same, starting at node *node (0 = the first; wraps around); on
+ * success *node is the index of the node connected to. */
+int db_open_from(struct db **out, const struct cfg_db *conf, int *node);
 void db_close(struct db **d);
 
 /* Drop the connection and connect again, re-preparing every statement. */

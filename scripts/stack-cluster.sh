@@ -371,6 +371,7 @@ export INBOX_DB_URL=$(cl_urls db)
 export INBOX_MIGRATE_DB_URL=$(cl_urls migrate)
 export INBOX_TEST_DB_URL=$(cl_urls test)
 export INBOX_TEST_MIGRATE_DB_URL=$(cl_urls test_migrate)
+export INBOX_DLQ_TYPE=quorum
 export INBOX_CLUSTER=1
 export INBOX_CLUSTER_NODES=$CL_N
 export INBOX_CLUSTER_STACK="$SELF --cluster"

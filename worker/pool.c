@@ -92,6 +92,12 @@ struct worker {
 	struct mq *consumer;
 	struct mq *publisher;
 	struct db *db;
+	/* The broker node each connection starts from (INBOX_AMQP_URL may
+	 * list a cluster's nodes): moved on past a node whose connection
+	 * failed, so a thread goes to another node instead of waiting. */
+	int consumer_node;
+	int publisher_node;
+	int db_node;          /* the same for the first database connection */
 	struct inbox *inbox;
 	struct outbox *outbox;
 	struct retention *retention; /* the janitor's, prepared on first use */
@@ -239,7 +245,7 @@ static int worker_db_up(struct worker *w)
 		if (w->db != NULL) {
 			rc = db_reconnect(w->db);
 		} else {
-			rc = db_open(&w->db, &w->conf->db);
+			rc = db_open_from(&w->db, &w->conf->db, &w->db_node);
 			if (rc == ST_OK)
 				rc = inbox_open(&w->inbox, w->db, w->conf);
 			if (rc == ST_OK)
@@ -252,8 +258,14 @@ static int worker_db_up(struct worker *w)
 				worker_close_db(w);
 				return rc;
 			}
-			if (rc != ST_OK)
+			if (rc != ST_OK) {
+				/* The node took the connection but not the
+				 * statements (a Galera node answering 1047):
+				 * start from the next node of the list. */
+				if (w->db != NULL)
+					w->db_node++;
 				worker_close_db(w);
+			}
 		}
 		if (rc == ST_OK) {
 			if (attempt > 0) {
@@ -305,7 +317,7 @@ static int worker_mq_up(struct worker *w)
 		if (w->consumer != NULL)
 			return ST_OK;
 		w->ack_pending = 0; /* delivery tags belong to the channel that is gone */
-		rc = mq_open(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name);
+		rc = mq_open_from(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name, &w->consumer_node);
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
 		if (rc == ST_OK)
@@ -330,6 +342,7 @@ static int worker_mq_up(struct worker *w)
 				return rc;
 		} else {
 			mq_close(&w->consumer);
+			w->consumer_node++;
 			LOG(LOG_WARN, "broker unavailable, retrying", LOG_I("worker", w->index),
 			    LOG_I("attempt", attempt + 1));
 		}
@@ -350,7 +363,7 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 		if (w->publisher == NULL) {
 			/* Heartbeats off: the publisher sits idle between
 			 * dead-letters and nothing would service them. */
-			rc = mq_open(&w->publisher, &w->conf->amqp, 0, w->name);
+			rc = mq_open_from(&w->publisher, &w->conf->amqp, 0, w->name, &w->publisher_node);
 			if (rc != ST_OK)
 				return rc;
 		}
@@ -358,6 +371,7 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
 			return rc;
 		mq_close(&w->publisher);
+		w->publisher_node++;
 	}
 	return rc;
 }
@@ -372,7 +386,8 @@ static void worker_relay(struct worker *w)
 		struct outbox_round r;
 		int rc;
 
-		if (w->publisher == NULL && mq_open(&w->publisher, &w->conf->amqp, 0, w->name) != ST_OK)
+		if (w->publisher == NULL &&
+		    mq_open_from(&w->publisher, &w->conf->amqp, 0, w->name, &w->publisher_node) != ST_OK)
 			return;
 		rc = outbox_relay(w->outbox, w->publisher, 64, &r);
 		metrics_outbox_failed(r.failed);
@@ -382,8 +397,10 @@ static void worker_relay(struct worker *w)
 			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
 			    LOG_I("worker", w->index), LOG_I("sent", r.sent),
 			    LOG_S("error", broker ? mq_errmsg(w->publisher) : st_strerror(rc)));
-			if (broker)
+			if (broker) {
 				mq_close(&w->publisher);
+				w->publisher_node++;
+			}
 			return;
 		}
 		if (r.taken < 64)
@@ -944,6 +961,7 @@ reset:
 		if (w->consumer != NULL)
 			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
 		mq_close(&w->consumer);
+		w->consumer_node++; /* a cluster's next node first (mq_open_from) */
 		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
 	}
 	worker_ready(w, false);
