@@ -151,3 +151,48 @@ Test(cluster, a_node_answering_1047_makes_the_worker_move_on)
 	cr_assert(itest_log_has(logf, "database connected to another node of the cluster"),
 	          "the worker must have moved on to another node");
 }
+
+/* The outbox relay on two Galera nodes at once.  Row locks (FOR UPDATE
+ * SKIP LOCKED) are local to a node, so two relays on different nodes used
+ * to take the same rows, both publish them, and one commit failed its
+ * certification: rows published twice.  A claim must be a committed write
+ * that certification sees before anything is published. */
+Test(cluster, two_relays_on_different_nodes_publish_each_row_once)
+{
+	enum { ROWS = 600 };
+	const char *out = "itest.cluster.out";
+	static struct itest_dead got[2 * ROWS];
+	char db1[600], db2[600], id[32];
+	struct db *d = itest_db();
+	struct db_stmt *ins;
+	pid_t w[2];
+	int n;
+
+	cr_assert_not_null(getenv("INBOX_CLUSTER_DB_URL_1"));
+	cr_assert_not_null(getenv("INBOX_CLUSTER_DB_URL_2"));
+	snprintf(db1, sizeof db1, "INBOX_DB_URL=%s", getenv("INBOX_CLUSTER_DB_URL_1"));
+	snprintf(db2, sizeof db2, "INBOX_DB_URL=%s", getenv("INBOX_CLUSTER_DB_URL_2"));
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id,"
+	                                 " body, created_at) VALUES (?, ?, 'order.Test', 'Test', 'o-direct', ?,"
+	                                 " NOW(6))"),
+	             ST_OK, "%s", db_errmsg(d));
+	for (int i = 0; i < ROWS; i++) {
+		struct db_param p[3] = { DBP_STR(id), DBP_STR(itest_cfg()->out_exchange), DBP_STR(id) };
+		snprintf(id, sizeof id, "relay-%d", i);
+		p[0] = DBP_STR(id);
+		p[2] = DBP_STR(id);
+		cr_assert_eq(db_stmt_exec(ins, p, 3, NULL), ST_OK, "%s", db_errmsg(d));
+	}
+	cr_assert_eq(db_commit(d), ST_OK, "%s", db_errmsg(d));
+	/* Both start before either can have taken the rows. */
+	w[0] = itest_worker(1, (const char *[]){ db1, NULL });
+	w[1] = itest_worker(1, (const char *[]){ db2, NULL });
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
+	for (int i = 0; i < 2; i++) {
+		int st = itest_stop(w[i], SIGTERM, 60);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	n = itest_drain(out, got, 2 * ROWS, ROWS, WAIT_S);
+	cr_assert_eq(n, ROWS, "each row once: %d messages for %d rows", n, ROWS);
+}
