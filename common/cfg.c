@@ -957,12 +957,13 @@ static const struct cfg_setting cfg_settings[] = {
 	  "amqp://guest:guest@127.0.0.1:5672/%2f", K_AMQP_URL, F(amqp), 0, 0, NULL,
 	  "broker; amqps:// for TLS, with ?cacertfile=PATH&certfile=PATH&keyfile=PATH"
 	  "&verify=verify_peer|verify_none (the server certificate and host name are verified "
-	  "unless verify_none)" },
+	  "unless verify_none); several comma-separated URLs are the nodes of one cluster, tried in turn" },
 	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
 	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
 	  "the worker's database account; options ?ssl-ca=PATH&ssl-capath=DIR&ssl-cert=PATH"
 	  "&ssl-key=PATH&ssl=1&ssl-verify=0&socket=PATH&connect-timeout=S (any ssl option turns TLS on; "
-	  "the server certificate is verified unless ssl-verify=0)" },
+	  "the server certificate is verified unless ssl-verify=0); several comma-separated URLs are "
+	  "the nodes of one cluster, tried in turn" },
 	{ "INBOX_MIGRATE_DB_URL", "migrate-db-url", "INBOX_MIGRATE_DB_URL_FILE", "migrate-db-url-file",
 	  "", K_DB_URL, F(migrate_db), 0, 0, NULL,
 	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },

@@ -210,13 +210,15 @@ fail:;
 static int db_connect(struct db *d, const struct cfg_db *from)
 {
 	const struct cfg_db *n = from;
+	/* the node of the connection before (NULL: none yet, the first) */
+	const struct cfg_db *had = d->node != NULL ? d->node : d->conf;
 	int rc = ST_ERR_DB_CONN;
 
 	do {
 		d->node = n;
 		rc = db_connect_one(d);
 		if (rc == ST_OK) {
-			if (n != from || from != d->conf)
+			if (n != had)
 				LOG(LOG_INFO, "database connected to another node of the cluster",
 				    LOG_S("db", n->redacted));
 			return ST_OK;
