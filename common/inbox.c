@@ -115,6 +115,11 @@ struct inbox {
 	struct db_stmt *held_list;
 	struct db_stmt *held_get;
 	struct db_stmt *expired_list;
+	/* Galera (wsrep_on): before the COMMIT, count the claim's rows (see
+	 * inbox_claim_check).  NULL on a server without Galera. */
+	struct db_stmt *claim_check;
+	int64_t token;      /* the claim token of the batch in hand */
+	int nmine;          /* keys whose row this transaction inserted */
 	/* A held event read back: grown by db_stmt_fetch (DBC_GROW) to fit
 	 * the stored row, reused, and shrunk again after an oversized one. */
 	char *body;
@@ -348,6 +353,39 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(write_batch, "CALL inbox_write_batch(?, ?, ?, ?, ?, ?, ?, ?)");
 	/* Hold expiry locks one order outside a batch: the same real write
 	 * as inbox_claim_batch's, then the locking read. */
+	/* Galera? (SHOW VARIABLES answers on MariaDB and MySQL alike; no
+	 * row: no wsrep.) */
+	{
+		struct db_stmt *show = NULL;
+		char name[32], value[32];
+		struct db_col c[2] = { DBC_STR(name, sizeof name), DBC_STR(value, sizeof value) };
+		bool galera = false;
+		int r;
+
+		PREP(claim_check, "SHOW VARIABLES LIKE 'wsrep_on'");
+		show = ib->claim_check;
+		ib->claim_check = NULL;
+		rc = db_stmt_query(show, NULL, 0);
+		if (rc != ST_OK)
+			goto fail;
+		r = db_stmt_fetch(show, c, 2);
+		if (r < 0) {
+			rc = r;
+			goto fail;
+		}
+		if (r == 1) {
+			galera = strcmp(value, "ON") == 0;
+			db_stmt_done(show);
+		}
+		db_rollback(db);
+		if (galera)
+			PREP(claim_check, "SELECT COUNT(*) FROM JSON_TABLE(?, '$[*]' COLUMNS ("
+			                  " source VARCHAR(255) PATH '$[0]', message_id VARCHAR(255) PATH '$[1]')) k"
+			                  " JOIN processed_messages p ON p.consumer = ?"
+			                  " AND p.source = CONVERT(k.source USING ascii) COLLATE ascii_bin"
+			                  " AND p.message_id = CONVERT(k.message_id USING ascii) COLLATE ascii_bin"
+			                  " WHERE p.claim = ?");
+	}
 	PREP(lock_touch, "INSERT INTO order_locks (order_id, held, locks) VALUES (?, 0, 1)"
 	                 " ON DUPLICATE KEY UPDATE locks = locks + 1");
 	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
@@ -1020,6 +1058,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	rc = inbox_token(&token);
 	if (rc != ST_OK)
 		return rc;
+	ib->token = token;
 	{
 		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(token), DBP_STRN(b->p, b->len) };
 		rc = db_stmt_query(ib->claim_batch, p, 3);
@@ -1100,6 +1139,41 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	return ST_OK;
 }
 
+/*
+ * Galera only: the claim's rows must still be there before the COMMIT.
+ * A Galera node that aborts a transaction for a conflicting write set
+ * (a "brute force" abort) while it runs a statement inside a stored
+ * procedure may swallow the error: the CALL succeeds although the
+ * transaction was rolled back, and what follows, the COMMIT included,
+ * runs in a new one (mysql-wsrep issue #191).  The batch would be acked
+ * with nothing applied.  The rows this transaction claimed are the
+ * evidence: if any is missing, the transaction is not the one we ran, so
+ * it is rolled back and retried like a deadlock.  One more round trip per
+ * batch, on Galera only.
+ */
+static int inbox_claim_check(struct inbox *ib)
+{
+	struct db_param p[3] = { DBP_STRN(ib->claim.p, ib->claim.len), DBP_STR(ib->conf->consumer),
+		                 DBP_I64(ib->token) };
+	struct db_col c[1] = { DBC_I64() };
+	int rc = db_stmt_query(ib->claim_check, p, 3);
+	int r;
+
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_fetch(ib->claim_check, c, 1);
+	if (r < 0)
+		return r;
+	if (r == 1)
+		db_stmt_done(ib->claim_check);
+	if (r == 0 || c[0].i64 != ib->nmine) {
+		LOG(LOG_WARN, "the transaction lost its claim (a Galera abort inside a procedure); retrying",
+		    LOG_I("claimed", ib->nmine), LOG_I("found", r == 0 ? 0 : c[0].i64));
+		return ST_ERR_DB_DEADLOCK;
+	}
+	return ST_OK;
+}
+
 /* End the transaction: COMMIT when rc is ST_OK (the test fault hooks,
  * for a message's transaction, fire just before it), else ROLLBACK. */
 static int inbox_end(struct inbox *ib, int rc, bool hooks)
@@ -1140,6 +1214,9 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
 	}
 	rc = inbox_claim(ib, in, n);
+	ib->nmine = 0;
+	for (int k = 0; rc == ST_OK && k < ib->nkeys; k++)
+		ib->nmine += ib->keys[k].mine;
 	for (int i = 0; rc == ST_OK && i < n; i++) {
 		const struct inbox_key *k = &ib->keys[ib->key_of[i]];
 
@@ -1156,6 +1233,8 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	}
 	if (rc == ST_OK)
 		rc = inbox_flush(ib);
+	if (rc == ST_OK && ib->claim_check != NULL)
+		rc = inbox_claim_check(ib);
 	return inbox_end(ib, rc, true);
 }
 
