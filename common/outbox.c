@@ -417,7 +417,7 @@ static int outbox_take(struct outbox *ob, struct mq *pub, const int64_t *ids, in
 /* Write what became of each row: the confirmed ones sent (one statement),
  * the failed ones pushed back by their backoff. */
 static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *rows, int n,
-                         struct outbox_round *r)
+                         const int64_t *ids, int nids, struct outbox_round *r)
 {
 	int64_t sent[OUTBOX_BATCH_MAX], left[OUTBOX_BATCH_MAX];
 	int nsent = 0, nleft = 0, rc;
@@ -425,12 +425,8 @@ static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *r
 	for (int i = 0; i < n; i++) {
 		struct outbox_row *row = &rows[i];
 
-		if (row->why[0] != '\0')
+		if (row->why[0] != '\0' || row->seq == 0)
 			continue;
-		if (row->seq == 0) {
-			left[nleft++] = row->id; /* not published: free for the next round */
-			continue;
-		}
 		switch (mq_outcome(pub, row->seq)) {
 		case MQ_OUTCOME_ACKED:
 			sent[nsent++] = row->id;
@@ -444,9 +440,21 @@ static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *r
 		default:
 			/* No confirm (the connection failed): not this row's
 			 * fault; published again by a later round. */
-			left[nleft++] = row->id;
 			break;
 		}
+	}
+	/* Every leased row that is neither sent nor charged with a failure
+	 * (unconfirmed, not published, or not even read after the publisher
+	 * failed) is free again for the next round. */
+	for (int j = 0; j < nids; j++) {
+		bool settled = false;
+
+		for (int i = 0; i < nsent && !settled; i++)
+			settled = sent[i] == ids[j];
+		for (int i = 0; i < n && !settled; i++)
+			settled = rows[i].id == ids[j] && rows[i].why[0] != '\0';
+		if (!settled)
+			left[nleft++] = ids[j];
 	}
 	if (nsent > 0) {
 		rc = outbox_exec_in(ob->mark, sent, nsent);
@@ -541,16 +549,12 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_rou
 	rc = outbox_take(ob, pub, ids, nids, ob->isolate, rows, &n, &mqrc);
 	if (rc != ST_OK)
 		goto rollback;
-	if (n == 0) {
-		db_rollback(ob->db);
-		goto done;
-	}
-	if (mqrc == ST_OK) {
+	if (mqrc == ST_OK && n > 0) {
 		int w = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
 		if (outbox_broker_error(w))
 			mqrc = w;
 	}
-	rc = outbox_settle(ob, pub, rows, n, r);
+	rc = outbox_settle(ob, pub, rows, n, ids, nids, r);
 	if (rc == ST_OK)
 		rc = db_commit(ob->db);
 	if (rc != ST_OK)
