@@ -185,6 +185,10 @@ void cfg_amqp_free(struct cfg_amqp *a)
 	free(a->keyfile);
 	free(a->sni);
 	free(a->redacted);
+	if (a->next != NULL) {
+		cfg_amqp_free(a->next);
+		free(a->next);
+	}
 	memset(a, 0, sizeof *a);
 }
 
@@ -285,7 +289,7 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 	return 0;
 }
 
-int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
+static int amqp_parse_one(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
 {
 	static const char *const schemes[] = { "amqp://", "amqps://", NULL };
 	struct cfg_amqp a = { 0 };
@@ -352,6 +356,10 @@ void cfg_db_free(struct cfg_db *d)
 	free(d->ssl_cert);
 	free(d->ssl_key);
 	free(d->redacted);
+	if (d->next != NULL) {
+		cfg_db_free(d->next);
+		free(d->next);
+	}
 	memset(d, 0, sizeof *d);
 }
 
@@ -495,7 +503,7 @@ static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size
 	return db_tls_settle(d, &t, err, errlen);
 }
 
-int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
+static int db_parse_one(const char *url, struct cfg_db *out, char *err, size_t errlen)
 {
 	static const char *const schemes[] = { "mysql://", "mariadb://", NULL };
 	struct cfg_db d = { 0 };
@@ -555,6 +563,113 @@ fail:
 	return -1;
 }
 
+/* ---- lists of nodes ------------------------------------------------------ */
+
+/*
+ * The next URL of a comma-separated list of one cluster's nodes, in *one
+ * (the caller frees it); *p moves past it and *last says whether it ended
+ * the list.  A comma never occurs unescaped in one of our URLs (a password
+ * or a path that holds one writes it %2C), so splitting first is safe.
+ */
+static int list_next(const char **p, int place, char **one, bool *last, char *err, size_t errlen)
+{
+	const char *comma = strchr(*p, ',');
+	size_t len = comma != NULL ? (size_t)(comma - *p) : strlen(*p);
+
+	*one = NULL;
+	if (place > CFG_MAX_NODES) {
+		set_err(err, errlen, "more than %d nodes in the list", CFG_MAX_NODES);
+		return -1;
+	}
+	if (len == 0 && (comma != NULL || place > 1)) {
+		set_err(err, errlen, "node %d of the list: empty", place);
+		return -1;
+	}
+	*one = dup_range(*p, len);
+	if (*one == NULL) {
+		set_err(err, errlen, "out of memory");
+		return -1;
+	}
+	*last = comma == NULL;
+	*p = comma != NULL ? comma + 1 : *p + len;
+	return 0;
+}
+
+/* A node's own error, prefixed with its place when there are several. */
+static void list_err(bool many, int place, const char *why, char *err, size_t errlen)
+{
+	if (many)
+		set_err(err, errlen, "node %d of the list: %s", place, why);
+	else
+		set_err(err, errlen, "%s", why);
+}
+
+int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
+{
+	struct cfg_amqp *node = out;
+	const char *p = url;
+	bool many = strchr(url, ',') != NULL, last = false;
+
+	memset(out, 0, sizeof *out);
+	for (int place = 1;; place++) {
+		char *one, why[256];
+		int rc;
+
+		if (list_next(&p, place, &one, &last, err, errlen) != 0)
+			goto fail;
+		rc = amqp_parse_one(one, node, why, sizeof why);
+		free(one);
+		if (rc != 0) {
+			list_err(many, place, why, err, errlen);
+			goto fail;
+		}
+		if (last)
+			return 0;
+		node->next = calloc(1, sizeof *node->next);
+		if (node->next == NULL) {
+			set_err(err, errlen, "out of memory");
+			goto fail;
+		}
+		node = node->next;
+	}
+fail:
+	cfg_amqp_free(out); /* a node that failed was left empty */
+	return -1;
+}
+
+int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
+{
+	struct cfg_db *node = out;
+	const char *p = url;
+	bool many = strchr(url, ',') != NULL, last = false;
+
+	memset(out, 0, sizeof *out);
+	for (int place = 1;; place++) {
+		char *one, why[256];
+		int rc;
+
+		if (list_next(&p, place, &one, &last, err, errlen) != 0)
+			goto fail;
+		rc = db_parse_one(one, node, why, sizeof why);
+		free(one);
+		if (rc != 0) {
+			list_err(many, place, why, err, errlen);
+			goto fail;
+		}
+		if (last)
+			return 0;
+		node->next = calloc(1, sizeof *node->next);
+		if (node->next == NULL) {
+			set_err(err, errlen, "out of memory");
+			goto fail;
+		}
+		node = node->next;
+	}
+fail:
+	cfg_db_free(out);
+	return -1;
+}
+
 /* ---- the table of settings --------------------------------------------- */
 
 enum cfg_kind {
@@ -589,6 +704,9 @@ static const char *const log_level_choices[] = {
 	[LOG_ERROR] = "error", [LOG_WARN] = "warn", [LOG_INFO] = "info", [LOG_DEBUG] = "debug",
 	NULL,
 };
+static const char *const queue_type_choices[] = {
+	[CFG_QUEUE_CLASSIC] = "classic", [CFG_QUEUE_QUORUM] = "quorum", NULL,
+};
 static const char *const ordering_choices[] = {
 	[CFG_ORDERING_SHARED] = "shared", [CFG_ORDERING_SHARDED] = "sharded", NULL,
 };
@@ -600,12 +718,13 @@ static const struct cfg_setting cfg_settings[] = {
 	  "amqp://guest:guest@127.0.0.1:5672/%2f", K_AMQP_URL, F(amqp), 0, 0, NULL,
 	  "broker; amqps:// for TLS, with ?cacertfile=PATH&certfile=PATH&keyfile=PATH"
 	  "&verify=verify_peer|verify_none (the server certificate and host name are verified "
-	  "unless verify_none)" },
+	  "unless verify_none); several comma-separated URLs are the nodes of one cluster, tried in turn" },
 	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
 	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
 	  "the worker's database account; options ?ssl-ca=PATH&ssl-capath=DIR&ssl-cert=PATH"
 	  "&ssl-key=PATH&ssl=1&ssl-verify=0&socket=PATH&connect-timeout=S (any ssl option turns TLS on; "
-	  "the server certificate is verified unless ssl-verify=0)" },
+	  "the server certificate is verified unless ssl-verify=0); several comma-separated URLs are "
+	  "the nodes of one cluster, tried in turn" },
 	{ "INBOX_MIGRATE_DB_URL", "migrate-db-url", "INBOX_MIGRATE_DB_URL_FILE", "migrate-db-url-file",
 	  "", K_DB_URL, F(migrate_db), 0, 0, NULL,
 	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },
@@ -623,6 +742,9 @@ static const struct cfg_setting cfg_settings[] = {
 	  "dead-letter exchange" },
 	{ "INBOX_DLQ", "dlq", NULL, NULL, "orders.inbox.dlq", K_NAME, F(dlq), 1, 255, NULL,
 	  "dead-letter queue" },
+	{ "INBOX_DLQ_TYPE", "dlq-type", NULL, NULL, "classic", K_ENUM, F(dlq_type), 0, 0, queue_type_choices,
+	  "type of the dead-letter queue (and inbox-loadgen's verify queue): quorum on a RabbitMQ cluster, "
+	  "where a classic queue is lost while its one node is down" },
 	{ "INBOX_OUT_EXCHANGE", "out-exchange", NULL, NULL, "orders.out", K_NAME,
 	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to" },
 	{ "INBOX_MAX_BODY", "max-body", NULL, NULL, "65536", K_LONG, F(max_body), 64,

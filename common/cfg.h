@@ -39,6 +39,10 @@ struct cfg_amqp {
 	 * RabbitMQ's URI spec); NULL: the URL's host for both. */
 	char *sni;
 	char *redacted;  /* the URL with the password replaced by "***" */
+	/* The next node of the same cluster (INBOX_AMQP_URL lists several,
+	 * comma-separated), NULL after the last; owned by this node and
+	 * freed with it by cfg_amqp_free. */
+	struct cfg_amqp *next;
 };
 
 struct cfg_db {
@@ -59,6 +63,20 @@ struct cfg_db {
 	char *ssl_key;   /* ?ssl-key=/path: its private key */
 	int connect_timeout_s; /* ?connect-timeout=5, default 5 */
 	char *redacted;
+	/* The next node of the same cluster (comma-separated URLs), NULL
+	 * after the last; owned by this node, freed by cfg_db_free. */
+	struct cfg_db *next;
+};
+
+/* The type of the queues the worker declares beside the inbox queue (the
+ * DLQ; inbox-loadgen's verify queue follows it).  A classic queue lives on
+ * one node of a RabbitMQ cluster: while that node is down it cannot be
+ * declared (404) and what is routed to it is dropped.  On a cluster, use
+ * quorum.  Classic is the default so that a running deployment's DLQ,
+ * declared classic before, still matches its declaration. */
+enum cfg_queue_type {
+	CFG_QUEUE_CLASSIC = 0,
+	CFG_QUEUE_QUORUM = 1,
 };
 
 enum cfg_ordering {
@@ -78,6 +96,7 @@ struct cfg {
 	char *exchange;             /* INBOX_EXCHANGE orders */
 	char *dlx;                  /* INBOX_DLX orders.dlx */
 	char *dlq;                  /* INBOX_DLQ orders.inbox.dlq */
+	enum cfg_queue_type dlq_type; /* INBOX_DLQ_TYPE classic|quorum */
 	char *out_exchange;         /* INBOX_OUT_EXCHANGE orders.out */
 	long max_body;              /* INBOX_MAX_BODY 65536 [64, 16 MiB] */
 	long retention_s;           /* INBOX_RETENTION 7d, >= 1m */
@@ -129,7 +148,11 @@ void cfg_print_help(FILE *f, const char *usage_line);
 
 /* Building blocks, exposed for tests and for loadgen.  Each returns 0 or -1
  * with a reason in err (without the setting's name).  Strings they allocate
- * belong to the struct and are released by cfg_amqp_free / cfg_db_free. */
+ * belong to the struct and are released by cfg_amqp_free / cfg_db_free.
+ * A URL setting may list several comma-separated URLs, the nodes of one
+ * cluster (at most CFG_MAX_NODES): the first fills *out, the others hang
+ * from out->next in the same order; a bad one is named by its place. */
+#define CFG_MAX_NODES 16
 int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen);
 int cfg_parse_long(const char *s, long min, long max, long *out, char *err, size_t errlen);
 int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen);

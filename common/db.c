@@ -55,7 +55,8 @@ struct db_stmt {
 
 struct db {
 	MYSQL *my;
-	const struct cfg_db *conf;
+	const struct cfg_db *conf;  /* the first node of the list */
+	const struct cfg_db *node;  /* the node connected to (or last tried) */
 	struct db_stmt *stmts;
 	bool broken; /* a connection-lost error was seen: reconnect before use */
 	uint64_t round_trips; /* requests sent since db_open (db_round_trips) */
@@ -86,6 +87,11 @@ static int db_map_errno(unsigned e)
 	/* The server is full for now: a passing fault like an outage. */
 	case ER_CON_COUNT_ERROR:
 	case ER_TOO_MANY_USER_CONNECTIONS:
+	/* Galera: "WSREP has not yet prepared node for application use" (the
+	 * node left the primary component or is still joining).  Nothing on
+	 * this connection will work until it is back: treat it as lost, so
+	 * the thread moves on to another node of the list. */
+	case ER_UNKNOWN_COM_ERROR:
 		return ST_ERR_DB_CONN;
 	/* The server refused who we are or what we asked to open: the
 	 * URL (user, password, database) or the account must change, and
@@ -162,9 +168,9 @@ void db_thread_end(void)
 	mysql_thread_end();
 }
 
-static int db_connect(struct db *d)
+static int db_connect_one(struct db *d)
 {
-	const struct cfg_db *c = d->conf;
+	const struct cfg_db *c = d->node;
 	my_bool off = 0;
 	unsigned timeout = (unsigned)c->connect_timeout_s;
 	/* Read/write time-outs bound how long a thread can hang on a
@@ -228,6 +234,38 @@ fail:;
 	return rc;
 }
 
+/*
+ * Connect to a node of the list (conf->next: the other nodes of a
+ * cluster), starting at `from` and trying each once in list order; d->node
+ * is the node connected to.  A node that refuses or is unreachable is
+ * logged and the next one tried; the caller backs off when none answers.
+ */
+static int db_connect(struct db *d, const struct cfg_db *from)
+{
+	const struct cfg_db *n = from;
+	/* the node of the connection before (NULL: none yet, the first) */
+	const struct cfg_db *had = d->node != NULL ? d->node : d->conf;
+	int rc = ST_ERR_DB_CONN;
+
+	do {
+		d->node = n;
+		rc = db_connect_one(d);
+		if (rc == ST_OK) {
+			if (n != had)
+				LOG(LOG_INFO, "database connected to another node of the cluster",
+				    LOG_S("db", n->redacted));
+			return ST_OK;
+		}
+		if (rc == ST_ERR_ACCESS)
+			return rc; /* the cluster's nodes share their accounts */
+		if (d->conf->next != NULL)
+			LOG(LOG_WARN, "database node unavailable; trying the next", LOG_S("db", n->redacted),
+			    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		n = n->next != NULL ? n->next : d->conf;
+	} while (n != from);
+	return rc;
+}
+
 static int db_stmt_prepare_on(struct db_stmt *s)
 {
 	s->st = mysql_stmt_init(s->db->my);
@@ -243,10 +281,11 @@ static int db_stmt_prepare_on(struct db_stmt *s)
 	return ST_OK;
 }
 
-int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t cap)
+static int db_open_at(struct db **out, const struct cfg_db *conf, int *node, char *why, size_t cap)
 {
 	struct db *d = calloc(1, sizeof *d);
-	int rc;
+	const struct cfg_db *from = conf;
+	int rc, count = 0, i;
 
 	*out = NULL;
 	if (why != NULL && cap > 0)
@@ -254,20 +293,48 @@ int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t ca
 	if (d == NULL)
 		return ST_ERR_NOMEM;
 	d->conf = conf;
-	rc = db_connect(d);
+	for (const struct cfg_db *n = conf; n != NULL; n = n->next)
+		count++;
+	i = ((*node % count) + count) % count;
+	for (int j = 0; j < i; j++)
+		from = from->next;
+	rc = db_connect(d, from);
 	if (rc != ST_OK) {
 		if (why != NULL && cap > 0)
 			snprintf(why, cap, "%u %s", d->last_errno, d->last_error);
 		free(d);
 		return rc;
 	}
+	i = 0;
+	for (const struct cfg_db *n = conf; n != d->node; n = n->next)
+		i++;
+	*node = i;
 	*out = d;
 	return ST_OK;
 }
 
 int db_open(struct db **out, const struct cfg_db *conf)
 {
-	return db_open_why(out, conf, NULL, 0);
+	int node = 0;
+
+	return db_open_at(out, conf, &node, NULL, 0);
+}
+
+int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t cap)
+{
+	int node = 0;
+
+	return db_open_at(out, conf, &node, why, cap);
+}
+
+int db_open_from(struct db **out, const struct cfg_db *conf, int *node)
+{
+	return db_open_at(out, conf, node, NULL, 0);
+}
+
+int db_open_from_why(struct db **out, const struct cfg_db *conf, int *node, char *why, size_t cap)
+{
+	return db_open_at(out, conf, node, why, cap);
 }
 
 static void db_disconnect(struct db *d)
@@ -312,7 +379,10 @@ int db_reconnect(struct db *d)
 
 	db_disconnect(d);
 	d->broken = false;
-	rc = db_connect(d);
+	/* A lost connection moves on to the next node of a cluster (the one
+	 * it had is the last tried): the node may be down, or no longer
+	 * ready (1047), and waiting for it would stall the thread. */
+	rc = db_connect(d, d->node != NULL && d->node->next != NULL ? d->node->next : d->conf);
 	if (rc != ST_OK)
 		return rc;
 	for (struct db_stmt *s = d->stmts; s != NULL; s = s->next) {

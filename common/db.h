@@ -88,11 +88,16 @@ void db_thread_end(void);
 /* Connect.  ST_ERR_DB_CONN when the server is unreachable or full for
  * now (a passing fault: retry); ST_ERR_ACCESS when it refused the account
  * or the database (1044, 1045, 1049, ...: a retry cannot help).  Logs
- * nothing: db_open_why puts the server's number and message, or the
+ * nothing: the _why forms put the server's number and message, or the
  * socket's reason ("connection refused", "timed out"), in why for the
- * caller's one line. */
+ * caller's one line.  conf may list a cluster's nodes (conf->next): each
+ * is tried once, in list order; the _from forms start at node *node (0 =
+ * the first; wraps around) and leave in *node the index of the node
+ * connected to, so a caller whose connection was lost moves on. */
 int db_open(struct db **out, const struct cfg_db *conf);
 int db_open_why(struct db **out, const struct cfg_db *conf, char *why, size_t cap);
+int db_open_from(struct db **out, const struct cfg_db *conf, int *node);
+int db_open_from_why(struct db **out, const struct cfg_db *conf, int *node, char *why, size_t cap);
 void db_close(struct db **d);
 
 /* Drop the connection and connect again, re-preparing every statement. */

@@ -265,10 +265,6 @@ static int mq_tls_fail(struct mq *m, int status)
 	return mq_fail(m, ST_ERR_MQ_CONN, "tls handshake", why);
 }
 
-int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name)
-{
-	return mq_open_why(out, conf, heartbeat_s, name, NULL, 0);
-}
 
 int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
                 size_t why_cap)
@@ -362,6 +358,45 @@ fail:
 		snprintf(why, why_cap, "%s", m->err);
 	mq_close(&m);
 	return rc != ST_OK ? rc : ST_ERR_MQ_CONN;
+}
+
+int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node,
+                     char *why, size_t cap)
+{
+	int count = 0, rc = ST_ERR_MQ_CONN;
+
+	for (const struct cfg_amqp *a = conf; a != NULL; a = a->next)
+		count++;
+	for (int k = 0; k < count; k++) {
+		int i = ((*node % count) + count + k) % count;
+		const struct cfg_amqp *a = conf;
+
+		for (int j = 0; j < i; j++)
+			a = a->next;
+		rc = mq_open_why(out, a, heartbeat_s, name, why, cap);
+		if (rc == ST_OK) {
+			if (k > 0 || *node % count != 0)
+				LOG(LOG_INFO, "broker connected to another node of the cluster",
+				    LOG_S("amqp", a->redacted), LOG_I("node", i + 1));
+			*node = i;
+			return ST_OK;
+		}
+		if (rc == ST_ERR_ACCESS)
+			return rc; /* the cluster's nodes share their users and vhosts */
+	}
+	return rc;
+}
+
+int mq_open_from(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node)
+{
+	return mq_open_from_why(out, conf, heartbeat_s, name, node, NULL, 0);
+}
+
+int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name)
+{
+	int node = 0;
+
+	return mq_open_from(out, conf, heartbeat_s, name, &node);
 }
 
 void mq_close(struct mq **mp)
@@ -464,9 +499,7 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 	if (rc == ST_OK)
 		rc = mq_exchange(m, conf->out_exchange, "topic", amqp_empty_table);
 	if (rc == ST_OK)
-		rc = mq_queue(m, conf->dlq, amqp_empty_table);
-	if (rc == ST_OK)
-		rc = mq_bind(m, conf->dlq, conf->dlx, "#");
+		rc = mq_queue_declare_bind_type(m, conf->dlq, conf->dlx, "#", conf->dlq_type == CFG_QUEUE_QUORUM);
 	if (rc != ST_OK)
 		return rc;
 	if (conf->ordering == CFG_ORDERING_SHARED) {
@@ -1739,6 +1772,22 @@ int mq_exchange_delete(struct mq *m, const char *exchange)
 {
 	amqp_exchange_delete(m->conn, MQ_CHANNEL, mq_b(exchange), 0);
 	return mq_rpc(m, "exchange.delete");
+}
+
+int mq_queue_declare_bind_type(struct mq *m, const char *queue, const char *exchange,
+                               const char *binding, bool quorum)
+{
+	amqp_table_entry_t e;
+	amqp_table_t args = { .num_entries = quorum ? 1 : 0, .entries = &e };
+	int rc;
+
+	e.key = amqp_cstring_bytes("x-queue-type");
+	e.value.kind = AMQP_FIELD_KIND_UTF8;
+	e.value.value.bytes = amqp_cstring_bytes("quorum");
+	rc = mq_queue(m, queue, quorum ? args : amqp_empty_table);
+	if (rc == ST_OK)
+		rc = mq_bind(m, queue, exchange, binding);
+	return rc;
 }
 
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,

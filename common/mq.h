@@ -77,15 +77,27 @@ struct mq_message {
 	int64_t published_us; /* > 0: sent as the MQ_HEADER_PUBLISHED_US header */
 };
 
-/* Connect, log in and open the channel.  ST_ERR_MQ_CONN when the broker
- * cannot be reached (a passing fault: retry); ST_ERR_ACCESS when it refused
- * the login (403: user, password or rights on the vhost; 530: no such
- * vhost), which a retry cannot fix.  Logs nothing: mq_open_why puts the
- * reason in why ("login: connection closed by broker: 403 ACCESS_REFUSED
- * ...", "connect: connection refused") for the caller's one line. */
+/* Connect to the first node of conf's list that answers, trying each once
+ * in list order (conf->next: the other nodes of a cluster). */
 int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name);
+/* Connect, log in and open the channel on conf's one node.  ST_ERR_MQ_CONN
+ * when the broker cannot be reached (a passing fault: retry);
+ * ST_ERR_ACCESS when it refused the login (403: user, password or rights
+ * on the vhost; 530: no such vhost), which a retry cannot fix.  Logs
+ * nothing: why gets the reason ("login: connection closed by broker: 403
+ * ACCESS_REFUSED ...", "connect: connection refused") for the caller's one
+ * line. */
 int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
                 size_t cap);
+/* The same, starting at node *node (0 = the first; wraps around) and
+ * ending at the one before it; on success *node is the node connected to.
+ * A caller whose connection was lost passes the next index, so that it
+ * moves on to another node of the cluster rather than wait for this one. */
+int mq_open_from(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node);
+/* The same with the last node's reason in why (see mq_open_why); a
+ * refused login ends the tour (the nodes share users and vhosts). */
+int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node,
+                     char *why, size_t cap);
 void mq_close(struct mq **m);
 /* A short human line for the last broker error (for logs). */
 const char *mq_errmsg(const struct mq *m);
@@ -202,6 +214,10 @@ int mq_queue_delete(struct mq *m, const char *queue);
 int mq_exchange_delete(struct mq *m, const char *exchange);
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable);
+/* Declare a durable queue (quorum, or classic) and bind it; the broker's
+ * refusal (a queue of another type under that name: 406) is ST_ERR_MQ. */
+int mq_queue_declare_bind_type(struct mq *m, const char *queue, const char *exchange,
+                               const char *binding, bool quorum);
 int mq_queue_unbind(struct mq *m, const char *queue, const char *exchange, const char *binding);
 
 #endif

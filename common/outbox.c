@@ -1,19 +1,30 @@
 /*
- * outbox.c - see outbox.h.  One relay round, in one transaction:
+ * outbox.c - see outbox.h.  One relay round, in two transactions:
  *
- *   1. rows whose backoff ran out (next_attempt_at <= now), locked and
- *      published one at a time, each confirm awaited before the next: they
- *      failed before, so their outcome must be their own even if the
- *      broker closes the channel over one of them;
- *   2. rows that never failed, in id order, locked and published pipelined;
+ *   1. the claim: the ids of rows whose backoff ran out (next_attempt_at
+ *      <= now), then of rows that never failed, in id order, none under
+ *      another relay's lease, locked (SKIP LOCKED) and leased
+ *      (leased_until), COMMIT.  A lease is a committed write: on a Galera
+ *      cluster, where row locks are local to a node, certification orders
+ *      two relays' leases of the same row and the second one's COMMIT
+ *      fails (a deadlock, 1213), so that relay publishes nothing this
+ *      round.  Before migration 0014 the row locks alone were the claim,
+ *      held across the publish, and relays on two nodes both published
+ *      the same rows;
+ *   2. the leased rows read back and published: the retried ones one at a
+ *      time, each confirm awaited before the next (they failed before, so
+ *      their outcome must be their own even if the broker closes the
+ *      channel over one of them), the others pipelined;
  *   3. wait for the confirms; every publish has its own sequence number and
  *      outcome (mq_outcome), so each row is settled by its own confirm;
- *   4. mark the confirmed rows sent in one statement, push the failed ones
- *      back by their backoff, COMMIT.
+ *   4. mark the confirmed rows sent and push the failed ones back by their
+ *      backoff (both clear the lease), release the lease of the rows left
+ *      unconfirmed (the broker went away), COMMIT.
  *
- * Holding the row locks across the publish is what keeps a second relay
- * from taking the same rows (SKIP LOCKED).  One COMMIT per round, not per
- * row: see the janitor in worker/pool.c for why commits are the cost.
+ * A relay that dies between 1 and 4 leaves its lease to run out
+ * (OUTBOX_LEASE_S); then another relay publishes the rows again, with the
+ * same message-ids.  Two COMMITs per round, however many rows: see the
+ * janitor in worker/pool.c for why commits are the cost.
  *
  * A basic.return carries no delivery tag.  Mandatory publishes (the
  * dead-letter copies: they must land in the DLQ) therefore wait until
@@ -54,6 +65,12 @@
 #define OUTBOX_SHORTSTR_MAX 255    /* an AMQP short string */
 /* A buffer grown past this for one large row is given back after the round. */
 #define OUTBOX_KEEP_MAX ((size_t)1024 * 1024)
+/* Longer than a round takes (a pipelined batch, confirmed within
+ * OUTBOX_CONFIRM_MS), short enough that rows a dead relay leased go out
+ * again within a minute.  A round that retries many failing rows one at a
+ * time may outlast it; then, at worst, a row is published twice, with its
+ * stable message-id. */
+#define OUTBOX_LEASE_S 60
 #define OUTBOX_BACKOFF_FIRST_MS 1000
 #define OUTBOX_BACKOFF_MAX_MS 60000
 
@@ -62,6 +79,9 @@ struct outbox {
 	const struct cfg *conf;
 	struct db_stmt *take_due;
 	struct db_stmt *take_new;
+	struct db_stmt *lease;   /* lease the ids of a round */
+	struct db_stmt *read;    /* read them back, retried ones first */
+	struct db_stmt *release; /* end the lease of rows left unconfirmed */
 	struct db_stmt *mark;
 	struct db_stmt *fail;
 	struct db_stmt *stats;
@@ -90,6 +110,38 @@ struct outbox_row {
 
 #define OUTBOX_COLS "id, message_id, exchange, routing_key, type, props, headers, body, attempts, last_error"
 
+#define OUTBOX_STR2(x) #x
+#define OUTBOX_STR(x) OUTBOX_STR2(x)
+
+/* Prepare head + "?, ?, ... ?)" (OUTBOX_BATCH_MAX places) + tail. */
+static int outbox_prepare_in(struct db *db, struct db_stmt **st, const char *head, const char *tail)
+{
+	char sql[512 + OUTBOX_BATCH_MAX * 3];
+	size_t len = strlen(head), tlen = strlen(tail);
+
+	if (len + OUTBOX_BATCH_MAX * 3 + tlen + 2 > sizeof sql)
+		return ST_ERR_INVALID;
+	memcpy(sql, head, len);
+	sql[len++] = '?';
+	for (int i = 1; i < OUTBOX_BATCH_MAX; i++) {
+		memcpy(sql + len, ", ?", 3);
+		len += 3;
+	}
+	sql[len++] = ')';
+	memcpy(sql + len, tail, tlen + 1);
+	return db_prepare(db, st, sql);
+}
+
+/* Run an "id IN (...)" statement over ids (n >= 1). */
+static int outbox_exec_in(struct db_stmt *st, const int64_t *ids, int n)
+{
+	struct db_param p[OUTBOX_BATCH_MAX];
+
+	for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
+		p[i] = DBP_I64(ids[i < n ? i : 0]);
+	return db_stmt_exec(st, p, OUTBOX_BATCH_MAX, NULL);
+}
+
 int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 {
 	struct outbox *ob = calloc(1, sizeof *ob);
@@ -103,32 +155,32 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 	/* Both scans read ix_outbox_due (migrations/0005) in its order, so
 	 * rows backing off are never walked over by the first one. */
 	rc = db_prepare(db, &ob->take_due,
-	                "SELECT " OUTBOX_COLS " FROM outbox WHERE sent_at IS NULL AND next_attempt_at <= NOW(6)"
+	                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at <= NOW(6)"
+	                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
 	                " ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->take_new,
-		                "SELECT " OUTBOX_COLS " FROM outbox WHERE sent_at IS NULL AND next_attempt_at IS NULL"
+		                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at IS NULL"
+		                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
 		                " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
-	if (rc == ST_OK) {
-		/* One statement marks a whole batch: unused places repeat the
-		 * first id, which changes nothing. */
-		static const char head[] = "UPDATE outbox SET sent_at = NOW(6) WHERE id IN (?";
-		char sql[sizeof head + OUTBOX_BATCH_MAX * 3];
-		size_t len = sizeof head - 1;
-
-		memcpy(sql, head, len);
-		for (int i = 1; i < OUTBOX_BATCH_MAX; i++) {
-			memcpy(sql + len, ", ?", 3);
-			len += 3;
-		}
-		sql[len++] = ')';
-		sql[len] = '\0';
-		rc = db_prepare(db, &ob->mark, sql);
-	}
+	/* One statement per batch for each of these: unused places repeat
+	 * the first id, which changes nothing. */
+	if (rc == ST_OK)
+		rc = outbox_prepare_in(db, &ob->lease, "UPDATE outbox SET leased_until = NOW(6) + INTERVAL "
+		                       OUTBOX_STR(OUTBOX_LEASE_S) " SECOND WHERE id IN (", "");
+	if (rc == ST_OK)
+		rc = outbox_prepare_in(db, &ob->read, "SELECT " OUTBOX_COLS ", next_attempt_at IS NOT NULL"
+		                       " FROM outbox WHERE sent_at IS NULL AND id IN (",
+		                       " ORDER BY next_attempt_at IS NULL, next_attempt_at, id");
+	if (rc == ST_OK)
+		rc = outbox_prepare_in(db, &ob->release, "UPDATE outbox SET leased_until = NULL WHERE id IN (", "");
+	if (rc == ST_OK)
+		rc = outbox_prepare_in(db, &ob->mark,
+		                       "UPDATE outbox SET sent_at = NOW(6), leased_until = NULL WHERE id IN (", "");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->fail,
 		                "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,"
-		                " last_error = ? WHERE id = ?");
+		                " last_error = ?, leased_until = NULL WHERE id = ?");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->stats,
 		                "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)), 0)"
@@ -287,10 +339,8 @@ static void outbox_publish(struct outbox *ob, struct mq *pub, struct outbox_row 
 	}
 }
 
-/* Claim rows with one scan and publish each.  *n counts the rows taken
- * (locked) into rows[]. */
-static int outbox_take(struct outbox *ob, struct mq *pub, struct db_stmt *scan, int limit, bool alone,
-                       struct outbox_row *rows, int *n, int *mqrc)
+/* Claim: the ids of up to limit rows of one scan, appended to ids[]. */
+static int outbox_claim(struct db_stmt *scan, int limit, int64_t *ids, int *n)
 {
 	struct db_param p[1] = { DBP_I64(limit) };
 	int rc = db_stmt_query(scan, p, 1);
@@ -298,23 +348,55 @@ static int outbox_take(struct outbox *ob, struct mq *pub, struct db_stmt *scan, 
 	if (rc != ST_OK)
 		return rc;
 	for (;;) {
-		char mid[OUTBOX_NAME_MAX + 1], exch[OUTBOX_NAME_MAX + 1], rk[OUTBOX_NAME_MAX + 1];
-		char type[OUTBOX_NAME_MAX + 1], last_error[OUTBOX_NAME_MAX + 1];
-		struct db_col c[10] = {
-			DBC_I64(), DBC_STR(mid, sizeof mid), DBC_STR(exch, sizeof exch), DBC_STR(rk, sizeof rk),
-			DBC_STR(type, sizeof type), DBC_GROW(&ob->props, &ob->props_cap, OUTBOX_TEXT_MAX),
-			DBC_GROW(&ob->headers, &ob->headers_cap, OUTBOX_TEXT_MAX),
-			DBC_GROW(&ob->body, &ob->body_cap, OUTBOX_BODY_MAX), DBC_I64(),
-			DBC_STR(last_error, sizeof last_error),
-		};
-		struct outbox_row *row;
+		struct db_col c[1] = { DBC_I64() };
 		int r;
 
 		if (*n >= OUTBOX_BATCH_MAX) {
 			db_stmt_done(scan);
 			break;
 		}
-		r = db_stmt_fetch(scan, c, 10);
+		r = db_stmt_fetch(scan, c, 1);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			break;
+		ids[(*n)++] = c[0].i64;
+	}
+	return ST_OK;
+}
+
+/* Read the leased rows back (retried ones first) and publish each: a
+ * retried row alone, the others pipelined unless isolate.  *n counts the
+ * rows read into rows[]. */
+static int outbox_take(struct outbox *ob, struct mq *pub, const int64_t *ids, int nids, bool isolate,
+                       struct outbox_row *rows, int *n, int *mqrc)
+{
+	struct db_param p[OUTBOX_BATCH_MAX];
+	int rc;
+
+	for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
+		p[i] = DBP_I64(ids[i < nids ? i : 0]);
+	rc = db_stmt_query(ob->read, p, OUTBOX_BATCH_MAX);
+	if (rc != ST_OK)
+		return rc;
+	for (;;) {
+		char mid[OUTBOX_NAME_MAX + 1], exch[OUTBOX_NAME_MAX + 1], rk[OUTBOX_NAME_MAX + 1];
+		char type[OUTBOX_NAME_MAX + 1], last_error[OUTBOX_NAME_MAX + 1];
+		struct db_col c[11] = {
+			DBC_I64(), DBC_STR(mid, sizeof mid), DBC_STR(exch, sizeof exch), DBC_STR(rk, sizeof rk),
+			DBC_STR(type, sizeof type), DBC_GROW(&ob->props, &ob->props_cap, OUTBOX_TEXT_MAX),
+			DBC_GROW(&ob->headers, &ob->headers_cap, OUTBOX_TEXT_MAX),
+			DBC_GROW(&ob->body, &ob->body_cap, OUTBOX_BODY_MAX), DBC_I64(),
+			DBC_STR(last_error, sizeof last_error), DBC_I64(),
+		};
+		struct outbox_row *row;
+		int r;
+
+		if (*n >= OUTBOX_BATCH_MAX) {
+			db_stmt_done(ob->read);
+			break;
+		}
+		r = db_stmt_fetch(ob->read, c, 11);
 		if (r < 0)
 			return r;
 		if (r == 0)
@@ -326,10 +408,10 @@ static int outbox_take(struct outbox *ob, struct mq *pub, struct db_stmt *scan, 
 		snprintf(row->mid, sizeof row->mid, "%.128s", mid);
 		snprintf(row->exch, sizeof row->exch, "%.128s", exch);
 		snprintf(row->last_error, sizeof row->last_error, "%.255s", c[9].is_null ? "" : last_error);
-		outbox_publish(ob, pub, row, c, alone, mqrc);
+		outbox_publish(ob, pub, row, c, isolate || c[10].i64 != 0, mqrc);
 		if (*mqrc != ST_OK) {
 			/* The publisher is gone: the rest stay pending, untouched. */
-			db_stmt_done(scan);
+			db_stmt_done(ob->read);
 			break;
 		}
 	}
@@ -339,10 +421,10 @@ static int outbox_take(struct outbox *ob, struct mq *pub, struct db_stmt *scan, 
 /* Write what became of each row: the confirmed ones sent (one statement),
  * the failed ones pushed back by their backoff. */
 static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *rows, int n,
-                         struct outbox_round *r)
+                         const int64_t *ids, int nids, struct outbox_round *r)
 {
-	struct db_param mp[OUTBOX_BATCH_MAX];
-	int nsent = 0, rc;
+	int64_t sent[OUTBOX_BATCH_MAX], left[OUTBOX_BATCH_MAX];
+	int nsent = 0, nleft = 0, rc;
 
 	for (int i = 0; i < n; i++) {
 		struct outbox_row *row = &rows[i];
@@ -351,7 +433,7 @@ static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *r
 			continue;
 		switch (mq_outcome(pub, row->seq)) {
 		case MQ_OUTCOME_ACKED:
-			mp[nsent++] = DBP_I64(row->id);
+			sent[nsent++] = row->id;
 			break;
 		case MQ_OUTCOME_RETURNED:
 			outbox_why(row, "returned unroutable: no queue bound to ", row->exch, " for its routing key");
@@ -365,10 +447,26 @@ static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *r
 			break;
 		}
 	}
+	/* Every leased row that is neither sent nor charged with a failure
+	 * (unconfirmed, not published, or not even read after the publisher
+	 * failed) is free again for the next round. */
+	for (int j = 0; j < nids; j++) {
+		bool settled = false;
+
+		for (int i = 0; i < nsent && !settled; i++)
+			settled = sent[i] == ids[j];
+		for (int i = 0; i < n && !settled; i++)
+			settled = rows[i].id == ids[j] && rows[i].why[0] != '\0';
+		if (!settled)
+			left[nleft++] = ids[j];
+	}
 	if (nsent > 0) {
-		for (int i = nsent; i < OUTBOX_BATCH_MAX; i++)
-			mp[i] = mp[0];
-		rc = db_stmt_exec(ob->mark, mp, OUTBOX_BATCH_MAX, NULL);
+		rc = outbox_exec_in(ob->mark, sent, nsent);
+		if (rc != ST_OK)
+			return rc;
+	}
+	if (nleft > 0) {
+		rc = outbox_exec_in(ob->release, left, nleft);
 		if (rc != ST_OK)
 			return rc;
 	}
@@ -412,7 +510,8 @@ static void outbox_log(const struct outbox_row *rows, int n, struct mq *pub)
 int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_round *r)
 {
 	struct outbox_row *rows = NULL;
-	int n = 0, rc, mqrc = ST_OK;
+	int64_t ids[OUTBOX_BATCH_MAX];
+	int n = 0, nids = 0, rc, mqrc = ST_OK;
 
 	memset(r, 0, sizeof *r);
 	if (limit > OUTBOX_BATCH_MAX)
@@ -430,22 +529,37 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_rou
 		return ST_ERR_NOMEM;
 	rows = ob->rows;
 	memset(rows, 0, (size_t)limit * sizeof *rows);
-	rc = outbox_take(ob, pub, ob->take_due, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, true, rows, &n,
-	                 &mqrc);
-	if (rc == ST_OK && mqrc == ST_OK && n < limit)
-		rc = outbox_take(ob, pub, ob->take_new, limit - n, ob->isolate, rows, &n, &mqrc);
-	if (rc != ST_OK)
-		goto rollback;
-	if (n == 0) {
+	/* 1. the claim, committed before anything is published */
+	rc = outbox_claim(ob->take_due, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, ids, &nids);
+	if (rc == ST_OK && nids < limit)
+		rc = outbox_claim(ob->take_new, limit - nids, ids, &nids);
+	if (rc == ST_OK && nids == 0) {
 		db_rollback(ob->db);
 		goto done;
 	}
-	if (mqrc == ST_OK) {
+	if (rc == ST_OK)
+		rc = outbox_exec_in(ob->lease, ids, nids);
+	if (rc == ST_OK)
+		rc = db_commit(ob->db);
+	if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
+		/* Another relay leased some of these rows first (on another
+		 * node of a cluster): they are its to publish. */
+		db_rollback(ob->db);
+		rc = ST_OK;
+		goto done;
+	}
+	if (rc != ST_OK)
+		goto rollback;
+	/* 2.-4. publish, settle, commit */
+	rc = outbox_take(ob, pub, ids, nids, ob->isolate, rows, &n, &mqrc);
+	if (rc != ST_OK)
+		goto rollback;
+	if (mqrc == ST_OK && n > 0) {
 		int w = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
 		if (outbox_broker_error(w))
 			mqrc = w;
 	}
-	rc = outbox_settle(ob, pub, rows, n, r);
+	rc = outbox_settle(ob, pub, rows, n, ids, nids, r);
 	if (rc == ST_OK)
 		rc = db_commit(ob->db);
 	if (rc != ST_OK)

@@ -572,7 +572,7 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 	if (rc == ST_OK)
 		rc = mq_declare_topology(m, conf);
 	if (rc == ST_OK)
-		rc = mq_queue_declare_bind(m, vq, conf->out_exchange, "#", true);
+		rc = mq_queue_declare_bind_type(m, vq, conf->out_exchange, "#", conf->dlq_type == CFG_QUEUE_QUORUM);
 	if (rc != ST_OK) {
 		fprintf(stderr, "inbox-loadgen: broker setup: %s\n", m ? mq_errmsg(m) : why);
 		mq_close(&m);

@@ -27,6 +27,7 @@ extern char **environ;
 static struct cfg itest_conf;
 static bool itest_loaded;
 static struct db *itest_conn;
+static int itest_db_node; /* where itest_conn starts in a list of cluster nodes */
 
 static void itest_sleep_ms(int ms)
 {
@@ -61,11 +62,15 @@ const struct cfg *itest_cfg(void)
 struct db *itest_db(void)
 {
 	if (itest_conn == NULL || !db_connected(itest_conn)) {
+		/* A cluster's list: a lost connection moves on to the next
+		 * node, as the worker's threads do. */
+		if (itest_conn != NULL)
+			itest_db_node++;
 		db_close(&itest_conn);
 		/* The tests' own connection is the schema owner's (when the
 		 * stack gives one): tests drop, alter and rename tables, which
 		 * the worker's account may not. */
-		int rc = db_open(&itest_conn, cfg_migrate_db(itest_cfg()));
+		int rc = db_open_from(&itest_conn, cfg_migrate_db(itest_cfg()), &itest_db_node);
 		cr_assert_eq(rc, ST_OK, "cannot connect to the database: %s", st_strerror(rc));
 	}
 	return itest_conn;
@@ -101,6 +106,7 @@ static int64_t itest_query(const char *sql, const char *arg, bool *found)
 			break;
 		}
 		cr_assert_eq(rc, ST_ERR_DB_CONN, "query '%s': %s", sql, db_errmsg(d));
+		itest_db_node++; /* a cluster's next node */
 		db_close(&itest_conn);
 		itest_sleep_ms(200);
 	}
@@ -430,8 +436,13 @@ static long itest_queue_total(const char *queue)
 	FILE *p;
 	long total = -1;
 
-	snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox name messages 2>/dev/null",
-	         itest_source("scripts/stack", root, sizeof root));
+	/* The cluster suite's broker is the cluster's (any node that is up). */
+	if (getenv("INBOX_CLUSTER_STACK") != NULL)
+		snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox name messages 2>/dev/null",
+		         getenv("INBOX_CLUSTER_STACK"));
+	else
+		snprintf(cmd, sizeof cmd, "%s ctl -q list_queues -p inbox name messages 2>/dev/null",
+		         itest_source("scripts/stack", root, sizeof root));
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
 	while (fgets(line, sizeof line, p) != NULL) {

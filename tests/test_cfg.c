@@ -1081,3 +1081,49 @@ Test(cfg, scrub_argv_masks_the_password_of_every_url_flag)
 	cr_assert_str_eq(argv[9], "/run/a:b@c", "a *_URL_FILE path holds no password");
 	cr_assert_str_eq(argv[10], "--amqp-url=amqp://nouser@h/");
 }
+
+/* ---- several nodes of one cluster (SPEC.md: comma-separated) ----------- */
+
+Test(cfg, url_lists_are_the_nodes_of_one_cluster)
+{
+	struct cfg_amqp a;
+	struct cfg_db d;
+
+	amqp_ok("amqp://u:hunter2@mq1:5690/v,amqp://u:hunter2@mq2:5691/v,amqps://u:hunter2@mq3/v", &a);
+	cr_assert_str_eq(a.host, "mq1");
+	cr_assert_eq(a.port, 5690);
+	cr_assert_str_eq(a.redacted, "amqp://u:***@mq1:5690/v");
+	cr_assert_not_null(a.next);
+	cr_assert_str_eq(a.next->host, "mq2");
+	cr_assert_eq(a.next->port, 5691);
+	cr_assert_not_null(a.next->next);
+	cr_assert_str_eq(a.next->next->host, "mq3");
+	cr_assert(a.next->next->tls);
+	cr_assert_eq(a.next->next->port, 5671);
+	cr_assert_null(a.next->next->next);
+	cfg_amqp_free(&a);
+	cr_assert_null(a.next);
+
+	db_ok("mysql://w:hunter2@db1:3320/inbox,mysql://w:hunter2@db2:3321/inbox?connect-timeout=2", &d);
+	cr_assert_str_eq(d.host, "db1");
+	cr_assert_eq(d.port, 3320);
+	cr_assert_not_null(d.next);
+	cr_assert_str_eq(d.next->host, "db2");
+	cr_assert_eq(d.next->connect_timeout_s, 2);
+	cr_assert_null(d.next->next);
+	cfg_db_free(&d);
+	cr_assert_null(d.next);
+
+	/* one URL is a list of one */
+	db_ok("mysql://w:hunter2@db1/inbox", &d);
+	cr_assert_null(d.next);
+	cfg_db_free(&d);
+}
+
+Test(cfg, a_bad_node_in_a_list_is_named_by_its_place)
+{
+	amqp_bad("amqp://u:hunter2@mq1/v,", "node 2 of the list: empty");
+	amqp_bad("amqp://u:hunter2@mq1/v,,amqp://mq3/v", "node 2 of the list: empty");
+	amqp_bad("amqp://u:hunter2@mq1/v,http://mq2/v", "node 2 of the list: bad URL: scheme must be amqp:// or amqps://");
+	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2:99999/inbox", "node 2 of the list: bad URL: port out of range [1, 65535]");
+}

@@ -118,6 +118,12 @@ struct worker {
 	struct mq *publisher;
 	struct mq *probe;     /* the janitor's: reads the DLQ's depth */
 	struct db *db;
+	/* The broker node each connection starts from (INBOX_AMQP_URL may
+	 * list a cluster's nodes): moved on past a node whose connection
+	 * failed, so a thread goes to another node instead of waiting. */
+	int consumer_node;
+	int publisher_node;
+	int db_node;          /* the same for the first database connection */
 	struct inbox *inbox;
 	struct outbox *outbox;
 	struct retention *retention; /* the janitor's, prepared on first use */
@@ -346,7 +352,7 @@ static int worker_db_up(struct worker *w)
 			if (rc != ST_OK)
 				snprintf(why, sizeof why, "%u %s", db_errno(w->db), db_errmsg(w->db));
 		} else {
-			rc = db_open_why(&w->db, &w->conf->db, why, sizeof why);
+			rc = db_open_from_why(&w->db, &w->conf->db, &w->db_node, why, sizeof why);
 			if (rc == ST_OK)
 				rc = inbox_open(&w->inbox, w->db, w->conf);
 			if (rc == ST_OK)
@@ -361,10 +367,16 @@ static int worker_db_up(struct worker *w)
 				                      " (a table or procedure is missing), or grant the account what it lacks",
 				                      err, rc);
 			}
-			if (rc != ST_OK && w->db != NULL)
+			if (rc != ST_OK && w->db != NULL) {
 				snprintf(why, sizeof why, "%u %s", db_errno(w->db), db_errmsg(w->db));
-			if (rc != ST_OK)
+				/* The node took the connection but not the
+				 * statements (a Galera node answering 1047):
+				 * start from the next node of the list. */
+				w->db_node++;
+			}
+			if (rc != ST_OK) {
 				worker_close_db(w);
+			}
 		}
 		if (rc == ST_OK) {
 			if (w->link[POOL_LINK_DB].ever_up)
@@ -416,7 +428,8 @@ static int worker_mq_up(struct worker *w)
 		if (w->consumer != NULL)
 			return ST_OK;
 		w->ack_pending = 0; /* delivery tags belong to the channel that is gone */
-		rc = mq_open_why(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name, why, sizeof why);
+		rc = mq_open_from_why(&w->consumer, &w->conf->amqp, w->conf->heartbeat_s, w->name, &w->consumer_node, why,
+		                      sizeof why);
 		if (rc == ST_OK)
 			rc = mq_declare_topology(w->consumer, w->conf);
 		if (rc == ST_OK)
@@ -431,6 +444,8 @@ static int worker_mq_up(struct worker *w)
 		if (w->consumer != NULL) {
 			snprintf(why, sizeof why, "%s", mq_errmsg(w->consumer));
 			mq_close(&w->consumer);
+		} else {
+			w->consumer_node++; /* the next tour starts at the next node */
 		}
 		if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_AMQP].ever_up)
 			return worker_refused(w, POOL_LINK_AMQP, NULL, why, rc);
@@ -462,7 +477,7 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 		if (w->publisher == NULL) {
 			/* Heartbeats off: the publisher sits idle between
 			 * dead-letters and nothing would service them. */
-			rc = mq_open(&w->publisher, &w->conf->amqp, 0, w->name);
+			rc = mq_open_from(&w->publisher, &w->conf->amqp, 0, w->name, &w->publisher_node);
 			if (rc != ST_OK)
 				return rc;
 		}
@@ -470,6 +485,7 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
 			return rc;
 		mq_close(&w->publisher);
+		w->publisher_node++;
 	}
 	return rc;
 }
@@ -487,12 +503,13 @@ static void worker_relay(struct worker *w)
 		if (w->publisher == NULL) {
 			char why[POOL_WHY_MAX];
 
-			rc = mq_open_why(&w->publisher, &w->conf->amqp, 0, w->name, why, sizeof why);
+			rc = mq_open_from_why(&w->publisher, &w->conf->amqp, 0, w->name, &w->publisher_node, why, sizeof why);
 			if (rc == ST_ERR_ACCESS && !w->link[POOL_LINK_AMQP].ever_up) {
 				(void)worker_refused(w, POOL_LINK_AMQP, NULL, why, rc);
 				return;
 			}
 			if (rc != ST_OK) {
+				w->publisher_node++; /* the next tour starts at the next node */
 				link_failed(w, POOL_LINK_AMQP, why);
 				return; /* the janitor comes back within POOL_RELAY_IDLE_MS */
 			}
@@ -506,8 +523,10 @@ static void worker_relay(struct worker *w)
 			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
 			    WORKER_KV(w), LOG_I("sent", r.sent),
 			    LOG_S("error", broker ? mq_errmsg(w->publisher) : db_errmsg(w->db)));
-			if (broker)
+			if (broker) {
 				mq_close(&w->publisher);
+				w->publisher_node++;
+			}
 			return;
 		}
 		if (r.taken < 64)
@@ -1196,6 +1215,7 @@ reset:
 		if (w->consumer != NULL)
 			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
 		mq_close(&w->consumer);
+		w->consumer_node++; /* a cluster's next node first (mq_open_from) */
 		pool_sleep_ms(pool_backoff_ms(w, 0, 200));
 	}
 	worker_ready(w, false);
