@@ -366,6 +366,26 @@ struct mq *itest_mq(void)
 	return m;
 }
 
+/* Publish one message, and with wait, until the broker confirms it.  A
+ * quorum queue declared a moment ago (every test starts from deleted
+ * queues) may nack a publish while its leader is being elected: that
+ * message was not taken, so it is sent again, for up to 10 s. */
+static void itest_pub_msg(struct mq *m, const struct mq_message *msg, bool wait)
+{
+	for (int attempt = 0;; attempt++) {
+		int rc;
+
+		cr_assert_eq(mq_publish(m, msg), ST_OK, "publish: %s", mq_errmsg(m));
+		if (!wait)
+			return;
+		rc = mq_wait_confirms(m, 10000);
+		if (rc == ST_OK)
+			return;
+		cr_assert(rc == ST_ERR_MQ_NACK && attempt < 40, "confirm: %s", mq_errmsg(m));
+		usleep(250 * 1000);
+	}
+}
+
 static void itest_pub(struct mq *m, const char *type, const char *body, const char *mid, bool wait)
 {
 	char rk[64];
@@ -374,9 +394,7 @@ static void itest_pub(struct mq *m, const char *type, const char *body, const ch
 		.message_id = mid,
 	};
 	snprintf(rk, sizeof rk, "order.%s", type);
-	cr_assert_eq(mq_publish(m, &msg), ST_OK, "publish: %s", mq_errmsg(m));
-	if (wait)
-		cr_assert_eq(mq_wait_confirms(m, 10000), ST_OK, "confirm: %s", mq_errmsg(m));
+	itest_pub_msg(m, &msg, wait);
 }
 
 void itest_publish(struct mq *m, const char *type, const char *body, const char *mid)
@@ -398,9 +416,7 @@ void itest_publish_keyed(struct mq *m, const char *type, const char *body, const
 		.headers = h, .nheaders = 1,
 	};
 	snprintf(rk, sizeof rk, "order.%s", type);
-	cr_assert_eq(mq_publish(m, &msg), ST_OK, "publish: %s", mq_errmsg(m));
-	if (wait)
-		cr_assert_eq(mq_wait_confirms(m, 10000), ST_OK, "confirm: %s", mq_errmsg(m));
+	itest_pub_msg(m, &msg, wait);
 }
 
 void itest_confirm_all(struct mq *m)

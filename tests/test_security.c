@@ -113,7 +113,10 @@ Test(security, the_workers_account_reads_writes_and_executes_only)
 	for (size_t i = 0; i < sizeof ddl / sizeof ddl[0]; i++) {
 		int rc = db_exec(w, ddl[i]);
 
-		cr_expect_eq(rc, ST_ERR_DB, "%s: the worker's account may change the schema (%d)", ddl[i], rc);
+		/* 1142 (a table's privilege) is ST_ERR_DB, 1044 (the database's,
+		 * as for a routine) ST_ERR_ACCESS: refused either way. */
+		cr_expect(rc == ST_ERR_DB || rc == ST_ERR_ACCESS, "%s: the worker's account may change the schema (%d)",
+		          ddl[i], rc);
 		cr_expect(strstr(db_errmsg(w), "denied") != NULL, "%s: refused for its privileges: %s", ddl[i],
 		          db_errmsg(w));
 	}
