@@ -60,6 +60,8 @@
  * have been larger when the event was held. */
 #define INBOX_BODY_COLUMN_MAX 16777215u /* MEDIUMBLOB */
 #define INBOX_PROPS_COLUMN_MAX 65535u   /* TEXT */
+/* What the server answers the claim guard (inbox_claim_guard) with. */
+#define INBOX_ER_SUBQUERY_NO_1_ROW 1242u
 /* Held events listed per round trip while releasing. */
 #define INBOX_RELEASE_PAGE 64
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
@@ -132,6 +134,12 @@ struct inbox {
 	const struct inbox_in *in;
 	int *pend;
 	int npend;
+	/* Galera (wsrep_on): the write request checks, just before its
+	 * COMMIT, that the claim's rows are still this transaction's
+	 * (inbox_claim_guard).  token/nmine: the batch's claim. */
+	bool galera;
+	int64_t token;
+	int nmine;
 	int nkeys;
 	struct inbox_order *orders;
 	int norders;
@@ -184,6 +192,15 @@ const char *inbox_outcome_name(enum inbox_outcome o)
 
 /* ---- open / close ----------------------------------------------------- */
 
+static int inbox_wsrep_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	(void)stmt;
+	(void)lens;
+	if (ncols == 2 && v[1] != NULL)
+		*(bool *)arg = strcmp(v[1], "ON") == 0;
+	return ST_OK;
+}
+
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 {
 	struct inbox *ib = calloc(1, sizeof *ib);
@@ -218,6 +235,14 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	ib->req.db = db;
 	for (int i = 0; i < W_NSECT; i++)
 		ib->w[i].db = db;
+	/* Galera?  (No row: no wsrep; the answer is the same on every node.) */
+	{
+		static const char show[] = "SHOW VARIABLES LIKE 'wsrep_on'";
+		rc = db_multi(db, show, sizeof show - 1, inbox_wsrep_row, &ib->galera);
+	}
+	db_rollback(db);
+	if (rc != ST_OK)
+		goto fail;
 	*out = ib;
 	return ST_OK;
 fail:
@@ -306,6 +331,47 @@ static const struct {
 	[W_LOCK] = { NULL, NULL },
 };
 
+/*
+ * Galera only, the statement before the COMMIT: fail unless this
+ * transaction still holds its claim.  A node that aborts a transaction for
+ * another node's write set (a brute-force abort) is known to swallow the
+ * error inside stored procedures (mysql-wsrep issue #191: what follows
+ * runs in a new transaction, and its COMMIT commits a part); the chaos run
+ * on the cluster met it with the procedures of that time, and once more
+ * with these requests (one effect missing, one order a version short).
+ * If our claim's rows are not all there with our token, the statements so
+ * far did not run in the transaction that claimed: the scalar subquery
+ * then yields two rows, the server refuses it (1242; DO would only warn)
+ * and stops the
+ * request before the COMMIT, and inbox_end retries the batch like a
+ * deadlock.  No round trip of its own.
+ */
+static void inbox_claim_guard(struct inbox *ib, struct sqlbuf *q)
+{
+	sqlbuf_sql(q, "SET @inbox_claim_guard = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE (SELECT COUNT(*)"
+	              " FROM processed_messages"
+	              " WHERE consumer = ");
+	sqlbuf_str(q, ib->conf->consumer);
+	sqlbuf_sql(q, " AND claim = ");
+	sqlbuf_i64(q, ib->token);
+	sqlbuf_sql(q, " AND (");
+	for (int k = 0; k < ib->nkeys; k++) {
+		const struct msg *m = ib->keymsg[k];
+
+		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
+			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
+			sqlbuf_str(q, m->source);
+			sqlbuf_sql(q, " AND message_id IN (");
+			sqlbuf_list(q);
+		}
+		sqlbuf_item(q);
+		sqlbuf_str(q, m->message_id);
+	}
+	sqlbuf_sql(q, ")))) <> ");
+	sqlbuf_i64(q, ib->nmine);
+	sqlbuf_sql(q, ");");
+}
+
 /* Write what the transaction decided so far, and COMMIT in the same
  * request when commit is set.  Order rows and held counts go as they stand
  * now: absolute values, so writing an order twice in one transaction is
@@ -365,6 +431,10 @@ static int inbox_flush(struct inbox *ib, bool commit)
 		} else {
 			sqlbuf_sql(q, b->p);
 		}
+	}
+	if (commit && ib->galera && ib->nkeys > 0) {
+		inbox_claim_guard(ib, q);
+		any = true;
 	}
 	if (commit)
 		sqlbuf_sql(q, "COMMIT");
@@ -1055,6 +1125,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	rc = inbox_token(&token);
 	if (rc != ST_OK)
 		return rc;
+	ib->token = token;
 	ib->nkeys = 0;
 	sqlbuf_reset(q);
 	/* The distinct keys, in index order. */
@@ -1223,8 +1294,14 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 	 * the COMMIT happened.  That is safe: the caller reconnects and runs
 	 * the messages again; if it did happen, their keys are taken now and
 	 * they are settled as duplicates instead of applied twice. */
-	if (rc == ST_OK)
+	if (rc == ST_OK) {
 		rc = inbox_flush(ib, true);
+		if (rc == ST_ERR_DB && ib->galera && db_errno(ib->db) == INBOX_ER_SUBQUERY_NO_1_ROW) {
+			LOG(LOG_WARN, "the transaction lost its claim (a Galera abort); retrying the batch",
+			    LOG_I("claimed", ib->nmine));
+			rc = ST_ERR_DB_DEADLOCK;
+		}
+	}
 	if (rc != ST_OK)
 		db_rollback(ib->db);
 	inbox_forget(ib);
@@ -1247,6 +1324,9 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	ib->in = in;
 	ib->npend = 0;
 	rc = inbox_claim(ib, in, n);
+	ib->nmine = 0;
+	for (int k = 0; rc == ST_OK && k < ib->nkeys; k++)
+		ib->nmine += ib->keys[k].mine ? 1 : 0;
 	for (int i = 0; rc == ST_OK && i < n; i++) {
 		const struct inbox_key *k = &ib->keys[ib->key_of[i]];
 
