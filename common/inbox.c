@@ -176,6 +176,13 @@ static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, co
 	};
 }
 
+/* inbox_decide and the releases turn a decision into an outcome with a
+ * cast: the two enums must agree value for value up to DEAD_LETTERED. */
+_Static_assert((int)INBOX_APPLIED == (int)ORDER_APPLY && (int)INBOX_HELD == (int)ORDER_HOLD &&
+                   (int)INBOX_IGNORED == (int)ORDER_IGNORE && (int)INBOX_COMPENSATED == (int)ORDER_COMPENSATE &&
+                   (int)INBOX_DEAD_LETTERED == (int)ORDER_INVALID,
+               "enum inbox_outcome and enum order_decision must agree up to DEAD_LETTERED");
+
 static const char *const inbox_outcome_names[] = {
 	[INBOX_APPLIED] = "applied",         [INBOX_HELD] = "held",
 	[INBOX_IGNORED] = "ignored",         [INBOX_COMPENSATED] = "compensated",
