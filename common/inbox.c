@@ -338,6 +338,28 @@ static const struct {
 	[W_LOCK] = { NULL, NULL },
 };
 
+/* The batch's distinct keys as a condition on processed_messages, one IN
+ * list per source (keys are in index order, so a source's keys are
+ * together; the range optimiser takes this better than a list of row
+ * constructors): ((source = 'a' AND message_id IN (...)) OR (...)). */
+static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q)
+{
+	sqlbuf_sql(q, "(");
+	for (int k = 0; k < ib->nkeys; k++) {
+		const struct msg *m = ib->keymsg[k];
+
+		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
+			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
+			sqlbuf_str(q, m->source);
+			sqlbuf_sql(q, " AND message_id IN (");
+			sqlbuf_list(q);
+		}
+		sqlbuf_item(q);
+		sqlbuf_str(q, m->message_id);
+	}
+	sqlbuf_sql(q, ")))");
+}
+
 /*
  * Galera only, the statement before the COMMIT: fail unless this
  * transaction still holds its claim.  A node that aborts a transaction for
@@ -361,20 +383,9 @@ static void inbox_claim_guard(struct inbox *ib, struct sqlbuf *q)
 	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND claim = ");
 	sqlbuf_i64(q, ib->token);
-	sqlbuf_sql(q, " AND (");
-	for (int k = 0; k < ib->nkeys; k++) {
-		const struct msg *m = ib->keymsg[k];
-
-		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
-			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
-			sqlbuf_str(q, m->source);
-			sqlbuf_sql(q, " AND message_id IN (");
-			sqlbuf_list(q);
-		}
-		sqlbuf_item(q);
-		sqlbuf_str(q, m->message_id);
-	}
-	sqlbuf_sql(q, ")))) <> ");
+	sqlbuf_sql(q, " AND ");
+	inbox_sql_keys(ib, q);
+	sqlbuf_sql(q, ") <> ");
 	sqlbuf_i64(q, ib->nmine);
 	sqlbuf_sql(q, ");");
 }
@@ -1209,24 +1220,12 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE claim = processed_messages.claim;");
 
 
-	/* The keys that are not ours, one IN list per source (the range
-	 * optimiser takes that better than a list of row constructors). */
+	/* The keys that are not ours. */
 	sqlbuf_sql(q, "SELECT source, message_id, payload_sha256 FROM processed_messages WHERE consumer = ");
 	sqlbuf_str(q, cons);
-	sqlbuf_sql(q, " AND (");
-	for (int k = 0; k < ib->nkeys; k++) {
-		const struct msg *m = ib->keymsg[k];
-
-		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
-			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
-			sqlbuf_str(q, m->source);
-			sqlbuf_sql(q, " AND message_id IN (");
-			sqlbuf_list(q);
-		}
-		sqlbuf_item(q);
-		sqlbuf_str(q, m->message_id);
-	}
-	sqlbuf_sql(q, "))) AND NOT (claim <=> ");
+	sqlbuf_sql(q, " AND ");
+	inbox_sql_keys(ib, q);
+	sqlbuf_sql(q, " AND NOT (claim <=> ");
 	sqlbuf_i64(q, token);
 	sqlbuf_sql(q, ");");
 
