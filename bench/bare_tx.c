@@ -98,7 +98,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bare_tx: %s\n", err);
 		return 2;
 	}
-	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+	log_setup(LOG_LEVEL_WARN, LOG_FORMAT_TEXT);
 	if (db_global_init() != ST_OK)
 		return 1;
 	ts = calloc((size_t)threads, sizeof *ts);

@@ -129,7 +129,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "pool_tx: %s\n", err);
 		return 2;
 	}
-	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+	log_setup(LOG_LEVEL_WARN, LOG_FORMAT_TEXT);
 	if (db_global_init() != ST_OK || (t = calloc((size_t)threads, sizeof *t)) == NULL) {
 		cfg_free(&conf);
 		return 1;

@@ -701,7 +701,7 @@ static const char *const log_format_choices[] = {
 	[LOG_FORMAT_TEXT] = "text", [LOG_FORMAT_JSON] = "json", NULL,
 };
 static const char *const log_level_choices[] = {
-	[LOG_ERROR] = "error", [LOG_WARN] = "warn", [LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+	[LOG_LEVEL_ERROR] = "error", [LOG_LEVEL_WARN] = "warn", [LOG_LEVEL_INFO] = "info", [LOG_LEVEL_DEBUG] = "debug",
 	NULL,
 };
 static const char *const queue_type_choices[] = {

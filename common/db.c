@@ -252,14 +252,14 @@ static int db_connect(struct db *d, const struct cfg_db *from)
 		rc = db_connect_one(d);
 		if (rc == ST_OK) {
 			if (n != had)
-				LOG(LOG_INFO, "database connected to another node of the cluster",
+				LOG(LOG_LEVEL_INFO, "database connected to another node of the cluster",
 				    LOG_S("db", n->redacted));
 			return ST_OK;
 		}
 		if (rc == ST_ERR_ACCESS)
 			return rc; /* the cluster's nodes share their accounts */
 		if (d->conf->next != NULL)
-			LOG(LOG_WARN, "database node unavailable; trying the next", LOG_S("db", n->redacted),
+			LOG(LOG_LEVEL_WARN, "database node unavailable; trying the next", LOG_S("db", n->redacted),
 			    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
 		n = n->next != NULL ? n->next : d->conf;
 	} while (n != from);
@@ -434,7 +434,7 @@ void db_rollback(struct db *d)
 	d->round_trips++;
 	if (mysql_rollback(d->my) != 0) {
 		db_fail_my(d);
-		LOG(LOG_WARN, "rollback failed, dropping the connection",
+		LOG(LOG_LEVEL_WARN, "rollback failed, dropping the connection",
 		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
 		/* A connection whose transaction state is unknown is useless:
 		 * the next use reconnects. */
@@ -459,7 +459,7 @@ int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
 	if (d->my != NULL) {
 		rc = db_stmt_prepare_on(s);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "prepare failed", LOG_S("error", d->last_error), LOG_S("sql", sql));
+			LOG(LOG_LEVEL_ERROR, "prepare failed", LOG_S("error", d->last_error), LOG_S("sql", sql));
 			free(s->sql);
 			free(s);
 			return rc;

@@ -347,22 +347,22 @@ static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
 
 	rc = mq_queue_counts(r->mq, r->conf->dlq, &r->in_queue, NULL);
 	if (rc == ST_ERR_NOT_FOUND) {
-		LOG(LOG_ERROR, "the dead-letter queue does not exist", LOG_S("queue", r->conf->dlq));
+		LOG(LOG_LEVEL_ERROR, "the dead-letter queue does not exist", LOG_S("queue", r->conf->dlq));
 		return rc;
 	}
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot read the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
+		LOG(LOG_LEVEL_ERROR, "cannot read the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
 		return rc;
 	}
 	if (r->in_queue == 0)
 		return ST_OK;
 	window = r->in_queue > DLQ_WINDOW_MAX ? DLQ_WINDOW_MAX : r->in_queue;
 	if (window < r->in_queue)
-		LOG(LOG_WARN, "the queue is longer than one consumer's window: only its head is read",
+		LOG(LOG_LEVEL_WARN, "the queue is longer than one consumer's window: only its head is read",
 		    LOG_I("in_queue", r->in_queue), LOG_I("read", window));
 	rc = mq_consume_start(r->mq, r->conf->dlq, (int)window, false);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot consume the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
+		LOG(LOG_LEVEL_ERROR, "cannot consume the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
 		return rc;
 	}
 	while (r->read < (long)window && !r->stop) {
@@ -374,19 +374,19 @@ static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
 		if (rc == ST_ERR_TIMEOUT) {
 			/* Another consumer (a second operator, a verifier) holds
 			 * the rest for now. */
-			LOG(LOG_WARN, "fewer messages came than the queue counted; another consumer holds the rest",
+			LOG(LOG_LEVEL_WARN, "fewer messages came than the queue counted; another consumer holds the rest",
 			    LOG_I("in_queue", r->in_queue), LOG_I("read", r->read));
 			break;
 		}
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "reading the dead-letter queue failed", LOG_S("error", mq_errmsg(r->mq)));
+			LOG(LOG_LEVEL_ERROR, "reading the dead-letter queue failed", LOG_S("error", mq_errmsg(r->mq)));
 			return rc;
 		}
 		r->read++;
 		rc = dlq_entry_read(r->conf, &d, r->read, &e);
 		if (rc == ST_OK && e.dlq_count > 0 && !r->counted) {
 			r->counted = true;
-			LOG(LOG_WARN, "the dead-letter queue counts deliveries (a quorum queue): every read adds one to"
+			LOG(LOG_LEVEL_WARN, "the dead-letter queue counts deliveries (a quorum queue): every read adds one to"
 			    " each message's x-delivery-count, and a delivery-limit on it would drop messages",
 			    LOG_S("queue", r->conf->dlq));
 		}
@@ -479,7 +479,7 @@ static int dlq_db_open(struct dlq_run *r)
 		                "DELETE FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?"
 		                " AND payload_sha256 = ? AND outcome = 'dead_lettered'");
 	if (rc != ST_OK)
-		LOG(LOG_ERROR, "database unavailable", LOG_S("db", r->conf->db.redacted),
+		LOG(LOG_LEVEL_ERROR, "database unavailable", LOG_S("db", r->conf->db.redacted),
 		    LOG_S("error", r->db != NULL ? db_errmsg(r->db) : st_strerror(rc)));
 	return rc;
 }
@@ -733,7 +733,7 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 		return ST_ERR_NOMEM;
 	rc = dlq_judge(r, e, &v, why, sizeof why);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
+		LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
 		return rc;
 	}
 	r->by_verdict[v]++;
@@ -758,12 +758,12 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 			/* 0: claimed again since the judgement (a concurrent
 			 * replay): the copy is then a duplicate, still safe. */
 			if (rc == ST_OK && reopened == 0)
-				LOG(LOG_INFO, "the key was claimed again meanwhile; the copy will be a duplicate",
+				LOG(LOG_LEVEL_INFO, "the key was claimed again meanwhile; the copy will be a duplicate",
 				    LOG_S("msg", e->m.message_id));
 			if (rc == ST_OK)
 				rc = db_commit(r->db);
 			if (rc != ST_OK) {
-				LOG(LOG_ERROR, "cannot reopen the key; the dead letter stays", LOG_S("msg", e->message_id),
+				LOG(LOG_LEVEL_ERROR, "cannot reopen the key; the dead letter stays", LOG_S("msg", e->message_id),
 				    LOG_S("error", db_errmsg(r->db)));
 				db_rollback(r->db);
 				return rc;
@@ -771,7 +771,7 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 		}
 		rc = dlq_publish_copy(r, d, e);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "replay publish not confirmed; the dead letter stays", LOG_S("msg", e->message_id),
+			LOG(LOG_LEVEL_ERROR, "replay publish not confirmed; the dead letter stays", LOG_S("msg", e->message_id),
 			    LOG_S("exchange", r->conf->exchange), LOG_S("error", r->pub != NULL ? mq_errmsg(r->pub) : st_strerror(rc)));
 			return rc;
 		}
@@ -782,7 +782,7 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 			(void)raise(SIGKILL);
 		rc = mq_ack(r->mq, d->tag, false);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "replayed, but the dead letter could not be removed: a later replay of it is a"
+			LOG(LOG_LEVEL_ERROR, "replayed, but the dead letter could not be removed: a later replay of it is a"
 			    " duplicate", LOG_S("msg", e->message_id), LOG_S("error", mq_errmsg(r->mq)));
 			return rc;
 		}
@@ -809,7 +809,7 @@ static int dlq_visit_purge(struct dlq_run *r, const struct mq_delivery *d, struc
 	if (r->o->yes) {
 		rc = mq_ack(r->mq, d->tag, false);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "purge interrupted", LOG_S("error", mq_errmsg(r->mq)));
+			LOG(LOG_LEVEL_ERROR, "purge interrupted", LOG_S("error", mq_errmsg(r->mq)));
 			return rc;
 		}
 		r->acted++;

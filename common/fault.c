@@ -54,7 +54,7 @@ bool fault_hit(const char *point)
 		return false;
 	if (atomic_fetch_sub(&fault_left, 1) <= 0)
 		return false;
-	LOG(LOG_WARN, "fault injected", LOG_S("point", point));
+	LOG(LOG_LEVEL_WARN, "fault injected", LOG_S("point", point));
 	return true;
 }
 #endif

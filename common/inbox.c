@@ -782,7 +782,7 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
 		res->outbox_rows++;
 	}
 	inbox_outrow_free(&row);
-	LOG(LOG_WARN, "held event cannot be applied; dead-lettered", LOG_S("message_id", raw->message_id),
+	LOG(LOG_LEVEL_WARN, "held event cannot be applied; dead-lettered", LOG_S("message_id", raw->message_id),
 	    LOG_S("order", raw->order_id), LOG_S("reason", reason), LOG_S("detail", detail));
 	return rc;
 }
@@ -830,7 +830,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 		reason = MSG_REASON_INVALID_TRANSITION;
 	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
 	res->released_reason[reason]++;
-	LOG(LOG_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
+	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
 	return ST_OK;
 }
@@ -1303,7 +1303,7 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 	if (rc == ST_OK) {
 		rc = inbox_flush(ib, true);
 		if (rc == ST_ERR_DB && ib->galera && db_errno(ib->db) == INBOX_ER_SUBQUERY_NO_1_ROW) {
-			LOG(LOG_WARN, "the transaction lost its claim (a Galera abort); retrying the batch",
+			LOG(LOG_LEVEL_WARN, "the transaction lost its claim (a Galera abort); retrying the batch",
 			    LOG_I("claimed", ib->nmine));
 			rc = ST_ERR_DB_DEADLOCK;
 		}
@@ -1427,7 +1427,7 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	if (rc != ST_OK)
 		return rc;
 	*done = true;
-	LOG(LOG_INFO, "hold expired", LOG_S("message_id", h.message_id), LOG_S("order", order_id), LOG_S("type", h.type),
+	LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", h.message_id), LOG_S("order", order_id), LOG_S("type", h.type),
 	    LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
 	return ST_OK;
 }

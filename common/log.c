@@ -30,14 +30,14 @@
 #define LOG_VALUE_MAX 1024 /* input bytes of one value before it is cut */
 #define LOG_TAIL_RESERVE 48 /* closing quote, truncation marker, "}\n" */
 
-static enum log_level log_level_cur = LOG_INFO;
+static enum log_level log_level_cur = LOG_LEVEL_INFO;
 static enum log_format log_format_cur = LOG_FORMAT_TEXT;
 
 static const char *const log_level_names[] = {
-	[LOG_ERROR] = "error",
-	[LOG_WARN] = "warn",
-	[LOG_INFO] = "info",
-	[LOG_DEBUG] = "debug",
+	[LOG_LEVEL_ERROR] = "error",
+	[LOG_LEVEL_WARN] = "warn",
+	[LOG_LEVEL_INFO] = "info",
+	[LOG_LEVEL_DEBUG] = "debug",
 };
 
 static const char *const log_format_names[] = {
@@ -392,7 +392,7 @@ void log_refused(const char *link, const char *user, const char *url, const char
 {
 	bool db = strcmp(link, "db") == 0;
 
-	LOG(LOG_ERROR, db ? "database refused the login: fix the URL's user, password or database, "
+	LOG(LOG_LEVEL_ERROR, db ? "database refused the login: fix the URL's user, password or database, "
 	                    "or the account's grants"
 	                  : "broker refused the login: fix the URL's user, password or vhost, "
 	                    "or the user's permissions on the vhost",

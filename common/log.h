@@ -4,7 +4,7 @@
  * An event is a short message plus key/value context, so that one grep
  * follows one message through the pool:
  *
- *     LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", id),
+ *     LOG(LOG_LEVEL_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", id),
  *         LOG_S("outcome", "duplicate"));
  *
  * text:  2026-11-29T18:00:00.123Z info handled worker=3 message_id=abc outcome=duplicate
@@ -21,13 +21,16 @@
  * written with one write(2) so that threads never interleave inside a line.
  * Values are escaped (text: quoted when they hold spaces or quotes; json:
  * JSON-escaped).  Never pass a password or a whole message body.
+ *
+ * Levels are LOG_LEVEL_*, not LOG_INFO/LOG_DEBUG: those are <syslog.h>'s,
+ * and test_log.c includes both headers so that a clash fails the build.
  */
 #ifndef INBOX_LOG_H
 #define INBOX_LOG_H
 
 #include <stdbool.h>
 
-enum log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
+enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3 };
 enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON = 1 };
 
 struct log_kv {

@@ -523,14 +523,14 @@ int metrics_start(const char *addr)
 		return 0;
 	/* The parser the configuration check used: what it accepted binds. */
 	if (addr_hostport_parse(addr, &a, err, sizeof err) != 0) {
-		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
+		LOG(LOG_LEVEL_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
 		return -1;
 	}
 	/* Our own socket, so that a failed bind says why (a port in use,
 	 * one that needs privileges) and what to do about it. */
 	fd = addr_listen(&a, "INBOX_METRICS_ADDR", &v6, err, sizeof err);
 	if (fd < 0) {
-		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
+		LOG(LOG_LEVEL_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", err));
 		return -1;
 	}
 	/* Health checks must not queue behind clients that connect and say
@@ -549,10 +549,10 @@ int metrics_start(const char *addr)
 	                                  MHD_OPTION_END);
 	if (metrics_daemon == NULL) {
 		close(fd);
-		LOG(LOG_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", "the HTTP server did not start"));
+		LOG(LOG_LEVEL_ERROR, "cannot serve metrics", LOG_S("addr", addr), LOG_S("error", "the HTTP server did not start"));
 		return -1;
 	}
-	LOG(LOG_INFO, "serving /metrics /healthz /readyz", LOG_S("addr", addr));
+	LOG(LOG_LEVEL_INFO, "serving /metrics /healthz /readyz", LOG_S("addr", addr));
 	return 0;
 }
 
@@ -566,7 +566,7 @@ void metrics_stop(void)
 int metrics_start(const char *addr)
 {
 	if (addr != NULL && addr[0] != '\0')
-		LOG(LOG_WARN, "built without libmicrohttpd: metrics endpoint off", LOG_S("addr", addr));
+		LOG(LOG_LEVEL_WARN, "built without libmicrohttpd: metrics endpoint off", LOG_S("addr", addr));
 	return 0;
 }
 

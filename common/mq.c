@@ -376,7 +376,7 @@ int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat
 		rc = mq_open_why(out, a, heartbeat_s, name, why, cap);
 		if (rc == ST_OK) {
 			if (k > 0 || *node % count != 0)
-				LOG(LOG_INFO, "broker connected to another node of the cluster",
+				LOG(LOG_LEVEL_INFO, "broker connected to another node of the cluster",
 				    LOG_S("amqp", a->redacted), LOG_I("node", i + 1));
 			*node = i;
 			return ST_OK;
@@ -417,7 +417,7 @@ void mq_close(struct mq **mp)
 		(void)amqp_connection_close(m->conn, AMQP_REPLY_SUCCESS);
 	}
 	if (amqp_destroy_connection(m->conn) != AMQP_STATUS_OK)
-		LOG0(LOG_DEBUG, "amqp_destroy_connection reported an error");
+		LOG0(LOG_LEVEL_DEBUG, "amqp_destroy_connection reported an error");
 	free(m);
 	*mp = NULL;
 }
@@ -612,7 +612,7 @@ static void mq_on_cancel(struct mq *m, const amqp_basic_cancel_t *bc)
 			c->cancelled = true;
 			m->ncancelled++;
 			snprintf(m->err, sizeof m->err, "consumer cancelled by the broker: queue %s", c->queue);
-			LOG(LOG_WARN, "consumer cancelled by the broker", LOG_S("queue", c->queue));
+			LOG(LOG_LEVEL_WARN, "consumer cancelled by the broker", LOG_S("queue", c->queue));
 		}
 	}
 }

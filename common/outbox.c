@@ -497,11 +497,11 @@ static void outbox_log(const struct outbox_row *rows, int n, struct mq *pub)
 
 		if (row->why[0] != '\0') {
 			bool news = row->attempts == 0 || strcmp(row->why, row->last_error) != 0;
-			LOG(news ? LOG_WARN : LOG_DEBUG, "outbox row failing; retried with backoff", LOG_I("id", row->id),
+			LOG(news ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG, "outbox row failing; retried with backoff", LOG_I("id", row->id),
 			    LOG_S("message_id", row->mid), LOG_S("exchange", row->exch), LOG_I("attempt", row->attempts + 1),
 			    LOG_I("retry_ms", outbox_backoff_ms(row->attempts)), LOG_S("error", row->why));
 		} else if (row->seq != 0 && row->attempts > 0 && mq_outcome(pub, row->seq) == MQ_OUTCOME_ACKED) {
-			LOG(LOG_INFO, "outbox row recovered", LOG_I("id", row->id), LOG_S("message_id", row->mid),
+			LOG(LOG_LEVEL_INFO, "outbox row recovered", LOG_I("id", row->id), LOG_S("message_id", row->mid),
 			    LOG_S("exchange", row->exch), LOG_I("failed_attempts", row->attempts));
 		}
 	}

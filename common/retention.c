@@ -110,7 +110,7 @@ static int retention_lock(struct retention *r, int wait_s, bool *locked, bool *b
 	rc = db_stmt_query(r->lock, p, 1);
 	if (rc == ST_ERR_DB) {
 		if (!r->lock_refused)
-			LOG(LOG_WARN, "retention cleanup runs without its lock: the server refuses GET_LOCK",
+			LOG(LOG_LEVEL_WARN, "retention cleanup runs without its lock: the server refuses GET_LOCK",
 			    LOG_S("error", db_errmsg(r->db)));
 		r->lock_refused = true;
 		return ST_OK;
@@ -234,7 +234,7 @@ int retention_run(struct retention *r, const struct retention_limits *lim, enum 
 				/* Another transaction holds a row of this slice (a
 				 * late duplicate, a held row being released, a peer's
 				 * slice on another Galera node): its commit is near. */
-				LOG(LOG_DEBUG, "retention slice conflicted", LOG_S("table", retention_table[t]),
+				LOG(LOG_LEVEL_DEBUG, "retention slice conflicted", LOG_S("table", retention_table[t]),
 				    LOG_S("error", st_strerror(rc)));
 				if (conflicts >= lim->retries) {
 					rc = ST_OK;

@@ -465,7 +465,7 @@ int main(int argc, char **argv)
 	free(rest);
 	/* Library logs (connect failures) at warn and above only: the report
 	 * is what this program is for. */
-	log_setup(conf.log_level < LOG_WARN ? conf.log_level : LOG_WARN, conf.log_format);
+	log_setup(conf.log_level < LOG_LEVEL_WARN ? conf.log_level : LOG_LEVEL_WARN, conf.log_format);
 	if (db_global_init() != ST_OK) {
 		fprintf(stderr, "inbox-loadgen: cannot initialise the database client\n");
 		cfg_free(&conf);

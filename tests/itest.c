@@ -52,7 +52,7 @@ const struct cfg *itest_cfg(void)
 		                   "INBOX_AMQP_URL is not set: start the stack (scripts/stack up; eval \"$(scripts/stack env)\")");
 		cr_assert_not_null(getenv("INBOX_DB_URL"), "INBOX_DB_URL is not set: start the stack");
 		cr_assert_eq(cfg_load(&itest_conf, 1, argv, err, sizeof err), CFG_OK, "config: %s", err);
-		log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+		log_setup(LOG_LEVEL_WARN, LOG_FORMAT_TEXT);
 		cr_assert_eq(db_global_init(), ST_OK);
 		itest_loaded = true;
 	}

@@ -129,7 +129,7 @@ Test(cfg, defaults_match_the_spec)
 	cr_assert_eq(c.hold_ttl_s, 600);
 	cr_assert_str_eq(c.metrics_addr, "127.0.0.1:9464");
 	cr_assert_eq(c.log_format, LOG_FORMAT_TEXT);
-	cr_assert_eq(c.log_level, LOG_INFO);
+	cr_assert_eq(c.log_level, LOG_LEVEL_INFO);
 	cr_assert_eq(c.delivery_limit, 5);
 	cr_assert_eq(c.max_retries, 8);
 	cr_assert_eq(c.heartbeat_s, 30);
@@ -182,7 +182,7 @@ Test(cfg, flag_accepts_equals_and_separate_value)
 	        "--metrics-addr=", "--hold-ttl", "90", NULL);
 	cr_assert_eq(c.threads, 16);
 	cr_assert_str_eq(c.consumer, "billing");
-	cr_assert_eq(c.log_level, LOG_DEBUG);
+	cr_assert_eq(c.log_level, LOG_LEVEL_DEBUG);
 	cr_assert_str_eq(c.metrics_addr, ""); /* empty turns metrics off */
 	cr_assert_eq(c.hold_ttl_s, 90);
 	cfg_free(&c);
@@ -224,7 +224,7 @@ Test(cfg, every_setting_has_a_flag)
 	cr_assert_eq(c.hold_ttl_s, 300);
 	cr_assert_str_eq(c.metrics_addr, "0.0.0.0:9000");
 	cr_assert_eq(c.log_format, LOG_FORMAT_JSON);
-	cr_assert_eq(c.log_level, LOG_WARN);
+	cr_assert_eq(c.log_level, LOG_LEVEL_WARN);
 	cr_assert_eq(c.delivery_limit, 7);
 	cr_assert_eq(c.max_retries, 0);
 	cr_assert_eq(c.heartbeat_s, 0);
@@ -244,7 +244,7 @@ Test(cfg, enum_values_are_case_insensitive)
 	setenv("INBOX_ORDERING", "SHARDED", 1);
 	LOAD_OK(&c, NULL);
 	cr_assert_eq(c.log_format, LOG_FORMAT_JSON);
-	cr_assert_eq(c.log_level, LOG_ERROR);
+	cr_assert_eq(c.log_level, LOG_LEVEL_ERROR);
 	cr_assert_eq(c.ordering, CFG_ORDERING_SHARDED);
 	cfg_free(&c);
 }

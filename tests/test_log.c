@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+/* included on purpose: log.h must not clash with the names of <syslog.h> */
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,7 +50,7 @@ static const char *capture_end(void)
 
 static void reset(void)
 {
-	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
 }
 
 TestSuite(log, .init = reset);
@@ -75,9 +77,9 @@ static const char *after_ts(const char *line)
 
 static const char *text_line(const char *key, const char *value)
 {
-	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S(key, value));
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S(key, value));
 	return after_ts(capture_end());
 }
 
@@ -86,7 +88,7 @@ Test(log, text_line_has_timestamp_level_message_and_fields)
 	const char *out;
 
 	capture_begin();
-	LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", "abc"),
+	LOG(LOG_LEVEL_INFO, "handled", LOG_I("worker", 3), LOG_S("message_id", "abc"),
 	    LOG_S("outcome", "duplicate"));
 	out = capture_end();
 	cr_assert(matches(out, "^" TS_RE " info handled worker=3 message_id=abc outcome=duplicate\n$"),
@@ -128,7 +130,7 @@ Test(log, text_empty_and_null_values)
 Test(log, text_message_with_spaces_is_quoted)
 {
 	capture_begin();
-	LOG0(LOG_WARN, "broker connection lost");
+	LOG0(LOG_LEVEL_WARN, "broker connection lost");
 	cr_assert_str_eq(after_ts(capture_end()), "warn \"broker connection lost\"\n");
 }
 
@@ -162,9 +164,9 @@ Test(log, json_line_is_one_object_with_ts_level_msg_and_fields)
 	const char *out;
 	json_t *j;
 
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "handled", LOG_I("worker", 3), LOG_S("order", "o-1"),
+	LOG(LOG_LEVEL_INFO, "handled", LOG_I("worker", 3), LOG_S("order", "o-1"),
 	    LOG_I("neg", -42));
 	out = capture_end();
 	cr_assert(matches(out, "^\\{\"ts\":\"" TS_RE "\",\"level\":\"info\",\"msg\":\"handled\","
@@ -179,9 +181,9 @@ Test(log, json_field_named_like_a_reserved_key_is_renamed)
 {
 	json_t *j;
 
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "handled", LOG_S("msg", "abc"), LOG_S("level", "x"));
+	LOG(LOG_LEVEL_INFO, "handled", LOG_S("msg", "abc"), LOG_S("level", "x"));
 	j = json_line(capture_end());
 	cr_assert_str_eq(jstr(j, "msg"), "handled");
 	cr_assert_str_eq(jstr(j, "msg_id"), "abc");
@@ -196,9 +198,9 @@ Test(log, json_escapes_quotes_backslashes_and_control_characters)
 	const char *out;
 	json_t *j;
 
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S("v", nasty), LOG_S("k\"ey", "x"));
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S("v", nasty), LOG_S("k\"ey", "x"));
 	out = capture_end();
 	cr_assert_not_null(strstr(out, "\"v\":\"q\\\"b\\\\n\\nt\\tc\\u0001d\\u007fe\\u001f\""),
 	                   "got: %s", out);
@@ -213,9 +215,9 @@ Test(log, json_escapes_bytes_that_are_not_utf8_and_keeps_valid_utf8)
 	const char *out;
 	json_t *j;
 
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S("bad", "a\xff\xfe" "b"), LOG_S("sur", "\xed\xa0\x80"),
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S("bad", "a\xff\xfe" "b"), LOG_S("sur", "\xed\xa0\x80"),
 	    LOG_S("good", "caf\xc3\xa9 \xf0\x9f\x93\xa6"), LOG_S("null", NULL));
 	out = capture_end();
 	j = json_line(out); /* jansson rejects invalid UTF-8: this proves it */
@@ -230,17 +232,17 @@ Test(log, level_filtering_drops_less_severe_events)
 {
 	const char *out;
 
-	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
-	cr_assert(log_enabled(LOG_ERROR));
-	cr_assert(log_enabled(LOG_WARN));
-	cr_assert_not(log_enabled(LOG_INFO));
-	cr_assert_not(log_enabled(LOG_DEBUG));
+	log_setup(LOG_LEVEL_WARN, LOG_FORMAT_TEXT);
+	cr_assert(log_enabled(LOG_LEVEL_ERROR));
+	cr_assert(log_enabled(LOG_LEVEL_WARN));
+	cr_assert_not(log_enabled(LOG_LEVEL_INFO));
+	cr_assert_not(log_enabled(LOG_LEVEL_DEBUG));
 	capture_begin();
-	LOG0(LOG_DEBUG, "dropped-debug");
-	LOG0(LOG_INFO, "dropped-info");
-	log_emit(LOG_INFO, "dropped-direct", NULL, 0);
-	LOG0(LOG_WARN, "kept-warn");
-	LOG0(LOG_ERROR, "kept-error");
+	LOG0(LOG_LEVEL_DEBUG, "dropped-debug");
+	LOG0(LOG_LEVEL_INFO, "dropped-info");
+	log_emit(LOG_LEVEL_INFO, "dropped-direct", NULL, 0);
+	LOG0(LOG_LEVEL_WARN, "kept-warn");
+	LOG0(LOG_LEVEL_ERROR, "kept-error");
 	out = capture_end();
 	cr_assert_null(strstr(out, "dropped"), "got: %s", out);
 	cr_assert(matches(out, "^" TS_RE " warn kept-warn\n" TS_RE " error kept-error\n$"),
@@ -249,8 +251,8 @@ Test(log, level_filtering_drops_less_severe_events)
 
 Test(log, debug_is_off_by_default)
 {
-	cr_assert(log_enabled(LOG_INFO));
-	cr_assert_not(log_enabled(LOG_DEBUG));
+	cr_assert(log_enabled(LOG_LEVEL_INFO));
+	cr_assert_not(log_enabled(LOG_LEVEL_DEBUG));
 }
 
 static int side_effects;
@@ -263,7 +265,7 @@ static int bump(void)
 Test(log, arguments_of_a_disabled_level_are_not_evaluated)
 {
 	capture_begin();
-	LOG(LOG_DEBUG, "x", LOG_I("n", bump()));
+	LOG(LOG_LEVEL_DEBUG, "x", LOG_I("n", bump()));
 	cr_assert_str_eq(capture_end(), "");
 	cr_assert_eq(side_effects, 0);
 }
@@ -278,14 +280,14 @@ Test(log, long_value_is_cut_and_line_stays_bounded)
 	memset(big, 'x', 10000);
 	big[10000] = '\0';
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S("big", big), LOG_I("after", 1));
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S("big", big), LOG_I("after", 1));
 	out = capture_end();
 	cr_assert_leq(strlen(out), 4096);
 	cr_assert_not_null(strstr(out, "xxx... after=1\n"), "got tail: %s", out + strlen(out) - 40);
 
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S("big", big));
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S("big", big));
 	out = capture_end();
 	cr_assert_leq(strlen(out), 4096);
 	j = json_line(out);
@@ -306,18 +308,18 @@ Test(log, overflowing_line_drops_fields_and_stays_valid_json)
 	ctl[1000] = '\0';
 	for (int i = 0; i < 8; i++)
 		kv[i] = LOG_S("f", ctl);
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	log_emit(LOG_INFO, "ev", kv, 8);
+	log_emit(LOG_LEVEL_INFO, "ev", kv, 8);
 	out = capture_end();
 	cr_assert_leq(strlen(out), 4096);
 	j = json_line(out);
 	cr_assert(json_is_true(json_object_get(j, "truncated")), "got: %s", out);
 	json_decref(j);
 
-	log_setup(LOG_INFO, LOG_FORMAT_TEXT);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_TEXT);
 	capture_begin();
-	log_emit(LOG_INFO, "ev", kv, 8);
+	log_emit(LOG_LEVEL_INFO, "ev", kv, 8);
 	out = capture_end();
 	cr_assert_leq(strlen(out), 4096);
 	cr_assert(matches(out, "\" truncated=true\n$"), "got tail: %s", out + strlen(out) - 40);
@@ -334,9 +336,9 @@ Test(log, cut_of_a_long_utf8_value_falls_on_a_character_boundary)
 		big[i + 1] = (char)0xa9;
 	}
 	big[4000] = '\0';
-	log_setup(LOG_INFO, LOG_FORMAT_JSON);
+	log_setup(LOG_LEVEL_INFO, LOG_FORMAT_JSON);
 	capture_begin();
-	LOG(LOG_INFO, "ev", LOG_S("v", big + 1)); /* starts mid-character */
+	LOG(LOG_LEVEL_INFO, "ev", LOG_S("v", big + 1)); /* starts mid-character */
 	j = json_line(capture_end());
 	cr_assert_str_eq(jstr(j, "v") + strlen(jstr(j, "v")) - 3, "...");
 	json_decref(j);
@@ -349,7 +351,7 @@ Test(log, timestamp_is_utc_now_with_milliseconds)
 	time_t t;
 
 	capture_begin();
-	LOG0(LOG_INFO, "now");
+	LOG0(LOG_LEVEL_INFO, "now");
 	out = capture_end();
 	cr_assert_not_null(strptime(out, "%Y-%m-%dT%H:%M:%S", &tm));
 	t = timegm(&tm);
@@ -364,13 +366,13 @@ Test(log, parse_and_name_levels_and_formats)
 	enum log_format f;
 
 	cr_assert_eq(log_level_parse("error", &l), 0);
-	cr_assert_eq(l, LOG_ERROR);
+	cr_assert_eq(l, LOG_LEVEL_ERROR);
 	cr_assert_eq(log_level_parse("warn", &l), 0);
-	cr_assert_eq(l, LOG_WARN);
+	cr_assert_eq(l, LOG_LEVEL_WARN);
 	cr_assert_eq(log_level_parse("INFO", &l), 0);
-	cr_assert_eq(l, LOG_INFO);
+	cr_assert_eq(l, LOG_LEVEL_INFO);
 	cr_assert_eq(log_level_parse("debug", &l), 0);
-	cr_assert_eq(l, LOG_DEBUG);
+	cr_assert_eq(l, LOG_LEVEL_DEBUG);
 	cr_assert_eq(log_level_parse("loud", &l), -1);
 	cr_assert_eq(log_level_parse("", &l), -1);
 	cr_assert_eq(log_level_parse(NULL, &l), -1);
@@ -379,7 +381,7 @@ Test(log, parse_and_name_levels_and_formats)
 	cr_assert_eq(log_format_parse("json", &f), 0);
 	cr_assert_eq(f, LOG_FORMAT_JSON);
 	cr_assert_eq(log_format_parse("xml", &f), -1);
-	cr_assert_str_eq(log_level_name(LOG_WARN), "warn");
-	cr_assert_str_eq(log_level_name(LOG_DEBUG), "debug");
+	cr_assert_str_eq(log_level_name(LOG_LEVEL_WARN), "warn");
+	cr_assert_str_eq(log_level_name(LOG_LEVEL_DEBUG), "debug");
 	cr_assert_str_eq(log_level_name((enum log_level)42), "unknown");
 }

@@ -48,9 +48,9 @@ static int cleanup_dry_run(const struct cfg *conf)
 		return 1; /* said */
 	rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
 	if (rc != ST_OK)
-		LOG(LOG_ERROR, "cleanup dry run failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
+		LOG(LOG_LEVEL_ERROR, "cleanup dry run failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
 	else
-		LOG(LOG_INFO, "cleanup dry run: would delete these rows, deleted nothing",
+		LOG(LOG_LEVEL_INFO, "cleanup dry run: would delete these rows, deleted nothing",
 		    LOG_I("processed_messages", inbox_rows), LOG_I("outbox", outbox_rows),
 		    LOG_I("retention_s", conf->retention_s));
 	db_close(&db);
@@ -127,7 +127,7 @@ int main(int argc, char **argv)
 	}
 	log_setup(conf.log_level, conf.log_format);
 	if (db_global_init() != 0) {
-		LOG0(LOG_ERROR, "mysql_library_init failed");
+		LOG0(LOG_LEVEL_ERROR, "mysql_library_init failed");
 		cfg_free(&conf);
 		return 1;
 	}

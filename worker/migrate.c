@@ -152,7 +152,7 @@ static int migrate_digest(const char *dir, const char *name, char **sql, size_t 
 		return ST_ERR_INVALID;
 	rc = migrate_read(path, &buf, &n);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
+		LOG(LOG_LEVEL_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
 		return rc;
 	}
 	if (EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
@@ -199,7 +199,7 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 		if (strcmp(stored, hex) == 0)
 			goto cleanup;
 		if (!reapply) {
-			LOG(LOG_ERROR, "applied migration has changed since; refusing to go on",
+			LOG(LOG_LEVEL_ERROR, "applied migration has changed since; refusing to go on",
 			    LOG_S("file", name), LOG_S("applied_sha256", stored), LOG_S("file_sha256", hex));
 			rc = ST_ERR_MIGRATION_CHANGED;
 			goto cleanup;
@@ -207,7 +207,7 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 	}
 	rc = db_exec_script(db, sql, len);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "migration failed", LOG_S("file", name), LOG_S("error", db_errmsg(db)));
+		LOG(LOG_LEVEL_ERROR, "migration failed", LOG_S("file", name), LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
 	{
@@ -218,7 +218,7 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 		rc = db_commit(db);
 	if (rc == ST_OK) {
 		(*applied)++;
-		LOG(LOG_INFO, "migration applied", LOG_S("file", record), LOG_S("sha256", hex));
+		LOG(LOG_LEVEL_INFO, "migration applied", LOG_S("file", record), LOG_S("sha256", hex));
 	}
 cleanup:
 	free(sql);
@@ -241,7 +241,7 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 		return ST_OK;
 	rc = migrate_list(pdir, migrate_proc_name_ok, &names, &count);
 	if (rc != ST_OK)
-		LOG(LOG_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+		LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
 	for (int i = 0; rc == ST_OK && i < count; i++) {
 		snprintf(record, sizeof record, "procedures/%s", names[i]);
 		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
@@ -267,7 +267,7 @@ int migrate_main(const struct cfg *conf)
 		return 1; /* said */
 	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
+		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
 		    LOG_S("error", strerror(errno)));
 		goto cleanup;
 	}
@@ -284,7 +284,7 @@ int migrate_main(const struct cfg *conf)
 			db_stmt_done(lock);
 			locked = true;
 		} else {
-			LOG(LOG_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK));
+			LOG(LOG_LEVEL_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK));
 			rc = rc == ST_OK ? ST_ERR_TIMEOUT : rc;
 			goto cleanup;
 		}
@@ -294,7 +294,7 @@ int migrate_main(const struct cfg *conf)
 	                 " sha256 CHAR(64) CHARACTER SET ascii NOT NULL,"
 	                 " applied_at DATETIME(6) NOT NULL) ENGINE=InnoDB");
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot create schema_migrations", LOG_S("error", db_errmsg(db)));
+		LOG(LOG_LEVEL_ERROR, "cannot create schema_migrations", LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
 	rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
@@ -305,7 +305,7 @@ int migrate_main(const struct cfg *conf)
 	if (rc == ST_OK)
 		rc = migrate_procedures(db, get, put, conf->migrations_dir, &applied);
 	if (rc == ST_OK)
-		LOG(LOG_INFO, "migrations done", LOG_I("applied", applied), LOG_I("files", count),
+		LOG(LOG_LEVEL_INFO, "migrations done", LOG_I("applied", applied), LOG_I("files", count),
 		    LOG_S("dir", conf->migrations_dir));
 cleanup:
 	if (locked) {
@@ -389,13 +389,13 @@ int migrate_status(const struct cfg *conf)
 
 	rc = db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("db", cfg_migrate_db(conf)->redacted),
+		LOG(LOG_LEVEL_ERROR, "cannot connect to the database", LOG_S("db", cfg_migrate_db(conf)->redacted),
 		    LOG_S("error", st_strerror(rc)));
 		return 1;
 	}
 	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
+		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
 		    LOG_S("error", strerror(errno)));
 		goto cleanup;
 	}
@@ -406,7 +406,7 @@ int migrate_status(const struct cfg *conf)
 	if (stat(pdir, &st) == 0 || errno != ENOENT) {
 		rc = migrate_list(pdir, migrate_proc_name_ok, &procs, &nproc);
 		if (rc != ST_OK) {
-			LOG(LOG_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+			LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
 			goto cleanup;
 		}
 	}
@@ -445,7 +445,7 @@ int migrate_status(const struct cfg *conf)
 		}
 	}
 	if (rc != ST_OK) {
-		LOG(LOG_ERROR, "cannot read schema_migrations", LOG_S("error", db_errmsg(db)));
+		LOG(LOG_LEVEL_ERROR, "cannot read schema_migrations", LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
 	printf("migrations in %s\n", conf->migrations_dir);

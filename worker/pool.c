@@ -238,7 +238,7 @@ static void worker_wait(struct worker *w, int ms)
 	/* What is settled is acked before a wait that may be long (a
 	 * database outage): a crash meanwhile must not redeliver it. */
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
-		LOG(LOG_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
+		LOG(LOG_LEVEL_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
 		    WORKER_KV(w));
 
 	while (!atomic_load(&pool_stop)) {
@@ -277,14 +277,14 @@ static void link_failed(struct worker *w, enum pool_link k, const char *why)
 	const struct cfg *c = w->conf;
 
 	l->attempts++;
-	LOG(LOG_DEBUG, pool_links[k].attempt, WORKER_KV(w), LOG_I("attempt", l->attempts), LOG_S("error", why));
+	LOG(LOG_LEVEL_DEBUG, pool_links[k].attempt, WORKER_KV(w), LOG_I("attempt", l->attempts), LOG_S("error", why));
 	if (l->down && strcmp(l->why, why) == 0)
 		return;
 	if (!l->down)
 		l->since_ms = pool_now_ms();
 	l->down = true;
 	snprintf(l->why, sizeof l->why, "%s", why);
-	LOG(LOG_WARN, pool_links[k].down, WORKER_KV(w),
+	LOG(LOG_LEVEL_WARN, pool_links[k].down, WORKER_KV(w),
 	    LOG_S(pool_links[k].name, k == POOL_LINK_DB ? c->db.redacted : c->amqp.redacted), LOG_S("error", why));
 }
 
@@ -293,7 +293,7 @@ static void link_up(struct worker *w, enum pool_link k)
 	struct link_log *l = &w->link[k];
 
 	if (l->down)
-		LOG(LOG_INFO, pool_links[k].up, WORKER_KV(w), LOG_I("attempts", l->attempts),
+		LOG(LOG_LEVEL_INFO, pool_links[k].up, WORKER_KV(w), LOG_I("attempts", l->attempts),
 		    LOG_I("down_ms", pool_now_ms() - l->since_ms));
 	l->down = false;
 	l->attempts = 0;
@@ -308,7 +308,7 @@ int pool_db_open(struct db **out, const struct cfg_db *c)
 	if (rc == ST_ERR_ACCESS)
 		log_refused("db", c->user, c->redacted, why);
 	else if (rc != ST_OK)
-		LOG(LOG_ERROR, "cannot connect to the database", LOG_S("link", "db"), LOG_S("user", c->user),
+		LOG(LOG_LEVEL_ERROR, "cannot connect to the database", LOG_S("link", "db"), LOG_S("user", c->user),
 		    LOG_S("db", c->redacted), LOG_S("error", why));
 	return rc;
 }
@@ -325,7 +325,7 @@ static int worker_refused(struct worker *w, enum pool_link k, const char *what, 
 			log_refused(pool_links[k].name, db ? c->db.user : c->amqp.user,
 			            db ? c->db.redacted : c->amqp.redacted, why);
 		else
-			LOG(LOG_ERROR, what, LOG_S("link", pool_links[k].name),
+			LOG(LOG_LEVEL_ERROR, what, LOG_S("link", pool_links[k].name),
 			    LOG_S("user", db ? c->db.user : c->amqp.user),
 			    LOG_S(pool_links[k].name, db ? c->db.redacted : c->amqp.redacted), LOG_S("error", why));
 	}
@@ -413,7 +413,7 @@ static int worker_consume(struct worker *w)
 		rc = mq_consume_start(w->consumer, queue, per, sharded);
 		if (rc != ST_OK)
 			return rc;
-		LOG(LOG_INFO, "consuming", WORKER_KV(w), LOG_S("queue", queue), LOG_I("prefetch", per));
+		LOG(LOG_LEVEL_INFO, "consuming", WORKER_KV(w), LOG_S("queue", queue), LOG_I("prefetch", per));
 	}
 	return ST_OK;
 }
@@ -520,7 +520,7 @@ static void worker_relay(struct worker *w)
 		if (rc != ST_OK) {
 			bool broker = rc == ST_ERR_MQ_CONN || rc == ST_ERR_MQ || rc == ST_ERR_MQ_NACK;
 			/* A refusal already charged to its row was logged with it. */
-			LOG(r.failed > 0 ? LOG_DEBUG : LOG_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
+			LOG(r.failed > 0 ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN, "outbox relay interrupted; unconfirmed rows stay pending",
 			    WORKER_KV(w), LOG_I("sent", r.sent),
 			    LOG_S("error", broker ? mq_errmsg(w->publisher) : db_errmsg(w->db)));
 			if (broker) {
@@ -578,14 +578,14 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		rc = worker_publish(w, &m);
 		if (rc == ST_OK) {
 			if (attempt > 0)
-				LOG(LOG_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
+				LOG(LOG_LEVEL_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
 				    LOG_I("attempts", attempt + 1));
 			break;
 		}
 		/* Logged when it starts failing and when the broker's answer
 		 * changes, not on every retry (a DLQ unbound for minutes). */
 		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
-		LOG(attempt == 0 || strcmp(why, last) != 0 ? LOG_WARN : LOG_DEBUG,
+		LOG(attempt == 0 || strcmp(why, last) != 0 ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG,
 		    "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
 		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
 		snprintf(last, sizeof last, "%s", why);
@@ -650,27 +650,27 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 		for (i = 0; rc == ST_OK && i < n; i++)
 			v[i]->res = w->res[i];
 		if (rc == ST_OK && outage > 0)
-			LOG(LOG_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
+			LOG(LOG_LEVEL_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
 			return rc;
 		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
 			if (attempt >= w->conf->max_retries)
 				return ST_ERR_DB_DEADLOCK;
 			metrics_db_retry(); /* counted when it is retried, not when it gives up */
-			LOG(LOG_DEBUG, "transaction retry", WORKER_KV(w), LOG_I("messages", n),
+			LOG(LOG_LEVEL_DEBUG, "transaction retry", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
 			worker_wait(w, pool_backoff_ms(w, attempt++, 10));
 			continue;
 		}
 		if (rc == ST_ERR_DB_DATA) {
-			LOG(LOG_WARN, "database refused a value", WORKER_KV(w), LOG_I("messages", n),
+			LOG(LOG_LEVEL_WARN, "database refused a value", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", db_errmsg(w->db)));
 			return rc;
 		}
 		if (rc == ST_ERR_DB_CONN) {
 			/* Not the messages' fault: keep them and wait for the
 			 * database (worker_db_up reconnects with backoff). */
-			LOG(LOG_WARN, "database connection lost; messages kept", WORKER_KV(w),
+			LOG(LOG_LEVEL_WARN, "database connection lost; messages kept", WORKER_KV(w),
 			    LOG_I("messages", n));
 			worker_ready(w, false);
 			continue;
@@ -683,7 +683,7 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			 * on every retry (a missing table can last). */
 			const char *why = w->db ? db_errmsg(w->db) : st_strerror(rc);
 
-			LOG(outage == 0 || strcmp(why, last) != 0 ? LOG_ERROR : LOG_DEBUG,
+			LOG(outage == 0 || strcmp(why, last) != 0 ? LOG_LEVEL_ERROR : LOG_LEVEL_DEBUG,
 			    "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", why), LOG_I("attempt", outage + 1));
 			snprintf(last, sizeof last, "%s", why);
@@ -853,12 +853,12 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		/* the same line as a dead letter of the transaction's (below);
 		 * order and type only when the body yielded them */
 		if (it->m.order_id[0] != '\0' && it->m.type_name[0] != '\0')
-			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			LOG(LOG_LEVEL_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
 			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
 			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
 			    LOG_S("detail", it->m.detail));
 		else
-			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			LOG(LOG_LEVEL_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
 			    LOG_S("outcome", "dead_lettered"), LOG_S("reason", msg_reason_name(it->reason)),
 			    LOG_S("detail", it->m.detail));
 		it->done = true;
@@ -910,12 +910,12 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 		}
 		outbox_rows += it->res.outbox_rows;
 		if (reason != NULL)
-			LOG(LOG_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			LOG(LOG_LEVEL_WARN, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
 			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
 			    LOG_S("outcome", outcome), LOG_S("reason", reason),
 			    LOG_S("detail", detail[0] != '\0' ? detail : NULL), LOG_I("released", it->res.released));
 		else
-			LOG(LOG_DEBUG, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
+			LOG(LOG_LEVEL_DEBUG, "handled", WORKER_KV(w), LOG_S("message_id", it->m.message_id),
 			    LOG_S("order", it->m.order_id), LOG_S("type", it->m.type_name),
 			    LOG_S("outcome", outcome), LOG_I("released", it->res.released));
 	}
@@ -998,7 +998,7 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 	if (w->retention == NULL) {
 		rc = retention_open(&w->retention, w->db, w->conf);
 		if (rc != ST_OK) {
-			LOG(LOG_WARN, "retention cleanup cannot prepare its statements", LOG_S("error", db_errmsg(w->db)));
+			LOG(LOG_LEVEL_WARN, "retention cleanup cannot prepare its statements", LOG_S("error", db_errmsg(w->db)));
 			p->next_tick_ms = now + POOL_CLEANUP_TICK_MS;
 			return;
 		}
@@ -1009,7 +1009,7 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 	now = pool_now_ms();
 	p->next_tick_ms = now + POOL_CLEANUP_TICK_MS;
 	if (rc != ST_OK) {
-		LOG(LOG_WARN, "retention cleanup tick failed; next tick goes on", LOG_S("error", db_errmsg(w->db)));
+		LOG(LOG_LEVEL_WARN, "retention cleanup tick failed; next tick goes on", LOG_S("error", db_errmsg(w->db)));
 		return;
 	}
 	if (state == RETENTION_MORE)
@@ -1017,9 +1017,9 @@ static void janitor_retention(struct worker *w, struct janitor_pass *p, int64_t 
 	p->due = false;
 	p->next_pass_ms = now + w->conf->cleanup_interval_s * 1000;
 	if (state == RETENTION_BUSY)
-		LOG0(LOG_INFO, "retention cleanup skipped: another process holds the cleanup lock");
+		LOG0(LOG_LEVEL_INFO, "retention cleanup skipped: another process holds the cleanup lock");
 	else if (p->deleted > 0)
-		LOG(LOG_INFO, "retention cleanup", LOG_I("deleted", p->deleted), LOG_I("ticks", p->ticks),
+		LOG(LOG_LEVEL_INFO, "retention cleanup", LOG_I("deleted", p->deleted), LOG_I("ticks", p->ticks),
 		    LOG_I("ms", now - p->started_ms), LOG_I("retention_s", w->conf->retention_s));
 }
 
@@ -1097,7 +1097,7 @@ static void *janitor_main(void *arg)
 
 			last_housekeeping = now;
 			if (inbox_expire_holds(w->inbox, 64, &expired) != ST_OK)
-				LOG(LOG_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
+				LOG(LOG_LEVEL_WARN, "hold expiry failed", LOG_S("error", db_errmsg(w->db)));
 			/* counted even when the pass failed later: each one
 			 * expired in a committed transaction of its own */
 			metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, expired);
@@ -1109,7 +1109,7 @@ static void *janitor_main(void *arg)
 			}
 			if (w->gauge == NULL && gauge_open(&w->gauge, w->db, w->conf) != ST_OK && !gauge_warned) {
 				gauge_warned = true; /* once: it is retried every second */
-				LOG(LOG_WARN, "held events gauge cannot prepare its statement", LOG_S("error", db_errmsg(w->db)));
+				LOG(LOG_LEVEL_WARN, "held events gauge cannot prepare its statement", LOG_S("error", db_errmsg(w->db)));
 			}
 			if (w->gauge != NULL && gauge_held(w->gauge, &pending, &oldest) == ST_OK)
 				metrics_held_now(pending, oldest);
@@ -1139,7 +1139,7 @@ static int worker_consume_again(struct worker *w)
 	int rc;
 
 	worker_ready(w, false);
-	LOG(LOG_WARN, "consumer cancelled by the broker; consuming again", WORKER_KV(w),
+	LOG(LOG_LEVEL_WARN, "consumer cancelled by the broker; consuming again", WORKER_KV(w),
 	    LOG_S("error", mq_errmsg(w->consumer)));
 	rc = worker_ack_flush(w);
 	if (rc == ST_OK)
@@ -1147,7 +1147,7 @@ static int worker_consume_again(struct worker *w)
 	if (rc == ST_OK)
 		rc = mq_consume_again(w->consumer);
 	if (rc == ST_OK)
-		LOG(LOG_INFO, "consuming again", WORKER_KV(w));
+		LOG(LOG_LEVEL_INFO, "consuming again", WORKER_KV(w));
 	return rc;
 }
 
@@ -1209,7 +1209,7 @@ static void *worker_main(void *arg)
 		 * database and dead-letter faults itself): drop the consumer so
 		 * the broker redelivers what we hold. */
 reset:
-		LOG(LOG_WARN, "broker connection reset", WORKER_KV(w),
+		LOG(LOG_LEVEL_WARN, "broker connection reset", WORKER_KV(w),
 		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
 		worker_ready(w, false);
 		if (w->consumer != NULL)
@@ -1220,7 +1220,7 @@ reset:
 	}
 	worker_ready(w, false);
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
-		LOG(LOG_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
+		LOG(LOG_LEVEL_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
 	mq_close(&w->consumer);
 	mq_close(&w->publisher);
 	worker_close_db(w);
@@ -1274,20 +1274,20 @@ int pool_main(const struct cfg *conf)
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
 	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
-		LOG0(LOG_ERROR, "cannot block signals");
+		LOG0(LOG_LEVEL_ERROR, "cannot block signals");
 		return 1;
 	}
 	/* The janitor's timed wait runs on the monotonic clock: a wall clock
 	 * step must not stall the outbox. */
 	if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
 	    pthread_cond_init(&shared.cv, &ca) != 0 || pthread_mutex_init(&shared.mu, NULL) != 0) {
-		LOG0(LOG_ERROR, "cannot initialise the janitor's condition variable");
+		LOG0(LOG_LEVEL_ERROR, "cannot initialise the janitor's condition variable");
 		return 1;
 	}
 	pthread_condattr_destroy(&ca);
 	workers = calloc((size_t)nthreads, sizeof *workers);
 	if (workers == NULL) {
-		LOG0(LOG_ERROR, "out of memory");
+		LOG0(LOG_LEVEL_ERROR, "out of memory");
 		code = 1;
 		goto done;
 	}
@@ -1297,7 +1297,7 @@ int pool_main(const struct cfg *conf)
 	}
 	metrics_set_threads(conf->threads);
 	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
-	LOG(LOG_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
+	LOG(LOG_LEVEL_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
 	for (int i = 0; i < nthreads; i++) {
 		struct worker *w = &workers[i];
@@ -1314,14 +1314,14 @@ int pool_main(const struct cfg *conf)
 			w->res = calloc((size_t)conf->batch, sizeof *w->res);
 			pool_assign_shards(conf, w);
 			if (w->items == NULL || w->ins == NULL || w->res == NULL) {
-				LOG(LOG_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
+				LOG(LOG_LEVEL_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
 				code = 1;
 				break;
 			}
 		}
 		if (pthread_create(&w->thread, NULL, janitor ? janitor_main : worker_main, w) != 0) {
-			LOG(LOG_ERROR, "cannot start worker thread", LOG_I("worker", i));
+			LOG(LOG_LEVEL_ERROR, "cannot start worker thread", LOG_I("worker", i));
 			atomic_store(&pool_stop, true);
 			code = 1;
 			break;
@@ -1337,10 +1337,10 @@ int pool_main(const struct cfg *conf)
 
 		if (sig == SIGINT || sig == SIGTERM) {
 			if (atomic_load(&pool_stop)) {
-				LOG0(LOG_WARN, "second signal: exiting now");
+				LOG0(LOG_LEVEL_WARN, "second signal: exiting now");
 				_exit(1);
 			}
-			LOG(LOG_INFO, "stopping: finishing messages in hand", LOG_S("signal", sig == SIGINT ? "SIGINT" : "SIGTERM"));
+			LOG(LOG_LEVEL_INFO, "stopping: finishing messages in hand", LOG_S("signal", sig == SIGINT ? "SIGINT" : "SIGTERM"));
 			atomic_store(&pool_stop, true);
 		}
 		for (int i = 0; i < started; i++)
@@ -1364,7 +1364,7 @@ int pool_main(const struct cfg *conf)
 		if (atomic_load(&workers[i].exit_code) != 0)
 			code = atomic_load(&workers[i].exit_code);
 	metrics_stop();
-	LOG(LOG_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
+	LOG(LOG_LEVEL_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
 	    LOG_I("redelivered", metrics_redelivered_count()),
 	    LOG_I("held", metrics_held_count()), LOG_I("released", metrics_released_count()),
 	    LOG_I("ignored", metrics_outcome_count(METRICS_IGNORED)),
@@ -1414,12 +1414,12 @@ int cleanup_main(const struct cfg *conf)
 	if (rc == ST_OK && state == RETENTION_MORE)
 		rc = ST_ERR_DB_LOCK_TIMEOUT; /* the retries ran out */
 	if (rc != ST_OK)
-		LOG(LOG_ERROR, "cleanup failed", LOG_I("deleted", deleted),
+		LOG(LOG_LEVEL_ERROR, "cleanup failed", LOG_I("deleted", deleted),
 		    LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
 	else if (state == RETENTION_BUSY)
-		LOG0(LOG_INFO, "cleanup skipped: another process holds the cleanup lock");
+		LOG0(LOG_LEVEL_INFO, "cleanup skipped: another process holds the cleanup lock");
 	else
-		LOG(LOG_INFO, "cleanup done", LOG_I("deleted", deleted), LOG_I("retention_s", conf->retention_s));
+		LOG(LOG_LEVEL_INFO, "cleanup done", LOG_I("deleted", deleted), LOG_I("retention_s", conf->retention_s));
 	retention_close(&ret);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
