@@ -204,38 +204,44 @@ static void lg_nominal(struct lg_scenario *s, const uint32_t *seq, unsigned n)
 		s->msgs[seq[i]].nominal = held[i] ? held_then[out[i]] : spec_outcome_name(out[i]);
 }
 
-static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+/* Parse the original body of message idx as the worker would (props NULL:
+ * no AMQP properties).  Returns 0 with *r set, or -1 when out of memory. */
+static int lg_parse_original(const struct lg_scenario *s, uint32_t idx, const struct msg_props *props,
+                             struct msg *parsed, enum msg_reason *r)
 {
 	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
-	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
-	struct msg parsed;
 	size_t len;
 	char *body = lg_body(s, &it, &len);
-	enum msg_reason r;
 
 	if (body == NULL)
 		return -1;
-	r = msg_parse(body, len, (size_t)s->opts.max_body, &props, &parsed);
+	*r = msg_parse(body, len, (size_t)s->opts.max_body, props, parsed);
+	free(body);
+	return 0;
+}
+
+static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+{
+	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
+	struct msg parsed;
+	enum msg_reason r;
+
+	if (lg_parse_original(s, idx, &props, &parsed, &r) != 0)
+		return -1;
 	if (r != m->reason)
 		fprintf(stderr, "inbox-loadgen: note: msg_parse says '%s' for the %s class, SPEC.md says '%s'\n",
 		        msg_reason_name(r), lg_bad_names[m->bad], msg_reason_name(m->reason));
-	free(body);
 	return 0;
 }
 
 /* Fill sha256 (the canonical payload hash) of a valid message. */
 static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
-	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
 	struct msg parsed;
-	size_t len;
-	char *body = lg_body(s, &it, &len);
 	enum msg_reason r;
 
-	if (body == NULL)
+	if (lg_parse_original(s, idx, NULL, &parsed, &r) != 0)
 		return -1;
-	r = msg_parse(body, len, (size_t)s->opts.max_body, NULL, &parsed);
-	free(body);
 	if (r != MSG_REASON_NONE) {
 		fprintf(stderr, "inbox-loadgen: generated an invalid event %s: %s\n", m->id, parsed.detail);
 		return -1;

@@ -35,7 +35,9 @@
 #define INV SPEC_REASON_INVALID
 
 /* before (status, paid, reserved), event -> outcome, after (status, paid,
- * reserved), emits, reason.  Nine orders SPEC can have, five events each. */
+ * reserved), emits, reason.  Nine orders SPEC can have, five events each.
+ * Every row is spelled out, the alike ones too: the point of this table is
+ * to be read against SPEC's text cell by cell, not to be short. */
 const struct spec_cell spec_cells[] = {
 	/* no order yet */
 	{ SPEC_NONE, false, false, C, SPEC_APPLIED, SPEC_CREATED, false, false, 0, NULL },

@@ -246,6 +246,10 @@ static int v_read_inbox(struct v_state *st)
 	return rc;
 }
 
+/* v_read_inbox, v_read_events and v_read_orders share the shape of every
+ * row loop over db.h (prepare, query, fetch until 0, rollback) and nothing
+ * else: their columns, maps and records differ, so a common loop would
+ * take a callback and a column array each and say less. */
 static int v_read_events(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
