@@ -74,7 +74,6 @@
 #define POOL_RELAY_MIN_GAP_MS 50
 #define POOL_BACKOFF_MAX_MS 5000
 #define POOL_CONFIRM_TIMEOUT_MS 10000
-#define POOL_BATCH_MAX 500 /* the bound of INBOX_BATCH */
 #define POOL_WHY_MAX 300   /* a link's failure, as logged */
 
 /* The one global: raised by the signal thread, read by workers. */
@@ -810,7 +809,8 @@ static void worker_count(const struct inbox_result *res)
  * return an error: each ends acked, in the database or in the DLQ. */
 static int worker_handle(struct worker *w, struct item *items, int n)
 {
-	struct item *valid[POOL_BATCH_MAX];
+	/* n <= conf->batch <= CFG_BATCH_MAX (cfg refuses more) */
+	struct item *valid[CFG_BATCH_MAX];
 	double t0 = pool_now_s();
 	int nvalid = 0, rc, outbox_rows = 0;
 	bool all_done;
