@@ -92,12 +92,21 @@ void pool_db_close(struct pool_db *d)
 
 static const struct {
 	const char *name, *attempt, *down, *up;
+	enum metrics_peer peer;
 } pool_links[2] = {
 	[POOL_LINK_DB] = { "db", "database connect attempt failed", "database unavailable, retrying",
-	                   "database reconnected" },
+	                   "database reconnected", METRICS_PEER_DB },
 	[POOL_LINK_AMQP] = { "amqp", "broker connect attempt failed", "broker unavailable, retrying",
-	                     "broker reconnected" },
+	                     "broker reconnected", METRICS_PEER_AMQP },
 };
+
+bool pool_why_changed(char *last, bool first, const char *why)
+{
+	bool changed = first || strcmp(last, why) != 0;
+
+	snprintf(last, POOL_WHY_MAX, "%s", why);
+	return changed;
+}
 
 void pool_link_failed(struct pool_thread *t, enum pool_link k, const char *why)
 {
@@ -106,12 +115,11 @@ void pool_link_failed(struct pool_thread *t, enum pool_link k, const char *why)
 
 	l->attempts++;
 	LOG(LOG_LEVEL_DEBUG, pool_links[k].attempt, POOL_KV(t), LOG_I("attempt", l->attempts), LOG_S("error", why));
-	if (l->down && strcmp(l->why, why) == 0)
+	if (!pool_why_changed(l->why, !l->down, why))
 		return;
 	if (!l->down)
 		l->since_ms = pool_now_ms();
 	l->down = true;
-	snprintf(l->why, sizeof l->why, "%s", why);
 	LOG(LOG_LEVEL_WARN, pool_links[k].down, POOL_KV(t),
 	    LOG_S(pool_links[k].name, k == POOL_LINK_DB ? c->db.redacted : c->amqp.redacted), LOG_S("error", why));
 }
@@ -126,6 +134,20 @@ void pool_link_up(struct pool_thread *t, enum pool_link k)
 	l->down = false;
 	l->attempts = 0;
 	l->ever_up = true;
+}
+
+void pool_link_back(struct pool_thread *t, enum pool_link k)
+{
+	if (t->link[k].ever_up)
+		metrics_reconnect(pool_links[k].peer);
+	pool_link_up(t, k);
+}
+
+int pool_link_retry_ms(struct pool_thread *t, enum pool_link k, const char *why)
+{
+	pool_thread_unready(t);
+	pool_link_failed(t, k, why);
+	return pool_backoff_ms(t, t->link[k].attempts - 1, 200);
 }
 
 int pool_db_open(struct db **out, const struct cfg_db *c)
@@ -213,22 +235,18 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 			}
 		}
 		if (rc == ST_OK) {
-			if (t->link[POOL_LINK_DB].ever_up)
-				metrics_reconnect(METRICS_PEER_DB);
-			pool_link_up(t, POOL_LINK_DB);
+			pool_link_back(t, POOL_LINK_DB);
 			return ST_OK;
 		}
 		if (rc == ST_ERR_ACCESS && !t->link[POOL_LINK_DB].ever_up)
 			return pool_refused(t, POOL_LINK_DB, NULL, why, rc);
-		pool_thread_unready(t);
-		pool_link_failed(t, POOL_LINK_DB, why);
 		/* A consuming thread may hold deliveries (and has
 		 * prefetched more): its wait keeps the broker connection
 		 * alive meanwhile. */
 		if (wait != NULL)
-			wait(arg, pool_backoff_ms(t, t->link[POOL_LINK_DB].attempts - 1, 200));
+			wait(arg, pool_link_retry_ms(t, POOL_LINK_DB, why));
 		else
-			pool_sleep_ms(pool_backoff_ms(t, t->link[POOL_LINK_DB].attempts - 1, 200));
+			pool_sleep_ms(pool_link_retry_ms(t, POOL_LINK_DB, why));
 	}
 	return ST_ERR_STOPPED;
 }

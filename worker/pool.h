@@ -106,6 +106,18 @@ int pool_backoff_ms(struct pool_thread *t, int attempt, int first_ms);
 /* One failed attempt on link k, for why; the link works (again). */
 void pool_link_failed(struct pool_thread *t, enum pool_link k, const char *why);
 void pool_link_up(struct pool_thread *t, enum pool_link k);
+/* The thread's own connection on link k is back: pool_link_up, and
+ * counted in /metrics as a reconnect when it had worked before. */
+void pool_link_back(struct pool_thread *t, enum pool_link k);
+/* An attempt to bring link k back failed for why: the thread is not
+ * ready, the failure logged (pool_link_failed); returns how long to wait
+ * before the next attempt. */
+int pool_link_retry_ms(struct pool_thread *t, enum pool_link k, const char *why);
+
+/* For a failure logged when it starts and when its reason changes, not
+ * on every retry: whether why is news (first, or not what last holds);
+ * last (POOL_WHY_MAX bytes) then holds why. */
+bool pool_why_changed(char *last, bool first, const char *why);
 /* Not ready in /metrics, and its shards uncovered. */
 void pool_thread_unready(struct pool_thread *t);
 

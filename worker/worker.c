@@ -198,9 +198,7 @@ static int worker_mq_up(struct worker *w)
 		if (rc == ST_OK)
 			rc = worker_consume(w);
 		if (rc == ST_OK) {
-			if (w->t.link[POOL_LINK_AMQP].ever_up)
-				metrics_reconnect(METRICS_PEER_AMQP);
-			pool_link_up(&w->t, POOL_LINK_AMQP);
+			pool_link_back(&w->t, POOL_LINK_AMQP);
 			w->consumed_once = true;
 			return ST_OK;
 		}
@@ -222,9 +220,7 @@ static int worker_mq_up(struct worker *w)
 			 * say why (link_failed). */
 			return pool_refused(&w->t, POOL_LINK_AMQP, "broker refused the topology", why, rc);
 		}
-		worker_ready(w, false);
-		pool_link_failed(&w->t, POOL_LINK_AMQP, why);
-		pool_sleep_ms(pool_backoff_ms(&w->t, w->t.link[POOL_LINK_AMQP].attempts - 1, 200));
+		pool_sleep_ms(pool_link_retry_ms(&w->t, POOL_LINK_AMQP, why));
 	}
 	return ST_ERR_STOPPED;
 }
@@ -293,6 +289,7 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
 	for (int attempt = 0;; attempt++) {
 		char why[POOL_WHY_MAX];
+		enum log_level level;
 
 		rc = worker_publish(w, &m);
 		if (rc == ST_OK) {
@@ -304,10 +301,9 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		/* Logged when it starts failing and when the broker's answer
 		 * changes, not on every retry (a DLQ unbound for minutes). */
 		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
-		LOG(attempt == 0 || strcmp(why, last) != 0 ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG,
-		    "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
+		level = pool_why_changed(last, attempt == 0, why) ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
+		LOG(level, "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
 		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
-		snprintf(last, sizeof last, "%s", why);
 		if (rc == ST_ERR_MQ_CONN)
 			break;
 		if (atomic_load(&pool_stop)) {
@@ -392,10 +388,11 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			 * on every retry (a missing table can last). */
 			const char *why = w->d.db ? db_errmsg(w->d.db) : st_strerror(rc);
 
-			LOG(outage == 0 || strcmp(why, last) != 0 ? LOG_LEVEL_ERROR : LOG_LEVEL_DEBUG,
-			    "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
+			/* the level first: LOG reads it twice */
+			enum log_level level = pool_why_changed(last, outage == 0, why) ? LOG_LEVEL_ERROR : LOG_LEVEL_DEBUG;
+
+			LOG(level, "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", why), LOG_I("attempt", outage + 1));
-			snprintf(last, sizeof last, "%s", why);
 		}
 		metrics_thread_ready(w->t.index, false);
 		if (atomic_load(&pool_stop))
