@@ -101,6 +101,14 @@ cleanup:
 	return rc;
 }
 
+/* Frees what migrate_list returned (NULL-safe). */
+static void migrate_names_free(char **names, int count)
+{
+	for (int i = 0; i < count; i++)
+		free(names[i]);
+	free(names);
+}
+
 static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***names, int *count)
 {
 	DIR *d = opendir(dir);
@@ -122,9 +130,7 @@ static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***n
 		if (!name_ok(e->d_name))
 			continue;
 		if (n == MIGRATE_MAX_FILES || (v[n] = strdup(e->d_name)) == NULL) {
-			for (int i = 0; i < n; i++)
-				free(v[i]);
-			free(v);
+			migrate_names_free(v, n);
 			closedir(d);
 			return ST_ERR_NOMEM;
 		}
@@ -137,8 +143,6 @@ static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***n
 	return ST_OK;
 }
 
-/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
- * frees it), or pass NULL when only the checksum is wanted. */
 /* The numbered files of dir, sorted; says why when it cannot list them. */
 static int migrate_list_numbered(const char *dir, char ***names, int *count)
 {
@@ -166,6 +170,8 @@ static int migrate_list_procedures(const char *dir, char *pdir, size_t cap, char
 	return rc;
 }
 
+/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
+ * frees it), or pass NULL when only the checksum is wanted. */
 static int migrate_digest(const char *dir, const char *name, char **sql, size_t *len, char hex[65])
 {
 	char path[4096];
@@ -266,9 +272,7 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 		snprintf(record, sizeof record, "procedures/%s", names[i]);
 		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
 	}
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
+	migrate_names_free(names, count);
 	return rc;
 }
 
@@ -333,9 +337,7 @@ cleanup:
 		if (db_stmt_query(unlock, p, 1) == ST_OK && db_stmt_fetch(unlock, c, 1) == 1)
 			db_stmt_done(unlock);
 	}
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
+	migrate_names_free(names, count);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }
@@ -475,12 +477,8 @@ int migrate_status(const struct cfg *conf)
 		rc = ST_ERR_IO;
 cleanup:
 	db_rollback(db);
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
-	for (int i = 0; i < nproc; i++)
-		free(procs[i]);
-	free(procs);
+	migrate_names_free(names, count);
+	migrate_names_free(procs, nproc);
 	free(rec);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
