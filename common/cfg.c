@@ -774,7 +774,7 @@ static const struct cfg_setting cfg_settings[] = {
 	  "per shard" },
 	{ "INBOX_SHARDS", "shards", NULL, NULL, "4", K_INT, F(shards), 1, 64, NULL,
 	  "shard queues when ordering is sharded" },
-	{ "INBOX_BATCH", "batch", NULL, NULL, "100", K_INT, F(batch), 1, 500, NULL,
+	{ "INBOX_BATCH", "batch", NULL, NULL, "100", K_INT, F(batch), 1, CFG_BATCH_MAX, NULL,
 	  "most messages per transaction (what is already waiting; never waits for more); at most INBOX_PREFETCH" },
 	{ "INBOX_MIGRATIONS_DIR", "migrations-dir", NULL, NULL, NULL, K_PATH,
 	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations" },

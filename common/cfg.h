@@ -84,6 +84,11 @@ enum cfg_ordering {
 	CFG_ORDERING_SHARDED = 1, /* consistent-hash exchange, one active consumer per shard */
 };
 
+/* The largest INBOX_BATCH: the one bound of a batch, which cfg enforces
+ * and every array sized for a batch (the worker's, the broker
+ * connection's held deliveries) is checked against at compile time. */
+#define CFG_BATCH_MAX 500
+
 struct cfg {
 	struct cfg_amqp amqp;       /* INBOX_AMQP_URL / --amqp-url */
 	struct cfg_db db;           /* INBOX_DB_URL / --db-url: the worker's account */
@@ -111,7 +116,7 @@ struct cfg {
 	enum cfg_ordering ordering; /* INBOX_ORDERING shared|sharded */
 	int shards;                 /* INBOX_SHARDS 4 [1,64] */
 	char *migrations_dir;       /* INBOX_MIGRATIONS_DIR, default: the installed/source dir */
-	int batch;                  /* INBOX_BATCH 1 [1,500]: messages per transaction */
+	int batch;                  /* INBOX_BATCH 100 [1,CFG_BATCH_MAX], <= prefetch: messages per transaction */
 };
 
 enum cfg_result {

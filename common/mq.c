@@ -33,6 +33,7 @@
 /* Deliveries one connection can hold at once (a batch); each has its own
  * envelope, so they can be settled together. */
 #define MQ_MAX_HELD 512
+_Static_assert(MQ_MAX_HELD >= CFG_BATCH_MAX, "a connection must hold a whole batch of deliveries");
 
 /* Consumers one channel can carry: a thread consumes at most every shard. */
 #define MQ_MAX_CONSUMERS 64

@@ -24,7 +24,7 @@
  * A relay that dies between 1 and 4 leaves its lease to run out
  * (OUTBOX_LEASE_S); then another relay publishes the rows again, with the
  * same message-ids.  Two COMMITs per round, however many rows: see the
- * janitor in worker/pool.c for why commits are the cost.
+ * janitor in worker/janitor.c for why commits are the cost.
  *
  * A basic.return carries no delivery tag.  Mandatory publishes (the
  * dead-letter copies: they must land in the DLQ) therefore wait until

@@ -13,6 +13,7 @@
 #include "db.h"
 #include "dlq.h"
 #include "log.h"
+#include "janitor.h"
 #include "migrate.h"
 #include "pool.h"
 #include "retention.h"

@@ -101,6 +101,14 @@ cleanup:
 	return rc;
 }
 
+/* Frees what migrate_list returned (NULL-safe). */
+static void migrate_names_free(char **names, int count)
+{
+	for (int i = 0; i < count; i++)
+		free(names[i]);
+	free(names);
+}
+
 static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***names, int *count)
 {
 	DIR *d = opendir(dir);
@@ -122,9 +130,7 @@ static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***n
 		if (!name_ok(e->d_name))
 			continue;
 		if (n == MIGRATE_MAX_FILES || (v[n] = strdup(e->d_name)) == NULL) {
-			for (int i = 0; i < n; i++)
-				free(v[i]);
-			free(v);
+			migrate_names_free(v, n);
 			closedir(d);
 			return ST_ERR_NOMEM;
 		}
@@ -135,6 +141,33 @@ static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***n
 	*names = v;
 	*count = n;
 	return ST_OK;
+}
+
+/* The numbered files of dir, sorted; says why when it cannot list them. */
+static int migrate_list_numbered(const char *dir, char ***names, int *count)
+{
+	int rc = migrate_list(dir, migrate_name_ok, names, count);
+
+	if (rc != ST_OK)
+		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", dir), LOG_S("error", strerror(errno)));
+	return rc;
+}
+
+/* The files of dir/procedures/ (pdir: that path), sorted; none when the
+ * folder does not exist.  Says why when it cannot list them. */
+static int migrate_list_procedures(const char *dir, char *pdir, size_t cap, char ***names, int *count)
+{
+	struct stat st;
+	int rc;
+
+	if (snprintf(pdir, cap, "%s/procedures", dir) >= (int)cap)
+		return ST_ERR_INVALID;
+	if (stat(pdir, &st) != 0 && errno == ENOENT)
+		return ST_OK;
+	rc = migrate_list(pdir, migrate_proc_name_ok, names, count);
+	if (rc != ST_OK)
+		LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+	return rc;
 }
 
 /* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
@@ -233,22 +266,13 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 	char pdir[4096], record[256];
 	char **names = NULL;
 	int count = 0, rc;
-	struct stat st;
 
-	if (snprintf(pdir, sizeof pdir, "%s/procedures", dir) >= (int)sizeof pdir)
-		return ST_ERR_INVALID;
-	if (stat(pdir, &st) != 0 && errno == ENOENT)
-		return ST_OK;
-	rc = migrate_list(pdir, migrate_proc_name_ok, &names, &count);
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
+	rc = migrate_list_procedures(dir, pdir, sizeof pdir, &names, &count);
 	for (int i = 0; rc == ST_OK && i < count; i++) {
 		snprintf(record, sizeof record, "procedures/%s", names[i]);
 		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
 	}
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
+	migrate_names_free(names, count);
 	return rc;
 }
 
@@ -265,12 +289,9 @@ int migrate_main(const struct cfg *conf)
 	rc = pool_db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK)
 		return 1; /* said */
-	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
-		    LOG_S("error", strerror(errno)));
+	rc = migrate_list_numbered(conf->migrations_dir, &names, &count);
+	if (rc != ST_OK)
 		goto cleanup;
-	}
 	rc = db_prepare(db, &lock, "SELECT GET_LOCK(?, ?)");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &unlock, "SELECT RELEASE_LOCK(?)");
@@ -316,9 +337,7 @@ cleanup:
 		if (db_stmt_query(unlock, p, 1) == ST_OK && db_stmt_fetch(unlock, c, 1) == 1)
 			db_stmt_done(unlock);
 	}
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
+	migrate_names_free(names, count);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }
@@ -385,7 +404,6 @@ int migrate_status(const struct cfg *conf)
 	char **names = NULL, **procs = NULL, pdir[4096];
 	int count = 0, nproc = 0, nrec = 0, rc;
 	bool have_table = false;
-	struct stat st;
 
 	rc = db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK) {
@@ -393,23 +411,12 @@ int migrate_status(const struct cfg *conf)
 		    LOG_S("error", st_strerror(rc)));
 		return 1;
 	}
-	rc = migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count);
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", conf->migrations_dir),
-		    LOG_S("error", strerror(errno)));
+	rc = migrate_list_numbered(conf->migrations_dir, &names, &count);
+	if (rc != ST_OK)
 		goto cleanup;
-	}
-	if (snprintf(pdir, sizeof pdir, "%s/procedures", conf->migrations_dir) >= (int)sizeof pdir) {
-		rc = ST_ERR_INVALID;
+	rc = migrate_list_procedures(conf->migrations_dir, pdir, sizeof pdir, &procs, &nproc);
+	if (rc != ST_OK)
 		goto cleanup;
-	}
-	if (stat(pdir, &st) == 0 || errno != ENOENT) {
-		rc = migrate_list(pdir, migrate_proc_name_ok, &procs, &nproc);
-		if (rc != ST_OK) {
-			LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
-			goto cleanup;
-		}
-	}
 	/* No schema_migrations yet: nothing applied (and nothing created). */
 	rc = db_prepare(db, &exists,
 	                "SELECT COUNT(*) FROM information_schema.tables"
@@ -470,12 +477,8 @@ int migrate_status(const struct cfg *conf)
 		rc = ST_ERR_IO;
 cleanup:
 	db_rollback(db);
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
-	for (int i = 0; i < nproc; i++)
-		free(procs[i]);
-	free(procs);
+	migrate_names_free(names, count);
+	migrate_names_free(procs, nproc);
 	free(rec);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;

@@ -1,0 +1,846 @@
+/*
+ * worker.c - one consuming thread of the pool.
+ *
+ * Per batch of deliveries (worker_handle; a batch is one delivery unless
+ * INBOX_BATCH > 1, and never waits for more than is already here), four
+ * steps:
+ *   screen (worker_screen): size, parse and routing key checks ->
+ *   dead-letter on bad input (confirmed);
+ *   settle (worker_settle): the valid ones in one transaction
+ *   (worker_transact): deadlock / lock wait time-out retry with jittered
+ *   exponential backoff up to max_retries; a batch that still cannot
+ *   commit, or that holds a value the database refuses, is split into
+ *   single messages, and a single one then goes to the DLQ as
+ *   retries-exhausted or unprocessable; a lost database connection, or
+ *   any other database fault, is never the messages': keep them, wait
+ *   with backoff, run them again;
+ *   account (worker_account): a payload conflict's dead-letter copy,
+ *   /metrics and the "handled" line of each;
+ *   ack (worker_ack): only after the commit (or after the dead-letter copy
+ *   is confirmed; a nacked or unroutable copy is retried with backoff, the
+ *   original kept); while more deliveries are already waiting, acks are
+ *   gathered into one cumulative ack (worker_ack_flush).
+ *
+ * One message's fault stays its own (SPEC.md): nothing about a delivery
+ * makes worker_handle fail, so the consumer channel is reset only when the
+ * broker connection itself fails.  A reset hands every prefetched delivery
+ * back and raises its delivery count, which would push innocent messages
+ * towards the delivery limit.
+ */
+#include "worker.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "db.h"
+#include "dlq.h"
+#include "fault.h"
+#include "inbox.h"
+#include "metrics.h"
+#include "mq.h"
+#include "msg.h"
+#include "order.h"
+#include "status.h"
+
+#define WORKER_CONSUME_TIMEOUT_MS 250
+#define WORKER_CONFIRM_TIMEOUT_MS 10000
+
+#define WORKER_KV(w) POOL_KV(&(w)->t)
+
+/* One delivery of a batch and what became of it. */
+struct item {
+	struct mq_delivery d;
+	struct msg m;
+	enum msg_reason reason;     /* why it was dead-lettered (NONE: it was not) */
+	bool valid;                 /* passed the checks: went to the transaction */
+	struct inbox_result res;
+	bool done;                  /* settled: ack it */
+};
+
+/* The list of a batch's valid items lives on the thread's stack. */
+_Static_assert(CFG_BATCH_MAX * sizeof(struct item *) <= 8192, "a batch's valid list must stay small on the stack");
+
+int worker_alloc(struct worker *w)
+{
+	int batch = w->t.conf->batch;
+
+	w->items = calloc((size_t)batch, sizeof *w->items);
+	w->ins = calloc((size_t)batch, sizeof *w->ins);
+	w->res = calloc((size_t)batch, sizeof *w->res);
+	return w->items == NULL || w->ins == NULL || w->res == NULL ? ST_ERR_NOMEM : ST_OK;
+}
+
+void worker_free(struct worker *w)
+{
+	free(w->items);
+	free(w->ins);
+	free(w->res);
+	w->items = NULL;
+	w->ins = NULL;
+	w->res = NULL;
+}
+
+/* Readiness: the thread is ready when it has both connections and every
+ * one of its consumers; its shards count as covered only then. */
+static void worker_ready(struct worker *w, bool ready)
+{
+	if (!ready) {
+		pool_thread_unready(&w->t);
+		return;
+	}
+	metrics_thread_ready(w->t.index, true);
+	metrics_thread_shards(w->t.index, w->shard_mask);
+}
+
+/* Ack every settled delivery in one frame.  Acks are deferred only while
+ * more deliveries are already waiting (worker_main): in a backlog one
+ * cumulative ack per several messages spares the broker a settle per
+ * message (on a quorum queue each is a log entry), and when traffic is
+ * light nothing waits, so each ack still leaves right after its commit.  A
+ * crash between a commit and the deferred ack only means redeliveries,
+ * which the inbox settles as duplicates. */
+static int worker_ack_flush(struct worker *w)
+{
+	int rc;
+
+	if (w->ack_pending == 0)
+		return ST_OK;
+	rc = mq_ack(w->consumer, w->ack_tag, w->ack_pending > 1);
+	w->ack_pending = 0;
+	return rc;
+}
+
+/*
+ * Wait ms while keeping the consumer connection alive.  rabbitmq-c sends
+ * and answers heartbeats only while the thread is inside the library, so a
+ * thread that slept through a database outage lost its consumer after two
+ * heartbeat intervals, and the broker returned everything it held and had
+ * prefetched, raising each message's delivery count (a flapping database
+ * could push valid messages over the delivery limit).  Here the thread
+ * waits for frames instead; deliveries that arrive are kept aside by
+ * mq_service and handed out by mq_consume later, so no new work is taken
+ * meanwhile.  Without a consumer it just sleeps.  Deliveries of the batch
+ * in hand stay unacked; the ones already settled are acked first.  Stops within 100 ms of
+ * the stop flag either way.
+ */
+static void worker_wait(struct worker *w, int ms)
+{
+	int64_t end = pool_now_ms() + ms;
+
+	/* What is settled is acked before a wait that may be long (a
+	 * database outage): a crash meanwhile must not redeliver it. */
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_LEVEL_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
+		    WORKER_KV(w));
+
+	while (!atomic_load(&pool_stop)) {
+		int64_t left = end - pool_now_ms();
+		int step = left > 100 ? 100 : (int)left;
+
+		if (step <= 0)
+			return;
+		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
+			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
+	}
+}
+
+/* pool_db_up's wait: keeps the broker connection alive. */
+static void worker_wait_fn(void *arg, int ms)
+{
+	worker_wait(arg, ms);
+}
+
+static int worker_db_up(struct worker *w)
+{
+	return pool_db_up(&w->t, &w->d, worker_wait_fn, w);
+}
+
+/* basic.consume on every queue of the thread.  The thread's prefetch is
+ * shared among its consumers (the broker counts it per consumer), so a
+ * thread holds about INBOX_PREFETCH unacked deliveries however many shards
+ * it consumes. */
+static int worker_consume(struct worker *w)
+{
+	int per = (w->t.conf->prefetch + w->nshards - 1) / w->nshards;
+	bool sharded = w->t.conf->ordering == CFG_ORDERING_SHARDED;
+
+	for (int i = 0; i < w->nshards; i++) {
+		char queue[300];
+		int rc;
+
+		if (mq_consume_queue_name(w->t.conf, w->shard[i], queue, sizeof queue) != 0)
+			return ST_ERR_INVALID;
+		rc = mq_consume_start(w->consumer, queue, per, sharded);
+		if (rc != ST_OK)
+			return rc;
+		LOG(LOG_LEVEL_INFO, "consuming", WORKER_KV(w), LOG_S("queue", queue), LOG_I("prefetch", per));
+	}
+	return ST_OK;
+}
+
+static int worker_mq_up(struct worker *w)
+{
+	char why[POOL_WHY_MAX];
+
+	while (!atomic_load(&pool_stop)) {
+		int rc;
+
+		if (w->consumer != NULL)
+			return ST_OK;
+		w->ack_pending = 0; /* delivery tags belong to the channel that is gone */
+		rc = mq_open_from_why(&w->consumer, &w->t.conf->amqp, w->t.conf->heartbeat_s, w->t.name, &w->consumer_node, why,
+		                      sizeof why);
+		if (rc == ST_OK)
+			rc = mq_declare_topology(w->consumer, w->t.conf);
+		if (rc == ST_OK)
+			rc = worker_consume(w);
+		if (rc == ST_OK) {
+			pool_link_back(&w->t, POOL_LINK_AMQP);
+			w->consumed_once = true;
+			return ST_OK;
+		}
+		if (w->consumer != NULL) {
+			snprintf(why, sizeof why, "%s", mq_errmsg(w->consumer));
+			mq_close(&w->consumer);
+		} else {
+			w->consumer_node++; /* the next tour starts at the next node */
+		}
+		if (rc == ST_ERR_ACCESS && !w->t.link[POOL_LINK_AMQP].ever_up)
+			return pool_refused(&w->t, POOL_LINK_AMQP, NULL, why, rc);
+		if (rc == ST_ERR_MQ && !w->consumed_once) {
+			/* The broker refused a declaration (a queue that exists
+			 * with other arguments, an exchange type it lacks).  At
+			 * start-up that is a configuration error: retrying will
+			 * not help.  Once the thread has consumed, someone
+			 * changed the broker under us (a queue deleted and not
+			 * yet declarable, a limit): keep trying, not ready, and
+			 * say why (link_failed). */
+			return pool_refused(&w->t, POOL_LINK_AMQP, "broker refused the topology", why, rc);
+		}
+		pool_sleep_ms(pool_link_retry_ms(&w->t, POOL_LINK_AMQP, why));
+	}
+	return ST_ERR_STOPPED;
+}
+
+/* Publish one message on the thread's publisher, reconnecting once if the
+ * connection went idle and died meanwhile (or the broker closed its
+ * channel). */
+static int worker_publish(struct worker *w, const struct mq_message *m)
+{
+	int rc = ST_ERR_MQ_CONN;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (w->publisher == NULL) {
+			/* Heartbeats off: the publisher sits idle between
+			 * dead-letters and nothing would service them. */
+			rc = mq_open_from(&w->publisher, &w->t.conf->amqp, 0, w->t.name, &w->publisher_node);
+			if (rc != ST_OK)
+				return rc;
+		}
+		rc = mq_publish_confirmed(w->publisher, m, WORKER_CONFIRM_TIMEOUT_MS);
+		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
+			return rc;
+		mq_close(&w->publisher);
+		w->publisher_node++;
+	}
+	return rc;
+}
+
+/* Dead-letter a delivery directly (bad input, a conflict, retries run
+ * out, a value the database refused): original body and properties plus
+ * our headers, confirmed before the caller acks the original.
+ *
+ * Nothing about the message can make this fail: its properties always
+ * serialise (mq_delivery_props_json escapes or drops what JSON cannot
+ * carry, and the detail says so).  A nack, an unroutable return (the DLQ
+ * unbound from the DLX) or a channel the broker closed (an exchange
+ * missing) is the topology's fault: the message stays unacked and the
+ * publish is retried with backoff until it is confirmed, without touching
+ * the consumer channel.  Returns ST_OK; ST_ERR_STOPPED when asked to stop
+ * meanwhile; ST_ERR_MQ_CONN when the broker cannot be reached even on a
+ * fresh connection: that is a broker fault, the consumer connection is
+ * most likely gone too, and the caller resets it (the message, unacked,
+ * comes again). */
+static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
+                              const char *reason, const char *detail)
+{
+	char note[400], full[640], last[POOL_WHY_MAX] = "", at[32], deliveries[24];
+	char *props = mq_delivery_props_json_note(d, note, sizeof note);
+	/* When, and after how many deliveries: what `inbox-worker dlq list`
+	 * shows (the quorum queue counts earlier deliveries). */
+	struct mq_header h[4] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full },
+		                  { DLQ_HEADER_AT, at }, { DLQ_HEADER_DELIVERIES, deliveries } };
+	struct mq_message m = {
+		.exchange = w->t.conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
+		.props_json = props, .headers = h, .nheaders = 4, .mandatory = true,
+	};
+	time_t now = time(NULL);
+	struct tm tm;
+	int rc;
+
+	if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		snprintf(at, sizeof at, "unknown");
+	snprintf(deliveries, sizeof deliveries, "%lld", (long long)d->delivery_count + 1);
+	if (props == NULL)
+		snprintf(note, sizeof note, "not kept (out of memory)");
+	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	for (int attempt = 0;; attempt++) {
+		char why[POOL_WHY_MAX];
+		enum log_level level;
+
+		rc = worker_publish(w, &m);
+		if (rc == ST_OK) {
+			if (attempt > 0)
+				LOG(LOG_LEVEL_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
+				    LOG_I("attempts", attempt + 1));
+			break;
+		}
+		/* Logged when it starts failing and when the broker's answer
+		 * changes, not on every retry (a DLQ unbound for minutes). */
+		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
+		level = pool_why_changed(last, attempt == 0, why) ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
+		LOG(level, "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
+		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
+		if (rc == ST_ERR_MQ_CONN)
+			break;
+		if (atomic_load(&pool_stop)) {
+			rc = ST_ERR_STOPPED;
+			break;
+		}
+		worker_wait(w, pool_backoff_ms(&w->t, attempt, 200));
+	}
+	free(props);
+	return rc;
+}
+
+static char *worker_props_json(const void *arg)
+{
+	return mq_delivery_props_json(arg);
+}
+
+static const char *item_rk(const struct item *it)
+{
+	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
+}
+
+/* Run the transaction over the valid items of a batch, retrying the whole
+ * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
+ * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_DB_DATA when the database
+ * refused a value of one of the messages; ST_ERR_FAULT when the test hook
+ * fired; ST_ERR_STOPPED when asked to stop while waiting.  Any other fault
+ * (connection lost, a missing table, a statement the server refuses) is
+ * not the messages': they are kept and the batch is run again after a
+ * backoff, as during a database outage. */
+static int worker_transact(struct worker *w, struct item **v, int n)
+{
+	int attempt = 0, outage = 0;
+	char last[POOL_WHY_MAX] = "";
+
+	for (;;) {
+		int rc = worker_db_up(w);
+		int i;
+
+		if (rc != ST_OK)
+			return rc;
+		for (i = 0; i < n; i++)
+			w->ins[i] = (struct inbox_in){
+				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
+				.props_json = worker_props_json, .props_arg = &v[i]->d,
+				.published_us = v[i]->d.published_us,
+			};
+		rc = inbox_run(w->d.inbox, w->ins, n, w->res);
+		for (i = 0; rc == ST_OK && i < n; i++)
+			v[i]->res = w->res[i];
+		if (rc == ST_OK && outage > 0)
+			LOG(LOG_LEVEL_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
+		if (rc == ST_OK || rc == ST_ERR_FAULT)
+			return rc;
+		if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_LOCK_TIMEOUT) {
+			if (attempt >= w->t.conf->max_retries)
+				return ST_ERR_DB_DEADLOCK;
+			metrics_db_retry(); /* counted when it is retried, not when it gives up */
+			LOG(LOG_LEVEL_DEBUG, "transaction retry", WORKER_KV(w), LOG_I("messages", n),
+			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
+			worker_wait(w, pool_backoff_ms(&w->t, attempt++, 10));
+			continue;
+		}
+		if (rc == ST_ERR_DB_DATA) {
+			LOG(LOG_LEVEL_WARN, "database refused a value", WORKER_KV(w), LOG_I("messages", n),
+			    LOG_S("error", db_errmsg(w->d.db)));
+			return rc;
+		}
+		if (rc == ST_ERR_DB_CONN) {
+			/* Not the messages' fault: keep them and wait for the
+			 * database (worker_db_up reconnects with backoff). */
+			LOG(LOG_LEVEL_WARN, "database connection lost; messages kept", WORKER_KV(w),
+			    LOG_I("messages", n));
+			worker_ready(w, false);
+			continue;
+		}
+		/* A missing table, a privilege, a full disk...: the database's
+		 * fault, not the messages' nor the broker's.  Keep the batch
+		 * and the channel; try again later. */
+		{
+			/* Once when it starts and when the error changes, not
+			 * on every retry (a missing table can last). */
+			const char *why = w->d.db ? db_errmsg(w->d.db) : st_strerror(rc);
+
+			/* the level first: LOG reads it twice */
+			enum log_level level = pool_why_changed(last, outage == 0, why) ? LOG_LEVEL_ERROR : LOG_LEVEL_DEBUG;
+
+			LOG(level, "transaction failed; messages kept, retrying", WORKER_KV(w), LOG_I("messages", n),
+			    LOG_S("error", why), LOG_I("attempt", outage + 1));
+		}
+		metrics_thread_ready(w->t.index, false);
+		if (atomic_load(&pool_stop))
+			return ST_ERR_STOPPED;
+		worker_wait(w, pool_backoff_ms(&w->t, outage++, 200));
+	}
+}
+
+/* The server's message for a value it refused, as one ASCII line (it
+ * may quote the value). */
+static void worker_db_detail(struct worker *w, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "the database refused a value: %s", db_errmsg(w->d.db));
+
+	for (int i = 0; i < n && (size_t)i < cap && buf[i] != '\0'; i++)
+		if ((unsigned char)buf[i] < 0x20 || (unsigned char)buf[i] > 0x7e)
+			buf[i] = '?';
+}
+
+/* Settle the valid items: one transaction for all, or, when that cannot
+ * commit (retries exhausted, an unexpected error), one transaction each so
+ * that one bad apple does not hold the others back. */
+static int worker_settle(struct worker *w, struct item **v, int n)
+{
+	int rc = worker_transact(w, v, n);
+
+	if (rc == ST_OK) {
+		for (int i = 0; i < n; i++)
+			v[i]->done = true;
+		return ST_OK;
+	}
+	if (rc == ST_ERR_FAULT) {
+		/* Test hook: behave as if the process had failed before the
+		 * commit; the broker gets the messages back. */
+		for (int i = 0; i < n; i++)
+			if (mq_reject(w->consumer, v[i]->d.tag, true) != ST_OK)
+				return ST_ERR_MQ_CONN;
+		return ST_OK;
+	}
+	if (n > 1 && rc != ST_ERR_STOPPED) {
+		for (int i = 0; i < n; i++) {
+			rc = worker_settle(w, &v[i], 1);
+			if (rc != ST_OK)
+				return rc;
+		}
+		return ST_OK;
+	}
+	if (rc == ST_ERR_DB_DEADLOCK || rc == ST_ERR_DB_DATA) {
+		char detail[300];
+		enum msg_reason reason = rc == ST_ERR_DB_DATA ? MSG_REASON_UNPROCESSABLE : MSG_REASON_RETRIES_EXHAUSTED;
+
+		if (rc == ST_ERR_DB_DATA)
+			worker_db_detail(w, detail, sizeof detail);
+		else
+			snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries",
+			         w->t.conf->max_retries);
+		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), msg_reason_name(reason), detail);
+		if (rc != ST_OK)
+			return rc;
+		v[0]->reason = reason;
+		v[0]->done = true;
+		/* for the "handled" line worker_account writes */
+		snprintf(v[0]->m.detail, sizeof v[0]->m.detail, "%.*s", (int)sizeof v[0]->m.detail - 1, detail);
+		return ST_OK;
+	}
+	return rc;
+}
+
+/* A batch left half settled (asked to stop, or the broker gone): ack what
+ * is settled, one by one (a cumulative ack must not reach past the rest),
+ * so that nothing already dead-lettered comes back to be dead-lettered
+ * twice.  Best effort: a dead consumer connection acks nothing. */
+static void worker_ack_settled(struct worker *w, struct item *items, int n)
+{
+	if (w->consumer == NULL || worker_ack_flush(w) != ST_OK)
+		return;
+	for (int i = 0; i < n; i++)
+		if (items[i].done && mq_ack(w->consumer, items[i].d.tag, false) != ST_OK)
+			return;
+}
+
+/* Count a committed message in /metrics: its own decision (a hold only as
+ * a hold: it is counted in its outcome when it is settled), and every held
+ * event its transaction released, in the outcome it got then. */
+static void worker_count(const struct inbox_result *res)
+{
+	static const enum metrics_outcome as[INBOX_OUTCOME_COUNT] = {
+		[INBOX_APPLIED] = METRICS_APPLIED, [INBOX_IGNORED] = METRICS_IGNORED,
+		[INBOX_COMPENSATED] = METRICS_COMPENSATED, [INBOX_DUPLICATE] = METRICS_DUPLICATE,
+	};
+
+	switch (res->outcome) {
+	case INBOX_HELD:
+		metrics_held();
+		break;
+	case INBOX_DEAD_LETTERED:
+		metrics_dead_letter(MSG_REASON_INVALID_TRANSITION, 1);
+		break;
+	case INBOX_CONFLICT: /* counted by the caller once its copy is confirmed */
+	case INBOX_OUTCOME_COUNT:
+		break;
+	default:
+		metrics_outcome(as[res->outcome], 1);
+		break;
+	}
+	metrics_released(res->released);
+	metrics_outcome(METRICS_APPLIED, res->released_as[INBOX_APPLIED]);
+	metrics_outcome(METRICS_IGNORED, res->released_as[INBOX_IGNORED]);
+	metrics_outcome(METRICS_COMPENSATED, res->released_as[INBOX_COMPENSATED]);
+	/* the dead-lettered ones (released_as[INBOX_DEAD_LETTERED]) by reason */
+	for (int r = 1; r < MSG_REASON_COUNT; r++)
+		metrics_dead_letter((enum msg_reason)r, res->released_reason[r]);
+}
+
+/* The one "handled" line of a settled message.  reason: why it was
+ * dead-lettered (NULL: it was not; then only at debug level), with its
+ * detail; order and type only when the body yielded them; released < 0:
+ * no transaction settled it (bad input), so nothing was released. */
+static void worker_log_handled(struct worker *w, const struct item *it, const char *outcome, const char *reason,
+                               const char *detail, int released)
+{
+	enum log_level level = reason != NULL ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
+	struct log_kv kv[8];
+	int n = 0;
+
+	if (!log_enabled(level))
+		return;
+	kv[n++] = WORKER_KV(w);
+	kv[n++] = LOG_S("message_id", it->m.message_id);
+	if (it->m.order_id[0] != '\0' && it->m.type_name[0] != '\0') {
+		kv[n++] = LOG_S("order", it->m.order_id);
+		kv[n++] = LOG_S("type", it->m.type_name);
+	}
+	kv[n++] = LOG_S("outcome", outcome);
+	if (reason != NULL) {
+		kv[n++] = LOG_S("reason", reason);
+		kv[n++] = LOG_S("detail", detail != NULL && detail[0] != '\0' ? detail : NULL);
+	}
+	if (released >= 0)
+		kv[n++] = LOG_I("released", released);
+	log_emit(level, "handled", kv, n);
+}
+
+/* Screen one delivery: body size, parse, validation, routing key.  Sets
+ * it->reason (NONE: valid). */
+static void worker_check(struct worker *w, struct item *it)
+{
+	struct msg_props props = it->d.props;
+
+	it->done = false;
+	it->valid = false;
+	memset(&it->res, 0, sizeof it->res); /* a dead-lettered one has no transaction's result */
+	if (it->d.redelivered)
+		metrics_redelivered();
+	it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->t.conf->max_body, &props, &it->m);
+	if (it->reason == MSG_REASON_NONE && !it->d.routing_key_valid) {
+		/* It would be stored with a held event or a dead-letter
+		 * row, whose utf8mb4 column refuses it: say so now, the
+		 * same whatever the order of arrival. */
+		it->reason = MSG_REASON_INVALID_FIELD;
+		snprintf(it->m.detail, sizeof it->m.detail, "routing key is not valid UTF-8 or holds a NUL byte");
+	}
+	if (it->reason == MSG_REASON_NONE)
+		it->valid = true;
+}
+
+/* Dead-letter a delivery that failed the checks; settled once confirmed. */
+static int worker_reject_bad(struct worker *w, struct item *it)
+{
+	int rc;
+
+	if (it->m.message_id[0] == '\0' && it->d.props.message_id != NULL) {
+		/* For the log line: the body did not yield an id, the
+		 * property may (the logger escapes what it prints). */
+		size_t len = it->d.props.message_id_len < MSG_ID_MAX ? it->d.props.message_id_len : MSG_ID_MAX;
+		memcpy(it->m.message_id, it->d.props.message_id, len);
+		it->m.message_id[len] = '\0';
+	}
+	rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
+	if (rc != ST_OK)
+		return rc;
+	/* the same line as a dead letter of the transaction's
+	 * (worker_account) */
+	worker_log_handled(w, it, "dead_lettered", msg_reason_name(it->reason), it->m.detail, -1);
+	it->done = true;
+	return ST_OK;
+}
+
+/* Step 1: screen every delivery; the valid ones go to valid[] (in
+ * delivery order), the others to the DLQ. */
+static int worker_screen(struct worker *w, struct item *items, int n, struct item **valid, int *nvalid)
+{
+	*nvalid = 0;
+	for (int i = 0; i < n; i++) {
+		struct item *it = &items[i];
+		int rc;
+
+		worker_check(w, it);
+		if (it->valid) {
+			valid[(*nvalid)++] = it;
+			continue;
+		}
+		rc = worker_reject_bad(w, it);
+		if (rc != ST_OK)
+			return rc;
+	}
+	return ST_OK;
+}
+
+/* Step 3, for one settled valid item: a payload conflict's dead-letter
+ * copy (it->done cleared when that fails: it must come again), /metrics
+ * and its "handled" line. */
+static int worker_account_one(struct worker *w, struct item *it)
+{
+	/* The outcome is one of SPEC.md's outcome names; a dead
+	 * letter also says why, in x-inbox-reason's words. */
+	const char *outcome = "dead_lettered";
+	const char *reason = NULL;
+	char detail[320] = "";
+
+	if (it->reason != MSG_REASON_NONE) {
+		/* retries-exhausted, unprocessable: no transaction
+		 * committed, so nothing was released either */
+		metrics_dead_letter(it->reason, 1);
+		reason = msg_reason_name(it->reason);
+		snprintf(detail, sizeof detail, "%s", it->m.detail);
+	} else if (it->res.outcome == INBOX_CONFLICT) {
+		int rc;
+
+		snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
+		         it->m.message_id, it->m.source);
+		rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
+		if (rc != ST_OK) {
+			it->done = false; /* not in the DLQ yet: must come again */
+			return rc;
+		}
+		metrics_dead_letter(MSG_REASON_PAYLOAD_CONFLICT, 1);
+		reason = "payload-conflict";
+	} else {
+		worker_count(&it->res);
+		outcome = inbox_outcome_name(it->res.outcome);
+		if (it->res.outcome == INBOX_DEAD_LETTERED) {
+			/* its dead-letter copy is in the outbox */
+			reason = msg_reason_name(MSG_REASON_INVALID_TRANSITION);
+			snprintf(detail, sizeof detail, "%s not allowed on an order in state %s",
+			         it->m.type_name, order_state_name(it->res.state));
+		}
+	}
+	worker_log_handled(w, it, outcome, reason, detail, it->res.released);
+	return ST_OK;
+}
+
+/* Step 3: account for the settled valid items; *outbox_rows: the outbox
+ * rows their transactions wrote. */
+static int worker_account(struct worker *w, struct item **valid, int nvalid, int *outbox_rows)
+{
+	*outbox_rows = 0;
+	for (int i = 0; i < nvalid; i++) {
+		int rc;
+
+		if (!valid[i]->done)
+			continue; /* handed back by the fault hook */
+		rc = worker_account_one(w, valid[i]);
+		if (rc != ST_OK)
+			return rc;
+		*outbox_rows += valid[i]->res.outbox_rows;
+	}
+	return ST_OK;
+}
+
+/* Step 4: ack every settled delivery, cumulatively when all of the batch
+ * is settled (worker_ack_flush sends it later), else one by one. */
+static int worker_ack(struct worker *w, struct item *items, int n, double t0)
+{
+	bool all_done = true;
+	int rc;
+
+	for (int i = 0; i < n; i++)
+		all_done = all_done && items[i].done;
+	if (!all_done) {
+		/* Some were handed back (the fault hook rejected them): a
+		 * cumulative ack must not reach past them, so ack one by one. */
+		rc = worker_ack_flush(w);
+		if (rc != ST_OK)
+			return rc;
+	}
+	for (int i = 0; i < n; i++) {
+		if (!items[i].done)
+			continue;
+		if (!items[i].valid)
+			metrics_dead_letter(items[i].reason, 1); /* the valid ones are counted in worker_account */
+		metrics_processing_seconds(pool_now_s() - t0);
+		if (all_done) {
+			w->ack_tag = items[i].d.tag;
+			w->ack_pending++;
+			continue;
+		}
+		rc = mq_ack(w->consumer, items[i].d.tag, false);
+		if (rc != ST_OK)
+			return rc;
+	}
+	return ST_OK;
+}
+
+/* Wake the janitor: this batch committed outbox rows. */
+static void worker_wake_janitor(struct worker *w)
+{
+	struct pool_shared *s = w->t.shared;
+
+	if (pthread_mutex_lock(&s->mu) == 0) {
+		s->pending = true;
+		pthread_cond_signal(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
+/* Handle a batch of deliveries.  Returns ST_OK when every delivery was
+ * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
+ * that is not the messages' kept some (they stay unacked); or a broker
+ * connection error, of the consumer or of the publisher on a fresh
+ * connection (then the caller drops the consumer connection so the broker
+ * redelivers what is unacked).  Nothing about one message makes it
+ * return an error: each ends acked, in the database or in the DLQ. */
+static int worker_handle(struct worker *w, struct item *items, int n)
+{
+	/* n <= conf->batch <= CFG_BATCH_MAX (cfg refuses more) */
+	struct item *valid[CFG_BATCH_MAX];
+	double t0 = pool_now_s();
+	int nvalid = 0, outbox_rows = 0;
+	int rc = worker_screen(w, items, n, valid, &nvalid);
+
+	if (rc == ST_OK && nvalid > 0)
+		rc = worker_settle(w, valid, nvalid);
+	if (rc == ST_OK)
+		rc = worker_account(w, valid, nvalid, &outbox_rows);
+	if (rc != ST_OK) {
+		worker_ack_settled(w, items, n);
+		return rc;
+	}
+	if (fault_hit("after-commit")) {
+		/* Test hook: die between the commit and the ack, as a SIGKILL
+		 * would; the redelivery must be recognised as a duplicate. */
+		raise(SIGKILL);
+	}
+	rc = worker_ack(w, items, n, t0);
+	if (rc != ST_OK)
+		return rc;
+	if (outbox_rows > 0)
+		worker_wake_janitor(w);
+	return ST_OK;
+}
+
+static void worker_release(struct worker *w, int n)
+{
+	for (int i = 0; i < n; i++)
+		mq_delivery_release(w->consumer, &w->items[i].d);
+}
+
+/* The broker cancelled one of the thread's consumers (its queue was
+ * deleted, or its leader moved away): declare the topology again, which
+ * re-creates a deleted queue, and consume from it on the same channel, so
+ * the deliveries the thread holds from its other queues stay valid. */
+static int worker_consume_again(struct worker *w)
+{
+	int rc;
+
+	worker_ready(w, false);
+	LOG(LOG_LEVEL_WARN, "consumer cancelled by the broker; consuming again", WORKER_KV(w),
+	    LOG_S("error", mq_errmsg(w->consumer)));
+	rc = worker_ack_flush(w);
+	if (rc == ST_OK)
+		rc = mq_declare_topology(w->consumer, w->t.conf);
+	if (rc == ST_OK)
+		rc = mq_consume_again(w->consumer);
+	if (rc == ST_OK)
+		LOG(LOG_LEVEL_INFO, "consuming again", WORKER_KV(w));
+	return rc;
+}
+
+void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	db_thread_init();
+	while (!atomic_load(&pool_stop)) {
+		int n = 0;
+		int rc = worker_db_up(w);
+
+		if (rc == ST_OK)
+			rc = worker_mq_up(w);
+		if (pool_thread_ends(&w->t, rc))
+			break;
+		if (mq_cancelled(w->consumer) > 0 && worker_consume_again(w) != ST_OK)
+			goto reset;
+		worker_ready(w, true);
+		rc = ST_ERR_TIMEOUT;
+		/* Owe at most half the prefetch window, so the broker's
+		 * next deliveries are on their way before the buffer runs dry. */
+		if (w->ack_pending > 0 && 2 * w->ack_pending < w->t.conf->prefetch)
+			rc = mq_consume(w->consumer, &w->items[0].d, 0);
+		if (rc == ST_ERR_TIMEOUT) {
+			/* Nothing more is here (or enough acks are owed): settle
+			 * before waiting, so the broker can send more. */
+			rc = worker_ack_flush(w);
+			if (rc == ST_OK)
+				rc = mq_consume(w->consumer, &w->items[0].d, WORKER_CONSUME_TIMEOUT_MS);
+		}
+		if (rc == ST_ERR_TIMEOUT)
+			continue;
+		if (rc == ST_OK) {
+			/* A batch is what is already here, never a wait for more:
+			 * batching must not add latency when traffic is light. */
+			for (n = 1; n < w->t.conf->batch; n++) {
+				rc = mq_consume(w->consumer, &w->items[n].d, 0);
+				if (rc != ST_OK)
+					break;
+			}
+			if (rc == ST_ERR_TIMEOUT)
+				rc = ST_OK;
+			if (rc == ST_OK)
+				rc = worker_handle(w, w->items, n);
+			worker_release(w, n);
+			if (rc == ST_OK)
+				continue;
+			if (rc == ST_ERR_STOPPED)
+				break; /* what is unacked goes back when we close */
+		}
+		/* The broker connection failed (never one message: worker_handle
+		 * settles each, in the database or in the DLQ, and waits out
+		 * database and dead-letter faults itself): drop the consumer so
+		 * the broker redelivers what we hold. */
+reset:
+		LOG(LOG_LEVEL_WARN, "broker connection reset", WORKER_KV(w),
+		    LOG_S("error", w->consumer ? mq_errmsg(w->consumer) : st_strerror(rc)));
+		worker_ready(w, false);
+		if (w->consumer != NULL)
+			(void)worker_ack_flush(w); /* earlier batches: settled; best effort */
+		mq_close(&w->consumer);
+		w->consumer_node++; /* a cluster's next node first (mq_open_from) */
+		pool_sleep_ms(pool_backoff_ms(&w->t, 0, 200));
+	}
+	worker_ready(w, false);
+	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
+		LOG(LOG_LEVEL_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
+	mq_close(&w->consumer);
+	mq_close(&w->publisher);
+	pool_db_close(&w->d);
+	db_thread_end();
+	return NULL;
+}
+
