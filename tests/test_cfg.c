@@ -1128,3 +1128,43 @@ Test(cfg, a_bad_node_in_a_list_is_named_by_its_place)
 	amqp_bad("amqp://u:hunter2@mq1/v,http://mq2/v", "node 2 of the list: bad URL: scheme must be amqp:// or amqps://");
 	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2:99999/inbox", "node 2 of the list: bad URL: port out of range [1, 65535]");
 }
+
+/* The list's bound holds for both kinds (one loop, url_list): 16 nodes are
+ * taken in order, a 17th is refused, and a bad last node frees the ones
+ * before it (cr_assert_null(host) in *_bad; ASan would see a leak). */
+Test(cfg, a_list_takes_sixteen_nodes_and_not_seventeen)
+{
+	char amqp[2048], db[2048];
+	size_t al = 0, dl = 0;
+	struct cfg_amqp a;
+	struct cfg_db d;
+	int n = 0;
+
+	for (int i = 1; i <= URL_MAX_NODES + 1; i++) {
+		if (i == URL_MAX_NODES + 1) {
+			amqp_ok(amqp, &a);
+			for (const struct cfg_amqp *x = &a; x != NULL; x = x->next) {
+				char host[16];
+
+				snprintf(host, sizeof host, "mq%d", ++n);
+				cr_assert_str_eq(x->host, host);
+			}
+			cr_assert_eq(n, 16);
+			url_amqp_free(&a);
+			n = 0;
+			db_ok(db, &d);
+			for (const struct cfg_db *x = &d; x != NULL; x = x->next)
+				n++;
+			cr_assert_eq(n, 16);
+			url_db_free(&d);
+		}
+		al += (size_t)snprintf(amqp + al, sizeof amqp - al, "%samqp://u:hunter2@mq%d/v", i > 1 ? "," : "", i);
+		dl += (size_t)snprintf(db + dl, sizeof db - dl, "%smysql://w:hunter2@db%d/inbox", i > 1 ? "," : "", i);
+		cr_assert_lt(al, sizeof amqp);
+		cr_assert_lt(dl, sizeof db);
+	}
+	amqp_bad(amqp, "more than 16 nodes in the list");
+	db_bad(db, "more than 16 nodes in the list");
+	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2/inbox,mysql://w@db3/bad-name",
+	       "node 3 of the list: bad URL: database name must be 1-64 characters of [A-Za-z0-9_$]");
+}
