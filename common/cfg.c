@@ -42,6 +42,8 @@ _Static_assert(sizeof(enum cfg_ordering) == sizeof(int), "enum cfg_ordering is a
 
 /* ---- small helpers ------------------------------------------------------ */
 
+/* ASCII only, as addr.c's (the same two lines): <ctype.h>'s follow the
+ * locale, and two one-line tests are not worth a shared header. */
 static bool is_digit(char c)
 {
 	return c >= '0' && c <= '9';

@@ -68,6 +68,8 @@ static int mq_close_code(unsigned code, const char *what)
 	return ST_ERR_MQ_CONN;
 }
 
+/* The two branches differ only in the decoded struct's type
+ * (amqp_channel_close_t, amqp_connection_close_t), which share no type. */
 unsigned mq_close_line(const amqp_method_t *method, char *buf, size_t cap)
 {
 	if (method->id == AMQP_CHANNEL_CLOSE_METHOD) {
@@ -685,19 +687,28 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 	return ST_OK;
 }
 
+int mq_ms_left(struct mq *m, const struct timespec *start, int timeout_ms, const char *what, long *left)
+{
+	struct timespec now;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, what, "clock_gettime failed");
+	*left = timeout_ms - ((now.tv_sec - start->tv_sec) * 1000L + (now.tv_nsec - start->tv_nsec) / 1000000L);
+	return ST_OK;
+}
+
 int mq_service(struct mq *m, int timeout_ms)
 {
-	struct timespec start, now;
+	struct timespec start;
 
 	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
 		return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
 	for (;;) {
 		long left;
-		int slot;
+		int slot, rc = mq_ms_left(m, &start, timeout_ms, "service", &left);
 
-		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
-			return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
-		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
+		if (rc != ST_OK)
+			return rc;
 		if (left <= 0)
 			return ST_OK;
 		if (m->nfree == 0)

@@ -14,6 +14,7 @@
 #include <amqp.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "mq.h"
 
@@ -86,6 +87,11 @@ int mq_rpc(struct mq *m, const char *what);
  * closed ...") for a channel.close or connection.close method into buf;
  * returns its reply code. */
 unsigned mq_close_line(const amqp_method_t *method, char *buf, size_t cap);
+
+/* Milliseconds left of timeout_ms since start (CLOCK_MONOTONIC) into
+ * *left: ST_OK, or ST_ERR_MQ_CONN through mq_fail when the clock fails.
+ * The bounded waits of mq_service and mq_wait_confirms. */
+int mq_ms_left(struct mq *m, const struct timespec *start, int timeout_ms, const char *what, long *left);
 
 /* Start the confirm bookkeeping of a new connection (pub.c). */
 void pub_state_init(struct pub_state *s);

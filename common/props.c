@@ -149,7 +149,9 @@ static void props_safe_name(char *out, size_t cap, const char *prefix, amqp_byte
 }
 
 /* Strict UTF-8 as MariaDB's utf8mb4 and jansson take it: no overlong
- * forms, no surrogates, nothing past U+10FFFF. */
+ * forms, no surrogates, nothing past U+10FFFF.  log.c's utf8_seq_len
+ * applies the same rules one sequence at a time (to escape a log line);
+ * the two are kept apart so that the logger depends on nothing. */
 bool props_utf8_valid(const void *p, size_t len)
 {
 	const unsigned char *s = p;
@@ -502,7 +504,7 @@ static void props_set_str(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_flags_t *fl
 }
 
 /* The inverse of props_enc_value: false when v is not a value we wrote (it
- * is then left out). */
+ * is then left out).  One branch a kind, alike in shape only. */
 static bool props_dec_value(amqp_pool_t *pool, json_t *v, amqp_field_value_t *out, int depth)
 {
 	const char *tag;

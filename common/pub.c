@@ -127,7 +127,7 @@ static void pub_track_confirm(struct mq *m, uint64_t tag, bool multiple, enum mq
  * tracked publish gets its own outcome (mq_outcome). */
 int mq_wait_confirms(struct mq *m, int timeout_ms)
 {
-	struct timespec start, now;
+	struct timespec start;
 	int rc = ST_OK;
 
 	if (!m->pub.confirming)
@@ -140,9 +140,9 @@ int mq_wait_confirms(struct mq *m, int timeout_ms)
 		long left;
 		int st;
 
-		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
-			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
-		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
+		rc = mq_ms_left(m, &start, timeout_ms, "confirm", &left);
+		if (rc != ST_OK)
+			return rc;
 		if (left <= 0)
 			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "no confirm within the time-out");
 		tv.tv_sec = left / 1000;

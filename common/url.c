@@ -500,6 +500,8 @@ static int url_list(const char *url, void *first, const struct url_kind *k, char
 	}
 }
 
+/* The hooks of the two kinds: alike by design, one pair a struct (the
+ * loop they serve is written once, url_list). */
 static int amqp_parse_node(const char *url, void *node, char *err, size_t errlen)
 {
 	return amqp_parse_one(url, node, err, errlen);
