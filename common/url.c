@@ -75,12 +75,16 @@ static bool sni_name_ok(const char *s)
 	return true;
 }
 
-/*
- * The query of an amqps:// URL: RabbitMQ's URI spec names.
- * server_name_indication replaces the URL's host in the ClientHello and, as
- * in that spec (Erlang's ssl), in the certificate's host name check (mq.c).
- */
-static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, size_t errlen)
+/* One name=value of a query: the name (name_len bytes) and the value as
+ * written, still percent-encoded (value_len bytes); ctx is the caller's.
+ * 0, or -1 with err set. */
+typedef int url_option_fn(void *ctx, const char *name, size_t name_len, const char *value, size_t value_len,
+                          char *err, size_t errlen);
+
+/* The name=value pairs of a query, separated by '&', each handed to fn.  An
+ * empty pair, or one without '=', is refused here for both kinds; what a
+ * name means, and when its value is decoded, is fn's. */
+static int url_query(const char *q, size_t n, url_option_fn *fn, void *ctx, char *err, size_t errlen)
 {
 	const char *end = q + n;
 
@@ -88,65 +92,92 @@ static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, 
 		const char *amp = memchr(q, '&', (size_t)(end - q));
 		const char *seg_end = amp != NULL ? amp : end;
 		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
-		char nm[URL_ECHO_MAX + 4], shown[URL_ECHO_MAX + 4];
-		size_t len = (size_t)((eq != NULL ? eq : seg_end) - q);
-		char **path = NULL;
-		char *value = NULL;
 
 		if (seg_end == q) {
 			addr_errf(err, errlen, "bad URL: empty option");
 			return -1;
 		}
-		snprintf(nm, sizeof nm, "%.*s", (int)(len < URL_ECHO_MAX ? len : URL_ECHO_MAX), q);
-		addr_echo(shown, sizeof shown, nm);
 		if (eq == NULL) {
+			char nm[URL_ECHO_MAX + 4], shown[URL_ECHO_MAX + 4];
+			size_t len = (size_t)(seg_end - q);
+
+			snprintf(nm, sizeof nm, "%.*s", (int)(len < URL_ECHO_MAX ? len : URL_ECHO_MAX), q);
+			addr_echo(shown, sizeof shown, nm);
 			addr_errf(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
 			return -1;
 		}
-		if (strcmp(nm, "cacertfile") == 0)
-			path = &a->cacertfile;
-		else if (strcmp(nm, "certfile") == 0)
-			path = &a->certfile;
-		else if (strcmp(nm, "keyfile") == 0)
-			path = &a->keyfile;
-		else if (strcmp(nm, "server_name_indication") == 0)
-			path = &a->sni;
-		else if (strcmp(nm, "verify") != 0 || len > URL_ECHO_MAX) {
-			addr_errf(err, errlen, "bad URL: unknown option '%s' "
-			        "(known: cacertfile, certfile, keyfile, verify, server_name_indication)", shown);
+		if (fn(ctx, q, (size_t)(eq - q), eq + 1, (size_t)(seg_end - eq - 1), err, errlen) != 0)
 			return -1;
-		}
-		if (!a->tls) {
-			addr_errf(err, errlen, "bad URL: TLS options need amqps://");
-			return -1;
-		}
-		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
-			return -1;
-		if (path == NULL) {
-			bool peer = strcmp(value, "verify_peer") == 0;
-
-			if (!peer && strcmp(value, "verify_none") != 0) {
-				free(value);
-				addr_errf(err, errlen, "bad URL: verify must be verify_peer or verify_none");
-				return -1;
-			}
-			a->tls_verify = peer;
-			free(value);
-		} else if (path == &a->sni && !sni_name_ok(value)) {
-			free(value);
-			addr_errf(err, errlen, "bad URL: server_name_indication must be a DNS name "
-			        "(letters, digits, '-' and '.', at most 253)");
-			return -1;
-		} else if (value[0] == '\0') {
-			free(value);
-			addr_errf(err, errlen, "bad URL: %s needs a path", nm);
-			return -1;
-		} else {
-			free(*path);
-			*path = value;
-		}
 		q = amp != NULL ? amp + 1 : end;
 	}
+	return 0;
+}
+
+/*
+ * An option of an amqps:// URL: RabbitMQ's URI spec names.
+ * server_name_indication replaces the URL's host in the ClientHello and, as
+ * in that spec (Erlang's ssl), in the certificate's host name check (mq.c).
+ * The name is checked before the value is decoded.
+ */
+static int amqp_option(void *ctx, const char *name, size_t len, const char *raw, size_t raw_len, char *err,
+                       size_t errlen)
+{
+	struct cfg_amqp *a = ctx;
+	char nm[URL_ECHO_MAX + 4], shown[URL_ECHO_MAX + 4];
+	char **path = NULL;
+	char *value = NULL;
+
+	snprintf(nm, sizeof nm, "%.*s", (int)(len < URL_ECHO_MAX ? len : URL_ECHO_MAX), name);
+	addr_echo(shown, sizeof shown, nm);
+	if (strcmp(nm, "cacertfile") == 0)
+		path = &a->cacertfile;
+	else if (strcmp(nm, "certfile") == 0)
+		path = &a->certfile;
+	else if (strcmp(nm, "keyfile") == 0)
+		path = &a->keyfile;
+	else if (strcmp(nm, "server_name_indication") == 0)
+		path = &a->sni;
+	else if (strcmp(nm, "verify") != 0 || len > URL_ECHO_MAX) {
+		addr_errf(err, errlen, "bad URL: unknown option '%s' "
+		        "(known: cacertfile, certfile, keyfile, verify, server_name_indication)", shown);
+		return -1;
+	}
+	if (!a->tls) {
+		addr_errf(err, errlen, "bad URL: TLS options need amqps://");
+		return -1;
+	}
+	if (addr_url_decode(raw, raw_len, "option value", &value, err, errlen) != 0)
+		return -1;
+	if (path == NULL) {
+		bool peer = strcmp(value, "verify_peer") == 0;
+
+		if (!peer && strcmp(value, "verify_none") != 0) {
+			free(value);
+			addr_errf(err, errlen, "bad URL: verify must be verify_peer or verify_none");
+			return -1;
+		}
+		a->tls_verify = peer;
+		free(value);
+	} else if (path == &a->sni && !sni_name_ok(value)) {
+		free(value);
+		addr_errf(err, errlen, "bad URL: server_name_indication must be a DNS name "
+		        "(letters, digits, '-' and '.', at most 253)");
+		return -1;
+	} else if (value[0] == '\0') {
+		free(value);
+		addr_errf(err, errlen, "bad URL: %s needs a path", nm);
+		return -1;
+	} else {
+		free(*path);
+		*path = value;
+	}
+	return 0;
+}
+
+static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, size_t errlen)
+{
+	if (url_query(q, n, amqp_option, a, err, errlen) != 0)
+		return -1;
 	if ((a->certfile == NULL) != (a->keyfile == NULL)) {
 		addr_errf(err, errlen, "bad URL: certfile and keyfile go together");
 		return -1;
@@ -331,41 +362,34 @@ static int db_tls_settle(struct cfg_db *d, const struct db_tls_opts *t, char *er
 	return 0;
 }
 
+/* The query's state while it is read: the TLS options as written. */
+struct db_query {
+	struct cfg_db *d;
+	struct db_tls_opts t;
+};
+
+/* The value is decoded before the name is looked at (db_option). */
+static int db_query_option(void *ctx, const char *name, size_t name_len, const char *raw, size_t raw_len,
+                           char *err, size_t errlen)
+{
+	struct db_query *dq = ctx;
+	char *value;
+	int rc;
+
+	if (addr_url_decode(raw, raw_len, "option value", &value, err, errlen) != 0)
+		return -1;
+	rc = db_option(dq->d, &dq->t, name, name_len, value, err, errlen);
+	free(value);
+	return rc;
+}
+
 static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size_t errlen)
 {
-	struct db_tls_opts t = { -1, -1 };
-	const char *end = q + n;
+	struct db_query dq = { d, { -1, -1 } };
 
-	while (q < end) {
-		const char *amp = memchr(q, '&', (size_t)(end - q));
-		const char *seg_end = amp != NULL ? amp : end;
-		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
-		char *value;
-		int rc;
-
-		if (seg_end == q) {
-			addr_errf(err, errlen, "bad URL: empty option");
-			return -1;
-		}
-		if (eq == NULL) {
-			char nm[URL_ECHO_MAX + 4], shown[URL_ECHO_MAX + 4];
-			size_t len = (size_t)(seg_end - q);
-
-			snprintf(nm, sizeof nm, "%.*s", (int)(len < URL_ECHO_MAX ? len : URL_ECHO_MAX), q);
-			addr_echo(shown, sizeof shown, nm);
-			addr_errf(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
-			return -1;
-		}
-		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
-		               err, errlen) != 0)
-			return -1;
-		rc = db_option(d, &t, q, (size_t)(eq - q), value, err, errlen);
-		free(value);
-		if (rc != 0)
-			return -1;
-		q = amp != NULL ? amp + 1 : end;
-	}
-	return db_tls_settle(d, &t, err, errlen);
+	if (url_query(q, n, db_query_option, &dq, err, errlen) != 0)
+		return -1;
+	return db_tls_settle(d, &dq.t, err, errlen);
 }
 
 static int db_parse_one(const char *url, struct cfg_db *out, char *err, size_t errlen)

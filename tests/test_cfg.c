@@ -1168,3 +1168,20 @@ Test(cfg, a_list_takes_sixteen_nodes_and_not_seventeen)
 	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2/inbox,mysql://w@db3/bad-name",
 	       "node 3 of the list: bad URL: database name must be 1-64 characters of [A-Za-z0-9_$]");
 }
+
+/* One query walker for both kinds (url_query), each kind keeping its order
+ * of checks: an amqps:// option's name is judged before its value is
+ * decoded, a mysql:// option's value is decoded first. */
+Test(cfg, each_kind_judges_an_option_in_its_own_order)
+{
+	amqp_bad("amqps://u:hunter2@h/v?bogus=%zz",
+	         "bad URL: unknown option 'bogus' "
+	         "(known: cacertfile, certfile, keyfile, verify, server_name_indication)");
+	amqp_bad("amqp://u:hunter2@h/v?verify=%zz", "bad URL: TLS options need amqps://");
+	amqp_bad("amqps://u:hunter2@h/v?verify=%zz", "bad URL: bad percent escape in option value");
+	db_bad("mysql://w:hunter2@h/inbox?bogus=%zz", "bad URL: bad percent escape in option value");
+	amqp_bad("amqps://u:hunter2@h/v?verify", "bad URL: option 'verify' needs a value (name=value)");
+	db_bad("mysql://w:hunter2@h/inbox?ssl", "bad URL: option 'ssl' needs a value (name=value)");
+	amqp_bad("amqps://u:hunter2@h/v?verify=verify_none&&x=1", "bad URL: empty option");
+	db_bad("mysql://w:hunter2@h/inbox?ssl=1&&ssl-verify=1", "bad URL: empty option");
+}
