@@ -69,7 +69,8 @@ static int mq_close_code(unsigned code, const char *what)
 }
 
 /* The two branches differ only in the decoded struct's type
- * (amqp_channel_close_t, amqp_connection_close_t), which share no type. */
+ * (amqp_channel_close_t, amqp_connection_close_t: the same fields, two
+ * unrelated types), so they stay two. */
 unsigned mq_close_line(const amqp_method_t *method, char *buf, size_t cap)
 {
 	if (method->id == AMQP_CHANNEL_CLOSE_METHOD) {

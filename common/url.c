@@ -238,6 +238,7 @@ fail:
 	return -1;
 }
 
+/* Alike url_amqp_free in shape only: one free a string of another struct. */
 void url_db_free(struct cfg_db *d)
 {
 	if (d == NULL)
