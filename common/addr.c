@@ -3,7 +3,7 @@
  * TCP connect fails (see addr.h).
  *
  * Why it is shaped so:
- * - The URL splitter only checks shape; cfg.c decides what each scheme
+ * - The URL splitter only checks shape; url.c decides what each scheme
  *   needs.  Its rules keep passwords out of logs: an '@' after the host
  *   means a password holds an unencoded '/' or '?', and parsing on would put
  *   part of it in the host or the path.
@@ -29,10 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define ADDR_ECHO_MAX 64
-
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void addr_errf(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -64,11 +61,12 @@ static int hex_value(char c)
 	return -1;
 }
 
-/* A value fit to quote back in a one-line error: printable ASCII only. */
-static void echo(char *dst, size_t dstlen, const char *s)
+void addr_echo(char *dst, size_t dstlen, const char *s)
 {
 	size_t n = 0;
 
+	if (s == NULL)
+		s = "";
 	for (; *s != '\0' && n + 1 < dstlen; s++) {
 		if (n == ADDR_ECHO_MAX) {
 			snprintf(dst + n, dstlen - n, "...");
@@ -93,7 +91,7 @@ int addr_url_decode(const char *s, size_t n, const char *what, char **out, char 
 
 	*out = NULL;
 	if (d == NULL) {
-		set_err(err, errlen, "out of memory");
+		addr_errf(err, errlen, "out of memory");
 		return -1;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -105,12 +103,12 @@ int addr_url_decode(const char *s, size_t n, const char *what, char **out, char 
 		int lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
 
 		if (hi < 0 || lo < 0) {
-			set_err(err, errlen, "bad URL: bad percent escape in %s", what);
+			addr_errf(err, errlen, "bad URL: bad percent escape in %s", what);
 			free(d);
 			return -1;
 		}
 		if (hi == 0 && lo == 0) {
-			set_err(err, errlen, "bad URL: %%00 not allowed in %s", what);
+			addr_errf(err, errlen, "bad URL: %%00 not allowed in %s", what);
 			free(d);
 			return -1;
 		}
@@ -130,19 +128,19 @@ int addr_url_port(const struct addr_url *v, int *port, char *err, size_t errlen)
 	if (!v->has_port)
 		return 0;
 	if (v->port_len == 0) {
-		set_err(err, errlen, "bad URL: missing port after ':'");
+		addr_errf(err, errlen, "bad URL: missing port after ':'");
 		return -1;
 	}
 	for (size_t i = 0; i < v->port_len; i++) {
 		if (!is_digit(v->port[i])) {
-			set_err(err, errlen, "bad URL: port is not a number");
+			addr_errf(err, errlen, "bad URL: port is not a number");
 			return -1;
 		}
 		if (p <= 65535)
 			p = p * 10 + (v->port[i] - '0');
 	}
 	if (p < 1 || p > 65535) {
-		set_err(err, errlen, "bad URL: port out of range [1, 65535]");
+		addr_errf(err, errlen, "bad URL: port out of range [1, 65535]");
 		return -1;
 	}
 	*port = (int)p;
@@ -156,7 +154,7 @@ int addr_url_scheme(const char *url, const char *const *schemes, const char *wan
                     size_t errlen)
 {
 	if (url == NULL || url[0] == '\0') {
-		set_err(err, errlen, "bad URL: empty");
+		addr_errf(err, errlen, "bad URL: empty");
 		return -1;
 	}
 	for (int i = 0; schemes[i] != NULL; i++) {
@@ -164,7 +162,7 @@ int addr_url_scheme(const char *url, const char *const *schemes, const char *wan
 		if (strncasecmp(url, schemes[i], *len) == 0)
 			return i;
 	}
-	set_err(err, errlen, "bad URL: scheme must be %s", want);
+	addr_errf(err, errlen, "bad URL: scheme must be %s", want);
 	return -1;
 }
 
@@ -176,12 +174,12 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 	memset(v, 0, sizeof *v);
 	for (const char *q = url; *q != '\0'; q++) {
 		if ((unsigned char)*q <= 0x20 || *q == 0x7f) {
-			set_err(err, errlen, "bad URL: contains a space or control character");
+			addr_errf(err, errlen, "bad URL: contains a space or control character");
 			return -1;
 		}
 	}
 	if (strchr(url, '#') != NULL) {
-		set_err(err, errlen, "bad URL: '#' is not allowed (percent-encode it as %%23)");
+		addr_errf(err, errlen, "bad URL: '#' is not allowed (percent-encode it as %%23)");
 		return -1;
 	}
 	auth_end = p + strcspn(p, "/?");
@@ -189,7 +187,7 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 	 * unencoded '/' or '?'; parsing on would put part of the password in
 	 * the host or path, and from there into logs. */
 	if (strchr(auth_end, '@') != NULL) {
-		set_err(err, errlen, "bad URL: '@' after the host "
+		addr_errf(err, errlen, "bad URL: '@' after the host "
 		        "(percent-encode '/', '?' and '@' in user name and password)");
 		return -1;
 	}
@@ -209,7 +207,7 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 			v->pass_len = (size_t)(at - c - 1);
 		}
 		if (v->user_len == 0) {
-			set_err(err, errlen, "bad URL: empty user name");
+			addr_errf(err, errlen, "bad URL: empty user name");
 			return -1;
 		}
 		hp = at + 1;
@@ -218,23 +216,23 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
 
 		if (close == NULL) {
-			set_err(err, errlen, "bad URL: missing ']' after IPv6 address");
+			addr_errf(err, errlen, "bad URL: missing ']' after IPv6 address");
 			return -1;
 		}
 		v->host = hp + 1;
 		v->host_len = (size_t)(close - hp - 1);
 		for (size_t i = 0; i < v->host_len; i++) {
 			if (!(hex_value(v->host[i]) >= 0 || v->host[i] == ':' || v->host[i] == '.')) {
-				set_err(err, errlen, "bad URL: bad IPv6 address");
+				addr_errf(err, errlen, "bad URL: bad IPv6 address");
 				return -1;
 			}
 		}
 		if (v->host_len == 0) {
-			set_err(err, errlen, "bad URL: missing host");
+			addr_errf(err, errlen, "bad URL: missing host");
 			return -1;
 		}
 		if (close + 1 != auth_end && close[1] != ':') {
-			set_err(err, errlen, "bad URL: expected ':' or '/' after ']'");
+			addr_errf(err, errlen, "bad URL: expected ':' or '/' after ']'");
 			return -1;
 		}
 		colon = close + 1 != auth_end ? close + 1 : NULL;
@@ -243,14 +241,14 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 		v->host = hp;
 		v->host_len = (size_t)((colon != NULL ? colon : auth_end) - hp);
 		if (colon != NULL && memchr(colon + 1, ':', (size_t)(auth_end - colon - 1)) != NULL) {
-			set_err(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
+			addr_errf(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
 			return -1;
 		}
 		for (size_t i = 0; i < v->host_len; i++) {
 			char c = v->host[i];
 
 			if (!(is_alnum(c) || c == '.' || c == '-' || c == '_')) {
-				set_err(err, errlen, "bad URL: bad character in host");
+				addr_errf(err, errlen, "bad URL: bad character in host");
 				return -1;
 			}
 		}
@@ -309,7 +307,7 @@ int addr_hostport_parse(const char *s, struct addr_hostport *out, char *err, siz
 
 	memset(out, 0, sizeof *out);
 	if (s == NULL || s[0] == '\0') {
-		set_err(err, errlen, "bad address: empty");
+		addr_errf(err, errlen, "bad address: empty");
 		return -1;
 	}
 	if (s[0] == '[') {
@@ -340,8 +338,8 @@ int addr_hostport_parse(const char *s, struct addr_hostport *out, char *err, siz
 	if (ok)
 		ok = p >= 1 && p <= 65535;
 	if (!ok) {
-		echo(shown, sizeof shown, s);
-		set_err(err, errlen, "bad address: '%s' (use host:port, :port or [v6]:port, "
+		addr_echo(shown, sizeof shown, s);
+		addr_errf(err, errlen, "bad address: '%s' (use host:port, :port or [v6]:port, "
 		        "e.g. 127.0.0.1:9464, localhost:9464, :9464, [::1]:9464; empty turns it off)", shown);
 		return -1;
 	}
@@ -381,7 +379,7 @@ int addr_listen(const struct addr_hostport *a, const char *setting, bool *is_v6,
 	snprintf(shown, sizeof shown, a->v6 ? "[%s]:%d" : "%s:%d", a->host, a->port);
 	rc = getaddrinfo(a->host[0] != '\0' ? a->host : NULL, port, &hints, &res);
 	if (rc != 0) {
-		set_err(err, errlen, "%s: cannot resolve '%s': %s", setting, a->host, gai_strerror(rc));
+		addr_errf(err, errlen, "%s: cannot resolve '%s': %s", setting, a->host, gai_strerror(rc));
 		return -1;
 	}
 	for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
@@ -403,7 +401,7 @@ int addr_listen(const struct addr_hostport *a, const char *setting, bool *is_v6,
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
-		set_err(err, errlen, "%s: port %d on %s %s (%s)", setting, a->port, shown, addr_remedy(last),
+		addr_errf(err, errlen, "%s: port %d on %s %s (%s)", setting, a->port, shown, addr_remedy(last),
 		        strerror(last));
 	return fd;
 }

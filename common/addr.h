@@ -6,7 +6,7 @@
  * the configuration check accepts is exactly what the program then uses:
  *
  *   URLs       scheme://user:pass@host:port/path?query  (addr_url_split;
- *              cfg.c reads amqp:// and mysql:// URLs through it)
+ *              url.c reads amqp:// and mysql:// URLs through it)
  *   listeners  host:port, :port, [v6]:port  (addr_hostport_parse; the
  *              INBOX_METRICS_ADDR check and the metrics server both use it)
  *
@@ -20,6 +20,16 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+/* One-line errors about what an operator wrote, the convention of the
+ * modules that read it (addr, url, cfg): printf into err (nothing when
+ * err is NULL or errlen 0), and a value quoted back in one: printable
+ * ASCII only ('?' for the rest), cut after ADDR_ECHO_MAX bytes with "...",
+ * "" for NULL: a buffer of ADDR_ECHO_MAX + 4 holds any. */
+#define ADDR_ECHO_MAX 64
+__attribute__((format(printf, 3, 4)))
+void addr_errf(char *err, size_t errlen, const char *fmt, ...);
+void addr_echo(char *dst, size_t dstlen, const char *s);
 
 /* The pieces of scheme://user:pass@host:port/path?query, pointing into the
  * URL.  Lengths rather than copies: nothing to free on the error paths. */

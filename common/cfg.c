@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -30,9 +29,10 @@
 
 #include "addr.h"
 #include "config.h"
+#include "url.h"
 
 #define CFG_FILE_MAX 4096  /* a *_URL_FILE larger than this is not a URL */
-#define CFG_ECHO_MAX 64    /* bytes of a bad value quoted back in an error */
+#define CFG_ECHO_MAX ADDR_ECHO_MAX /* bytes of a bad value quoted back in an error */
 #define CFG_REASON_MAX 256
 
 /* Values are written through int * into enum fields; keep that honest. */
@@ -42,48 +42,8 @@ _Static_assert(sizeof(enum cfg_ordering) == sizeof(int), "enum cfg_ordering is a
 
 /* ---- small helpers ------------------------------------------------------ */
 
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err == NULL || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
-/* A value fit to quote back in a one-line error: printable ASCII only,
- * at most CFG_ECHO_MAX bytes. */
-static void echo(char *dst, size_t dstlen, const char *s)
-{
-	size_t n = 0;
-
-	if (s == NULL)
-		s = "";
-	for (; *s != '\0' && n + 1 < dstlen; s++) {
-		if (n == CFG_ECHO_MAX) {
-			snprintf(dst + n, dstlen - n, "...");
-			return;
-		}
-		dst[n++] = (*s >= 0x20 && *s < 0x7f) ? *s : '?';
-	}
-	dst[n] = '\0';
-}
-
-/* A NUL-terminated copy of s[0..n); the caller frees it. */
-static char *dup_range(const char *s, size_t n)
-{
-	char *p = malloc(n + 1);
-
-	if (p != NULL) {
-		memcpy(p, s, n);
-		p[n] = '\0';
-	}
-	return p;
-}
-
+/* ASCII only, as addr.c's (the same two lines): <ctype.h>'s follow the
+ * locale, and two one-line tests are not worth a shared header. */
 static bool is_digit(char c)
 {
 	return c >= '0' && c <= '9';
@@ -115,20 +75,20 @@ int cfg_parse_long(const char *s, long min, long max, long *out, char *err, size
 	char *end;
 	long v;
 
-	echo(shown, sizeof shown, s);
+	addr_echo(shown, sizeof shown, s);
 	/* strtol alone would accept " 8", "+8" and "" (as 0). */
 	if (s == NULL || !(is_digit(s[0]) || (s[0] == '-' && is_digit(s[1])))) {
-		set_err(err, errlen, "not a number: '%s'", shown);
+		addr_errf(err, errlen, "not a number: '%s'", shown);
 		return -1;
 	}
 	errno = 0;
 	v = strtol(s, &end, 10);
 	if (*end != '\0') {
-		set_err(err, errlen, "not a number: '%s'", shown);
+		addr_errf(err, errlen, "not a number: '%s'", shown);
 		return -1;
 	}
 	if (errno == ERANGE || v < min || v > max) {
-		set_err(err, errlen, "out of range [%ld, %ld]: '%s'", min, max, shown);
+		addr_errf(err, errlen, "out of range [%ld, %ld]: '%s'", min, max, shown);
 		return -1;
 	}
 	*out = v;
@@ -141,7 +101,7 @@ int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen)
 	char *end;
 	long v, mult;
 
-	echo(shown, sizeof shown, s);
+	addr_echo(shown, sizeof shown, s);
 	if (s == NULL || !is_digit(s[0]))
 		goto bad;
 	errno = 0;
@@ -163,512 +123,13 @@ int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen)
 	*seconds = v * mult;
 	return 0;
 bad:
-	set_err(err, errlen, "bad duration: '%s' (use e.g. 30s, 10m, 7d)", shown);
+	addr_errf(err, errlen, "bad duration: '%s' (use e.g. 30s, 10m, 7d)", shown);
 	return -1;
 too_large:
-	set_err(err, errlen, "duration too large: '%s'", shown);
+	addr_errf(err, errlen, "duration too large: '%s'", shown);
 	return -1;
 }
 
-/* ---- URLs --------------------------------------------------------------- */
-
-void cfg_amqp_free(struct cfg_amqp *a)
-{
-	if (a == NULL)
-		return;
-	free(a->host);
-	free(a->user);
-	free(a->password);
-	free(a->vhost);
-	free(a->cacertfile);
-	free(a->certfile);
-	free(a->keyfile);
-	free(a->sni);
-	free(a->redacted);
-	if (a->next != NULL) {
-		cfg_amqp_free(a->next);
-		free(a->next);
-	}
-	memset(a, 0, sizeof *a);
-}
-
-/* A DNS name as SNI carries it (RFC 6066: no IP literals, no trailing
- * dot); kept strict so that nothing odd reaches the ClientHello. */
-static bool sni_name_ok(const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n == 0 || n > 253 || s[0] == '.' || s[n - 1] == '.' || strspn(s, "0123456789.") == n)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)s[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-		      c == '.'))
-			return false;
-	}
-	return true;
-}
-
-/*
- * The query of an amqps:// URL: RabbitMQ's URI spec names.
- * server_name_indication replaces the URL's host in the ClientHello and, as
- * in that spec (Erlang's ssl), in the certificate's host name check (mq.c).
- */
-static int amqp_options(struct cfg_amqp *a, const char *q, size_t n, char *err, size_t errlen)
-{
-	const char *end = q + n;
-
-	while (q < end) {
-		const char *amp = memchr(q, '&', (size_t)(end - q));
-		const char *seg_end = amp != NULL ? amp : end;
-		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
-		char nm[CFG_ECHO_MAX + 4], shown[CFG_ECHO_MAX + 4];
-		size_t len = (size_t)((eq != NULL ? eq : seg_end) - q);
-		char **path = NULL;
-		char *value = NULL;
-
-		if (seg_end == q) {
-			set_err(err, errlen, "bad URL: empty option");
-			return -1;
-		}
-		snprintf(nm, sizeof nm, "%.*s", (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), q);
-		echo(shown, sizeof shown, nm);
-		if (eq == NULL) {
-			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
-			return -1;
-		}
-		if (strcmp(nm, "cacertfile") == 0)
-			path = &a->cacertfile;
-		else if (strcmp(nm, "certfile") == 0)
-			path = &a->certfile;
-		else if (strcmp(nm, "keyfile") == 0)
-			path = &a->keyfile;
-		else if (strcmp(nm, "server_name_indication") == 0)
-			path = &a->sni;
-		else if (strcmp(nm, "verify") != 0 || len > CFG_ECHO_MAX) {
-			set_err(err, errlen, "bad URL: unknown option '%s' "
-			        "(known: cacertfile, certfile, keyfile, verify, server_name_indication)", shown);
-			return -1;
-		}
-		if (!a->tls) {
-			set_err(err, errlen, "bad URL: TLS options need amqps://");
-			return -1;
-		}
-		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value, err, errlen) != 0)
-			return -1;
-		if (path == NULL) {
-			bool peer = strcmp(value, "verify_peer") == 0;
-
-			if (!peer && strcmp(value, "verify_none") != 0) {
-				free(value);
-				set_err(err, errlen, "bad URL: verify must be verify_peer or verify_none");
-				return -1;
-			}
-			a->tls_verify = peer;
-			free(value);
-		} else if (path == &a->sni && !sni_name_ok(value)) {
-			free(value);
-			set_err(err, errlen, "bad URL: server_name_indication must be a DNS name "
-			        "(letters, digits, '-' and '.', at most 253)");
-			return -1;
-		} else if (value[0] == '\0') {
-			free(value);
-			set_err(err, errlen, "bad URL: %s needs a path", nm);
-			return -1;
-		} else {
-			free(*path);
-			*path = value;
-		}
-		q = amp != NULL ? amp + 1 : end;
-	}
-	if ((a->certfile == NULL) != (a->keyfile == NULL)) {
-		set_err(err, errlen, "bad URL: certfile and keyfile go together");
-		return -1;
-	}
-	return 0;
-}
-
-static int amqp_parse_one(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
-{
-	static const char *const schemes[] = { "amqp://", "amqps://", NULL };
-	struct cfg_amqp a = { 0 };
-	struct addr_url v;
-	size_t scheme_len;
-	int scheme;
-
-	memset(out, 0, sizeof *out);
-	scheme = addr_url_scheme(url, schemes, "amqp:// or amqps://", &scheme_len, err, errlen);
-	if (scheme < 0)
-		return -1;
-	a.tls = scheme == 1;
-	a.tls_verify = a.tls;
-	a.port = a.tls ? 5671 : 5672;
-	if (addr_url_split(url, scheme_len, &v, err, errlen) != 0 ||
-	    addr_url_port(&v, &a.port, err, errlen) != 0)
-		return -1;
-	if (v.host_len == 0) {
-		set_err(err, errlen, "bad URL: missing host");
-		return -1;
-	}
-	if (v.has_query && amqp_options(&a, v.query, v.query_len, err, errlen) != 0)
-		goto fail;
-	if (v.has_path && memchr(v.path, '/', v.path_len) != NULL) {
-		set_err(err, errlen, "bad URL: vhost must not contain '/' (write it as %%2f)");
-		goto fail;
-	}
-	/* rabbitmq-c's rules: user and password default to guest each. */
-	if (addr_url_decode(v.has_user ? v.user : "guest", v.has_user ? v.user_len : 5,
-	               "user name", &a.user, err, errlen) != 0 ||
-	    addr_url_decode(v.has_pass ? v.pass : "guest", v.has_pass ? v.pass_len : 5,
-	               "password", &a.password, err, errlen) != 0 ||
-	    addr_url_decode(v.path_len > 0 ? v.path : "/", v.path_len > 0 ? v.path_len : 1,
-	               "vhost", &a.vhost, err, errlen) != 0)
-		goto fail;
-	if (strlen(a.vhost) > 255) {
-		set_err(err, errlen, "bad URL: vhost longer than 255 bytes");
-		goto fail;
-	}
-	a.host = dup_range(v.host, v.host_len);
-	a.redacted = addr_url_redact(url, &v);
-	if (a.host == NULL || a.redacted == NULL) {
-		set_err(err, errlen, "out of memory");
-		goto fail;
-	}
-	*out = a;
-	return 0;
-fail:
-	cfg_amqp_free(&a);
-	return -1;
-}
-
-void cfg_db_free(struct cfg_db *d)
-{
-	if (d == NULL)
-		return;
-	free(d->host);
-	free(d->user);
-	free(d->password);
-	free(d->database);
-	free(d->socket);
-	free(d->ssl_ca);
-	free(d->ssl_capath);
-	free(d->ssl_cert);
-	free(d->ssl_key);
-	free(d->redacted);
-	if (d->next != NULL) {
-		cfg_db_free(d->next);
-		free(d->next);
-	}
-	memset(d, 0, sizeof *d);
-}
-
-static int parse_bool(const char *s, bool *out)
-{
-	if (strcmp(s, "1") == 0 || strcasecmp(s, "true") == 0) {
-		*out = true;
-		return 0;
-	}
-	if (strcmp(s, "0") == 0 || strcasecmp(s, "false") == 0) {
-		*out = false;
-		return 0;
-	}
-	return -1;
-}
-
-/* The TLS options as written, before they are settled into ssl and
- * ssl_verify: -1 unset, else 0 or 1. */
-struct db_tls_opts {
-	int ssl, verify;
-};
-
-/* One "name=value" of the query.  value is already percent-decoded. */
-static int db_option(struct cfg_db *d, struct db_tls_opts *t, const char *name, size_t name_len,
-                     const char *value, char *err, size_t errlen)
-{
-	char shown[CFG_ECHO_MAX + 4];
-	char nm[CFG_ECHO_MAX + 1];
-	char reason[CFG_REASON_MAX];
-	char **path = NULL;
-	long t_s;
-
-	snprintf(nm, sizeof nm, "%.*s", (int)(name_len < CFG_ECHO_MAX ? name_len : CFG_ECHO_MAX),
-	         name);
-	echo(shown, sizeof shown, nm);
-	if (strcmp(nm, "ssl") == 0 || strcmp(nm, "ssl-verify") == 0) {
-		bool b;
-
-		if (parse_bool(value, &b) != 0) {
-			set_err(err, errlen, "bad URL: %s must be 0, 1, true or false", nm);
-			return -1;
-		}
-		*(nm[3] == '\0' ? &t->ssl : &t->verify) = b ? 1 : 0;
-		return 0;
-	}
-	if (strcmp(nm, "connect-timeout") == 0) {
-		if (cfg_parse_long(value, 1, 3600, &t_s, reason, sizeof reason) != 0) {
-			set_err(err, errlen, "bad URL: connect-timeout: %s", reason);
-			return -1;
-		}
-		d->connect_timeout_s = (int)t_s;
-		return 0;
-	}
-	if (strcmp(nm, "ssl-ca") == 0)
-		path = &d->ssl_ca;
-	else if (strcmp(nm, "ssl-capath") == 0)
-		path = &d->ssl_capath;
-	else if (strcmp(nm, "ssl-cert") == 0)
-		path = &d->ssl_cert;
-	else if (strcmp(nm, "ssl-key") == 0)
-		path = &d->ssl_key;
-	else if (strcmp(nm, "socket") == 0)
-		path = &d->socket;
-	if (path == NULL || name_len > CFG_ECHO_MAX) {
-		set_err(err, errlen, "bad URL: unknown option '%s' "
-		        "(known: ssl, ssl-ca, ssl-capath, ssl-cert, ssl-key, ssl-verify, socket, "
-		        "connect-timeout)", shown);
-		return -1;
-	}
-	if (value[0] == '\0') {
-		set_err(err, errlen, "bad URL: %s needs a path", nm);
-		return -1;
-	}
-	free(*path);
-	*path = strdup(value);
-	if (*path == NULL) {
-		set_err(err, errlen, "out of memory");
-		return -1;
-	}
-	return 0;
-}
-
-/*
- * Settle TLS from the options as written.  A client that was given a CA,
- * a certificate or a verify flag and still talks in plain text protects
- * nothing while looking as if it did, so any of them turns TLS on; and TLS
- * without verifying the server's certificate stops only a passive
- * listener, so verifying is the default and ssl-verify=0 the way out.
- */
-static int db_tls_settle(struct cfg_db *d, const struct db_tls_opts *t, char *err, size_t errlen)
-{
-	bool files = d->ssl_ca != NULL || d->ssl_capath != NULL || d->ssl_cert != NULL || d->ssl_key != NULL;
-
-	if (t->ssl == 0 && (files || t->verify == 1)) {
-		set_err(err, errlen, "bad URL: ssl=0 contradicts the other ssl-* options");
-		return -1;
-	}
-	if ((d->ssl_cert == NULL) != (d->ssl_key == NULL)) {
-		set_err(err, errlen, "bad URL: ssl-cert and ssl-key go together");
-		return -1;
-	}
-	d->ssl = t->ssl == 1 || (t->ssl == -1 && (files || t->verify != -1));
-	d->ssl_verify = d->ssl && t->verify != 0;
-	return 0;
-}
-
-static int db_options(struct cfg_db *d, const char *q, size_t n, char *err, size_t errlen)
-{
-	struct db_tls_opts t = { -1, -1 };
-	const char *end = q + n;
-
-	while (q < end) {
-		const char *amp = memchr(q, '&', (size_t)(end - q));
-		const char *seg_end = amp != NULL ? amp : end;
-		const char *eq = memchr(q, '=', (size_t)(seg_end - q));
-		char *value;
-		int rc;
-
-		if (seg_end == q) {
-			set_err(err, errlen, "bad URL: empty option");
-			return -1;
-		}
-		if (eq == NULL) {
-			char nm[CFG_ECHO_MAX + 4], shown[CFG_ECHO_MAX + 4];
-			size_t len = (size_t)(seg_end - q);
-
-			snprintf(nm, sizeof nm, "%.*s", (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), q);
-			echo(shown, sizeof shown, nm);
-			set_err(err, errlen, "bad URL: option '%s' needs a value (name=value)", shown);
-			return -1;
-		}
-		if (addr_url_decode(eq + 1, (size_t)(seg_end - eq - 1), "option value", &value,
-		               err, errlen) != 0)
-			return -1;
-		rc = db_option(d, &t, q, (size_t)(eq - q), value, err, errlen);
-		free(value);
-		if (rc != 0)
-			return -1;
-		q = amp != NULL ? amp + 1 : end;
-	}
-	return db_tls_settle(d, &t, err, errlen);
-}
-
-static int db_parse_one(const char *url, struct cfg_db *out, char *err, size_t errlen)
-{
-	static const char *const schemes[] = { "mysql://", "mariadb://", NULL };
-	struct cfg_db d = { 0 };
-	struct addr_url v;
-	size_t scheme_len;
-
-	memset(out, 0, sizeof *out);
-	if (addr_url_scheme(url, schemes, "mysql:// or mariadb://", &scheme_len, err, errlen) < 0)
-		return -1;
-	d.port = 3306;
-	d.connect_timeout_s = 5;
-	if (addr_url_split(url, scheme_len, &v, err, errlen) != 0 ||
-	    addr_url_port(&v, &d.port, err, errlen) != 0)
-		return -1;
-	if (!v.has_user) {
-		set_err(err, errlen, "bad URL: missing user name (mysql://user:pass@host/db)");
-		return -1;
-	}
-	if (v.path_len == 0) {
-		set_err(err, errlen, "bad URL: missing database name (mysql://user:pass@host/db)");
-		return -1;
-	}
-	if (addr_url_decode(v.user, v.user_len, "user name", &d.user, err, errlen) != 0 ||
-	    addr_url_decode(v.has_pass ? v.pass : "", v.pass_len, "password", &d.password,
-	               err, errlen) != 0 ||
-	    addr_url_decode(v.path, v.path_len, "database name", &d.database, err, errlen) != 0)
-		goto fail;
-	{
-		size_t n = strlen(d.database);
-		bool ok = n >= 1 && n <= 64;
-
-		for (size_t i = 0; ok && i < n; i++)
-			ok = is_alnum(d.database[i]) || d.database[i] == '_' || d.database[i] == '$';
-		if (!ok) {
-			set_err(err, errlen,
-			        "bad URL: database name must be 1-64 characters of [A-Za-z0-9_$]");
-			goto fail;
-		}
-	}
-	if (v.has_query && db_options(&d, v.query, v.query_len, err, errlen) != 0)
-		goto fail;
-	if (v.host_len == 0 && d.socket == NULL) {
-		set_err(err, errlen, "bad URL: missing host");
-		goto fail;
-	}
-	/* With ?socket= and no host, the client library wants "localhost". */
-	d.host = v.host_len > 0 ? dup_range(v.host, v.host_len) : strdup("localhost");
-	d.redacted = addr_url_redact(url, &v);
-	if (d.host == NULL || d.redacted == NULL) {
-		set_err(err, errlen, "out of memory");
-		goto fail;
-	}
-	*out = d;
-	return 0;
-fail:
-	cfg_db_free(&d);
-	return -1;
-}
-
-/* ---- lists of nodes ------------------------------------------------------ */
-
-/*
- * The next URL of a comma-separated list of one cluster's nodes, in *one
- * (the caller frees it); *p moves past it and *last says whether it ended
- * the list.  A comma never occurs unescaped in one of our URLs (a password
- * or a path that holds one writes it %2C), so splitting first is safe.
- */
-static int list_next(const char **p, int place, char **one, bool *last, char *err, size_t errlen)
-{
-	const char *comma = strchr(*p, ',');
-	size_t len = comma != NULL ? (size_t)(comma - *p) : strlen(*p);
-
-	*one = NULL;
-	if (place > CFG_MAX_NODES) {
-		set_err(err, errlen, "more than %d nodes in the list", CFG_MAX_NODES);
-		return -1;
-	}
-	if (len == 0 && (comma != NULL || place > 1)) {
-		set_err(err, errlen, "node %d of the list: empty", place);
-		return -1;
-	}
-	*one = dup_range(*p, len);
-	if (*one == NULL) {
-		set_err(err, errlen, "out of memory");
-		return -1;
-	}
-	*last = comma == NULL;
-	*p = comma != NULL ? comma + 1 : *p + len;
-	return 0;
-}
-
-/* A node's own error, prefixed with its place when there are several. */
-static void list_err(bool many, int place, const char *why, char *err, size_t errlen)
-{
-	if (many)
-		set_err(err, errlen, "node %d of the list: %s", place, why);
-	else
-		set_err(err, errlen, "%s", why);
-}
-
-int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen)
-{
-	struct cfg_amqp *node = out;
-	const char *p = url;
-	bool many = strchr(url, ',') != NULL, last = false;
-
-	memset(out, 0, sizeof *out);
-	for (int place = 1;; place++) {
-		char *one, why[256];
-		int rc;
-
-		if (list_next(&p, place, &one, &last, err, errlen) != 0)
-			goto fail;
-		rc = amqp_parse_one(one, node, why, sizeof why);
-		free(one);
-		if (rc != 0) {
-			list_err(many, place, why, err, errlen);
-			goto fail;
-		}
-		if (last)
-			return 0;
-		node->next = calloc(1, sizeof *node->next);
-		if (node->next == NULL) {
-			set_err(err, errlen, "out of memory");
-			goto fail;
-		}
-		node = node->next;
-	}
-fail:
-	cfg_amqp_free(out); /* a node that failed was left empty */
-	return -1;
-}
-
-int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen)
-{
-	struct cfg_db *node = out;
-	const char *p = url;
-	bool many = strchr(url, ',') != NULL, last = false;
-
-	memset(out, 0, sizeof *out);
-	for (int place = 1;; place++) {
-		char *one, why[256];
-		int rc;
-
-		if (list_next(&p, place, &one, &last, err, errlen) != 0)
-			goto fail;
-		rc = db_parse_one(one, node, why, sizeof why);
-		free(one);
-		if (rc != 0) {
-			list_err(many, place, why, err, errlen);
-			goto fail;
-		}
-		if (last)
-			return 0;
-		node->next = calloc(1, sizeof *node->next);
-		if (node->next == NULL) {
-			set_err(err, errlen, "out of memory");
-			goto fail;
-		}
-		node = node->next;
-	}
-fail:
-	cfg_db_free(out);
-	return -1;
-}
 
 /* ---- the table of settings --------------------------------------------- */
 
@@ -805,8 +266,8 @@ static int check_name(const char *v, long max, char *reason, size_t n)
 		ok = is_alnum(v[i]) || v[i] == '.' || v[i] == '_' || v[i] == ':' || v[i] == '-';
 	if (ok)
 		return 0;
-	echo(shown, sizeof shown, v);
-	set_err(reason, n, "must be 1-%ld characters of [A-Za-z0-9._:-]: '%s'", max, shown);
+	addr_echo(shown, sizeof shown, v);
+	addr_errf(reason, n, "must be 1-%ld characters of [A-Za-z0-9._:-]: '%s'", max, shown);
 	return -1;
 }
 
@@ -844,9 +305,9 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 		if (cfg_parse_duration(raw, &v, reason, n) != 0)
 			return -1;
 		if (v < s->min || v > s->max) {
-			echo(shown, sizeof shown, raw);
+			addr_echo(shown, sizeof shown, raw);
 			fmt_duration(lim, sizeof lim, v < s->min ? s->min : s->max);
-			set_err(reason, n, "must be at %s %s: '%s'", v < s->min ? "least" : "most",
+			addr_errf(reason, n, "must be at %s %s: '%s'", v < s->min ? "least" : "most",
 			        lim, shown);
 			return -1;
 		}
@@ -860,12 +321,12 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 		if (s->kind == K_ADDR && check_addr(raw, reason, n) != 0)
 			return -1;
 		if (s->kind == K_PATH && raw[0] == '\0') {
-			set_err(reason, n, "must not be empty");
+			addr_errf(reason, n, "must not be empty");
 			return -1;
 		}
 		*(char **)field = strdup(raw);
 		if (*(char **)field == NULL) {
-			set_err(reason, n, "out of memory");
+			addr_errf(reason, n, "out of memory");
 			return -1;
 		}
 		return 0;
@@ -883,19 +344,19 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 			if (used >= sizeof list)
 				break;
 		}
-		echo(shown, sizeof shown, raw);
-		set_err(reason, n, "must be one of %s: '%s'", list, shown);
+		addr_echo(shown, sizeof shown, raw);
+		addr_errf(reason, n, "must be one of %s: '%s'", list, shown);
 		return -1;
 	}
 	case K_AMQP_URL:
-		return cfg_parse_amqp_url(raw, field, reason, n);
+		return url_parse_amqp(raw, field, reason, n);
 	case K_DB_URL:
 		/* Only an optional URL has an empty default: unset. */
 		if (raw[0] == '\0' && s->def != NULL && s->def[0] == '\0')
 			return 0;
-		return cfg_parse_db_url(raw, field, reason, n);
+		return url_parse_db(raw, field, reason, n);
 	}
-	set_err(reason, n, "internal error: unknown kind");
+	addr_errf(reason, n, "internal error: unknown kind");
 	return -1;
 }
 
@@ -909,13 +370,13 @@ static int read_value_file(const char *path, char **out, char *reason, size_t n)
 	int fd;
 
 	*out = NULL;
-	echo(shown, sizeof shown, path);
+	addr_echo(shown, sizeof shown, path);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		goto fail_errno;
 	buf = malloc(CFG_FILE_MAX + 1);
 	if (buf == NULL) {
-		set_err(reason, n, "out of memory");
+		addr_errf(reason, n, "out of memory");
 		goto fail;
 	}
 	for (;;) {
@@ -929,14 +390,14 @@ static int read_value_file(const char *path, char **out, char *reason, size_t n)
 			break;
 		len += (size_t)r;
 		if (len > CFG_FILE_MAX) {
-			set_err(reason, n, "'%s' is larger than %d bytes", shown, CFG_FILE_MAX);
+			addr_errf(reason, n, "'%s' is larger than %d bytes", shown, CFG_FILE_MAX);
 			goto fail;
 		}
 	}
 	close(fd);
 	fd = -1;
 	if (memchr(buf, '\0', len) != NULL) {
-		set_err(reason, n, "'%s' holds a NUL byte", shown);
+		addr_errf(reason, n, "'%s' holds a NUL byte", shown);
 		goto fail;
 	}
 	while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' ||
@@ -946,7 +407,7 @@ static int read_value_file(const char *path, char **out, char *reason, size_t n)
 	*out = buf;
 	return 0;
 fail_errno:
-	set_err(reason, n, "cannot read '%s': %s", shown, strerror(errno));
+	addr_errf(reason, n, "cannot read '%s': %s", shown, strerror(errno));
 fail:
 	free(buf);
 	if (fd >= 0)
@@ -969,7 +430,7 @@ static int load_setting(const struct cfg_setting *s, const char *flag_val,
 	int rc;
 
 	if (flag_val != NULL && flag_file != NULL) {
-		set_err(err, errlen, "%s: both --%s and --%s are given; use one", s->env, s->flag,
+		addr_errf(err, errlen, "%s: both --%s and --%s are given; use one", s->env, s->flag,
 		        s->file_flag);
 		return -1;
 	}
@@ -977,7 +438,7 @@ static int load_setting(const struct cfg_setting *s, const char *flag_val,
 		raw = getenv(s->env);
 		file = s->file_env != NULL ? getenv(s->file_env) : NULL;
 		if (raw != NULL && file != NULL) {
-			set_err(err, errlen, "%s: both %s and %s are set; use one", s->env, s->env,
+			addr_errf(err, errlen, "%s: both %s and %s are set; use one", s->env, s->env,
 			        s->file_env);
 			return -1;
 		}
@@ -985,7 +446,7 @@ static int load_setting(const struct cfg_setting *s, const char *flag_val,
 	if (file != NULL) {
 		name = s->file_env;
 		if (read_value_file(file, &owned, reason, sizeof reason) != 0) {
-			set_err(err, errlen, "%s: %s", name, reason);
+			addr_errf(err, errlen, "%s: %s", name, reason);
 			return -1;
 		}
 		raw = owned;
@@ -994,7 +455,7 @@ static int load_setting(const struct cfg_setting *s, const char *flag_val,
 		raw = default_value(s);
 	rc = parse_value(s, raw, out, reason, sizeof reason);
 	if (rc != 0)
-		set_err(err, errlen, "%s: %s", name, reason);
+		addr_errf(err, errlen, "%s: %s", name, reason);
 	free(owned);
 	return rc;
 }
@@ -1048,7 +509,7 @@ static enum cfg_result parse_flags(int argc, char **argv, const char **vals, con
 		if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
 			/* Not echoed: it may be a URL with a password. */
 			if (!failed)
-				set_err(err, errlen, "argument %d: unexpected; settings are given as "
+				addr_errf(err, errlen, "argument %d: unexpected; settings are given as "
 				        "--flag value or INBOX_* variables (see --help)", i);
 			failed = true;
 			continue;
@@ -1062,9 +523,9 @@ static enum cfg_result parse_flags(int argc, char **argv, const char **vals, con
 
 			snprintf(nm, sizeof nm, "%.*s",
 			         (int)(len < CFG_ECHO_MAX ? len : CFG_ECHO_MAX), name);
-			echo(shown, sizeof shown, nm);
+			addr_echo(shown, sizeof shown, nm);
 			if (!failed)
-				set_err(err, errlen, "--%s: unknown flag (see --help)", shown);
+				addr_errf(err, errlen, "--%s: unknown flag (see --help)", shown);
 			failed = true;
 			continue;
 		}
@@ -1074,7 +535,7 @@ static enum cfg_result parse_flags(int argc, char **argv, const char **vals, con
 			value = argv[++i];
 		} else {
 			if (!failed)
-				set_err(err, errlen, "--%s: missing value",
+				addr_errf(err, errlen, "--%s: missing value",
 				        is_file ? s->file_flag : s->flag);
 			failed = true;
 			continue;
@@ -1108,7 +569,7 @@ enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size
 	enum cfg_result r;
 
 	memset(out, 0, sizeof *out);
-	set_err(err, errlen, "%s", "");
+	addr_errf(err, errlen, "%s", "");
 	r = parse_flags(argc, argv, vals, files, err, errlen);
 	if (r != CFG_OK)
 		return r;
@@ -1123,7 +584,7 @@ enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size
 	if (out->batch > out->prefetch && cfg_batch_defaulted(vals, files))
 		out->batch = out->prefetch;
 	if (out->batch > out->prefetch) {
-		set_err(err, errlen, "INBOX_BATCH: must not exceed INBOX_PREFETCH (%d): '%d'",
+		addr_errf(err, errlen, "INBOX_BATCH: must not exceed INBOX_PREFETCH (%d): '%d'",
 		        out->prefetch, out->batch);
 		goto fail;
 	}
@@ -1181,9 +642,9 @@ void cfg_free(struct cfg *c)
 {
 	if (c == NULL)
 		return;
-	cfg_amqp_free(&c->amqp);
-	cfg_db_free(&c->db);
-	cfg_db_free(&c->migrate_db);
+	url_amqp_free(&c->amqp);
+	url_db_free(&c->db);
+	url_db_free(&c->migrate_db);
 	free(c->consumer);
 	free(c->queue);
 	free(c->exchange);

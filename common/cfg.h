@@ -41,7 +41,7 @@ struct cfg_amqp {
 	char *redacted;  /* the URL with the password replaced by "***" */
 	/* The next node of the same cluster (INBOX_AMQP_URL lists several,
 	 * comma-separated), NULL after the last; owned by this node and
-	 * freed with it by cfg_amqp_free. */
+	 * freed with it by url_amqp_free. */
 	struct cfg_amqp *next;
 };
 
@@ -64,7 +64,7 @@ struct cfg_db {
 	int connect_timeout_s; /* ?connect-timeout=5, default 5 */
 	char *redacted;
 	/* The next node of the same cluster (comma-separated URLs), NULL
-	 * after the last; owned by this node, freed by cfg_db_free. */
+	 * after the last; owned by this node, freed by url_db_free. */
 	struct cfg_db *next;
 };
 
@@ -151,18 +151,10 @@ void cfg_scrub_argv(int argc, char **argv);
 /* Print every setting with its variable, flag, default and meaning. */
 void cfg_print_help(FILE *f, const char *usage_line);
 
-/* Building blocks, exposed for tests and for loadgen.  Each returns 0 or -1
- * with a reason in err (without the setting's name).  Strings they allocate
- * belong to the struct and are released by cfg_amqp_free / cfg_db_free.
- * A URL setting may list several comma-separated URLs, the nodes of one
- * cluster (at most CFG_MAX_NODES): the first fills *out, the others hang
- * from out->next in the same order; a bad one is named by its place. */
-#define CFG_MAX_NODES 16
+/* Building blocks, exposed for tests, loadgen and the other readers of
+ * settings.  Each returns 0 or -1 with a reason in err (without the
+ * setting's name).  The URL settings are parsed by url.h. */
 int cfg_parse_duration(const char *s, long *seconds, char *err, size_t errlen);
 int cfg_parse_long(const char *s, long min, long max, long *out, char *err, size_t errlen);
-int cfg_parse_amqp_url(const char *url, struct cfg_amqp *out, char *err, size_t errlen);
-int cfg_parse_db_url(const char *url, struct cfg_db *out, char *err, size_t errlen);
-void cfg_amqp_free(struct cfg_amqp *a);
-void cfg_db_free(struct cfg_db *d);
 
 #endif

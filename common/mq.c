@@ -4,6 +4,10 @@
  * human line for logs.  After any failure other than a time-out the
  * connection is considered broken: callers close it and open a new one, which
  * is simpler and safer than repairing a half-closed channel.
+ *
+ * This file holds the connection (open, TLS, close), the topology and the
+ * consuming side; publishing with confirms is pub.c, properties <-> JSON
+ * props.c.  struct mq itself is in mq_private.h, shared with pub.c.
  */
 #include "mq.h"
 
@@ -13,8 +17,6 @@
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <amqp_tcp_socket.h>
-#include <jansson.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,69 +26,16 @@
 
 #include "addr.h"
 #include "log.h"
+#include "mq_private.h"
+#include "props.h"
 #include "status.h"
 
-#define MQ_CHANNEL 1
-/* Headers of an outgoing message: the saved ones (at most
- * MQ_HEADERS_KEEP) plus ours. */
-#define MQ_HEADERS_MAX (MQ_HEADERS_KEEP + 16)
-/* Deliveries one connection can hold at once (a batch); each has its own
- * envelope, so they can be settled together. */
-#define MQ_MAX_HELD 512
-_Static_assert(MQ_MAX_HELD >= CFG_BATCH_MAX, "a connection must hold a whole batch of deliveries");
-
-/* Consumers one channel can carry: a thread consumes at most every shard. */
-#define MQ_MAX_CONSUMERS 64
-
-struct mq_consumer {
-	char tag[128];          /* the broker's consumer tag */
-	char queue[256];
-	int prefetch;
-	bool cancelled;         /* the broker sent basic.cancel for it */
-};
-
-struct mq {
-	amqp_connection_state_t conn;
-	bool broken;
-	bool confirming;
-	uint64_t next_seq;      /* delivery tag of the next publish */
-	uint64_t confirmed;     /* all seq <= confirmed are settled */
-	bool nacked;            /* a nack or return arrived since the last wait */
-	/* Outcomes of the last MQ_TRACK_MAX publishes, at seq % MQ_TRACK_MAX
-	 * (see mq_outcome); track_pending counts those still awaiting their
-	 * ack or nack, so that a wait ends only when each one is settled. */
-	struct mq_track {
-		uint64_t seq;
-		uint8_t outcome;    /* enum mq_outcome */
-		bool returned;
-	} track[MQ_TRACK_MAX];
-	int track_pending;
-	uint64_t mandatory_seq; /* the latest mandatory publish: a return is its */
-	amqp_envelope_t envs[MQ_MAX_HELD];
-	bool env_used[MQ_MAX_HELD];
-	int free_slots[MQ_MAX_HELD];
-	int nfree;
-	/* Deliveries read by mq_service while the thread took no new work, in
-	 * arrival order (a ring of envelope slots); mq_consume hands them out
-	 * before it reads the socket again.  The broker's prefetch bounds how
-	 * many arrive. */
-	int stash[MQ_MAX_HELD];
-	int stash_head;
-	int nstash;
-	struct mq_consumer consumers[MQ_MAX_CONSUMERS];
-	int nconsumers;
-	int ncancelled;
-	amqp_message_t got;     /* basic.get result */
-	bool has_got;
-	char err[256];
-};
-
-static amqp_bytes_t mq_b(const char *s)
+amqp_bytes_t mq_b(const char *s)
 {
 	return s != NULL ? amqp_cstring_bytes(s) : amqp_empty_bytes;
 }
 
-static int mq_fail(struct mq *m, int code, const char *what, const char *detail)
+int mq_fail(struct mq *m, int code, const char *what, const char *detail)
 {
 	snprintf(m->err, sizeof m->err, "%s: %s", what, detail);
 	if (code != ST_ERR_TIMEOUT)
@@ -94,7 +43,7 @@ static int mq_fail(struct mq *m, int code, const char *what, const char *detail)
 	return code;
 }
 
-static int mq_status(struct mq *m, int status, const char *what)
+int mq_status(struct mq *m, int status, const char *what)
 {
 	if (status == AMQP_STATUS_OK)
 		return ST_OK;
@@ -119,6 +68,25 @@ static int mq_close_code(unsigned code, const char *what)
 	return ST_ERR_MQ_CONN;
 }
 
+/* The two branches differ only in the decoded struct's type
+ * (amqp_channel_close_t, amqp_connection_close_t: the same fields, two
+ * unrelated types), so they stay two. */
+unsigned mq_close_line(const amqp_method_t *method, char *buf, size_t cap)
+{
+	if (method->id == AMQP_CHANNEL_CLOSE_METHOD) {
+		const amqp_channel_close_t *c = method->decoded;
+		snprintf(buf, cap, "channel closed by broker: %u %.*s", c->reply_code, (int)c->reply_text.len,
+		         (const char *)c->reply_text.bytes);
+		return c->reply_code;
+	}
+	{
+		const amqp_connection_close_t *c = method->decoded;
+		snprintf(buf, cap, "connection closed by broker: %u %.*s", c->reply_code, (int)c->reply_text.len,
+		         (const char *)c->reply_text.bytes);
+		return c->reply_code;
+	}
+}
+
 static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 {
 	char buf[200];
@@ -132,15 +100,11 @@ static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 		return mq_status(m, r.library_error, what);
 	case AMQP_RESPONSE_SERVER_EXCEPTION:
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-			amqp_connection_close_t *c = r.reply.decoded;
-			snprintf(buf, sizeof buf, "connection closed by broker: %u %.*s",
-			         c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-			return mq_fail(m, mq_close_code(c->reply_code, what), what, buf);
+			unsigned code = mq_close_line(&r.reply, buf, sizeof buf);
+			return mq_fail(m, mq_close_code(code, what), what, buf);
 		}
 		if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-			amqp_channel_close_t *c = r.reply.decoded;
-			snprintf(buf, sizeof buf, "channel closed by broker: %u %.*s",
-			         c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+			(void)mq_close_line(&r.reply, buf, sizeof buf);
 			return mq_fail(m, ST_ERR_MQ, what, buf);
 		}
 		return mq_fail(m, ST_ERR_MQ, what, "unexpected server method");
@@ -148,7 +112,7 @@ static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 	return mq_fail(m, ST_ERR_MQ, what, "unknown reply type");
 }
 
-static int mq_rpc(struct mq *m, const char *what)
+int mq_rpc(struct mq *m, const char *what)
 {
 	return mq_reply(m, amqp_get_rpc_reply(m->conn), what);
 }
@@ -282,7 +246,7 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
 		snprintf(why, why_cap, "out of memory");
 	if (m == NULL)
 		return ST_ERR_NOMEM;
-	m->next_seq = 1;
+	pub_state_init(&m->pub);
 	for (int i = 0; i < MQ_MAX_HELD; i++)
 		m->free_slots[i] = MQ_MAX_HELD - 1 - i;
 	m->nfree = MQ_MAX_HELD;
@@ -618,43 +582,11 @@ static void mq_on_cancel(struct mq *m, const amqp_basic_cancel_t *bc)
 	}
 }
 
-static const amqp_field_value_t *mq_header(const amqp_basic_properties_t *p, const char *key)
-{
-	size_t klen = strlen(key);
-
-	if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
-		return NULL;
-	for (int i = 0; i < p->headers.num_entries; i++) {
-		const amqp_table_entry_t *e = &p->headers.entries[i];
-		if (e->key.len == klen && memcmp(e->key.bytes, key, klen) == 0)
-			return &e->value;
-	}
-	return NULL;
-}
-
-static bool mq_field_int(const amqp_field_value_t *v, int64_t *out)
-{
-	switch (v->kind) {
-	case AMQP_FIELD_KIND_I8: *out = v->value.i8; return true;
-	case AMQP_FIELD_KIND_U8: *out = v->value.u8; return true;
-	case AMQP_FIELD_KIND_I16: *out = v->value.i16; return true;
-	case AMQP_FIELD_KIND_U16: *out = v->value.u16; return true;
-	case AMQP_FIELD_KIND_I32: *out = v->value.i32; return true;
-	case AMQP_FIELD_KIND_U32: *out = v->value.u32; return true;
-	case AMQP_FIELD_KIND_I64: *out = v->value.i64; return true;
-	case AMQP_FIELD_KIND_U64: *out = (int64_t)v->value.u64; return true;
-	case AMQP_FIELD_KIND_TIMESTAMP: *out = (int64_t)v->value.u64; return true;
-	default: return false;
-	}
-}
-
-static bool mq_utf8_valid(const void *p, size_t len);
-
 static void mq_set_routing_key(struct mq_delivery *d, amqp_bytes_t rk)
 {
 	snprintf(d->routing_key, sizeof d->routing_key, "%.*s", (int)rk.len, (const char *)rk.bytes);
 	d->routing_key_valid = rk.len == 0 || (rk.len < sizeof d->routing_key && memchr(rk.bytes, 0, rk.len) == NULL &&
-	                                       mq_utf8_valid(rk.bytes, rk.len));
+	                                       props_utf8_valid(rk.bytes, rk.len));
 }
 
 static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
@@ -675,11 +607,11 @@ static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
 	}
 	d->published_us = 0;
 	d->delivery_count = 0;
-	v = mq_header(p, MQ_HEADER_PUBLISHED_US);
-	if (v != NULL && !mq_field_int(v, &d->published_us))
+	v = props_header(p, MQ_HEADER_PUBLISHED_US);
+	if (v != NULL && !props_field_int(v, &d->published_us))
 		d->published_us = 0;
-	v = mq_header(p, "x-delivery-count");
-	if (v != NULL && !mq_field_int(v, &d->delivery_count))
+	v = props_header(p, "x-delivery-count");
+	if (v != NULL && !props_field_int(v, &d->delivery_count))
 		d->delivery_count = 0;
 }
 
@@ -756,19 +688,28 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 	return ST_OK;
 }
 
+int mq_ms_left(struct mq *m, const struct timespec *start, int timeout_ms, const char *what, long *left)
+{
+	struct timespec now;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, what, "clock_gettime failed");
+	*left = timeout_ms - ((now.tv_sec - start->tv_sec) * 1000L + (now.tv_nsec - start->tv_nsec) / 1000000L);
+	return ST_OK;
+}
+
 int mq_service(struct mq *m, int timeout_ms)
 {
-	struct timespec start, now;
+	struct timespec start;
 
 	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
 		return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
 	for (;;) {
 		long left;
-		int slot;
+		int slot, rc = mq_ms_left(m, &start, timeout_ms, "service", &left);
 
-		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
-			return mq_fail(m, ST_ERR_MQ_CONN, "service", "clock_gettime failed");
-		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
+		if (rc != ST_OK)
+			return rc;
 		if (left <= 0)
 			return ST_OK;
 		if (m->nfree == 0)
@@ -818,434 +759,14 @@ static const amqp_basic_properties_t *mq_delivery_properties(const struct mq_del
 	return &((const amqp_message_t *)d->priv)->properties;
 }
 
-/*
- * Properties and headers as JSON (mq_delivery_props_json), and back
- * (mq_build_props).
- *
- * Whatever a producer sent must serialise: the JSON is what a held event
- * keeps (held_events.props) and what a dead-letter copy made later restores
- * (outbox.props), and a copy that cannot be made would leave the message
- * unsettled.  So nothing here fails for the message's sake:
- * - A value JSON carries natively stays plain (string, integer, boolean,
- *   finite double, void as null).  Every other kind is a one-key object
- *   tagged with "$": byte arrays {"$bytes": base64} (so they come back as
- *   byte arrays), text that is not UTF-8 {"$utf8b64": base64},
- *   {"$timestamp"}, {"$f32"}, {"$decimal": [decimals, value]},
- *   {"$table": {...}}, {"$array": [...]}.  No plain value is an object, so
- *   the tags cannot be mistaken for data.
- * - Escaped (not UTF-8) values are kept; values that cannot be kept are
- *   dropped: a key that is not UTF-8 or holds a NUL byte, a repeated key,
- *   a value over MQ_VALUE_MAX, nesting deeper than MQ_DEPTH_MAX, a NaN or
- *   infinity, an unsigned 64-bit integer over INT64_MAX (a kind RabbitMQ
- *   refuses), headers past MQ_HEADERS_KEEP or past the total budget.  All
- *   of it in the order of the frame, so the same message always gives the
- *   same JSON.
- * - What was escaped or dropped is said in one short line, returned to the
- *   caller (for x-inbox-detail) and kept in the JSON as "inbox_note" for
- *   dead-letter copies made later from a stored row.
- * - The whole is at most MQ_PROPS_JSON_MAX bytes, well inside a TEXT
- *   column (65,535 bytes) and a frame (131,072).
- */
-#define MQ_VALUE_MAX 4096   /* encoded bytes of one header value */
-#define MQ_DEPTH_MAX 8      /* tables and arrays inside a header */
-#define MQ_NOTE_MAX 360
-
-struct mq_enc {
-	char esc[112];          /* names of values kept as base64 */
-	size_t esc_len;
-	int esc_more;
-	char drop[160];         /* "name (why)" of values dropped */
-	size_t drop_len;
-	int drop_more;
-};
-
-static void mq_list_add(char *list, size_t cap, size_t *len, int *more, const char *item)
-{
-	size_t n = strlen(item);
-
-	/* Room is kept for ", +NN more" at the end; once one item did not
-	 * fit, none after it is listed, so the list stays in frame order. */
-	if (*more > 0 || *len + n + 2 + 12 >= cap) {
-		(*more)++;
-		return;
-	}
-	if (*len > 0) {
-		memcpy(list + *len, ", ", 2);
-		*len += 2;
-	}
-	memcpy(list + *len, item, n + 1);
-	*len += n;
-}
-
-static void mq_escaped(struct mq_enc *e, const char *path)
-{
-	mq_list_add(e->esc, sizeof e->esc, &e->esc_len, &e->esc_more, path);
-}
-
-static void mq_dropped(struct mq_enc *e, const char *path, const char *why)
-{
-	char item[160];
-
-	snprintf(item, sizeof item, "%s (%s)", path, why);
-	mq_list_add(e->drop, sizeof e->drop, &e->drop_len, &e->drop_more, item);
-}
-
-/* The one line: "escaped (not UTF-8, kept as base64): a, b; dropped: c
- * (why)"; "" when nothing changed. */
-static void mq_note_line(const struct mq_enc *e, char *out, size_t cap)
-{
-	char em[24] = "", dm[24] = "";
-
-	if (e->esc_more > 0)
-		snprintf(em, sizeof em, ", +%d more", e->esc_more);
-	if (e->drop_more > 0)
-		snprintf(dm, sizeof dm, ", +%d more", e->drop_more);
-	snprintf(out, cap, "%s%s%s%s%s%s%s", e->esc_len > 0 ? "escaped (not UTF-8, kept as base64): " : "", e->esc,
-	         em, e->esc_len > 0 && e->drop_len > 0 ? "; " : "", e->drop_len > 0 ? "dropped: " : "", e->drop, dm);
-}
-
-/* A key from the frame made safe for the note: printable ASCII, cut. */
-static void mq_safe_name(char *out, size_t cap, const char *prefix, amqp_bytes_t key)
-{
-	size_t n = 0, plen = prefix != NULL ? strlen(prefix) : 0;
-
-	if (cap == 0)
-		return;
-	for (size_t i = 0; i < plen && n + 1 < cap; i++)
-		out[n++] = prefix[i];
-	if (plen > 0 && n + 1 < cap)
-		out[n++] = '.';
-	for (size_t i = 0; i < key.len && i < 40 && n + 1 < cap; i++) {
-		unsigned char ch = ((const unsigned char *)key.bytes)[i];
-		out[n++] = ch > 0x20 && ch < 0x7f && ch != ';' ? (char)ch : '?';
-	}
-	if (key.len > 40 && n + 4 < cap) {
-		memcpy(out + n, "...", 3);
-		n += 3;
-	}
-	out[n] = '\0';
-}
-
-/* Strict UTF-8 as MariaDB's utf8mb4 and jansson take it: no overlong
- * forms, no surrogates, nothing past U+10FFFF. */
-static bool mq_utf8_valid(const void *p, size_t len)
-{
-	const unsigned char *s = p;
-	size_t i = 0;
-
-	while (i < len) {
-		unsigned char c = s[i];
-		size_t need;
-		uint32_t cp;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf) {
-			need = 1;
-			cp = c & 0x1f;
-		} else if (c >= 0xe0 && c <= 0xef) {
-			need = 2;
-			cp = c & 0x0f;
-		} else if (c >= 0xf0 && c <= 0xf4) {
-			need = 3;
-			cp = c & 0x07;
-		} else {
-			return false;
-		}
-		if (len - i <= need)
-			return false;
-		for (size_t k = 1; k <= need; k++) {
-			if ((s[i + k] & 0xc0) != 0x80)
-				return false;
-			cp = (cp << 6) | (s[i + k] & 0x3f);
-		}
-		if ((need == 2 && cp < 0x800) || (need == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-		    (cp >= 0xd800 && cp <= 0xdfff))
-			return false;
-		i += need + 1;
-	}
-	return true;
-}
-
-static const char mq_b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/* {"<tag>": base64 of b}; NULL only when memory ran out. */
-static json_t *mq_b64_tagged(const char *tag, amqp_bytes_t b)
-{
-	const unsigned char *in = b.bytes;
-	size_t olen = (b.len + 2) / 3 * 4;
-	char *out = malloc(olen + 1);
-	size_t o = 0;
-	json_t *r;
-
-	if (out == NULL)
-		return NULL;
-	for (size_t i = 0; i < b.len; i += 3) {
-		uint32_t v = (uint32_t)in[i] << 16;
-		if (i + 1 < b.len)
-			v |= (uint32_t)in[i + 1] << 8;
-		if (i + 2 < b.len)
-			v |= in[i + 2];
-		out[o++] = mq_b64chars[(v >> 18) & 63];
-		out[o++] = mq_b64chars[(v >> 12) & 63];
-		out[o++] = i + 1 < b.len ? mq_b64chars[(v >> 6) & 63] : '=';
-		out[o++] = i + 2 < b.len ? mq_b64chars[v & 63] : '=';
-	}
-	out[o] = '\0';
-	r = json_pack("{s:s}", tag, out);
-	free(out);
-	return r;
-}
-
-/* Decode base64 into pool memory; false when s is not base64. */
-static bool mq_b64_decode(amqp_pool_t *pool, const char *s, amqp_bytes_t *out)
-{
-	size_t len = strlen(s), o = 0;
-	unsigned char *buf;
-
-	if (len % 4 != 0)
-		return false;
-	buf = amqp_pool_alloc(pool, len / 4 * 3 + 1);
-	if (buf == NULL)
-		return false;
-	for (size_t i = 0; i < len; i += 4) {
-		uint32_t v = 0;
-		int pad = 0;
-		for (int k = 0; k < 4; k++) {
-			const char *c = s[i + k] != '\0' ? strchr(mq_b64chars, s[i + k]) : NULL;
-			if (s[i + k] == '=' && i + 4 == len && k >= 2) {
-				pad++;
-				v <<= 6;
-				continue;
-			}
-			if (c == NULL || pad > 0)
-				return false;
-			v = (v << 6) | (uint32_t)(c - mq_b64chars);
-		}
-		buf[o++] = (unsigned char)(v >> 16);
-		if (pad < 2)
-			buf[o++] = (unsigned char)(v >> 8);
-		if (pad < 1)
-			buf[o++] = (unsigned char)v;
-	}
-	out->bytes = buf;
-	out->len = o;
-	return true;
-}
-
-static json_t *mq_enc_value(struct mq_enc *e, const amqp_field_value_t *v, const char *path, int depth);
-
-/* jansson refuses a NULL pointer even for no bytes; a decoder may give
- * one for an empty string. */
-static json_t *mq_jstring(amqp_bytes_t b)
-{
-	return b.len == 0 ? json_string("") : json_stringn(b.bytes, b.len);
-}
-
-/* A table's entries into a JSON object, in frame order; max_entries and
- * budget bound what is kept (0: no bound of their own). */
-static json_t *mq_enc_table(struct mq_enc *e, const amqp_table_t *t, const char *path, int depth,
-                            int max_entries, size_t budget)
-{
-	json_t *o = json_object();
-	size_t used = 2;
-	int past = 0;
-
-	if (o == NULL)
-		return NULL;
-	for (int i = 0; i < t->num_entries; i++) {
-		const amqp_table_entry_t *en = &t->entries[i];
-		char name[96], key[256];
-		json_t *jv;
-		size_t sz;
-
-		mq_safe_name(name, sizeof name, path, en->key);
-		if (en->key.len == 0 || en->key.len >= sizeof key || memchr(en->key.bytes, 0, en->key.len) != NULL ||
-		    !mq_utf8_valid(en->key.bytes, en->key.len)) {
-			mq_dropped(e, name, en->key.len == 0 ? "empty key" : "key not UTF-8");
-			continue;
-		}
-		memcpy(key, en->key.bytes, en->key.len);
-		key[en->key.len] = '\0';
-		if (json_object_get(o, key) != NULL) {
-			mq_dropped(e, name, "repeated key");
-			continue;
-		}
-		if (max_entries > 0 && i >= max_entries) {
-			past++;
-			continue;
-		}
-		jv = mq_enc_value(e, &en->value, name, depth);
-		if (jv == NULL)
-			continue;
-		sz = json_dumpb(jv, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY) + en->key.len * 6 + 4;
-		if (budget > 0 && used + sz > budget) {
-			json_decref(jv);
-			mq_dropped(e, name, "over the size limit of all properties");
-			continue;
-		}
-		if (json_object_set_new(o, key, jv) != 0) {
-			json_decref(o);
-			return NULL;
-		}
-		used += sz;
-	}
-	if (past > 0) {
-		char what[80];
-		snprintf(what, sizeof what, "%d headers past the first %d", past, max_entries);
-		mq_dropped(e, path != NULL && path[0] ? path : "headers", what);
-	}
-	return o;
-}
-
-/* One value as JSON; NULL when it is dropped (noted) or memory ran out. */
-static json_t *mq_enc_value(struct mq_enc *e, const amqp_field_value_t *v, const char *path, int depth)
-{
-	json_t *r = NULL;
-	int64_t i;
-
-	if (v->kind == AMQP_FIELD_KIND_U64 && v->value.u64 > INT64_MAX) {
-		/* RabbitMQ never delivers the kind (it refuses 'L' frames), and
-		 * a copy carrying it would be refused in turn. */
-		mq_dropped(e, path, "unsigned 64-bit");
-		return NULL;
-	}
-	if (v->kind == AMQP_FIELD_KIND_TIMESTAMP)
-		return json_pack("{s:I}", "$timestamp", (json_int_t)v->value.u64);
-	if (mq_field_int(v, &i))
-		return json_integer(i);
-	switch (v->kind) {
-	case AMQP_FIELD_KIND_UTF8:
-	case AMQP_FIELD_KIND_BYTES: {
-		bool utf8 = mq_utf8_valid(v->value.bytes.bytes, v->value.bytes.len);
-		if (v->value.bytes.len > MQ_VALUE_MAX) {
-			char what[64];
-			snprintf(what, sizeof what, "%zu bytes, over %d", v->value.bytes.len, MQ_VALUE_MAX);
-			mq_dropped(e, path, what);
-			return NULL;
-		}
-		if (v->kind == AMQP_FIELD_KIND_BYTES || !utf8) {
-			if (!utf8)
-				mq_escaped(e, path);
-			return mq_b64_tagged(v->kind == AMQP_FIELD_KIND_BYTES ? "$bytes" : "$utf8b64", v->value.bytes);
-		}
-		return mq_jstring(v->value.bytes);
-	}
-	case AMQP_FIELD_KIND_BOOLEAN:
-		return json_boolean(v->value.boolean);
-	case AMQP_FIELD_KIND_VOID:
-		return json_null();
-	case AMQP_FIELD_KIND_F64:
-	case AMQP_FIELD_KIND_F32: {
-		double d = v->kind == AMQP_FIELD_KIND_F64 ? v->value.f64 : (double)v->value.f32;
-		if (isnan(d) || isinf(d)) {
-			mq_dropped(e, path, "not a finite number");
-			return NULL;
-		}
-		return v->kind == AMQP_FIELD_KIND_F64 ? json_real(d) : json_pack("{s:f}", "$f32", d);
-	}
-	case AMQP_FIELD_KIND_DECIMAL:
-		return json_pack("{s:[i,I]}", "$decimal", (int)v->value.decimal.decimals,
-		                 (json_int_t)v->value.decimal.value);
-	case AMQP_FIELD_KIND_TABLE:
-	case AMQP_FIELD_KIND_ARRAY:
-		if (depth >= MQ_DEPTH_MAX) {
-			mq_dropped(e, path, "nested too deep");
-			return NULL;
-		}
-		if (v->kind == AMQP_FIELD_KIND_TABLE) {
-			json_t *t = mq_enc_table(e, &v->value.table, path, depth + 1, 0, 0);
-			r = t != NULL ? json_pack("{s:o}", "$table", t) : NULL;
-		} else {
-			json_t *a = json_array();
-			for (int k = 0; a != NULL && k < v->value.array.num_entries; k++) {
-				char name[112];
-				json_t *x;
-				snprintf(name, sizeof name, "%s[%d]", path, k);
-				x = mq_enc_value(e, &v->value.array.entries[k], name, depth + 1);
-				if (x != NULL && json_array_append_new(a, x) != 0) {
-					json_decref(a);
-					a = NULL;
-				}
-			}
-			r = a != NULL ? json_pack("{s:o}", "$array", a) : NULL;
-		}
-		if (r != NULL && json_dumpb(r, NULL, 0, JSON_COMPACT) > MQ_VALUE_MAX) {
-			json_decref(r);
-			mq_dropped(e, path, "over its size limit");
-			return NULL;
-		}
-		return r;
-	default: {
-		char what[48];
-		snprintf(what, sizeof what, "unknown field kind 0x%02x", v->kind);
-		mq_dropped(e, path, what);
-		return NULL;
-	}
-	}
-}
-
-/* A short-string property: plain when UTF-8, else {"$bytes": base64}. */
-static int mq_enc_prop(struct mq_enc *e, json_t *o, const char *k, amqp_bytes_t b)
-{
-	json_t *v;
-
-	if (b.len == 0 || (mq_utf8_valid(b.bytes, b.len) && memchr(b.bytes, 0, b.len) == NULL)) {
-		v = mq_jstring(b);
-	} else {
-		mq_escaped(e, k);
-		v = mq_b64_tagged("$bytes", b);
-	}
-	return v != NULL ? json_object_set_new(o, k, v) : -1;
-}
-
 char *mq_delivery_props_json_note(const struct mq_delivery *d, char *note, size_t note_cap)
 {
-	const amqp_basic_properties_t *p;
-	struct mq_enc e = { .esc_len = 0 };
-	char line[MQ_NOTE_MAX];
-	json_t *o = json_object();
-	char *out = NULL;
-	size_t used;
-
-	if (note != NULL && note_cap > 0)
-		note[0] = '\0';
-	if (o == NULL || d->priv == NULL)
-		goto cleanup;
-	p = mq_delivery_properties(d);
-	if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG && mq_enc_prop(&e, o, "content_type", p->content_type) != 0)
-		goto cleanup;
-	if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG && mq_enc_prop(&e, o, "message_id", p->message_id) != 0)
-		goto cleanup;
-	if (p->_flags & AMQP_BASIC_TYPE_FLAG && mq_enc_prop(&e, o, "type", p->type) != 0)
-		goto cleanup;
-	if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG &&
-	    mq_enc_prop(&e, o, "correlation_id", p->correlation_id) != 0)
-		goto cleanup;
-	if (p->_flags & AMQP_BASIC_APP_ID_FLAG && mq_enc_prop(&e, o, "app_id", p->app_id) != 0)
-		goto cleanup;
-	if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG &&
-	    json_object_set_new(o, "timestamp", json_integer((json_int_t)p->timestamp)) != 0)
-		goto cleanup;
-	/* Five short strings of at most 255 bytes: under 8 KiB even with
-	 * every byte escaped, so the headers get the rest of the budget. */
-	used = json_dumpb(o, NULL, 0, JSON_COMPACT) + MQ_NOTE_MAX * 2 + 64;
-	if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
-		json_t *h = mq_enc_table(&e, &p->headers, "", 0, MQ_HEADERS_KEEP, MQ_PROPS_JSON_MAX - used);
-		if (h == NULL || json_object_set_new(o, "headers", h) != 0)
-			goto cleanup;
+	if (d->priv == NULL) {
+		if (note != NULL && note_cap > 0)
+			note[0] = '\0';
+		return NULL;
 	}
-	mq_note_line(&e, line, sizeof line);
-	if (line[0] != '\0' && json_object_set_new(o, "inbox_note", json_string(line)) != 0)
-		goto cleanup;
-	out = json_dumps(o, JSON_COMPACT);
-	if (out != NULL && note != NULL && note_cap > 0)
-		snprintf(note, note_cap, "%s", line);
-cleanup:
-	json_decref(o);
-	return out;
+	return props_to_json(mq_delivery_properties(d), note, note_cap);
 }
 
 char *mq_delivery_props_json(const struct mq_delivery *d)
@@ -1255,19 +776,9 @@ char *mq_delivery_props_json(const struct mq_delivery *d)
 
 void mq_props_json_note(const char *props_json, char *buf, size_t cap)
 {
-	json_error_t err;
-	json_t *o;
-
-	if (cap == 0)
-		return;
-	buf[0] = '\0';
-	if (props_json == NULL)
-		return;
-	o = json_loads(props_json, JSON_ALLOW_NUL, &err);
-	if (json_is_string(json_object_get(o, "inbox_note")))
-		snprintf(buf, cap, "%s", json_string_value(json_object_get(o, "inbox_note")));
-	json_decref(o);
+	props_json_note(props_json, buf, cap);
 }
+
 
 int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, size_t cap)
 {
@@ -1276,432 +787,11 @@ int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, 
 
 	if (d->priv == NULL)
 		return ST_ERR_NOT_FOUND;
-	v = mq_header(mq_delivery_properties(d), key);
+	v = props_header(mq_delivery_properties(d), key);
 	if (v == NULL || (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES))
 		return ST_ERR_NOT_FOUND;
 	n = snprintf(buf, cap, "%.*s", (int)v->value.bytes.len, (const char *)v->value.bytes.bytes);
 	return n < 0 || (size_t)n >= cap ? ST_ERR_INVALID : ST_OK;
-}
-
-int mq_confirm_select(struct mq *m)
-{
-	if (m->confirming)
-		return ST_OK;
-	amqp_confirm_select(m->conn, MQ_CHANNEL);
-	if (mq_rpc(m, "confirm.select") != ST_OK)
-		return ST_ERR_MQ_CONN;
-	m->confirming = true;
-	return ST_OK;
-}
-
-/* Everything an outgoing message's properties point at lives here for the
- * duration of one publish. */
-struct mq_outprops {
-	amqp_basic_properties_t p;
-	amqp_table_entry_t h[MQ_HEADERS_MAX];
-	json_t *saved;
-	amqp_pool_t pool;       /* decoded bytes, nested tables and arrays */
-};
-
-/* A saved short string: plain, or {"$bytes": base64} when it was not
- * UTF-8. */
-static void mq_props_set_str(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_flags_t *flags, amqp_flags_t flag,
-                             json_t *v)
-{
-	json_t *b = json_object_get(v, "$bytes");
-
-	if (json_is_string(v)) {
-		dst->bytes = (void *)json_string_value(v);
-		dst->len = json_string_length(v);
-		*flags |= flag;
-	} else if (json_is_string(b) && mq_b64_decode(pool, json_string_value(b), dst) && dst->len < 256) {
-		*flags |= flag;
-	}
-}
-
-/* The inverse of mq_enc_value: false when v is not a value we wrote (it
- * is then left out). */
-static bool mq_dec_value(amqp_pool_t *pool, json_t *v, amqp_field_value_t *out, int depth)
-{
-	const char *tag;
-	json_t *x;
-
-	if (json_is_string(v)) {
-		out->kind = AMQP_FIELD_KIND_UTF8;
-		out->value.bytes.bytes = (void *)json_string_value(v);
-		out->value.bytes.len = json_string_length(v);
-		return true;
-	}
-	if (json_is_integer(v)) {
-		out->kind = AMQP_FIELD_KIND_I64;
-		out->value.i64 = json_integer_value(v);
-		return true;
-	}
-	if (json_is_real(v)) {
-		out->kind = AMQP_FIELD_KIND_F64;
-		out->value.f64 = json_real_value(v);
-		return true;
-	}
-	if (json_is_boolean(v)) {
-		out->kind = AMQP_FIELD_KIND_BOOLEAN;
-		out->value.boolean = json_is_true(v);
-		return true;
-	}
-	if (json_is_null(v)) {
-		out->kind = AMQP_FIELD_KIND_VOID;
-		return true;
-	}
-	if (!json_is_object(v) || json_object_size(v) != 1 || depth > MQ_DEPTH_MAX)
-		return false;
-	tag = json_object_iter_key(json_object_iter(v));
-	x = json_object_iter_value(json_object_iter(v));
-	if ((strcmp(tag, "$bytes") == 0 || strcmp(tag, "$utf8b64") == 0) && json_is_string(x)) {
-		out->kind = tag[1] == 'b' ? AMQP_FIELD_KIND_BYTES : AMQP_FIELD_KIND_UTF8;
-		return mq_b64_decode(pool, json_string_value(x), &out->value.bytes);
-	}
-	if (strcmp(tag, "$timestamp") == 0 && json_is_integer(x)) {
-		out->kind = AMQP_FIELD_KIND_TIMESTAMP;
-		out->value.u64 = (uint64_t)json_integer_value(x);
-		return true;
-	}
-	if (strcmp(tag, "$f32") == 0 && json_is_number(x)) {
-		out->kind = AMQP_FIELD_KIND_F32;
-		out->value.f32 = (float)json_number_value(x);
-		return true;
-	}
-	if (strcmp(tag, "$decimal") == 0 && json_is_array(x) && json_array_size(x) == 2 &&
-	    json_is_integer(json_array_get(x, 0)) && json_is_integer(json_array_get(x, 1))) {
-		out->kind = AMQP_FIELD_KIND_DECIMAL;
-		out->value.decimal.decimals = (uint8_t)json_integer_value(json_array_get(x, 0));
-		out->value.decimal.value = (uint32_t)json_integer_value(json_array_get(x, 1));
-		return true;
-	}
-	if (strcmp(tag, "$table") == 0 && json_is_object(x)) {
-		size_t cap = json_object_size(x);
-		amqp_table_entry_t *es = amqp_pool_alloc(pool, (cap > 0 ? cap : 1) * sizeof *es);
-		const char *k;
-		json_t *y;
-		int n = 0;
-
-		if (es == NULL)
-			return false;
-		json_object_foreach(x, k, y) {
-			es[n].key = amqp_cstring_bytes(k);
-			if (mq_dec_value(pool, y, &es[n].value, depth + 1))
-				n++;
-		}
-		out->kind = AMQP_FIELD_KIND_TABLE;
-		out->value.table.num_entries = n;
-		out->value.table.entries = es;
-		return true;
-	}
-	if (strcmp(tag, "$array") == 0 && json_is_array(x)) {
-		size_t cap = json_array_size(x), i;
-		amqp_field_value_t *es = amqp_pool_alloc(pool, (cap > 0 ? cap : 1) * sizeof *es);
-		json_t *y;
-		int n = 0;
-
-		if (es == NULL)
-			return false;
-		json_array_foreach(x, i, y) {
-			if (mq_dec_value(pool, y, &es[n], depth + 1))
-				n++;
-		}
-		out->kind = AMQP_FIELD_KIND_ARRAY;
-		out->value.array.num_entries = n;
-		out->value.array.entries = es;
-		return true;
-	}
-	return false;
-}
-
-static int mq_build_props(struct mq_outprops *o, const struct mq_message *msg)
-{
-	amqp_basic_properties_t *p = &o->p;
-	int n = 0;
-
-	memset(p, 0, sizeof *p);
-	o->saved = NULL;
-	init_amqp_pool(&o->pool, 4096);
-	p->_flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
-	p->delivery_mode = AMQP_DELIVERY_PERSISTENT;
-	p->content_type = amqp_cstring_bytes("application/json");
-	if (msg->props_json != NULL) {
-		json_error_t jerr;
-		json_t *hs;
-		const char *k;
-		json_t *v;
-		/* Saved headers first, ours after them, all in the array. */
-		int keep = MQ_HEADERS_MAX - msg->nheaders - 1;
-
-		o->saved = json_loads(msg->props_json, JSON_ALLOW_NUL, &jerr);
-		if (o->saved == NULL || !json_is_object(o->saved))
-			return ST_ERR_INVALID;
-		mq_props_set_str(&o->pool, &p->content_type, &p->_flags, AMQP_BASIC_CONTENT_TYPE_FLAG,
-		                 json_object_get(o->saved, "content_type"));
-		mq_props_set_str(&o->pool, &p->message_id, &p->_flags, AMQP_BASIC_MESSAGE_ID_FLAG,
-		                 json_object_get(o->saved, "message_id"));
-		mq_props_set_str(&o->pool, &p->type, &p->_flags, AMQP_BASIC_TYPE_FLAG, json_object_get(o->saved, "type"));
-		mq_props_set_str(&o->pool, &p->correlation_id, &p->_flags, AMQP_BASIC_CORRELATION_ID_FLAG,
-		                 json_object_get(o->saved, "correlation_id"));
-		mq_props_set_str(&o->pool, &p->app_id, &p->_flags, AMQP_BASIC_APP_ID_FLAG,
-		                 json_object_get(o->saved, "app_id"));
-		v = json_object_get(o->saved, "timestamp");
-		if (json_is_integer(v)) {
-			p->timestamp = (uint64_t)json_integer_value(v);
-			p->_flags |= AMQP_BASIC_TIMESTAMP_FLAG;
-		}
-		if (keep > MQ_HEADERS_KEEP)
-			keep = MQ_HEADERS_KEEP;
-		hs = json_object_get(o->saved, "headers");
-		json_object_foreach(hs, k, v) {
-			amqp_table_entry_t *e = &o->h[n];
-			if (n >= keep)
-				break;
-			/* Broker bookkeeping of the original delivery is not ours to
-			 * copy into a new message. */
-			if (strcmp(k, "x-delivery-count") == 0 || strncmp(k, "x-inbox-", 8) == 0)
-				continue;
-			e->key = amqp_cstring_bytes(k);
-			if (mq_dec_value(&o->pool, v, &e->value, 0))
-				n++;
-		}
-	}
-	if (msg->message_id != NULL) {
-		p->message_id = amqp_cstring_bytes(msg->message_id);
-		p->_flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-	}
-	if (msg->type != NULL) {
-		p->type = amqp_cstring_bytes(msg->type);
-		p->_flags |= AMQP_BASIC_TYPE_FLAG;
-	}
-	for (int i = 0; i < msg->nheaders && n < MQ_HEADERS_MAX; i++, n++) {
-		o->h[n].key = amqp_cstring_bytes(msg->headers[i].key);
-		o->h[n].value.kind = AMQP_FIELD_KIND_UTF8;
-		o->h[n].value.value.bytes = amqp_cstring_bytes(msg->headers[i].value);
-	}
-	if (msg->published_us > 0 && n < MQ_HEADERS_MAX) {
-		/* An integer header: the worker reads it as a number. */
-		o->h[n].key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US);
-		o->h[n].value.kind = AMQP_FIELD_KIND_I64;
-		o->h[n].value.value.i64 = msg->published_us;
-		n++;
-	}
-	if (n > 0) {
-		p->headers.num_entries = n;
-		p->headers.entries = o->h;
-		p->_flags |= AMQP_BASIC_HEADERS_FLAG;
-	}
-	return ST_OK;
-}
-
-int mq_publish(struct mq *m, const struct mq_message *msg)
-{
-	struct mq_outprops o;
-	amqp_bytes_t body = { .len = msg->len, .bytes = (void *)msg->body };
-	int rc;
-
-	if (m->broken)
-		return ST_ERR_MQ_CONN;
-	rc = mq_build_props(&o, msg);
-	if (rc == ST_OK) {
-		rc = mq_status(m, amqp_basic_publish(m->conn, MQ_CHANNEL, mq_b(msg->exchange),
-		                                     mq_b(msg->routing_key), msg->mandatory, 0, &o.p, body),
-		               "basic.publish");
-		if (rc == ST_ERR_TIMEOUT)
-			rc = mq_fail(m, ST_ERR_MQ_CONN, "basic.publish", "timed out");
-		if (rc == ST_OK && m->confirming) {
-			struct mq_track *t = &m->track[m->next_seq % MQ_TRACK_MAX];
-			if (t->seq != 0 && t->outcome == MQ_OUTCOME_PENDING)
-				m->track_pending--; /* overwritten: no longer tracked */
-			*t = (struct mq_track){ .seq = m->next_seq, .outcome = MQ_OUTCOME_PENDING };
-			m->track_pending++;
-			if (msg->mandatory)
-				m->mandatory_seq = m->next_seq;
-			m->next_seq++;
-		}
-	}
-	json_decref(o.saved);
-	empty_amqp_pool(&o.pool);
-	return rc;
-}
-
-int mq_props_json_wire(const char *props_json, void *buf, size_t cap, size_t *len)
-{
-	struct mq_message msg = { .props_json = props_json };
-	amqp_bytes_t out = { .len = cap, .bytes = buf };
-	struct mq_outprops o;
-	int rc = mq_build_props(&o, &msg);
-
-	if (rc == ST_OK) {
-		int n = amqp_encode_properties(AMQP_BASIC_CLASS, &o.p, out);
-		if (n < 0)
-			rc = ST_ERR_INVALID;
-		else
-			*len = (size_t)n;
-	}
-	json_decref(o.saved);
-	empty_amqp_pool(&o.pool);
-	return rc;
-}
-
-int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us)
-{
-	struct mq_message stamped = *msg;
-
-	stamped.published_us = published_us;
-	return mq_publish(m, &stamped);
-}
-
-uint64_t mq_unconfirmed(const struct mq *m)
-{
-	return m->next_seq - 1 - m->confirmed;
-}
-
-uint64_t mq_next_seq(const struct mq *m)
-{
-	return m->next_seq;
-}
-
-enum mq_outcome mq_outcome(const struct mq *m, uint64_t seq)
-{
-	const struct mq_track *t = &m->track[seq % MQ_TRACK_MAX];
-
-	if (seq == 0 || t->seq != seq)
-		return MQ_OUTCOME_UNKNOWN;
-	if (t->returned)
-		return MQ_OUTCOME_RETURNED;
-	return (enum mq_outcome)t->outcome;
-}
-
-/* Settle one tracked publish (a no-op for one settled or no longer tracked). */
-static void mq_track_settle(struct mq *m, uint64_t seq, enum mq_outcome o)
-{
-	struct mq_track *t = &m->track[seq % MQ_TRACK_MAX];
-
-	if (t->seq != seq || t->outcome != MQ_OUTCOME_PENDING)
-		return;
-	t->outcome = (uint8_t)o;
-	m->track_pending--;
-}
-
-/* An ack or nack for tag, or with multiple for every publish up to tag. */
-static void mq_track_confirm(struct mq *m, uint64_t tag, bool multiple, enum mq_outcome o)
-{
-	uint64_t from = tag;
-
-	if (m->track_pending == 0)
-		return;
-	if (multiple)
-		from = tag >= MQ_TRACK_MAX ? tag - MQ_TRACK_MAX + 1 : 1;
-	for (uint64_t seq = from; seq <= tag; seq++)
-		mq_track_settle(m, seq, o);
-}
-
-/* A channel.close or connection.close from the broker, as a log line. */
-static int mq_closed_by_broker(struct mq *m, const amqp_frame_t *f, const char *what)
-{
-	char buf[200];
-
-	if (f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD) {
-		const amqp_channel_close_t *c = f->payload.method.decoded;
-		snprintf(buf, sizeof buf, "channel closed by broker: %u %.*s", c->reply_code, (int)c->reply_text.len,
-		         (const char *)c->reply_text.bytes);
-		return mq_fail(m, ST_ERR_MQ, what, buf);
-	}
-	{
-		const amqp_connection_close_t *c = f->payload.method.decoded;
-		snprintf(buf, sizeof buf, "connection closed by broker: %u %.*s", c->reply_code,
-		         (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-		return mq_fail(m, ST_ERR_MQ_CONN, what, buf);
-	}
-}
-
-/* Read frames until every publish is settled.  Acks and nacks may cover
- * several publishes ("multiple"); a basic.return (unroutable mandatory
- * publish) is followed by its ack, so it is remembered as a failure.  Each
- * tracked publish gets its own outcome (mq_outcome). */
-int mq_wait_confirms(struct mq *m, int timeout_ms)
-{
-	struct timespec start, now;
-	int rc = ST_OK;
-
-	if (!m->confirming)
-		return ST_OK;
-	if (clock_gettime(CLOCK_MONOTONIC, &start) != 0)
-		return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
-	while (m->confirmed + 1 < m->next_seq || m->track_pending > 0) {
-		amqp_frame_t f;
-		struct timeval tv;
-		long left;
-		int st;
-
-		if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
-			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "clock_gettime failed");
-		left = timeout_ms - ((now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L);
-		if (left <= 0)
-			return mq_fail(m, ST_ERR_MQ_CONN, "confirm", "no confirm within the time-out");
-		tv.tv_sec = left / 1000;
-		tv.tv_usec = (left % 1000) * 1000;
-		amqp_maybe_release_buffers(m->conn);
-		st = amqp_simple_wait_frame_noblock(m->conn, &f, &tv);
-		if (st != AMQP_STATUS_OK) {
-			rc = mq_status(m, st, "confirm");
-			return rc == ST_ERR_TIMEOUT ? mq_fail(m, ST_ERR_MQ_CONN, "confirm", "timed out") : rc;
-		}
-		if (f.frame_type != AMQP_FRAME_METHOD)
-			continue; /* header/body of a returned message */
-		switch (f.payload.method.id) {
-		case AMQP_BASIC_ACK_METHOD: {
-			amqp_basic_ack_t *a = f.payload.method.decoded;
-			m->confirmed = a->multiple ? a->delivery_tag : (a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed);
-			/* Single acks may arrive out of order only for tags above
-			 * confirmed; RabbitMQ confirms in order per channel, so the
-			 * high-water mark is exact.  The tracked outcomes do not
-			 * rely on it. */
-			mq_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_ACKED);
-			break;
-		}
-		case AMQP_BASIC_NACK_METHOD: {
-			amqp_basic_nack_t *a = f.payload.method.decoded;
-			m->confirmed = a->delivery_tag > m->confirmed ? a->delivery_tag : m->confirmed;
-			m->nacked = true;
-			mq_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_NACKED);
-			break;
-		}
-		case AMQP_BASIC_RETURN_METHOD: {
-			/* No delivery tag: the latest mandatory publish (see mq.h).
-			 * Its ack follows and settles it. */
-			struct mq_track *t = &m->track[m->mandatory_seq % MQ_TRACK_MAX];
-			if (m->mandatory_seq != 0 && t->seq == m->mandatory_seq && t->outcome == MQ_OUTCOME_PENDING)
-				t->returned = true;
-			m->nacked = true;
-			break;
-		}
-		case AMQP_CHANNEL_CLOSE_METHOD:
-		case AMQP_CONNECTION_CLOSE_METHOD:
-			return mq_closed_by_broker(m, &f, "confirm");
-		default:
-			break;
-		}
-	}
-	if (m->nacked) {
-		m->nacked = false;
-		snprintf(m->err, sizeof m->err, "publish nacked or returned unroutable");
-		return ST_ERR_MQ_NACK;
-	}
-	return rc;
-}
-
-int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms)
-{
-	int rc = mq_confirm_select(m);
-
-	if (rc == ST_OK)
-		rc = mq_publish(m, msg);
-	if (rc == ST_OK)
-		rc = mq_wait_confirms(m, timeout_ms);
-	return rc;
 }
 
 int mq_queue_counts(struct mq *m, const char *queue, uint32_t *messages, uint32_t *consumers)

@@ -16,6 +16,9 @@
  * ST_ERR_MQ_NACK when a publish was nacked or returned unroutable,
  * ST_ERR_TIMEOUT when a bounded wait ran out.
  *
+ * Publishing with confirms is in pub.c (pub.h), properties <-> JSON in
+ * props.c (props.h); both work on this handle or for it.
+ *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
  * memory until mq_delivery_release; up to 512 may be held at once (a batch
@@ -31,6 +34,8 @@
 
 #include "cfg.h"
 #include "msg.h"
+/* The publishing half of a struct mq's API: one handle, one include. */
+#include "pub.h"
 
 struct mq;
 
@@ -52,29 +57,6 @@ struct mq_delivery {
 	bool routing_key_valid;
 	void *priv;               /* the message; mq_ only */
 	int slot;                 /* the envelope slot; mq_ only */
-};
-
-/* A header added to an outgoing message. */
-struct mq_header {
-	const char *key;
-	const char *value;
-};
-
-/* An outgoing message.  props_json, when set, restores the properties and
- * headers saved by mq_delivery_props_json (dead-letters keep the original's
- * properties); message_id / type / headers are then added on top. */
-struct mq_message {
-	const char *exchange;
-	const char *routing_key;
-	const void *body;
-	size_t len;
-	const char *props_json;
-	const char *message_id;
-	const char *type;
-	const struct mq_header *headers;
-	int nheaders;
-	bool mandatory; /* unroutable -> ST_ERR_MQ_NACK (dead-letters must land) */
-	int64_t published_us; /* > 0: sent as the MQ_HEADER_PUBLISHED_US header */
 };
 
 /* Connect to the first node of conf's list that answers, trying each once
@@ -154,50 +136,10 @@ char *mq_delivery_props_json(const struct mq_delivery *d);
  * values were escaped or dropped ("" when none), for x-inbox-detail. */
 char *mq_delivery_props_json_note(const struct mq_delivery *d, char *note, size_t note_cap);
 /* The note kept inside saved properties, for a dead-letter copy made
- * later from a stored row; "" when none. */
+ * later from a stored row; "" when none.  props_json_note under the name
+ * its caller (inbox.c) has used since before the split. */
 void mq_props_json_note(const char *props_json, char *buf, size_t cap);
-/* The restore side without a broker: the AMQP property list, in the wire
- * form amqp_encode_properties writes into a content header, that a publish
- * with props_json (and nothing else set) would carry.  ST_OK with *len set,
- * ST_ERR_INVALID when props_json does not load as an object or the result
- * does not encode into cap bytes.  For tests and fuzz/fuzz_props.c. */
-int mq_props_json_wire(const char *props_json, void *buf, size_t cap, size_t *len);
 
-/* Publisher: confirm.select once, then publish and wait for the broker's
- * acks.  mq_publish_confirmed is the one path every publish of the worker
- * takes; mq_publish + mq_wait_confirms pipeline many (outbox relay, loadgen). */
-int mq_confirm_select(struct mq *m);
-int mq_publish(struct mq *m, const struct mq_message *msg);
-int mq_wait_confirms(struct mq *m, int timeout_ms);
-int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms);
-/* mq_publish with MQ_HEADER_PUBLISHED_US added as an int64 header (the
- * worker reads it as a number); for the load generator and benchmarks. */
-int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us);
-/* Publishes not yet confirmed. */
-uint64_t mq_unconfirmed(const struct mq *m);
-
-/* Per-publish outcomes, for callers that settle each publish on its own
- * (the outbox relay).  In confirm mode every publish gets a sequence number
- * (its delivery tag in the broker's acks and nacks): mq_next_seq before
- * mq_publish gives it.  After mq_wait_confirms (whatever it returned),
- * mq_outcome tells what became of it; the last MQ_TRACK_MAX publishes are
- * remembered, older ones are MQ_OUTCOME_UNKNOWN.
- *
- * A basic.return carries no delivery tag: it is put on the latest
- * mandatory publish.  That is exact only while at most one mandatory
- * publish is unconfirmed, so a caller that needs exact outcomes waits for
- * the confirms before each mandatory publish (non-mandatory publishes are
- * never returned and may be pipelined around it). */
-#define MQ_TRACK_MAX 256
-enum mq_outcome {
-	MQ_OUTCOME_UNKNOWN = 0, /* not tracked (too old), or never published */
-	MQ_OUTCOME_PENDING,     /* no ack or nack yet (e.g. the connection failed) */
-	MQ_OUTCOME_ACKED,       /* the broker took it: routed, or unroutable and not mandatory */
-	MQ_OUTCOME_NACKED,      /* the broker could not take it */
-	MQ_OUTCOME_RETURNED,    /* mandatory and unroutable (returned, then acked) */
-};
-uint64_t mq_next_seq(const struct mq *m);
-enum mq_outcome mq_outcome(const struct mq *m, uint64_t seq);
 
 /* Passive queue inspection for tests and the verifier: message and
  * consumer counts; ST_ERR_NOT_FOUND when the queue does not exist. */

@@ -15,7 +15,7 @@
  * Checks: no crash, leak or bad read anywhere; the conversion never fails
  * (NULL is for out of memory only) and stays within MQ_PROPS_JSON_MAX; its
  * note is one printable line, the same one mq_props_json_note reads back;
- * the restore (mq_props_json_wire, what a publish with props_json sends)
+ * the restore (props_json_wire, what a publish with props_json sends)
  * succeeds, rabbitmq-c decodes what it wrote, and converting that again
  * gives the same properties and headers (less the broker's bookkeeping the
  * restore leaves out) - escaped values come back as the same AMQP values.
@@ -27,6 +27,7 @@
 
 #include "fuzz.h"
 #include "mq.h"
+#include "props.h"
 #include "status.h"
 
 #define NOTE_CAP 512
@@ -143,7 +144,7 @@ void fuzz_props_one(const uint8_t *data, size_t size)
 	FUZZ_CHECK(json_object_get(o, "headers") == NULL || json_is_object(json_object_get(o, "headers")));
 
 	/* The restore, and the same conversion of what it would send. */
-	FUZZ_CHECK(mq_props_json_wire(out, wire, sizeof wire, &wlen) == ST_OK);
+	FUZZ_CHECK(props_json_wire(out, wire, sizeof wire, &wlen) == ST_OK);
 	FUZZ_CHECK(delivery_from_wire(&pool2, wire, wlen, &msg2, &d2));
 	out2 = mq_delivery_props_json(&d2);
 	FUZZ_CHECK(out2 != NULL);

@@ -1,5 +1,5 @@
 /*
- * amqpx.c - raw rabbitmq-c for the two things common/mq.c has no call
+ * amqpx.c - raw rabbitmq-c for the two things common/mq.c and pub.c have no call
  * for (see amqpx.h).  One connection per call, channel 1, heartbeats off.
  */
 #include "amqpx.h"

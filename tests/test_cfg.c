@@ -17,6 +17,7 @@
 
 #include "addr.h"
 #include "cfg.h"
+#include "url.h"
 #include "config.h"
 
 extern char **environ;
@@ -619,7 +620,7 @@ static void amqp_ok(const char *url, struct cfg_amqp *a)
 {
 	char err[256];
 
-	cr_assert_eq(cfg_parse_amqp_url(url, a, err, sizeof err), 0, "%s: %s", url, err);
+	cr_assert_eq(url_parse_amqp(url, a, err, sizeof err), 0, "%s: %s", url, err);
 }
 
 static void amqp_bad(const char *url, const char *msg)
@@ -627,7 +628,7 @@ static void amqp_bad(const char *url, const char *msg)
 	struct cfg_amqp a;
 	char err[256];
 
-	cr_assert_eq(cfg_parse_amqp_url(url, &a, err, sizeof err), -1, "accepted %s", url);
+	cr_assert_eq(url_parse_amqp(url, &a, err, sizeof err), -1, "accepted %s", url);
 	cr_assert_str_eq(err, msg, "for %s", url);
 	cr_assert_null(a.host);
 	cr_assert_null(strstr(err, "hunter2"), "password in error: %s", err);
@@ -645,10 +646,10 @@ Test(cfg, amqp_url_full)
 	cr_assert_str_eq(a.vhost, "prod");
 	cr_assert_not(a.tls);
 	cr_assert_str_eq(a.redacted, "amqp://alice:***@mq.example.com:5673/prod");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	cr_assert_null(a.host);
-	cfg_amqp_free(&a);
-	cfg_amqp_free(NULL);
+	url_amqp_free(&a);
+	url_amqp_free(NULL);
 }
 
 Test(cfg, amqps_means_tls_and_port_5671)
@@ -659,11 +660,11 @@ Test(cfg, amqps_means_tls_and_port_5671)
 	cr_assert(a.tls);
 	cr_assert_eq(a.port, 5671);
 	cr_assert_str_eq(a.vhost, "/");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("AMQPS://u:p@mq:443", &a);
 	cr_assert(a.tls);
 	cr_assert_eq(a.port, 443);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 }
 
 /* RabbitMQ's URI spec names: verification is on unless verify=verify_none. */
@@ -674,7 +675,7 @@ Test(cfg, amqps_tls_options)
 	amqp_ok("amqps://u:p@mq/v", &a);
 	cr_assert(a.tls_verify, "verification is the default");
 	cr_assert_null(a.cacertfile);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqps://u:p@mq:5671/v?cacertfile=/ca%20x.pem&certfile=/c.pem&keyfile=/k.pem&verify=verify_peer",
 	        &a);
 	cr_assert_str_eq(a.cacertfile, "/ca x.pem");
@@ -684,11 +685,11 @@ Test(cfg, amqps_tls_options)
 	cr_assert_str_eq(a.vhost, "v");
 	cr_assert_str_eq(a.redacted,
 	                 "amqps://u:***@mq:5671/v?cacertfile=/ca%20x.pem&certfile=/c.pem&keyfile=/k.pem&verify=verify_peer");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqps://u:p@mq?verify=verify_none", &a);
 	cr_assert_not(a.tls_verify);
 	cr_assert_str_eq(a.vhost, "/");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_bad("amqp://u:hunter2@h/v?cacertfile=/ca.pem", "bad URL: TLS options need amqps://");
 	amqp_bad("amqps://u:hunter2@h/v?verify=yes", "bad URL: verify must be verify_peer or verify_none");
 	amqp_bad("amqps://u:hunter2@h/v?certfile=/c.pem", "bad URL: certfile and keyfile go together");
@@ -703,12 +704,12 @@ Test(cfg, amqps_server_name_indication)
 
 	amqp_ok("amqps://u:p@10.0.0.7/v", &a);
 	cr_assert_null(a.sni, "no SNI option: the URL's host is sent");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqps://u:p@10.0.0.7/v?server_name_indication=mq.example.com&verify=verify_peer", &a);
 	cr_assert_str_eq(a.sni, "mq.example.com");
 	cr_assert_str_eq(a.host, "10.0.0.7");
 	cr_assert(a.tls_verify);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	cr_assert_null(a.sni);
 	amqp_bad("amqp://u:hunter2@h/v?server_name_indication=mq.example", "bad URL: TLS options need amqps://");
 	amqp_bad("amqps://u:hunter2@h/v?server_name_indication=",
@@ -734,14 +735,14 @@ Test(cfg, amqp_defaults_guest_and_root_vhost)
 	cr_assert_str_eq(a.vhost, "/");
 	cr_assert_eq(a.port, 5672);
 	cr_assert_str_eq(a.redacted, "amqp://localhost"); /* nothing to hide */
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqp://localhost/", &a);
 	cr_assert_str_eq(a.vhost, "/");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqp://bob@localhost/v", &a);
 	cr_assert_str_eq(a.user, "bob");
 	cr_assert_str_eq(a.password, "guest");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 }
 
 Test(cfg, amqp_percent_decoding)
@@ -753,16 +754,16 @@ Test(cfg, amqp_percent_decoding)
 	cr_assert_str_eq(a.password, "p:s/w%d");
 	cr_assert_str_eq(a.vhost, "/prod eu");
 	cr_assert_str_eq(a.redacted, "amqp://us%40er:***@h/%2Fprod%20eu");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqp://h/%2f", &a);
 	cr_assert_str_eq(a.vhost, "/");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	/* An unencoded '@' in the password: the last '@' ends the user info. */
 	amqp_ok("amqp://u:a@b@h/", &a);
 	cr_assert_str_eq(a.password, "a@b");
 	cr_assert_str_eq(a.host, "h");
 	cr_assert_str_eq(a.redacted, "amqp://u:***@h/");
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 }
 
 Test(cfg, amqp_ipv6_host)
@@ -772,11 +773,11 @@ Test(cfg, amqp_ipv6_host)
 	amqp_ok("amqp://u:p@[::1]:5673/v", &a);
 	cr_assert_str_eq(a.host, "::1");
 	cr_assert_eq(a.port, 5673);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	amqp_ok("amqp://[fe80::1]", &a);
 	cr_assert_str_eq(a.host, "fe80::1");
 	cr_assert_eq(a.port, 5672);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 }
 
 Test(cfg, amqp_bad_urls)
@@ -829,7 +830,7 @@ static void db_ok(const char *url, struct cfg_db *d)
 {
 	char err[256];
 
-	cr_assert_eq(cfg_parse_db_url(url, d, err, sizeof err), 0, "%s: %s", url, err);
+	cr_assert_eq(url_parse_db(url, d, err, sizeof err), 0, "%s: %s", url, err);
 }
 
 static void db_bad(const char *url, const char *msg)
@@ -837,7 +838,7 @@ static void db_bad(const char *url, const char *msg)
 	struct cfg_db d;
 	char err[256];
 
-	cr_assert_eq(cfg_parse_db_url(url, &d, err, sizeof err), -1, "accepted %s", url);
+	cr_assert_eq(url_parse_db(url, &d, err, sizeof err), -1, "accepted %s", url);
 	cr_assert_str_eq(err, msg, "for %s", url);
 	cr_assert_null(d.host);
 	cr_assert_null(strstr(err, "hunter2"), "password in error: %s", err);
@@ -861,10 +862,10 @@ Test(cfg, db_url_full_with_options)
 	cr_assert_null(d.socket);
 	cr_assert_str_eq(d.redacted, "mysql://app:***@db.example.com:3307/orders"
 	                 "?ssl=1&ssl-ca=/etc/ssl/ca%20b.pem&ssl-verify=true&connect-timeout=10");
-	cfg_db_free(&d);
+	url_db_free(&d);
 	cr_assert_null(d.host);
-	cfg_db_free(&d);
-	cfg_db_free(NULL);
+	url_db_free(&d);
+	url_db_free(NULL);
 }
 
 Test(cfg, db_url_defaults_and_mariadb_scheme)
@@ -878,10 +879,10 @@ Test(cfg, db_url_defaults_and_mariadb_scheme)
 	cr_assert_not(d.ssl_verify);
 	cr_assert_eq(d.connect_timeout_s, 5);
 	cr_assert_str_eq(d.redacted, "mariadb://app@db/orders");
-	cfg_db_free(&d);
+	url_db_free(&d);
 	db_ok("mysql://app:p@db/orders?ssl=false&ssl-verify=0", &d);
 	cr_assert_not(d.ssl);
-	cfg_db_free(&d);
+	url_db_free(&d);
 }
 
 Test(cfg, db_url_socket_without_host)
@@ -892,7 +893,7 @@ Test(cfg, db_url_socket_without_host)
 	cr_assert_str_eq(d.host, "localhost");
 	cr_assert_str_eq(d.socket, "/run/mysqld/mysqld.sock");
 	cr_assert_str_eq(d.password, "p@ss");
-	cfg_db_free(&d);
+	url_db_free(&d);
 }
 
 Test(cfg, db_url_ipv6_and_database_alphabet)
@@ -902,7 +903,7 @@ Test(cfg, db_url_ipv6_and_database_alphabet)
 	db_ok("mysql://u:p@[2001:db8::5]:3306/Inbox_2$x", &d);
 	cr_assert_str_eq(d.host, "2001:db8::5");
 	cr_assert_str_eq(d.database, "Inbox_2$x");
-	cfg_db_free(&d);
+	url_db_free(&d);
 }
 
 /* SPEC.md: any TLS option turns TLS on, and the server certificate is
@@ -923,26 +924,26 @@ Test(cfg, db_url_any_tls_option_turns_tls_on_and_verifies)
 		db_ok(on[i], &d);
 		cr_expect(d.ssl, "%s: TLS on", on[i]);
 		cr_expect(d.ssl_verify, "%s: the server certificate verified", on[i]);
-		cfg_db_free(&d);
+		url_db_free(&d);
 	}
 	db_ok("mysql://u:p@h/d?ssl-ca=/ca.pem&ssl-cert=/c.pem&ssl-key=/k.pem&ssl-capath=/cas", &d);
 	cr_assert_str_eq(d.ssl_ca, "/ca.pem");
 	cr_assert_str_eq(d.ssl_cert, "/c.pem");
 	cr_assert_str_eq(d.ssl_key, "/k.pem");
 	cr_assert_str_eq(d.ssl_capath, "/cas");
-	cfg_db_free(&d);
+	url_db_free(&d);
 	db_ok("mysql://u:p@h/d?ssl-verify=0&ssl-ca=/ca.pem", &d);
 	cr_assert(d.ssl, "ssl-verify=0 is a TLS option too: encrypted, not verified");
 	cr_assert_not(d.ssl_verify);
-	cfg_db_free(&d);
+	url_db_free(&d);
 	db_ok("mysql://u:p@h/d?ssl=1&ssl-verify=false", &d);
 	cr_assert(d.ssl);
 	cr_assert_not(d.ssl_verify);
-	cfg_db_free(&d);
+	url_db_free(&d);
 	db_ok("mysql://u:p@h/d?ssl=0", &d);
 	cr_assert_not(d.ssl);
 	cr_assert_not(d.ssl_verify);
-	cfg_db_free(&d);
+	url_db_free(&d);
 	db_bad("mysql://u:hunter2@h/d?ssl=0&ssl-ca=/ca.pem",
 	       "bad URL: ssl=0 contradicts the other ssl-* options");
 	db_bad("mysql://u:hunter2@h/d?ssl-cert=/c.pem", "bad URL: ssl-cert and ssl-key go together");
@@ -1101,7 +1102,7 @@ Test(cfg, url_lists_are_the_nodes_of_one_cluster)
 	cr_assert(a.next->next->tls);
 	cr_assert_eq(a.next->next->port, 5671);
 	cr_assert_null(a.next->next->next);
-	cfg_amqp_free(&a);
+	url_amqp_free(&a);
 	cr_assert_null(a.next);
 
 	db_ok("mysql://w:hunter2@db1:3320/inbox,mysql://w:hunter2@db2:3321/inbox?connect-timeout=2", &d);
@@ -1111,13 +1112,13 @@ Test(cfg, url_lists_are_the_nodes_of_one_cluster)
 	cr_assert_str_eq(d.next->host, "db2");
 	cr_assert_eq(d.next->connect_timeout_s, 2);
 	cr_assert_null(d.next->next);
-	cfg_db_free(&d);
+	url_db_free(&d);
 	cr_assert_null(d.next);
 
 	/* one URL is a list of one */
 	db_ok("mysql://w:hunter2@db1/inbox", &d);
 	cr_assert_null(d.next);
-	cfg_db_free(&d);
+	url_db_free(&d);
 }
 
 Test(cfg, a_bad_node_in_a_list_is_named_by_its_place)
@@ -1126,4 +1127,61 @@ Test(cfg, a_bad_node_in_a_list_is_named_by_its_place)
 	amqp_bad("amqp://u:hunter2@mq1/v,,amqp://mq3/v", "node 2 of the list: empty");
 	amqp_bad("amqp://u:hunter2@mq1/v,http://mq2/v", "node 2 of the list: bad URL: scheme must be amqp:// or amqps://");
 	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2:99999/inbox", "node 2 of the list: bad URL: port out of range [1, 65535]");
+}
+
+/* The list's bound holds for both kinds (one loop, url_list): 16 nodes are
+ * taken in order, a 17th is refused, and a bad last node frees the ones
+ * before it (cr_assert_null(host) in *_bad; ASan would see a leak). */
+Test(cfg, a_list_takes_sixteen_nodes_and_not_seventeen)
+{
+	char amqp[2048], db[2048];
+	size_t al = 0, dl = 0;
+	struct cfg_amqp a;
+	struct cfg_db d;
+	int n = 0;
+
+	for (int i = 1; i <= URL_MAX_NODES + 1; i++) {
+		if (i == URL_MAX_NODES + 1) {
+			amqp_ok(amqp, &a);
+			for (const struct cfg_amqp *x = &a; x != NULL; x = x->next) {
+				char host[16];
+
+				snprintf(host, sizeof host, "mq%d", ++n);
+				cr_assert_str_eq(x->host, host);
+			}
+			cr_assert_eq(n, 16);
+			url_amqp_free(&a);
+			n = 0;
+			db_ok(db, &d);
+			for (const struct cfg_db *x = &d; x != NULL; x = x->next)
+				n++;
+			cr_assert_eq(n, 16);
+			url_db_free(&d);
+		}
+		al += (size_t)snprintf(amqp + al, sizeof amqp - al, "%samqp://u:hunter2@mq%d/v", i > 1 ? "," : "", i);
+		dl += (size_t)snprintf(db + dl, sizeof db - dl, "%smysql://w:hunter2@db%d/inbox", i > 1 ? "," : "", i);
+		cr_assert_lt(al, sizeof amqp);
+		cr_assert_lt(dl, sizeof db);
+	}
+	amqp_bad(amqp, "more than 16 nodes in the list");
+	db_bad(db, "more than 16 nodes in the list");
+	db_bad("mysql://w:hunter2@db1/inbox,mysql://w:hunter2@db2/inbox,mysql://w@db3/bad-name",
+	       "node 3 of the list: bad URL: database name must be 1-64 characters of [A-Za-z0-9_$]");
+}
+
+/* One query walker for both kinds (url_query), each kind keeping its order
+ * of checks: an amqps:// option's name is judged before its value is
+ * decoded, a mysql:// option's value is decoded first. */
+Test(cfg, each_kind_judges_an_option_in_its_own_order)
+{
+	amqp_bad("amqps://u:hunter2@h/v?bogus=%zz",
+	         "bad URL: unknown option 'bogus' "
+	         "(known: cacertfile, certfile, keyfile, verify, server_name_indication)");
+	amqp_bad("amqp://u:hunter2@h/v?verify=%zz", "bad URL: TLS options need amqps://");
+	amqp_bad("amqps://u:hunter2@h/v?verify=%zz", "bad URL: bad percent escape in option value");
+	db_bad("mysql://w:hunter2@h/inbox?bogus=%zz", "bad URL: bad percent escape in option value");
+	amqp_bad("amqps://u:hunter2@h/v?verify", "bad URL: option 'verify' needs a value (name=value)");
+	db_bad("mysql://w:hunter2@h/inbox?ssl", "bad URL: option 'ssl' needs a value (name=value)");
+	amqp_bad("amqps://u:hunter2@h/v?verify=verify_none&&x=1", "bad URL: empty option");
+	db_bad("mysql://w:hunter2@h/inbox?ssl=1&&ssl-verify=1", "bad URL: empty option");
 }

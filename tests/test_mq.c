@@ -2,8 +2,9 @@
  * test_mq.c - the properties-to-JSON conversion without a broker: whatever
  * a producer sends, mq_delivery_props_json returns bounded JSON that parses,
  * the same JSON for the same input, and a note (ASCII) naming what it
- * escaped or dropped.  The restore side is exercised through the broker in
- * test_poison.c.
+ * escaped or dropped (common/props.c, through mq.h's entry points).  The
+ * restore side is exercised through the broker in test_poison.c and
+ * test_mq_live.c.
  */
 #include <criterion/criterion.h>
 #include <amqp.h>

@@ -7,7 +7,7 @@
  * must hold no "broker connection reset": a channel reset hands every
  * prefetched message back and raises its delivery count.
  *
- * Messages are published with librabbitmq directly: common/mq.c only sends
+ * Messages are published with librabbitmq directly: common/pub.c only sends
  * the header kinds the worker itself uses, and these tests need byte arrays,
  * tables, decimals and bytes that are not UTF-8.
  */
