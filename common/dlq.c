@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "array.h"
 #include "db.h"
 #include "fault.h"
 #include "log.h"
@@ -69,10 +70,11 @@ enum dlq_verdict {
 	DLQ_V_COUNT
 };
 
-static const char *const dlq_verdict_names[DLQ_V_COUNT] = {
+static const char *const dlq_verdict_names[] = {
 	"replay", "duplicate", "reopen", "still-malformed", "payload-conflict", "prerequisite-missing",
 	"invalid-transition",
 };
+_Static_assert(ARRAY_LEN(dlq_verdict_names) == DLQ_V_COUNT, "one name per enum dlq_verdict");
 
 struct dlq_run {
 	const struct cfg *conf;

@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "array.h"
+
 /* Untrusted strings quoted in a detail line are cut to this many bytes. */
 #define QUOTE_MAX 48
 
@@ -32,15 +34,16 @@
  * few bytes, and one digest call per token would dominate the hash cost. */
 #define HASH_BUF 512
 
-static const char *const type_names[MSG_TYPE_COUNT] = {
+static const char *const type_names[] = {
 	[MSG_ORDER_CREATED] = "OrderCreated",
 	[MSG_PAYMENT_AUTHORIZED] = "PaymentAuthorized",
 	[MSG_INVENTORY_RESERVED] = "InventoryReserved",
 	[MSG_SHIPMENT_CREATED] = "ShipmentCreated",
 	[MSG_ORDER_CANCELLED] = "OrderCancelled",
 };
+_Static_assert(ARRAY_LEN(type_names) == MSG_TYPE_COUNT, "one name per enum msg_type");
 
-static const char *const reason_names[MSG_REASON_COUNT] = {
+static const char *const reason_names[] = {
 	[MSG_REASON_NONE] = "",
 	[MSG_REASON_MALFORMED_JSON] = "malformed-json",
 	[MSG_REASON_MISSING_FIELD] = "missing-field",
@@ -53,6 +56,7 @@ static const char *const reason_names[MSG_REASON_COUNT] = {
 	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
 	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
 };
+_Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum msg_reason");
 
 const char *msg_type_name(enum msg_type t)
 {
