@@ -488,40 +488,31 @@ static int dlq_db_open(struct dlq_run *r)
 
 static int dlq_inbox_lookup(struct dlq_run *r, const struct msg *m, struct dlq_inbox_row *row)
 {
-	struct db_param p[3] = { DBP_STR(r->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
-	struct db_col c[4] = { DBC_STR(row->outcome, sizeof row->outcome), DBC_STR(row->reason, sizeof row->reason),
-		               DBC_STR(row->sha, sizeof row->sha), DBC_STR(row->at, sizeof row->at) };
-	int rc, got;
+	struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
+	struct db_col c[] = { DBC_STR(row->outcome, sizeof row->outcome), DBC_STR(row->reason, sizeof row->reason),
+		              DBC_STR(row->sha, sizeof row->sha), DBC_STR(row->at, sizeof row->at) };
+	int got;
 
 	memset(row, 0, sizeof *row);
-	rc = db_stmt_query(r->q_inbox, p, 3);
-	if (rc != ST_OK)
-		return rc;
-	got = db_stmt_fetch(r->q_inbox, c, 4);
+	got = db_stmt_query_row(r->q_inbox, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 	if (got < 0)
 		return got;
-	if (got == 1)
-		db_stmt_done(r->q_inbox);
 	row->found = got == 1;
 	return db_commit(r->db);
 }
 
 static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_order_row *row)
 {
-	struct db_param p[1] = { DBP_STR(order_id) };
-	struct db_col c[5] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64(), DBC_I64(),
-		               DBC_STR(row->paid_at, sizeof row->paid_at) };
-	int rc, got;
+	struct db_param p[] = { DBP_STR(order_id) };
+	struct db_col c[] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64(), DBC_I64(),
+		              DBC_STR(row->paid_at, sizeof row->paid_at) };
+	int got;
 
 	memset(row, 0, sizeof *row);
-	rc = db_stmt_query(r->q_order, p, 1);
-	if (rc != ST_OK)
-		return rc;
-	got = db_stmt_fetch(r->q_order, c, 5);
+	got = db_stmt_query_row(r->q_order, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 	if (got < 0)
 		return got;
 	if (got == 1) {
-		db_stmt_done(r->q_order);
 		row->found = true;
 		row->version = c[1].i64;
 		row->flags = c[2].i64;
@@ -748,15 +739,12 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 	if (!r->o->dry_run) {
 		if (v == DLQ_V_REOPEN) {
 			char sha[65];
-			struct db_param p[4];
 			uint64_t reopened = 0;
 
 			msg_sha256_hex(e->m.sha256, sha);
-			p[0] = DBP_STR(r->conf->consumer);
-			p[1] = DBP_STR(e->m.source);
-			p[2] = DBP_STR(e->m.message_id);
-			p[3] = DBP_STR(sha);
-			rc = db_stmt_exec(r->q_reopen, p, 4, &reopened);
+			struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(e->m.source),
+				                DBP_STR(e->m.message_id), DBP_STR(sha) };
+			rc = db_stmt_exec(r->q_reopen, p, ARRAY_LEN(p), &reopened);
 			/* 0: claimed again since the judgement (a concurrent
 			 * replay): the copy is then a duplicate, still safe. */
 			if (rc == ST_OK && reopened == 0)

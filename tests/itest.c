@@ -92,14 +92,10 @@ static int64_t itest_query(const char *sql, const char *arg, bool *found)
 
 		c[0] = DBC_I64();
 		rc = db_prepare(d, &s, sql);
-		if (rc == ST_OK)
-			rc = db_stmt_query(s, p, arg != NULL ? 1 : 0);
 		if (rc == ST_OK) {
-			r = db_stmt_fetch(s, c, 1);
+			r = db_stmt_query_row(s, p, arg != NULL ? ARRAY_LEN(p) : 0, c, ARRAY_LEN(c));
 			if (r < 0)
 				rc = r;
-			else if (r == 1)
-				db_stmt_done(s);
 		}
 		if (rc == ST_OK) {
 			db_rollback(d);
@@ -138,11 +134,8 @@ bool itest_str1(const char *sql, const char *arg, char *buf, size_t cap)
 	cr_assert_eq(db_prepare(d, &s, sql), ST_OK, "prepare: %s", db_errmsg(d));
 	if (arg != NULL)
 		p[0] = DBP_STR(arg);
-	cr_assert_eq(db_stmt_query(s, p, arg ? 1 : 0), ST_OK, "query: %s", db_errmsg(d));
-	r = db_stmt_fetch(s, c, 1);
-	cr_assert_geq(r, 0);
-	if (r == 1)
-		db_stmt_done(s);
+	r = db_stmt_query_row(s, p, arg != NULL ? ARRAY_LEN(p) : 0, c, ARRAY_LEN(c));
+	cr_assert_geq(r, 0, "query: %s", db_errmsg(d));
 	db_rollback(d);
 	return r == 1;
 }

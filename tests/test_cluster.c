@@ -178,11 +178,11 @@ Test(cluster, two_relays_on_different_nodes_publish_each_row_once)
 	                                 " NOW(6))"),
 	             ST_OK, "%s", db_errmsg(d));
 	for (int i = 0; i < ROWS; i++) {
-		struct db_param p[3] = { DBP_STR(id), DBP_STR(itest_cfg()->out_exchange), DBP_STR(id) };
+		struct db_param p[] = { DBP_STR(id), DBP_STR(itest_cfg()->out_exchange), DBP_STR(id) };
 		snprintf(id, sizeof id, "relay-%d", i);
 		p[0] = DBP_STR(id);
 		p[2] = DBP_STR(id);
-		cr_assert_eq(db_stmt_exec(ins, p, 3, NULL), ST_OK, "%s", db_errmsg(d));
+		cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
 	}
 	cr_assert_eq(db_commit(d), ST_OK, "%s", db_errmsg(d));
 	/* Both start before either can have taken the rows. */

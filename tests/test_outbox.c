@@ -63,7 +63,7 @@ static void insert_row(const char *message_id, const char *exchange, const char 
 {
 	struct db *d = itest_db();
 	struct db_stmt *ins;
-	struct db_param p[8] = {
+	struct db_param p[] = {
 		DBP_STR(message_id), DBP_STR(exchange), DBP_STR(rk), DBP_STR("Test"), DBP_STR("o-direct"),
 		headers ? DBP_STR(headers) : DBP_NULL(), DBP_BLOB(body, len), DBP_I64(age_s),
 	};
@@ -72,7 +72,7 @@ static void insert_row(const char *message_id, const char *exchange, const char 
 	                                 " headers, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
 	                                 " NOW(6) - INTERVAL ? SECOND)"),
 	             ST_OK, "%s", db_errmsg(d));
-	cr_assert_eq(db_stmt_exec(ins, p, 8, NULL), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
 	cr_assert_eq(db_commit(d), ST_OK);
 }
 
