@@ -203,6 +203,22 @@ static void copy_field(char *dst, const char *s, size_t len)
 	dst[len] = '\0';
 }
 
+/* An identifier field (message_id, source, order_id): min..max characters
+ * of [A-Za-z0-9._:-], copied into dst (which holds max + 1); otherwise
+ * invalid-field, with a detail that names the field and quotes the value.
+ * The one check for the three, so their rule and wording cannot drift. */
+static enum msg_reason take_id(struct msg *out, const char *field, const char *s, size_t slen, size_t min,
+                               size_t max, char *dst)
+{
+	if (!msg_id_valid(s, slen, min, max)) {
+		set_detail(out, "%s '%.*s%s' is not %zu..%zu characters of [A-Za-z0-9._:-]", field, qlen(slen), s,
+		           qcut(slen), min, max);
+		return MSG_REASON_INVALID_FIELD;
+	}
+	copy_field(dst, s, slen);
+	return MSG_REASON_NONE;
+}
+
 /* Deeper than MSG_MAX_DEPTH object/array levels?  The recursion stops one
  * level past the limit, so it is bounded whatever the body holds. */
 static bool too_deep(json_t *v, int depth)
@@ -401,13 +417,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 	                 out);
 	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	if (!msg_id_valid(s, slen, 1, MSG_ID_MAX)) {
-		set_detail(out, "message_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
-		           qlen(slen), s, qcut(slen), MSG_ID_MAX);
-		r = MSG_REASON_INVALID_FIELD;
+	r = take_id(out, "message_id", s, slen, 1, MSG_ID_MAX, out->message_id);
+	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	}
-	copy_field(out->message_id, s, slen);
 
 	if (too_deep(root, 1)) {
 		set_detail(out, "body nests objects/arrays deeper than %d levels", MSG_MAX_DEPTH);
@@ -419,13 +431,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 	if (r != MSG_REASON_NONE)
 		goto cleanup;
 	if (s != NULL) {
-		if (!msg_id_valid(s, slen, 0, MSG_SOURCE_MAX)) {
-			set_detail(out, "source '%.*s%s' is not 0..%d characters of [A-Za-z0-9._:-]",
-			           qlen(slen), s, qcut(slen), MSG_SOURCE_MAX);
-			r = MSG_REASON_INVALID_FIELD;
+		r = take_id(out, "source", s, slen, 0, MSG_SOURCE_MAX, out->source);
+		if (r != MSG_REASON_NONE)
 			goto cleanup;
-		}
-		copy_field(out->source, s, slen);
 	}
 
 	r = body_or_prop(root, "type", props->type, props->type_len, &s, &slen, out);
@@ -448,13 +456,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 		r = MSG_REASON_MISSING_FIELD;
 		goto cleanup;
 	}
-	if (!msg_id_valid(s, slen, 1, MSG_ORDER_ID_MAX)) {
-		set_detail(out, "order_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
-		           qlen(slen), s, qcut(slen), MSG_ORDER_ID_MAX);
-		r = MSG_REASON_INVALID_FIELD;
+	r = take_id(out, "order_id", s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
+	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	}
-	copy_field(out->order_id, s, slen);
 
 	r = body_string(root, "occurred_at", &s, &slen, out);
 	if (r != MSG_REASON_NONE)
