@@ -154,6 +154,18 @@ int64_t itest_wait_int(const char *sql, int64_t want, int timeout_s)
 	}
 }
 
+size_t itest_read_file(const char *path, char *out, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	size_t len;
+
+	cr_assert_not_null(f, "cannot open %s", path);
+	len = fread(out, 1, cap - 1, f);
+	out[len] = '\0';
+	fclose(f);
+	return len;
+}
+
 const char *itest_source(const char *rel, char *buf, size_t cap)
 {
 	const char *root = getenv("INBOX_SOURCE_ROOT");
@@ -488,7 +500,7 @@ int64_t itest_ledger_created(const char *prefix)
 	                  " WHERE e.message_id LIKE CONCAT(a.p, '-c-%')"
 	                  " AND e.order_id = CONCAT(a.p, '-', SUBSTRING(e.message_id, CHAR_LENGTH(a.p) + 4))"
 	                  " AND e.type = 'OrderCreated' AND e.source = 'itest' AND e.outcome = 'applied'"
-	                  " AND e.from_status = '' AND e.to_status = 'Created' AND e.version = 1",
+	                  " AND e.from_status = 'None' AND e.to_status = 'Created' AND e.version = 1",
 	                  prefix);
 }
 

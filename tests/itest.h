@@ -92,7 +92,7 @@ void itest_event(char *buf, size_t cap, const char *message_id, const char *type
 void itest_publish_orders(struct mq *m, const char *prefix, int from, int to);
 /* Ledger rows (order_events) that are exactly the effect of their own
  * message from itest_publish_orders(prefix): message PREFIX-c-I on order
- * PREFIX-I, type OrderCreated, source itest, applied, from no state to
+ * PREFIX-I, type OrderCreated, source itest, applied, from None to
  * Created at version 1.  With COUNT(*) of the ledger it tells that every
  * message took its own effect, not only that there were as many effects
  * (the UNIQUE index on message_id already guarantees they are distinct). */
@@ -157,6 +157,11 @@ int itest_metrics_port(int k);
 
 /* FNV-1a of len bytes: tells whether a queued body is the one published. */
 uint64_t itest_hash(const void *p, size_t len);
+
+/* Read the file at path into out (cap bytes, NUL-terminated; a longer
+ * file is cut); fails the test when it cannot be opened.  Returns the
+ * length read. */
+size_t itest_read_file(const char *path, char *out, size_t cap);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);
