@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "itest.h"
+#include "outbox.h"
 #include "status.h"
 
 #define WAIT_S 120
@@ -290,4 +291,174 @@ Test(outbox, two_processes_publish_each_row_once, .timeout = 600)
 		snprintf(id, sizeof id, "many-%d", i);
 		cr_assert_eq(count_id(got, n, id), 1, "%s", id);
 	}
+}
+
+/* ---- outbox_ directly: one relay round at a time, no worker ---------------- */
+
+struct relay {
+	struct db *db;
+	struct outbox *ob;
+	struct mq *pub;
+};
+
+/* An outbox on a connection of the worker's account and a confirmed
+ * publisher (topology declared), as a worker's janitor has them. */
+static void relay_open(struct relay *x)
+{
+	memset(x, 0, sizeof *x);
+	cr_assert_eq(db_open(&x->db, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(outbox_open(&x->ob, x->db, itest_cfg()), ST_OK, "%s", db_errmsg(x->db));
+	x->pub = itest_mq();
+}
+
+static void relay_close(struct relay *x)
+{
+	outbox_close(&x->ob);
+	cr_assert_null(x->ob, "outbox_close clears the pointer");
+	outbox_close(&x->ob); /* and takes NULL */
+	mq_close(&x->pub);
+	db_close(&x->db);
+}
+
+static struct outbox_round round_of(struct relay *x, int limit)
+{
+	struct outbox_round r;
+
+	cr_assert_eq(outbox_relay(x->ob, x->pub, limit, &r), ST_OK, "%s", db_errmsg(x->db));
+	return r;
+}
+
+/* A round publishes the pending rows with their message ids, marks each
+ * sent, and says so in its counts; outbox_stats counts them before and
+ * not after; a second round finds nothing and publishes nothing again. */
+Test(outbox, relay_round_publishes_marks_sent_and_counts, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[8];
+	struct outbox_round r;
+	struct relay x;
+	int64_t pending = -1;
+	double oldest = -1;
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("d-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 20);
+	insert_row("d-2", itest_cfg()->out_exchange, "order.Test", "{\"x-extra\":\"2\"}", body, strlen(body), 0);
+	insert_row("d-3", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	relay_open(&x);
+	cr_assert_eq(outbox_stats(x.ob, &pending, &oldest), ST_OK, "%s", db_errmsg(x.db));
+	cr_assert_eq(pending, 3);
+	cr_assert(oldest >= 20 && oldest < 3600, "the oldest row's age: %g s", oldest);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 3);
+	cr_assert_eq(r.sent, 3);
+	cr_assert_eq(r.failed, 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NOT NULL AND leased_until IS NULL"
+	                       " AND attempts = 0"),
+	             3, "each row marked sent, its lease cleared");
+	cr_assert_eq(outbox_stats(x.ob, &pending, &oldest), ST_OK);
+	cr_assert_eq(pending, 0);
+	cr_assert_eq(oldest, 0);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 0, "nothing left to take");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 8, 3, 30), 3);
+	cr_assert_eq(count_id(got, 3, "d-1") + count_id(got, 3, "d-2") + count_id(got, 3, "d-3"), 3,
+	             "each row once, under its message id");
+	cr_assert_eq(got[0].len, strlen(body));
+}
+
+/* limit bounds a round; what it leaves waits for the next, oldest id
+ * first, and no row is taken by two rounds. */
+Test(outbox, limit_bounds_a_round_in_id_order, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[8];
+	struct outbox_round r;
+	struct relay x;
+	char id[16];
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	for (int i = 0; i < 5; i++) {
+		snprintf(id, sizeof id, "l-%d", i);
+		insert_row(id, itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	}
+	relay_open(&x);
+	for (int i = 0; i < 3; i++) {
+		int want = i < 2 ? 2 : 1;
+
+		r = round_of(&x, 2);
+		cr_assert_eq(r.taken, want, "round %d", i);
+		cr_assert_eq(r.sent, want, "round %d", i);
+	}
+	cr_assert_eq(round_of(&x, 2).taken, 0);
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 8, 5, 30), 5, "five rows, five messages");
+	for (int i = 0; i < 5; i++) {
+		snprintf(id, sizeof id, "l-%d", i);
+		cr_assert_str_eq(got[i].message_id, id, "published in id order");
+	}
+}
+
+/* A row under another relay's lease is left alone until the lease runs
+ * out; then it is taken. */
+Test(outbox, a_leased_row_is_left_to_its_relay_until_the_lease_ends, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[4];
+	struct relay x;
+	struct db *d;
+
+	itest_fresh();
+	d = itest_db();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("leased-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	cr_assert_eq(db_exec(d, "UPDATE outbox SET leased_until = NOW(6) + INTERVAL 1 HOUR"), ST_OK);
+	cr_assert_eq(db_commit(d), ST_OK);
+	relay_open(&x);
+	cr_assert_eq(round_of(&x, 64).taken, 0, "another relay's lease is respected");
+	cr_assert_eq(itest_drain(out, got, 4, 0, 0), 0, "nothing published");
+	cr_assert_eq(db_exec(d, "UPDATE outbox SET leased_until = NOW(6) - INTERVAL 1 SECOND"), ST_OK);
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(round_of(&x, 64).sent, 1, "a lease that ran out is taken over");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 4, 1, 30), 1);
+	cr_assert_str_eq(got[0].message_id, "leased-1");
+}
+
+/* A row that cannot be published (stored headers that are not a JSON
+ * object) fails alone: attempts + 1, a backoff and the reason on the row,
+ * counted as failed, while the row beside it is sent; the next round does
+ * not take it before its backoff runs out. */
+Test(outbox, an_unpublishable_row_fails_alone_with_its_backoff, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[4];
+	struct outbox_round r;
+	struct relay x;
+	char why[256];
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("bad-1", itest_cfg()->out_exchange, "order.Test", "[1, 2]", body, strlen(body), 0);
+	insert_row("good-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	relay_open(&x);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 2);
+	cr_assert_eq(r.sent, 1);
+	cr_assert_eq(r.failed, 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'bad-1' AND sent_at IS NULL"
+	                       " AND attempts = 1 AND next_attempt_at > NOW(6) AND leased_until IS NULL"),
+	             1, "attempts + 1, a backoff, no lease");
+	cr_assert(itest_str1("SELECT last_error FROM outbox WHERE message_id = ?", "bad-1", why, sizeof why));
+	cr_assert_neq(why[0], '\0', "the reason is kept on the row");
+	cr_assert_eq(round_of(&x, 64).taken, 0, "not retried before its backoff ends");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 4, 1, 30), 1);
+	cr_assert_str_eq(got[0].message_id, "good-1");
 }
