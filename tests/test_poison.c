@@ -317,44 +317,63 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 
 /* ---- 3. values a column refuses ------------------------------------------- */
 
-/* A routing key that is not UTF-8 cannot be stored with a held event
- * (held_events.routing_key is utf8mb4): it is refused at the boundary
- * with its reason, and the valid messages beside it in a batch stand. */
-Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
+/* n valid OrderCreated messages (PREFIX-ok-I, orders o-I) and one
+ * PaymentAuthorized, bad_id, for an order that does not exist yet (so it
+ * would be held, its routing key stored), published under bad_rk after
+ * the valid message bad_after (-1: before them all).  A worker with
+ * batches of 8 must apply the n valid ones and dead-letter bad_id alone,
+ * with reason and a detail holding detail_has, without a channel reset. */
+static void one_refused_among_valid(const char *prefix, int n, int bad_after, const char *bad_id,
+                                    const char *bad_rk, const char *reason_want, const char *detail_has)
 {
-	enum { N = 20 };
 	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
 	amqp_connection_state_t c;
 	amqp_basic_properties_t p = { 0 };
 	amqp_message_t got;
 	pid_t w;
 
-	itest_fresh();
-	itest_log_path(logf, sizeof logf, "poison-rk");
+	snprintf(id, sizeof id, "poison-%s", prefix);
+	itest_log_path(logf, sizeof logf, id);
 	topology();
 	c = raw_open();
-	itest_event(body, sizeof body, "rk-1", "PaymentAuthorized", "o-unseen");
-	raw_publish(c, "order.\xff\xfe", body, &p);
-	for (int i = 0; i < N; i++) {
-		snprintf(id, sizeof id, "rk-ok-%d", i);
-		snprintf(order, sizeof order, "o-%d", i);
-		itest_event(body, sizeof body, id, "OrderCreated", order);
-		p = (amqp_basic_properties_t){ 0 };
-		raw_publish(c, "order.OrderCreated", body, &p);
+	for (int i = -1; i < n; i++) {
+		if (i >= 0) {
+			snprintf(id, sizeof id, "%s-ok-%d", prefix, i);
+			snprintf(order, sizeof order, "o-%d", i);
+			itest_event(body, sizeof body, id, "OrderCreated", order);
+			p = (amqp_basic_properties_t){ 0 };
+			raw_publish(c, "order.OrderCreated", body, &p);
+		}
+		if (i == bad_after) {
+			itest_event(body, sizeof body, bad_id, "PaymentAuthorized", "o-unseen");
+			p = (amqp_basic_properties_t){ 0 };
+			raw_publish(c, bad_rk, body, &p);
+		}
 	}
 	w = itest_worker_logged(1, (const char *[]){ "INBOX_BATCH=8", NULL }, logf);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, 10), N);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", n, 10), n);
 	cr_assert(raw_get(c, itest_cfg()->dlq, &got, 10), "the message is in the DLQ");
 	hdr_str(&got, "x-inbox-reason", reason, sizeof reason);
 	hdr_str(&got, "x-inbox-detail", detail, sizeof detail);
-	cr_expect_str_eq(reason, "invalid-field", "reason (detail %s)", detail);
-	cr_expect(strstr(detail, "routing key") != NULL, "detail: %s", detail);
+	cr_expect_str_eq(reason, reason_want, "reason (detail %s)", detail);
+	cr_expect(strstr(detail, detail_has) != NULL, "detail: %s", detail);
+	snprintf(id, sizeof id, "\"message_id\":\"%s\"", bad_id);
+	cr_expect(memmem(got.body.bytes, got.body.len, id, strlen(id)) != NULL, "the refused message itself");
 	amqp_destroy_message(&got);
 	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "nothing else in the DLQ");
 	raw_close(c);
 	itest_stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
+}
+
+/* A routing key that is not UTF-8 cannot be stored with a held event
+ * (held_events.routing_key is utf8mb4): it is refused at the boundary
+ * with its reason, and the valid messages beside it in a batch stand. */
+Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
+{
+	itest_fresh();
+	one_refused_among_valid("rk", 20, -1, "rk-1", "order.\xff\xfe", "invalid-field", "routing key");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 }
 
@@ -365,45 +384,9 @@ Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
  * are applied. */
 Test(poison, value_refused_by_the_database_is_unprocessable, .timeout = 300)
 {
-	enum { N = 12 };
-	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
-	amqp_connection_state_t c;
-	amqp_basic_properties_t p = { 0 };
-	amqp_message_t got;
-	struct db *db;
-	pid_t w;
-
 	itest_fresh();
-	db = itest_db();
-	cr_assert_eq(db_exec(db, "ALTER TABLE held_events MODIFY routing_key VARCHAR(8) NOT NULL"), ST_OK);
-	itest_log_path(logf, sizeof logf, "poison-refused");
-	topology();
-	c = raw_open();
-	for (int i = 0; i < N; i++) {
-		snprintf(id, sizeof id, "ref-ok-%d", i);
-		snprintf(order, sizeof order, "o-%d", i);
-		itest_event(body, sizeof body, id, "OrderCreated", order);
-		p = (amqp_basic_properties_t){ 0 };
-		raw_publish(c, "order.OrderCreated", body, &p);
-		if (i == N / 2) {
-			itest_event(body, sizeof body, "ref-1", "PaymentAuthorized", "o-unseen");
-			p = (amqp_basic_properties_t){ 0 };
-			raw_publish(c, "order.PaymentAuthorized", body, &p);
-		}
-	}
-	w = itest_worker_logged(1, (const char *[]){ "INBOX_BATCH=8", NULL }, logf);
-	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, 10), N);
-	cr_assert(raw_get(c, itest_cfg()->dlq, &got, 10), "the message is in the DLQ");
-	hdr_str(&got, "x-inbox-reason", reason, sizeof reason);
-	hdr_str(&got, "x-inbox-detail", detail, sizeof detail);
-	cr_expect_str_eq(reason, "unprocessable", "reason (detail %s)", detail);
-	cr_expect(strstr(detail, "too long") != NULL, "the server's message: %s", detail);
-	amqp_destroy_message(&got);
-	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "nothing else in the DLQ");
-	raw_close(c);
-	itest_stop_ok(w);
-	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
+	cr_assert_eq(db_exec(itest_db(), "ALTER TABLE held_events MODIFY routing_key VARCHAR(8) NOT NULL"), ST_OK);
+	one_refused_among_valid("ref", 12, 6, "ref-1", "order.PaymentAuthorized", "unprocessable", "too long");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'ref-1'"), 0,
 	             "the refused message's claim is rolled back");
 }
