@@ -587,7 +587,7 @@ Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
 	while (itest_queue_depth(c->dlq) == 0 && rounds++ < 50) {
 		struct mq_delivery d;
 		if (mq_get(m, c->queue, &d) != ST_OK) {
-			usleep(50 * 1000);
+			usleep(50 * 1000); /* a bounded poll: the requeued message is back */
 			continue;
 		}
 		cr_assert_eq(mq_reject(m, d.tag, true), ST_OK);
