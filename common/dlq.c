@@ -882,6 +882,8 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 			        conf->dlq);
 		code = rc == ST_OK ? 0 : 1;
 		break;
+	case DLQ_CMD_COUNT: /* not a command: dlq_take_args never sets it */
+		break;
 	}
 cleanup:
 	mq_close(&r.mq);
@@ -934,6 +936,7 @@ int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t 
 {
 	static const char *const cmds[] = { [DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay",
 		                            [DLQ_PURGE] = "purge" };
+	_Static_assert(ARRAY_LEN(cmds) == DLQ_CMD_COUNT, "one name per enum dlq_cmd");
 	int n = *argc, j, first;
 	bool found = false;
 
