@@ -39,7 +39,6 @@
 #include "inbox.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -48,10 +47,9 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "dlq.h"
 #include "fault.h"
 #include "log.h"
-#include "mq.h"
+#include "outbox.h"
 #include "sqlbuf.h"
 #include "status.h"
 
@@ -333,8 +331,7 @@ static const struct {
 	              " updated_at = VALUES(updated_at)" },
 	[W_EVENT] = { "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome, from_status,"
 	              " to_status, version, applied_at) VALUES ", "" },
-	[W_OUTBOX] = { "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"
-	               " created_at) VALUES ", "" },
+	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
 };
@@ -499,114 +496,17 @@ static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, cons
 	sqlbuf_sql(b, ";");
 }
 
-/* One outbox row as it is about to be written. */
-struct inbox_outrow {
-	char id[MSG_ID_MAX + 1];
-	char rk[256];
-	const char *exchange;
-	const char *type;
-	const char *props;   /* JSON or NULL */
-	char *headers;       /* malloc'd JSON or NULL */
-	char *body;          /* malloc'd, or borrowed when body_owned is false */
-	size_t len;
-	bool body_owned;
-};
-
-static void inbox_outrow_free(struct inbox_outrow *r)
+/* The dead-letter copy of ev into the outbox (common/outbox.c builds it). */
+static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, const char *reason,
+                               const char *detail)
 {
-	free(r->headers);
-	if (r->body_owned)
-		free(r->body);
-	r->headers = NULL;
-	r->body = NULL;
-}
+	const struct outbox_dead_letter d = {
+		.message_id = ev->message_id, .routing_key = ev->routing_key, .type = ev->type_name,
+		.order_id = ev->order_id, .props = ev->props, .body = ev->body, .len = ev->len, .reason = reason,
+		.detail = detail,
+	};
 
-/* An emitted event in SPEC's envelope; its id is stable per order and type
- * so that a re-publish after a crash is recognisable downstream. */
-static int inbox_emit_row(struct inbox *ib, const char *type, const struct inbox_event *cause,
-                          struct inbox_outrow *r)
-{
-	json_t *o = NULL;
-	char ts[32];
-	time_t now = time(NULL);
-	struct tm tm;
-	int rc = ST_ERR_NOMEM;
-
-	memset(r, 0, sizeof *r);
-	snprintf(r->id, sizeof r->id, "%s:%s", type, cause->order_id);
-	snprintf(r->rk, sizeof r->rk, "order.%s", type);
-	r->exchange = ib->conf->out_exchange;
-	r->type = type;
-	r->body_owned = true;
-	/* occurred_at: the time of the emission, RFC 3339 UTC. */
-	if (gmtime_r(&now, &tm) == NULL || strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-		return ST_ERR_INVALID;
-	o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", r->id, "source", ib->conf->consumer,
-	              "type", type, "order_id", cause->order_id, "occurred_at", ts, "data", "cause_message_id",
-	              cause->message_id, "cause_type", cause->type_name);
-	if (o == NULL)
-		goto cleanup;
-	r->body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-	if (r->body == NULL)
-		goto cleanup;
-	r->len = strlen(r->body);
-	rc = ST_OK;
-cleanup:
-	json_decref(o);
-	return rc;
-}
-
-/* The dead-letter copy of an event whose transition is impossible (or whose
- * hold expired): original body and properties, plus our reason headers. */
-static int inbox_dead_letter_row(struct inbox *ib, const struct inbox_event *ev, const char *reason,
-                                 const char *detail, struct inbox_outrow *r)
-{
-	char note[400], full[640];
-	json_t *h;
-
-	/* What the saved properties had to escape or drop, said where the
-	 * DLQ reader looks (mq.c keeps the note ASCII). */
-	mq_props_json_note(ev->props, note, sizeof note);
-	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
-	{
-		/* When, for `inbox-worker dlq list` (common/dlq.h). */
-		char at[32];
-		time_t now = time(NULL);
-		struct tm tm;
-
-		if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-			snprintf(at, sizeof at, "unknown");
-		h = json_pack("{s:s, s:s, s:s}", "x-inbox-reason", reason, "x-inbox-detail", full, DLQ_HEADER_AT, at);
-	}
-
-	memset(r, 0, sizeof *r);
-	snprintf(r->id, sizeof r->id, "%s", ev->message_id);
-	snprintf(r->rk, sizeof r->rk, "%s", ev->routing_key);
-	r->exchange = ib->conf->dlx;
-	r->type = ev->type_name;
-	r->props = ev->props;
-	r->body = (char *)ev->body;
-	r->len = ev->len;
-	r->headers = h != NULL ? json_dumps(h, JSON_COMPACT) : NULL;
-	json_decref(h);
-	return r->headers != NULL ? ST_OK : ST_ERR_NOMEM;
-}
-
-static void inbox_w_outrow(struct inbox *ib, const struct inbox_outrow *r, const char *order_id)
-{
-	struct sqlbuf *b = &ib->w[W_OUTBOX];
-
-	sqlbuf_row(b);
-	sqlbuf_str(b, r->id);
-	sqlbuf_str(b, r->exchange);
-	sqlbuf_str(b, r->rk);
-	sqlbuf_str(b, r->type);
-	sqlbuf_str(b, order_id);
-	sqlbuf_str(b, r->props);
-	sqlbuf_str(b, r->headers);
-	sqlbuf_bytes(b, r->body, r->len);
-	sqlbuf_value(b, "NOW(6)");
-	sqlbuf_row_end(b);
+	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, &d);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -635,7 +535,6 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		{ ORDER_EMIT_REFUND, "RefundRequested" },
 		{ ORDER_EMIT_RELEASE, "InventoryReleaseRequested" },
 	};
-	struct inbox_outrow rows[3];
 	const char *outcome = order_decision_outcome(v.decision);
 	int nrows = 0, rc = ST_OK;
 
@@ -643,9 +542,13 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
 		struct sqlbuf *e = &ib->w[W_EVENT];
 
-		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++)
-			if (v.emits & emits[i].bit)
-				rc = inbox_emit_row(ib, emits[i].type, ev, &rows[nrows++]);
+		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++) {
+			if (v.emits & emits[i].bit) {
+				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, emits[i].type, ev->order_id,
+				                      ev->message_id, ev->type_name);
+				nrows++;
+			}
+		}
 		if (rc == ST_OK) {
 			sqlbuf_row(e);
 			sqlbuf_str(e, ev->order_id);
@@ -675,14 +578,13 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		char detail[160];
 		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
 		         order_state_name(o->state));
-		rc = inbox_dead_letter_row(ib, ev, "invalid-transition", detail, &rows[nrows++]);
+		rc = inbox_w_dead_letter(ib, ev, "invalid-transition", detail);
+		nrows++;
 	}
-	for (int i = 0; rc == ST_OK && i < nrows; i++)
-		inbox_w_outrow(ib, &rows[i], ev->order_id);
+	/* On an error the rows written so far go with the rolled-back
+	 * transaction (inbox_end resets the write). */
 	if (rc == ST_OK && (src != SRC_LIVE || v.decision != ORDER_APPLY))
 		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision), src == SRC_HELD_MEM);
-	for (int i = 0; i < nrows; i++)
-		inbox_outrow_free(&rows[i]);
 	if (rc != ST_OK)
 		return rc;
 	res->outbox_rows += nrows;
@@ -773,16 +675,13 @@ static enum msg_reason inbox_held_parse(const struct inbox_held *h, const char *
 static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, enum msg_reason r,
                              const char *detail, struct inbox_result *res)
 {
-	struct inbox_outrow row;
 	const char *reason = msg_reason_name(r);
-	int rc = inbox_dead_letter_row(ib, raw, reason, detail, &row);
+	int rc = inbox_w_dead_letter(ib, raw, reason, detail);
 
 	if (rc == ST_OK) {
-		inbox_w_outrow(ib, &row, raw->order_id);
 		inbox_w_outcome(ib, raw, "dead_lettered", reason, false);
 		res->outbox_rows++;
 	}
-	inbox_outrow_free(&row);
 	LOG(LOG_LEVEL_WARN, "held event cannot be applied; dead-lettered", LOG_S("message_id", raw->message_id),
 	    LOG_S("order", raw->order_id), LOG_S("reason", reason), LOG_S("detail", detail));
 	return rc;
@@ -1398,7 +1297,6 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	struct inbox_order *o = NULL;
 	struct inbox_held h;
 	struct inbox_event ev;
-	struct inbox_outrow row;
 	char rk[256], detail[160];
 	int rc;
 
@@ -1413,16 +1311,14 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	ev.order_id = order_id;
 	snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite", h.type,
 	         ib->conf->hold_ttl_s);
-	rc = inbox_dead_letter_row(ib, &ev, "hold-expired", detail, &row);
+	rc = inbox_w_dead_letter(ib, &ev, "hold-expired", detail);
 	if (rc == ST_OK) {
-		inbox_w_outrow(ib, &row, order_id);
 		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
 		sqlbuf_item(&ib->w[W_DEL]);
 		sqlbuf_i64(&ib->w[W_DEL], id);
 		o->held = o->held > 0 ? o->held - 1 : 0;
 		o->held_dirty = true;
 	}
-	inbox_outrow_free(&row);
 	/* No fault hooks here: those stand for a message's transaction. */
 	rc = inbox_end(ib, rc, false);
 	if (rc != ST_OK)

@@ -49,8 +49,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "dlq.h"
 #include "log.h"
+#include "msg.h"
 #include "status.h"
 
 #define OUTBOX_BATCH_MAX 64
@@ -112,6 +115,89 @@ struct outbox_row {
 
 #define OUTBOX_STR2(x) #x
 #define OUTBOX_STR(x) OUTBOX_STR2(x)
+
+/* ---- writing rows (for the deciding transaction) ---------------------- */
+
+/* Now as RFC 3339 UTC, to the second. */
+static int outbox_now(char *buf, size_t cap)
+{
+	time_t now = time(NULL);
+	struct tm tm;
+
+	if (gmtime_r(&now, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+		return ST_ERR_INVALID;
+	return ST_OK;
+}
+
+static void outbox_row_sql(struct sqlbuf *b, const char *id, const char *exchange, const char *rk,
+                           const char *type, const char *order_id, const char *props, const char *headers,
+                           const void *body, size_t len)
+{
+	sqlbuf_row(b);
+	sqlbuf_str(b, id);
+	sqlbuf_str(b, exchange);
+	sqlbuf_str(b, rk);
+	sqlbuf_str(b, type);
+	sqlbuf_str(b, order_id);
+	sqlbuf_str(b, props);
+	sqlbuf_str(b, headers);
+	sqlbuf_bytes(b, body, len);
+	sqlbuf_value(b, "NOW(6)");
+	sqlbuf_row_end(b);
+}
+
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
+                     const char *cause_message_id, const char *cause_type)
+{
+	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32];
+	char *body = NULL;
+	json_t *o;
+	int rc = outbox_now(ts, sizeof ts);
+
+	if (rc != ST_OK)
+		return rc;
+	/* Cut as the columns and AMQP would: ids fit, ours are short. */
+	snprintf(id, sizeof id, "%s:%s", type, order_id);
+	snprintf(rk, sizeof rk, "order.%s", type);
+	o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", conf->consumer, "type",
+	              type, "order_id", order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
+	              "cause_type", cause_type);
+	if (o != NULL)
+		body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(o);
+	if (body == NULL)
+		return ST_ERR_NOMEM;
+	outbox_row_sql(b, id, conf->out_exchange, rk, type, order_id, NULL, NULL, body, strlen(body));
+	free(body);
+	return ST_OK;
+}
+
+int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d)
+{
+	char note[400], full[640], at[32];
+	char *headers = NULL;
+	json_t *h;
+
+	/* What the saved properties had to escape or drop, said where the
+	 * DLQ reader looks (mq.c keeps the note ASCII). */
+	mq_props_json_note(d->props, note, sizeof note);
+	snprintf(full, sizeof full, "%s%s%s", d->detail, note[0] ? "; properties: " : "", note);
+	/* When, for `inbox-worker dlq list` (common/dlq.h). */
+	if (outbox_now(at, sizeof at) != ST_OK)
+		snprintf(at, sizeof at, "unknown");
+	h = json_pack("{s:s, s:s, s:s}", "x-inbox-reason", d->reason, "x-inbox-detail", full, DLQ_HEADER_AT, at);
+	if (h != NULL)
+		headers = json_dumps(h, JSON_COMPACT);
+	json_decref(h);
+	if (headers == NULL)
+		return ST_ERR_NOMEM;
+	outbox_row_sql(b, d->message_id, conf->dlx, d->routing_key, d->type, d->order_id, d->props, headers, d->body,
+	               d->len);
+	free(headers);
+	return ST_OK;
+}
+
+/* ---- the relay -------------------------------------------------------- */
 
 /* Prepare head + "?, ?, ... ?)" (OUTBOX_BATCH_MAX places) + tail. */
 static int outbox_prepare_in(struct db *db, struct db_stmt **st, const char *head, const char *tail)

@@ -16,9 +16,16 @@
  * alone until then.  A row's failure is logged when it starts and when its
  * reason changes, and its recovery once, not every retry.
  *
+ * The rows are written by the transaction that decides them (common/inbox.c,
+ * in its write request); what a row holds is the relay's format, so it is
+ * built here too (outbox_row_event, outbox_row_dead_letter) and read back
+ * by the same file: headers a JSON object of strings, props the JSON of
+ * mq_delivery_props_json (NULL: none), body bytes.
+ *
  * Ownership: outbox_open prepares statements on a caller-owned db and owns
  * the row buffers (grown to fit what is stored); the mq publisher is
- * borrowed per call.
+ * borrowed per call.  The row writers append to the caller's sqlbuf and
+ * keep nothing.
  */
 #ifndef INBOX_OUTBOX_H
 #define INBOX_OUTBOX_H
@@ -26,6 +33,7 @@
 #include "cfg.h"
 #include "db.h"
 #include "mq.h"
+#include "sqlbuf.h"
 
 struct outbox;
 
@@ -35,6 +43,38 @@ struct outbox_round {
 	int sent;   /* confirmed and marked sent */
 	int failed; /* returned, nacked or unpublishable: attempts + 1, retried later */
 };
+
+/* The head of the multi-row INSERT that the row writers add rows to
+ * (after sqlbuf_list; the caller ends the statement). */
+#define OUTBOX_INSERT_HEAD                                                                             \
+	"INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"  \
+	" created_at) VALUES "
+
+/* An event the worker emits, in SPEC.md's envelope, to conf->out_exchange
+ * with routing key order.<type>.  Its message id, "<type>:<order id>", is
+ * stable per order and type, so that a re-publish after a crash is
+ * recognisable downstream.  cause_*: the event that caused it (data).
+ * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
+                     const char *cause_message_id, const char *cause_type);
+
+/* The dead-letter copy of an event (its transition is impossible, its
+ * hold expired, its stored body cannot be applied): its own body,
+ * properties, routing key and message id, to conf->dlx, with the headers
+ * x-inbox-reason, x-inbox-detail (detail, plus what the saved properties
+ * had to escape or drop) and DLQ_HEADER_AT. */
+struct outbox_dead_letter {
+	const char *message_id;
+	const char *routing_key;
+	const char *type;
+	const char *order_id;
+	const char *props;  /* JSON or NULL */
+	const void *body;
+	size_t len;
+	const char *reason; /* x-inbox-reason */
+	const char *detail; /* x-inbox-detail */
+};
+int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d);
 
 int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf);
 void outbox_close(struct outbox **ob);

@@ -250,130 +250,139 @@ static int parse_dur(const char *name, const char *v, long min, long max, int *o
 	return 0;
 }
 
+/* What an option's value is and where it goes. */
+enum lg_opt_kind {
+	LG_OPT_STR,   /* const char * */
+	LG_OPT_FLAG,  /* bool, no value */
+	LG_OPT_LONG,  /* long in [min, max] */
+	LG_OPT_INT,   /* int in [min, max] */
+	LG_OPT_U64,   /* uint64_t in [min, max] */
+	LG_OPT_RATE,  /* double, an integer in [min, max] */
+	LG_OPT_SHARE, /* double in [0, 1] */
+	LG_OPT_DUR,   /* int seconds in [min, max] */
+	LG_OPT_RUN,   /* the run tag: char[], 1..16 of [A-Za-z0-9] */
+};
+
+#define LG_FOR_PUBLISH 0x1u
+#define LG_FOR_VERIFY 0x2u
+
+struct lg_opt {
+	const char *name;
+	unsigned cmds; /* LG_FOR_*: the commands that take it */
+	enum lg_opt_kind kind;
+	long min, max;
+	void *dst;
+};
+
+/* Parse value v of option o into its destination.  Returns 0 or -1 (err). */
+static int parse_opt(const struct lg_opt *o, const char *v, char *err, size_t errlen)
+{
+	long n;
+
+	switch (o->kind) {
+	case LG_OPT_STR:
+		*(const char **)o->dst = v;
+		return 0;
+	case LG_OPT_FLAG:
+		*(bool *)o->dst = true;
+		return 0;
+	case LG_OPT_SHARE:
+		return parse_share(o->name, v, o->dst, err, errlen);
+	case LG_OPT_DUR:
+		return parse_dur(o->name, v, o->min, o->max, o->dst, err, errlen);
+	case LG_OPT_RUN:
+		if (strlen(v) == 0 || strlen(v) > 16 ||
+		    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != strlen(v)) {
+			snprintf(err, errlen, "%s: 1..16 characters of [A-Za-z0-9]: '%s'", o->name, v);
+			return -1;
+		}
+		snprintf(o->dst, sizeof ((struct lg_opts *)NULL)->run, "%s", v);
+		return 0;
+	case LG_OPT_LONG:
+	case LG_OPT_INT:
+	case LG_OPT_U64:
+	case LG_OPT_RATE:
+		break;
+	}
+	if (parse_num(o->name, v, o->min, o->max, &n, err, errlen) != 0)
+		return -1;
+	if (o->kind == LG_OPT_LONG)
+		*(long *)o->dst = n;
+	else if (o->kind == LG_OPT_INT)
+		*(int *)o->dst = (int)n;
+	else if (o->kind == LG_OPT_U64)
+		*(uint64_t *)o->dst = (uint64_t)n;
+	else
+		*(double *)o->dst = (double)n;
+	return 0;
+}
+
 /* Take the options this program knows out of argv; the rest is copied to
- * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
+ * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error.
+ * One table of options instead of one branch each (they were the same
+ * five lines twenty times). */
 static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
                       char *err, size_t errlen)
 {
+	const unsigned P = LG_FOR_PUBLISH, V = LG_FOR_VERIFY;
+	const struct lg_opt opts[] = {
+		{ "--ledger", P | V, LG_OPT_STR, 0, 0, &a->po.ledger },
+		{ "--timeout", V, LG_OPT_DUR, 1, 86400, &a->vo.timeout_s },
+		{ "--list", V, LG_OPT_INT, 1, 100000, &a->vo.list_max },
+		{ "--json", V, LG_OPT_FLAG, 0, 0, &a->vo.json },
+		{ "--seed", P, LG_OPT_U64, 0, INT64_MAX, &a->sc.seed },
+		{ "--run", P, LG_OPT_RUN, 0, 0, a->sc.run },
+		{ "--orders", P, LG_OPT_LONG, 0, 10000000, &a->sc.orders },
+		{ "--messages", P, LG_OPT_LONG, 1, 40000000, &a->messages },
+		{ "--cancel-share", P, LG_OPT_SHARE, 0, 0, &a->sc.cancel_share },
+		{ "--invalid-share", P, LG_OPT_SHARE, 0, 0, &a->sc.invalid_share },
+		{ "--dup-rate", P, LG_OPT_SHARE, 0, 0, &a->sc.dup_rate },
+		{ "--concurrent-dups", P, LG_OPT_SHARE, 0, 0, &a->sc.concurrent_dups },
+		{ "--delayed-dups", P, LG_OPT_SHARE, 0, 0, &a->sc.delayed_dups },
+		{ "--reorder-window", P, LG_OPT_INT, 0, 8, &a->sc.reorder_window },
+		{ "--interleave", P, LG_OPT_LONG, 1, 1000000, &a->sc.interleave },
+		{ "--conflicts", P, LG_OPT_LONG, 0, 10000000, &a->sc.conflicts },
+		{ "--malformed", P, LG_OPT_LONG, 0, 1000000, &a->sc.malformed },
+		{ "--connections", P, LG_OPT_INT, 1, 64, &a->sc.connections },
+		{ "--rate", P, LG_OPT_RATE, 0, 10000000, &a->po.rate },
+		{ "--progress", P, LG_OPT_FLAG, 0, 0, &a->po.progress },
+		{ "--settle-timeout", P, LG_OPT_DUR, 1, 86400, &a->po.settle_timeout_s },
+		{ "--settle-stall", P, LG_OPT_DUR, 0, 86400, &a->po.settle_stall_s },
+		{ "--retry-timeout", P, LG_OPT_DUR, 1, 86400, &a->po.retry_s },
+	};
+	const unsigned cmd = publish ? P : V;
+
 	*nrest = 0;
 	rest[(*nrest)++] = argv[0];
 	for (int i = 1; i < argc; i++) {
+		const struct lg_opt *o = NULL;
+		const char *v = NULL;
 		bool missing = false;
-		const char *v;
-		long n;
 
-#define OPT(name) ((v = opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
-#define NEED(name)                                                              \
-	do {                                                                    \
-		if (missing) {                                                  \
-			snprintf(err, errlen, "%s: needs a value", name);       \
-			return -1;                                              \
-		}                                                               \
-	} while (0)
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
 			return 1;
-		if (OPT("--ledger")) {
-			NEED("--ledger");
-			a->po.ledger = v;
-			a->vo.ledger = v;
-		} else if (!publish && OPT("--timeout")) {
-			NEED("--timeout");
-			if (parse_dur("--timeout", v, 1, 86400, &a->vo.timeout_s, err, errlen) != 0)
-				return -1;
-		} else if (!publish && OPT("--list")) {
-			NEED("--list");
-			if (parse_num("--list", v, 1, 100000, &n, err, errlen) != 0)
-				return -1;
-			a->vo.list_max = (int)n;
-		} else if (publish && OPT("--seed")) {
-			NEED("--seed");
-			if (parse_num("--seed", v, 0, INT64_MAX, &n, err, errlen) != 0)
-				return -1;
-			a->sc.seed = (uint64_t)n;
-		} else if (publish && OPT("--run")) {
-			NEED("--run");
-			if (strlen(v) == 0 || strlen(v) > 16 || strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != strlen(v)) {
-				snprintf(err, errlen, "--run: 1..16 characters of [A-Za-z0-9]: '%s'", v);
-				return -1;
+		for (size_t k = 0; k < sizeof opts / sizeof opts[0] && o == NULL; k++) {
+			if (!(opts[k].cmds & cmd))
+				continue;
+			if (opts[k].kind == LG_OPT_FLAG) {
+				if (strcmp(argv[i], opts[k].name) == 0)
+					o = &opts[k];
+			} else if ((v = opt_value(argc, argv, &i, opts[k].name, &missing)) != NULL || missing) {
+				o = &opts[k];
 			}
-			snprintf(a->sc.run, sizeof a->sc.run, "%s", v);
-		} else if (publish && OPT("--orders")) {
-			NEED("--orders");
-			if (parse_num("--orders", v, 0, 10000000, &a->sc.orders, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--messages")) {
-			NEED("--messages");
-			if (parse_num("--messages", v, 1, 40000000, &a->messages, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--cancel-share")) {
-			NEED("--cancel-share");
-			if (parse_share("--cancel-share", v, &a->sc.cancel_share, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--invalid-share")) {
-			NEED("--invalid-share");
-			if (parse_share("--invalid-share", v, &a->sc.invalid_share, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--dup-rate")) {
-			NEED("--dup-rate");
-			if (parse_share("--dup-rate", v, &a->sc.dup_rate, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--concurrent-dups")) {
-			NEED("--concurrent-dups");
-			if (parse_share("--concurrent-dups", v, &a->sc.concurrent_dups, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--delayed-dups")) {
-			NEED("--delayed-dups");
-			if (parse_share("--delayed-dups", v, &a->sc.delayed_dups, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--reorder-window")) {
-			NEED("--reorder-window");
-			if (parse_num("--reorder-window", v, 0, 8, &n, err, errlen) != 0)
-				return -1;
-			a->sc.reorder_window = (int)n;
-		} else if (publish && OPT("--interleave")) {
-			NEED("--interleave");
-			if (parse_num("--interleave", v, 1, 1000000, &a->sc.interleave, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--conflicts")) {
-			NEED("--conflicts");
-			if (parse_num("--conflicts", v, 0, 10000000, &a->sc.conflicts, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--malformed")) {
-			NEED("--malformed");
-			if (parse_num("--malformed", v, 0, 1000000, &a->sc.malformed, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--connections")) {
-			NEED("--connections");
-			if (parse_num("--connections", v, 1, 64, &n, err, errlen) != 0)
-				return -1;
-			a->sc.connections = (int)n;
-		} else if (publish && OPT("--rate")) {
-			NEED("--rate");
-			if (parse_num("--rate", v, 0, 10000000, &n, err, errlen) != 0)
-				return -1;
-			a->po.rate = (double)n;
-		} else if (!publish && strcmp(argv[i], "--json") == 0) {
-			a->vo.json = true;
-		} else if (publish && strcmp(argv[i], "--progress") == 0) {
-			a->po.progress = true;
-		} else if (publish && OPT("--settle-timeout")) {
-			NEED("--settle-timeout");
-			if (parse_dur("--settle-timeout", v, 1, 86400, &a->po.settle_timeout_s, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--settle-stall")) {
-			NEED("--settle-stall");
-			if (parse_dur("--settle-stall", v, 0, 86400, &a->po.settle_stall_s, err, errlen) != 0)
-				return -1;
-		} else if (publish && OPT("--retry-timeout")) {
-			NEED("--retry-timeout");
-			if (parse_dur("--retry-timeout", v, 1, 86400, &a->po.retry_s, err, errlen) != 0)
-				return -1;
-		} else {
-			rest[(*nrest)++] = argv[i];
 		}
-#undef OPT
-#undef NEED
+		if (o == NULL) {
+			rest[(*nrest)++] = argv[i];
+			continue;
+		}
+		if (missing) {
+			snprintf(err, errlen, "%s: needs a value", o->name);
+			return -1;
+		}
+		if (parse_opt(o, v, err, errlen) != 0)
+			return -1;
 	}
+	a->vo.ledger = a->po.ledger;
 	rest[*nrest] = NULL;
 	if (a->po.ledger == NULL && !dlq) {
 		snprintf(err, errlen, "--ledger: required");

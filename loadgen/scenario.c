@@ -2,8 +2,10 @@
  * scenario.c - builds the load scenario from the seed and writes its ledger.
  *
  * Why the expectations are computed and not hard-coded: each order's final
- * state, version and emitted messages come from order_decide folded over the
- * canonical sequence, the same table the worker uses, and SPEC.md promises
+ * state, version and emitted messages come from SPEC's table (spec_oracle.c,
+ * typed in from SPEC.md, not the worker's order_decide, so a wrong cell of
+ * the worker's table shows up as a mismatch) folded over the
+ * canonical sequence, and SPEC.md promises
  * that any arrival order ends there.  The one thing that does depend on
  * arrival order is whether an effect is recorded as `applied` or
  * `compensated` (Created, Cancelled, Paid compensates the payment), so the
@@ -81,7 +83,7 @@ static uint32_t lg_below(struct lg_rng *r, uint32_t n)
 	return n == 0 ? 0 : (uint32_t)(lg_next(r) % n);
 }
 
-static const enum msg_type lg_paths[][4] = {
+static const enum msg_type lg_paths[][LG_PATH_MAX] = {
 	[LG_PATH_HAPPY] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED, MSG_SHIPMENT_CREATED },
 	[LG_PATH_CANCEL_NEW] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED },
 	[LG_PATH_CANCEL_PAID] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_ORDER_CANCELLED },
@@ -184,87 +186,68 @@ static int lg_layout(struct lg_phase *ph, const struct lg_entry *e, size_t n, in
 }
 
 /* The outcome of each event if one worker handled them in this order,
- * holds included: "applied", "held-then-applied", "compensated", ... */
-static void lg_nominal(struct lg_scenario *s, const struct lg_order *o, const uint32_t *seq, unsigned n)
+ * holds included: "applied", "held-then-applied", "compensated", ...;
+ * SPEC's, from the oracle. */
+static void lg_nominal(struct lg_scenario *s, const uint32_t *seq, unsigned n)
 {
-	enum order_state st = ORDER_NONE;
-	unsigned flags = 0;
-	uint32_t held[8];
-	unsigned nheld = 0;
+	static const char *const held_then[] = {
+		[SPEC_APPLIED] = "held-then-applied",
+		[SPEC_HELD] = "held",
+		[SPEC_IGNORED] = "held-then-ignored",
+		[SPEC_COMPENSATED] = "held-then-compensated",
+		[SPEC_DEAD_LETTERED] = "held-then-dead_lettered",
+	};
+	enum msg_type ev[LG_PATH_MAX];
+	enum spec_outcome out[LG_PATH_MAX];
+	bool held[LG_PATH_MAX];
+	struct spec_fold f;
 
-	for (unsigned i = 0; i < n; i++) {
-		struct lg_msg *m = &s->msgs[seq[i]];
-		struct order_verdict v = order_decide(st, flags, m->type);
-		bool progress;
+	for (unsigned i = 0; i < n; i++)
+		ev[i] = s->msgs[seq[i]].type;
+	if (spec_fold(ev, n, out, held, &f) != 0)
+		return; /* informative only; the canonical check below refuses such a path */
+	for (unsigned i = 0; i < n; i++)
+		s->msgs[seq[i]].nominal = held[i] ? held_then[out[i]] : spec_outcome_name(out[i]);
+}
 
-		if (v.decision == ORDER_HOLD) {
-			held[nheld++] = seq[i];
-			m->nominal = "held";
-			continue;
-		}
-		m->nominal = order_decision_outcome(v.decision);
-		if (v.decision != ORDER_APPLY && v.decision != ORDER_COMPENSATE)
-			continue;
-		st = v.next;
-		flags = v.flags;
-		do {
-			progress = false;
-			for (unsigned h = 0; h < nheld; h++) {
-				struct lg_msg *hm = &s->msgs[held[h]];
-				struct order_verdict hv = order_decide(st, flags, hm->type);
-				if (hv.decision == ORDER_HOLD)
-					continue;
-				switch (hv.decision) {
-				case ORDER_APPLY: hm->nominal = "held-then-applied"; break;
-				case ORDER_COMPENSATE: hm->nominal = "held-then-compensated"; break;
-				case ORDER_IGNORE: hm->nominal = "held-then-ignored"; break;
-				default: hm->nominal = "held-then-dead_lettered"; break;
-				}
-				if (hv.decision == ORDER_APPLY || hv.decision == ORDER_COMPENSATE) {
-					st = hv.next;
-					flags = hv.flags;
-				}
-				held[h] = held[--nheld];
-				progress = true;
-				break;
-			}
-		} while (progress);
-	}
-	(void)o;
+/* Parse the original body of message idx as the worker would (props NULL:
+ * no AMQP properties).  Returns 0 with *r set, or -1 when out of memory. */
+static int lg_parse_original(const struct lg_scenario *s, uint32_t idx, const struct msg_props *props,
+                             struct msg *parsed, enum msg_reason *r)
+{
+	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
+	size_t len;
+	char *body = lg_body(s, &it, &len);
+
+	if (body == NULL)
+		return -1;
+	*r = msg_parse(body, len, (size_t)s->opts.max_body, props, parsed);
+	free(body);
+	return 0;
 }
 
 static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
-	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
 	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
 	struct msg parsed;
-	size_t len;
-	char *body = lg_body(s, &it, &len);
 	enum msg_reason r;
 
-	if (body == NULL)
+	if (lg_parse_original(s, idx, &props, &parsed, &r) != 0)
 		return -1;
-	r = msg_parse(body, len, (size_t)s->opts.max_body, &props, &parsed);
 	if (r != m->reason)
 		fprintf(stderr, "inbox-loadgen: note: msg_parse says '%s' for the %s class, SPEC.md says '%s'\n",
 		        msg_reason_name(r), lg_bad_names[m->bad], msg_reason_name(m->reason));
-	free(body);
 	return 0;
 }
 
 /* Fill sha256 (the canonical payload hash) of a valid message. */
 static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
-	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
 	struct msg parsed;
-	size_t len;
-	char *body = lg_body(s, &it, &len);
 	enum msg_reason r;
 
-	if (body == NULL)
+	if (lg_parse_original(s, idx, NULL, &parsed, &r) != 0)
 		return -1;
-	r = msg_parse(body, len, (size_t)s->opts.max_body, NULL, &parsed);
-	free(body);
 	if (r != MSG_REASON_NONE) {
 		fprintf(stderr, "inbox-loadgen: generated an invalid event %s: %s\n", m->id, parsed.detail);
 		return -1;
@@ -304,8 +287,7 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 	for (size_t i = 0; i < s->norders; i++) {
 		struct lg_order *od = &s->orders[i];
 		double u = lg_unit(&r);
-		enum order_state st = ORDER_NONE;
-		unsigned flags = 0;
+		struct spec_order st = { SPEC_NONE, false, false };
 
 		if (u < o->cancel_share)
 			od->path = (enum lg_path)(LG_PATH_CANCEL_NEW + (int)(u / o->cancel_share * 3.0));
@@ -321,31 +303,30 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 		od->nmsg = lg_path_len[od->path];
 		for (unsigned k = 0; k < od->nmsg; k++) {
 			struct lg_msg *m = &s->msgs[s->nmsgs++];
-			struct order_verdict v;
+			const struct spec_cell *c;
 
 			snprintf(m->id, sizeof m->id, "%s-%zu-%u", s->prefix, i, k);
 			m->order = (int32_t)i;
 			m->type = lg_paths[od->path][k];
 			m->confirmed_alias = m->type == MSG_PAYMENT_AUTHORIZED && lg_below(&r, 10) == 0;
 			m->source = lg_source_of(m->type);
-			v = order_decide(st, flags, m->type);
-			if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
+			c = spec_decide(&st, m->type);
+			if (c != NULL && spec_takes_effect(c->outcome)) {
 				m->expect = LG_EXPECT_EFFECT;
 				od->final_version++;
-				od->emits |= v.emits;
-				st = v.next;
-				flags = v.flags;
-			} else if (v.decision == ORDER_INVALID) {
+				od->emits |= c->emits;
+				st = spec_after(c);
+			} else if (c != NULL && c->outcome == SPEC_DEAD_LETTERED) {
 				m->expect = LG_EXPECT_DEAD;
 				m->reason = MSG_REASON_INVALID_TRANSITION;
 			} else {
 				fprintf(stderr, "inbox-loadgen: path %d step %u is %s in canonical order\n", od->path, k,
-				        order_decision_outcome(v.decision));
+				        c != NULL ? spec_outcome_name(c->outcome) : "unknown to SPEC");
 				goto out;
 			}
 			nvalid++;
 		}
-		od->final_state = st;
+		od->final_state = st.status;
 	}
 	s->originals = nvalid;
 
@@ -432,7 +413,7 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 				seq[b - 1] = ts;
 			}
 		}
-		lg_nominal(s, od, seq, n);
+		lg_nominal(s, seq, n);
 		for (unsigned p = 0; p < n; p++) {
 			struct lg_msg *m = &s->msgs[seq[p]];
 			double key = chunk_base + (double)p * chunk + (double)(i % (size_t)o->interleave);
@@ -584,6 +565,8 @@ out:
 }
 
 static const char *lg_emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+_Static_assert(SPEC_EMIT_REFUND == 1u << 0 && SPEC_EMIT_RELEASE == 1u << 1 && SPEC_EMIT_ORDER_PAID == 1u << 2,
+               "lg_emit_names is indexed by the SPEC_EMIT_* bit");
 
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, const char *queue,
                     const char *dlq, const char *verify_queue)
@@ -605,7 +588,7 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 	for (size_t i = 0; i < s->norders; i++) {
 		const struct lg_order *od = &s->orders[i];
 		if (fprintf(f, "{\"k\":\"order\",\"id\":\"%s\",\"status\":\"%s\",\"version\":%u,\"emits\":[",
-		            od->id, order_state_name(od->final_state), od->final_version) < 0)
+		            od->id, spec_status_name(od->final_state), od->final_version) < 0)
 			return -1;
 		for (unsigned e = 0, n = 0; e < 3; e++) {
 			if ((od->emits & (1u << e)) && fprintf(f, "%s\"%s\"", n++ ? "," : "", lg_emit_names[e]) < 0)

@@ -20,7 +20,7 @@
 #include <stdio.h>
 
 #include "msg.h"
-#include "order.h"
+#include "spec_oracle.h"
 
 #define LG_ID_MAX 96
 #define LG_PREFIX_MAX 40
@@ -37,6 +37,7 @@ enum lg_path {
 	                           whatever the order (it can never apply) */
 	LG_PATH_COUNT
 };
+#define LG_PATH_MAX 4 /* events of the longest path */
 
 /* What the verifier must find for a message. */
 enum lg_expect {
@@ -72,9 +73,9 @@ struct lg_order {
 	int64_t amount_cents;
 	uint32_t first_msg; /* its messages are msgs[first_msg .. first_msg + nmsg) in canonical order */
 	uint32_t nmsg;
-	enum order_state final_state; /* order_decide folded over the canonical order */
+	enum spec_status final_state; /* SPEC's table folded over the canonical order */
 	unsigned final_version;
-	unsigned emits;               /* ORDER_EMIT_* of the whole sequence */
+	unsigned emits;               /* SPEC_EMIT_* of the whole sequence */
 };
 
 struct lg_msg {

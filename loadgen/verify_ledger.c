@@ -1,0 +1,188 @@
+/*
+ * verify_ledger.c - reads the ledger publish wrote (JSON lines: one "run"
+ * line, then "order" and "msg" lines) into the id maps verify matches
+ * everything else by.  See verify_ledger.h.
+ */
+#include "verify_ledger.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t v_hash(const char *s, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)s[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+static int v_map_init(struct v_map *m, size_t n)
+{
+	m->cap = 16;
+	while (m->cap < n * 2 + 16)
+		m->cap *= 2;
+	m->slot = calloc(m->cap, sizeof *m->slot);
+	return m->slot != NULL ? 0 : -1;
+}
+
+long v_map_find(struct v_map *m, const char *key, size_t len, const char *(*name)(const void *, uint32_t),
+                const void *arr, long insert)
+{
+	size_t i = (size_t)v_hash(key, len) & (m->cap - 1);
+
+	while (m->slot[i] != 0) {
+		const char *n = name(arr, m->slot[i] - 1);
+		if (strlen(n) == len && memcmp(n, key, len) == 0)
+			return (long)m->slot[i] - 1;
+		i = (i + 1) & (m->cap - 1);
+	}
+	if (insert >= 0)
+		m->slot[i] = (uint32_t)insert + 1;
+	return -1;
+}
+
+const char *v_order_name(const void *arr, uint32_t i)
+{
+	return ((const struct v_order *)arr)[i].id;
+}
+
+const char *v_msg_name(const void *arr, uint32_t i)
+{
+	return ((const struct v_msg *)arr)[i].id;
+}
+
+void v_add(struct v_list *l, const char *fmt, ...)
+{
+	if (l->count < l->max) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(l->lines[l->count], sizeof l->lines[0], fmt, ap);
+		va_end(ap);
+	}
+	l->count++;
+}
+
+unsigned v_emit_bit(const char *name)
+{
+	if (strcmp(name, "RefundRequested") == 0)
+		return V_EMIT_REFUND;
+	if (strcmp(name, "InventoryReleaseRequested") == 0)
+		return V_EMIT_RELEASE;
+	if (strcmp(name, "OrderPaid") == 0)
+		return V_EMIT_PAID;
+	return 0;
+}
+
+void v_copy(char *dst, size_t cap, json_t *v)
+{
+	snprintf(dst, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
+}
+
+int v_load(struct v_state *st, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *line = NULL;
+	size_t lcap = 0, ocap = 0, mcap = 0;
+	ssize_t n;
+	long lineno = 0;
+	int rc = -1;
+
+	if (f == NULL) {
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	while ((n = getline(&line, &lcap, f)) > 0) {
+		json_error_t jerr;
+		json_t *o = json_loadb(line, (size_t)n, 0, &jerr);
+		const char *k;
+
+		lineno++;
+		if (o == NULL || !json_is_object(o)) {
+			fprintf(stderr, "inbox-loadgen: %s:%ld: not a ledger line: %s\n", path, lineno, jerr.text);
+			json_decref(o);
+			goto out;
+		}
+		k = json_string_value(json_object_get(o, "k"));
+		if (k == NULL) {
+			json_decref(o);
+			continue;
+		}
+		if (strcmp(k, "run") == 0) {
+			json_t *a = json_object_get(o, "orders"), *b = json_object_get(o, "messages");
+			st->run = json_incref(o);
+			v_copy(st->prefix, sizeof st->prefix, json_object_get(o, "prefix"));
+			ocap = (size_t)json_integer_value(a) + 1;
+			mcap = (size_t)json_integer_value(b) + 1;
+			st->orders = calloc(ocap, sizeof *st->orders);
+			st->msgs = calloc(mcap, sizeof *st->msgs);
+			if (st->orders == NULL || st->msgs == NULL || v_map_init(&st->omap, ocap) != 0 ||
+			    v_map_init(&st->mmap, mcap) != 0) {
+				json_decref(o);
+				goto out;
+			}
+		} else if (st->run == NULL) {
+			fprintf(stderr, "inbox-loadgen: %s: the first line must be the run line\n", path);
+			json_decref(o);
+			goto out;
+		} else if (strcmp(k, "order") == 0 && st->norders < ocap) {
+			struct v_order *od = &st->orders[st->norders];
+			json_t *e;
+			size_t i;
+			v_copy(od->id, sizeof od->id, json_object_get(o, "id"));
+			v_copy(od->status, sizeof od->status, json_object_get(o, "status"));
+			od->version = (unsigned)json_integer_value(json_object_get(o, "version"));
+			json_array_foreach(json_object_get(o, "emits"), i, e) {
+				if (json_is_string(e))
+					od->emits |= v_emit_bit(json_string_value(e));
+			}
+			v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
+			st->norders++;
+		} else if (strcmp(k, "msg") == 0 && st->nmsgs < mcap) {
+			struct v_msg *m = &st->msgs[st->nmsgs];
+			const char *ex = json_string_value(json_object_get(o, "expect"));
+			v_copy(m->id, sizeof m->id, json_object_get(o, "id"));
+			v_copy(m->order, sizeof m->order, json_object_get(o, "order"));
+			v_copy(m->reason, sizeof m->reason, json_object_get(o, "reason"));
+			v_copy(m->sha, sizeof m->sha, json_object_get(o, "sha256"));
+			m->effect = ex != NULL && strcmp(ex, "effect") == 0;
+			m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
+			m->copies = (int)json_integer_value(json_object_get(o, "copies"));
+			v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
+			st->nmsgs++;
+		}
+		json_decref(o);
+	}
+	if (st->run == NULL) {
+		fprintf(stderr, "inbox-loadgen: %s holds no run line\n", path);
+		goto out;
+	}
+	snprintf(st->like, sizeof st->like, "%s-%%", st->prefix);
+	rc = 0;
+out:
+	free(line);
+	fclose(f);
+	return rc;
+}
+
+bool v_ours(const struct v_state *st, const char *id, size_t len)
+{
+	size_t pl = strlen(st->prefix);
+	return len > pl && memcmp(id, st->prefix, pl) == 0 && id[pl] == '-';
+}
+
+void v_state_free(struct v_state *st)
+{
+	db_close(&st->db);
+	json_decref(st->run);
+	free(st->orders);
+	free(st->msgs);
+	free(st->omap.slot);
+	free(st->mmap.slot);
+	free(st->lat);
+}

@@ -1,0 +1,129 @@
+/*
+ * verify_ledger.h - the ledger of inbox-loadgen verify, read into memory,
+ * and the state every step of verify fills in: what the ledger expects of
+ * each message and order (read by v_load), next to what the readers found
+ * (verify_read.c), for the judge (verify_judge.c) to compare.
+ *
+ * Ownership: struct v_state is the caller's; v_load allocates its orders,
+ * msgs, maps and run line, which lg_verify releases (v_state_free).
+ */
+#ifndef INBOX_LG_VERIFY_LEDGER_H
+#define INBOX_LG_VERIFY_LEDGER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cfg.h"
+#include "db.h"
+#include "scenario.h"
+
+#define V_REASON_MAX 40
+#define V_DEAD_REASONS 16
+/* Emitted message kinds, the bits of v_order.emits / .seen. */
+#define V_EMIT_REFUND 0x1u
+#define V_EMIT_RELEASE 0x2u
+#define V_EMIT_PAID 0x4u
+#define V_EMIT_KINDS 3
+
+struct v_order {
+	char id[LG_ID_MAX];
+	char status[24];
+	unsigned version;
+	unsigned emits;      /* expected V_EMIT_* */
+	unsigned seen;       /* emitted messages seen */
+	bool found;
+	char got_status[24];
+	int64_t got_version;
+};
+
+struct v_msg {
+	char id[LG_ID_MAX];
+	char order[LG_ID_MAX];
+	bool effect;
+	char reason[V_REASON_MAX];
+	int conflicts;
+	int copies;         /* deliveries published: 1 + its duplicate copies */
+	char sha[65];
+	bool row;
+	char got_outcome[20];
+	char got_reason[V_REASON_MAX];
+	char got_sha[65];
+	int64_t events;
+	int dlq_hits;       /* DLQ copies with the expected reason */
+	int conflict_hits;  /* DLQ copies marked payload-conflict */
+	int bare_hits;      /* DLQ copies without x-inbox-reason (the broker's delivery limit) */
+};
+
+/* Open addressing from an id to an index; ids are unique per kind. */
+struct v_map {
+	uint32_t *slot; /* index + 1, 0 = empty */
+	size_t cap;
+};
+
+/* A list of problems: counted in full, the first `max` kept for the report. */
+struct v_list {
+	const char *title;
+	long count;
+	int max;
+	char (*lines)[200];
+};
+
+struct v_state {
+	const struct cfg *conf;
+	char prefix[LG_PREFIX_MAX];
+	char like[LG_PREFIX_MAX + 4];
+	char verify_queue[300];
+	struct v_order *orders;
+	size_t norders;
+	struct v_msg *msgs;
+	size_t nmsgs;
+	struct v_map omap, mmap;
+	json_t *run;
+	struct v_list missing, doubled, wrong, unexpected;
+	long foreign;       /* queue messages of other runs (left in place, ignored) */
+	struct {
+		char reason[V_REASON_MAX];
+		long n;
+	} dead_by_reason[V_DEAD_REASONS]; /* the run's DLQ copies by x-inbox-reason */
+	int ndead_reasons;
+	long republished;   /* emitted messages seen more than once (allowed) */
+	/* The missing list by kind, for the report's totals. */
+	long miss_effects, miss_dead, miss_dead_bare, miss_conflicts, miss_orders, miss_emits;
+	long outcome_count[6];
+	/* Rows with held_at: events that waited.  By what became of them:
+	 * released into an outcome (v_outcomes index 0..3), expired, still
+	 * held. */
+	long held_total, held_released[4], held_expired, held_still;
+	int64_t *lat;       /* publish -> commit, microseconds */
+	size_t nlat;
+	int64_t first_pub, last_done;
+	struct db *db;
+};
+
+/* Find key (len bytes); name(arr, i) gives entry i's id.  Returns the index
+ * or -1; with insert >= 0 stores that index when absent. */
+long v_map_find(struct v_map *m, const char *key, size_t len, const char *(*name)(const void *, uint32_t),
+                const void *arr, long insert);
+const char *v_order_name(const void *arr, uint32_t i);
+const char *v_msg_name(const void *arr, uint32_t i);
+
+/* Append a problem to l (counted always, kept while under l->max). */
+__attribute__((format(printf, 2, 3)))
+void v_add(struct v_list *l, const char *fmt, ...);
+
+/* V_EMIT_* for an emitted type name; 0 when not one we emit. */
+unsigned v_emit_bit(const char *name);
+/* Copy a JSON string (or "" for anything else) into dst. */
+void v_copy(char *dst, size_t cap, json_t *v);
+/* Whether id (len bytes) belongs to this run (starts with its prefix). */
+bool v_ours(const struct v_state *st, const char *id, size_t len);
+
+/* Read the ledger at path into st.  Returns 0, or -1 with a message on
+ * stderr. */
+int v_load(struct v_state *st, const char *path);
+/* Release what v_load and the readers allocated (not the lists' lines). */
+void v_state_free(struct v_state *st);
+
+#endif

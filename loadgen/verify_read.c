@@ -1,0 +1,490 @@
+/*
+ * verify_read.c - the database and queue readers of inbox-loadgen verify.
+ *
+ * Everything is matched by id, so rows of other runs in the same database
+ * are ignored (the run prefix selects ours).  The two queues are browsed,
+ * not drained (v_browse): every message read is put back, so verify can
+ * run again on the same ledger and other runs' messages stay.
+ */
+#include "verify_read.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mq.h"
+#include "publish.h"
+#include "status.h"
+
+static const char *const v_outcomes[6] = { "applied", "compensated", "ignored", "dead_lettered", "held", "other" };
+
+static int v_outcome_index(const char *s)
+{
+	for (int i = 0; i < 5; i++) {
+		if (strcmp(s, v_outcomes[i]) == 0)
+			return i;
+	}
+	return 5;
+}
+
+/* One integer from a query with the run's LIKE pattern (and the consumer
+ * when with_consumer). */
+static int v_count(struct v_state *st, const char *sql, bool with_consumer, int64_t *out)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2];
+	struct db_col c[1] = { DBC_I64() };
+	int n = 0, rc;
+
+	if (with_consumer)
+		p[n++] = DBP_STR(st->conf->consumer);
+	p[n++] = DBP_STR(st->like);
+	rc = db_prepare(st->db, &q, sql);
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, n);
+	if (rc == ST_OK) {
+		int r = db_stmt_fetch(q, c, 1);
+		if (r < 0)
+			rc = r;
+		else if (r == 1) {
+			*out = c[0].is_null ? 0 : c[0].i64;
+			db_stmt_done(q);
+		}
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+static int v_ready_messages(struct v_state *st, struct mq *m, uint32_t *ready)
+{
+	const struct cfg *c = st->conf;
+	int nq = c->ordering == CFG_ORDERING_SHARDED ? c->shards : 1;
+
+	*ready = 0;
+	for (int i = 0; i < nq; i++) {
+		char q[300];
+		uint32_t n = 0;
+		int rc;
+
+		if (mq_consume_queue_name(c, i, q, sizeof q) != 0)
+			return ST_ERR_INVALID;
+		rc = mq_queue_counts(m, q, &n, NULL);
+		if (rc != ST_OK)
+			return rc;
+		*ready += n;
+	}
+	return ST_OK;
+}
+
+/* A broker or database that is away for a moment (the end of a chaos run)
+ * is waited for within the same bound; the last error is reported if it
+ * never comes back. */
+int v_wait_idle(struct v_state *st, int timeout_s)
+{
+	struct mq *m = NULL;
+	double end = lg_mono() + timeout_s, stable_since = 0;
+	int64_t last_rows = -1;
+	int64_t expected = json_integer_value(json_object_get(st->run, "originals"));
+	bool tty = isatty(2) != 0;
+	char last_err[256] = "";
+	int rc = ST_OK;
+
+	for (;;) {
+		uint32_t ready = 0;
+		int64_t held = 0, pending = 0, rows = 0;
+		double now;
+
+		if (m == NULL) {
+			rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, sizeof last_err);
+			if (rc == ST_ERR_ACCESS) {
+				log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
+				return rc;
+			}
+		}
+		if (st->db == NULL && rc == ST_OK) {
+			rc = db_open_why(&st->db, &st->conf->db, last_err, sizeof last_err);
+			if (rc == ST_ERR_ACCESS) {
+				mq_close(&m);
+				log_refused("db", st->conf->db.user, st->conf->db.redacted, last_err);
+				return rc;
+			}
+		}
+		if (rc == ST_OK) {
+			rc = v_ready_messages(st, m, &ready);
+			if (rc != ST_OK) {
+				snprintf(last_err, sizeof last_err, "queue counts: %s", mq_errmsg(m));
+				mq_close(&m);
+			}
+		}
+		if (rc == ST_OK) {
+			rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true,
+			             &held);
+			if (rc == ST_OK)
+				rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false,
+				             &pending);
+			if (rc == ST_OK)
+				rc = v_count(st,
+				             "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?",
+				             true, &rows);
+			if (rc != ST_OK) {
+				snprintf(last_err, sizeof last_err, "database: %s", db_errmsg(st->db));
+				db_close(&st->db);
+			}
+		}
+		now = lg_mono();
+		if (rc == ST_OK) {
+			if (rows != last_rows) {
+				last_rows = rows;
+				stable_since = now;
+			}
+			if (ready == 0 && held == 0 && pending == 0) {
+				/* All rows there: one quiet second is enough; otherwise
+				 * give in-flight deliveries five seconds to show up. */
+				double need = rows >= expected ? 1.0 : 5.0;
+				if (now - stable_since >= need)
+					break;
+			}
+		}
+		if (now > end) {
+			if (rc != ST_OK) {
+				fprintf(stderr, "%sinbox-loadgen: %s\n", tty ? "\n" : "", last_err);
+				break;
+			}
+			fprintf(stderr,
+			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld);"
+			        " verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held, (long long)pending,
+			        (long long)rows, (long long)expected);
+			break;
+		}
+		if (tty && rc == ST_OK)
+			fprintf(stderr, "\rwaiting for the worker: ready %u, held %lld, outbox %lld, inbox rows %lld/%lld   ",
+			        ready, (long long)held, (long long)pending, (long long)rows, (long long)expected);
+		rc = ST_OK;
+		lg_sleep_ms(500);
+	}
+	if (tty)
+		fprintf(stderr, "\r%-90s\r", "");
+	mq_close(&m);
+	return rc == ST_OK ? 0 : -1;
+}
+
+static int v_read_inbox(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	char id[MSG_ID_MAX + 1], outcome[20], reason[V_REASON_MAX], sha[65];
+	size_t cap = 1024;
+	int rc, r;
+
+	st->lat = malloc(cap * sizeof *st->lat);
+	if (st->lat == NULL)
+		return ST_ERR_NOMEM;
+	st->first_pub = INT64_MAX;
+	st->last_done = INT64_MIN;
+	/* Times relative to a fixed DATETIME, so the session time zone does
+	 * not matter. */
+	rc = db_prepare(st->db, &q,
+	                "SELECT message_id, outcome, COALESCE(reason, ''), payload_sha256,"
+	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', published_at),"
+	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', processed_at), held_at IS NOT NULL"
+	                " FROM processed_messages WHERE consumer = ? AND message_id LIKE ?");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 2);
+	while (rc == ST_OK) {
+		struct db_col c[7] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
+		                       DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64(),
+		                       DBC_I64() };
+		int oi;
+		long i;
+
+		r = db_stmt_fetch(q, c, 7);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		oi = v_outcome_index(outcome);
+		st->outcome_count[oi]++;
+		if (c[6].i64 != 0) {
+			st->held_total++;
+			if (oi == 4)
+				st->held_still++;
+			else if (strcmp(reason, "hold-expired") == 0)
+				st->held_expired++;
+			else if (oi < 4)
+				st->held_released[oi]++;
+		}
+		if (!c[4].is_null) {
+			if (st->nlat == cap) {
+				int64_t *n = realloc(st->lat, cap * 2 * sizeof *n);
+				if (n == NULL) {
+					db_stmt_done(q);
+					rc = ST_ERR_NOMEM;
+					break;
+				}
+				st->lat = n;
+				cap *= 2;
+			}
+			st->lat[st->nlat++] = c[5].i64 - c[4].i64;
+			if (c[4].i64 < st->first_pub)
+				st->first_pub = c[4].i64;
+		}
+		if (c[5].i64 > st->last_done)
+			st->last_done = c[5].i64;
+		i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+		if (i < 0) {
+			v_add(&st->unexpected, "%s: inbox row (%s) for a message the ledger does not know", id, outcome);
+			continue;
+		}
+		st->msgs[i].row = true;
+		snprintf(st->msgs[i].got_outcome, sizeof st->msgs[i].got_outcome, "%s", outcome);
+		snprintf(st->msgs[i].got_reason, sizeof st->msgs[i].got_reason, "%s", reason);
+		snprintf(st->msgs[i].got_sha, sizeof st->msgs[i].got_sha, "%s", sha);
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+/* v_read_inbox, v_read_events and v_read_orders share the shape of every
+ * row loop over db.h (prepare, query, fetch until 0, rollback) and nothing
+ * else: their columns, maps and records differ, so a common loop would
+ * take a callback and a column array each and say less. */
+static int v_read_events(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	char id[MSG_ID_MAX + 1];
+	int rc, r;
+
+	/* Counted per message id, not per (consumer, source, message_id): a
+	 * second effect of one message is a double whatever else differs. */
+	rc = db_prepare(st->db, &q, "SELECT message_id, COUNT(*) FROM order_events WHERE consumer = ?"
+	                            " AND message_id LIKE ? GROUP BY message_id");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 2);
+	while (rc == ST_OK) {
+		struct db_col c[2] = { DBC_STR(id, sizeof id), DBC_I64() };
+		long i;
+
+		r = db_stmt_fetch(q, c, 2);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+		if (i < 0)
+			v_add(&st->unexpected, "%s: order_events row for a message the ledger does not know%s", id, "");
+		else
+			st->msgs[i].events = c[1].i64;
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+static int v_read_orders(struct v_state *st)
+{
+	struct db_stmt *q = NULL;
+	struct db_param p[1] = { DBP_STR(st->like) };
+	char id[MSG_ORDER_ID_MAX + 1], status[24];
+	int rc, r;
+
+	rc = db_prepare(st->db, &q, "SELECT id, status, version FROM orders WHERE id LIKE ?");
+	if (rc == ST_OK)
+		rc = db_stmt_query(q, p, 1);
+	while (rc == ST_OK) {
+		struct db_col c[3] = { DBC_STR(id, sizeof id), DBC_STR(status, sizeof status), DBC_I64() };
+		long i;
+
+		r = db_stmt_fetch(q, c, 3);
+		if (r <= 0) {
+			rc = r;
+			break;
+		}
+		i = v_map_find(&st->omap, id, strlen(id), v_order_name, st->orders, -1);
+		if (i < 0) {
+			v_add(&st->unexpected, "%s: order row the ledger does not know%s", id, "");
+			continue;
+		}
+		st->orders[i].found = true;
+		snprintf(st->orders[i].got_status, sizeof st->orders[i].got_status, "%s", status);
+		st->orders[i].got_version = c[2].i64;
+	}
+	db_rollback(st->db);
+	return rc;
+}
+
+/* The message id of a queued message: its property, else its body's. */
+static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap)
+{
+	buf[0] = '\0';
+	if (d->props.message_id != NULL) {
+		snprintf(buf, cap, "%.*s", (int)d->props.message_id_len, d->props.message_id);
+		return;
+	}
+	{
+		json_error_t jerr;
+		json_t *o = json_loadb(d->body, d->len, 0, &jerr);
+		v_copy(buf, cap, json_object_get(o, "message_id"));
+		json_decref(o);
+	}
+}
+
+/* Browse a queue: basic.get every message that is ready, without acking,
+ * then reject them all with requeue.  The verifier only reads — a second
+ * run on the same ledger sees the same queues, and other runs' messages
+ * stay.  basic.get rather than a consumer: a held (unacked) message is not
+ * handed out again, so each is seen once, and the browse stops at the
+ * ready count of a passive declare taken first (the run is settled, and
+ * nothing we requeue could come back to the head while we still read).
+ * The requeue happens only after the whole queue is read; a classic queue
+ * puts each message back in its place.  The passive declare after the
+ * rejects is a round trip behind them on the same channel, so when this
+ * returns the queue holds them again. */
+static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *))
+{
+	struct mq *m = NULL;
+	struct mq_delivery d;
+	uint64_t *tags = NULL;
+	uint32_t ready = 0, after = 0;
+	size_t n = 0;
+	char why[300];
+	int rc;
+
+	rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", why, sizeof why);
+	if (rc == ST_OK)
+		rc = mq_queue_counts(m, queue, &ready, NULL);
+	if (rc == ST_ERR_ACCESS)
+		log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, why);
+	else if (rc != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : why);
+		mq_close(&m);
+		return rc;
+	}
+	if (ready > 0) {
+		tags = malloc((size_t)ready * sizeof *tags);
+		if (tags == NULL) {
+			mq_close(&m);
+			return ST_ERR_NOMEM;
+		}
+	}
+	memset(&d, 0, sizeof d);
+	while (n < ready) {
+		rc = mq_get(m, queue, &d);
+		if (rc == ST_ERR_NOT_FOUND) {
+			rc = ST_OK; /* fewer than counted: another reader took some */
+			break;
+		}
+		if (rc != ST_OK) {
+			fprintf(stderr, "inbox-loadgen: reading %s: %s\n", queue, mq_errmsg(m));
+			break;
+		}
+		tags[n++] = d.tag;
+		on_msg(st, &d);
+		mq_delivery_release(m, &d);
+	}
+	for (size_t i = 0; i < n && rc == ST_OK; i++) {
+		rc = mq_reject(m, tags[i], true);
+		if (rc != ST_OK)
+			fprintf(stderr, "inbox-loadgen: requeueing %s: %s\n", queue, mq_errmsg(m));
+	}
+	if (rc == ST_OK)
+		rc = mq_queue_counts(m, queue, &after, NULL);
+	/* On an error the connection's close requeues what is still unacked. */
+	mq_close(&m);
+	free(tags);
+	return rc;
+}
+
+static void v_tally_reason(struct v_state *st, const char *reason)
+{
+	int i;
+
+	for (i = 0; i < st->ndead_reasons; i++) {
+		if (strcmp(st->dead_by_reason[i].reason, reason) == 0)
+			break;
+	}
+	if (i == st->ndead_reasons) {
+		if (i == V_DEAD_REASONS)
+			i--; /* more kinds than SPEC.md has: the last slot takes the rest */
+		else
+			st->ndead_reasons++;
+		snprintf(st->dead_by_reason[i].reason, sizeof st->dead_by_reason[i].reason, "%s", reason);
+	}
+	st->dead_by_reason[i].n++;
+}
+
+static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
+{
+	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
+	struct v_msg *m;
+	long i;
+
+	v_delivery_id(d, id, sizeof id);
+	if (!v_ours(st, id, strlen(id))) {
+		st->foreign++;
+		return;
+	}
+	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		snprintf(reason, sizeof reason, "(none)");
+	v_tally_reason(st, reason);
+	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+	if (i < 0) {
+		v_add(&st->unexpected, "%s: dead-lettered (%s), not in the ledger", id, reason);
+		return;
+	}
+	m = &st->msgs[i];
+	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		m->bare_hits++;
+	if (!m->effect && strcmp(reason, m->reason) == 0)
+		m->dlq_hits++;
+	else if (m->conflicts > 0 && strcmp(reason, "payload-conflict") == 0)
+		m->conflict_hits++;
+	else
+		v_add(&st->unexpected, "%s: dead-lettered as %s", id, reason);
+}
+
+static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
+{
+	json_error_t jerr;
+	json_t *o = json_loadb(d->body, d->len, 0, &jerr);
+	const char *type = json_string_value(json_object_get(o, "type"));
+	const char *order = json_string_value(json_object_get(o, "order_id"));
+	unsigned bit;
+	long i;
+
+	if (type == NULL || order == NULL || !v_ours(st, order, strlen(order))) {
+		st->foreign++;
+		json_decref(o);
+		return;
+	}
+	bit = v_emit_bit(type);
+	i = v_map_find(&st->omap, order, strlen(order), v_order_name, st->orders, -1);
+	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit))
+		v_add(&st->unexpected, "%s: emitted %s, not in the ledger", order, type);
+	else if (st->orders[i].seen & bit)
+		st->republished++; /* the outbox is at-least-once; downstream dedups by message-id */
+	else
+		st->orders[i].seen |= bit;
+	json_decref(o);
+}
+
+int v_read_db(struct v_state *st)
+{
+	int rc = v_read_inbox(st);
+
+	if (rc == ST_OK)
+		rc = v_read_events(st);
+	if (rc == ST_OK)
+		rc = v_read_orders(st);
+	return rc;
+}
+
+int v_read_queues(struct v_state *st)
+{
+	int rc = v_browse(st, st->conf->dlq, v_on_dead);
+
+	if (rc == ST_OK)
+		rc = v_browse(st, st->verify_queue, v_on_emitted);
+	return rc;
+}
