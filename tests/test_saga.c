@@ -429,9 +429,10 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 		log_path(logf[p], sizeof logf[p], name);
 		w[p] = itest_worker_logged(4, env, logf[p]);
 	}
-	/* Wait until both have declared the sharded topology. */
-	cr_assert_eq(itest_wait_int("SELECT 1", 1, 1), 1);
-	sleep(2);
+	/* Wait until both have declared the sharded topology: each consumes
+	 * only once it has. */
+	for (int p = 0; p < 2; p++)
+		itest_wait_log(logf[p], "consuming worker=", WAIT_S);
 	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
 	pthread_join(t, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, WAIT_S), 4 * ORDERS);
