@@ -649,6 +649,11 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 
 	if (!s->has_result || ncols > DB_MAX_COLS)
 		return db_fail(s->db, 0xffff, "fetch without a result");
+	/* The connector binds as many columns as the result has, from
+	 * whatever the array holds: fewer would bind zeroed entries, more
+	 * would leave the caller's extra ones looking like values. */
+	if (ncols < 0 || (unsigned)ncols != mysql_stmt_field_count(s->st))
+		return db_fail(s->db, 0xffff, "column count mismatch");
 	memset(b, 0, sizeof b);
 	/* The connector sets a column's error flag only when it cuts the
 	 * value: the others must read 0, not what the stack held (seen: an
@@ -736,6 +741,18 @@ void db_stmt_done(struct db_stmt *s)
 		}
 	}
 	s->has_result = false;
+}
+
+int db_stmt_query_row(struct db_stmt *s, const struct db_param *p, int n, struct db_col *cols, int ncols)
+{
+	int rc = db_stmt_query(s, p, n);
+
+	if (rc != ST_OK)
+		return rc;
+	rc = db_stmt_fetch(s, cols, ncols);
+	if (rc == 1)
+		db_stmt_done(s);
+	return rc;
 }
 
 uint64_t db_stmt_insert_id(struct db_stmt *s)

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "array.h"
 #include "cfg.h"
 
 struct db;
@@ -114,6 +115,14 @@ void db_rollback(struct db *d);
 /* Prepare sql on d.  The statement is owned by d. */
 int db_prepare(struct db *d, struct db_stmt **out, const char *sql);
 
+/*
+ * Every call below that takes a parameter or column count checks it
+ * against the statement's (`?` markers, result columns): a count that
+ * differs is ST_ERR_DB ("parameter count mismatch", "column count
+ * mismatch") before anything is bound.  Callers pass ARRAY_LEN (array.h)
+ * of the array they built, never a number written beside it.
+ */
+
 /* Execute with n parameters; *affected (may be NULL) gets the row count. */
 int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *affected);
 /* Execute once over nrows rows of ncols parameters (p is row-major:
@@ -129,6 +138,10 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols);
 /* Release a query's remaining rows (needed before the next statement when
  * the caller stops fetching early). */
 void db_stmt_done(struct db_stmt *s);
+/* A query read for its first row only (a lookup by key, a COUNT, a
+ * GET_LOCK): db_stmt_query, one db_stmt_fetch, the rest released.
+ * 1 = the row is in cols, 0 = no row, < 0 = error. */
+int db_stmt_query_row(struct db_stmt *s, const struct db_param *p, int n, struct db_col *cols, int ncols);
 uint64_t db_stmt_insert_id(struct db_stmt *s);
 
 /* The last error's server text and number, for logs. */

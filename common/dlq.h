@@ -36,7 +36,7 @@
 #define DLQ_HEADER_AT "x-inbox-dead-lettered-at"
 #define DLQ_HEADER_DELIVERIES "x-inbox-delivery-count"
 
-enum dlq_cmd { DLQ_LIST = 0, DLQ_SHOW, DLQ_REPLAY, DLQ_PURGE };
+enum dlq_cmd { DLQ_LIST = 0, DLQ_SHOW, DLQ_REPLAY, DLQ_PURGE, DLQ_CMD_COUNT /* not a command */ };
 
 struct dlq_opts {
 	enum dlq_cmd cmd;

@@ -46,18 +46,12 @@ void gauge_close(struct gauge **g)
 
 int gauge_held(struct gauge *g, int64_t *n, double *oldest_s)
 {
-	struct db_param p[1] = { DBP_STR(g->conf->consumer) };
-	struct db_col c[2] = { DBC_I64(), DBC_I64() };
-	int rc = db_stmt_query(g->held, p, 1);
-	int r;
+	struct db_param p[] = { DBP_STR(g->conf->consumer) };
+	struct db_col c[] = { DBC_I64(), DBC_I64() };
+	int r = db_stmt_query_row(g->held, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 
-	if (rc != ST_OK)
-		return rc;
-	r = db_stmt_fetch(g->held, c, 2);
 	if (r < 0)
 		return r;
-	if (r == 1)
-		db_stmt_done(g->held);
 	*n = r == 1 ? c[0].i64 : 0;
 	*oldest_s = r == 1 && !c[1].is_null && c[1].i64 > 0 ? (double)c[1].i64 / 1e6 : 0;
 	db_rollback(g->db);

@@ -187,6 +187,7 @@ static const char *const inbox_outcome_names[] = {
 	[INBOX_DEAD_LETTERED] = "dead_lettered", [INBOX_DUPLICATE] = "duplicate",
 	[INBOX_CONFLICT] = "payload-conflict",
 };
+_Static_assert(sizeof inbox_outcome_names / sizeof inbox_outcome_names[0] == INBOX_OUTCOME_COUNT, "one name per outcome");
 
 const char *inbox_outcome_name(enum inbox_outcome o)
 {

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "array.h"
+
 #define LOG_LINE_MAX 4096  /* == PIPE_BUF on Linux: one atomic write */
 #define LOG_VALUE_MAX 1024 /* input bytes of one value before it is cut */
 #define LOG_TAIL_RESERVE 48 /* closing quote, truncation marker, "}\n" */
@@ -39,11 +41,13 @@ static const char *const log_level_names[] = {
 	[LOG_LEVEL_INFO] = "info",
 	[LOG_LEVEL_DEBUG] = "debug",
 };
+_Static_assert(ARRAY_LEN(log_level_names) == LOG_LEVEL_COUNT, "one name per enum log_level");
 
 static const char *const log_format_names[] = {
 	[LOG_FORMAT_TEXT] = "text",
 	[LOG_FORMAT_JSON] = "json",
 };
+_Static_assert(ARRAY_LEN(log_format_names) == LOG_FORMAT_COUNT, "one name per enum log_format");
 
 void log_setup(enum log_level level, enum log_format format)
 {

@@ -30,8 +30,9 @@
 
 #include <stdbool.h>
 
-enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3 };
-enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON = 1 };
+/* The _COUNT sentinels are not values: they size the name tables. */
+enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3, LOG_LEVEL_COUNT };
+enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON = 1, LOG_FORMAT_COUNT };
 
 struct log_kv {
 	const char *key;

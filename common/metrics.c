@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "array.h"
 #include "config.h"
 #include "log.h"
 
@@ -54,9 +55,10 @@ static struct {
 	atomic_uint_fast64_t shard_mask[METRICS_MAX_THREADS]; /* shards a thread consumes */
 } metrics;
 
-static const char *const metrics_outcome_names[METRICS_OUTCOME_COUNT] = {
+static const char *const metrics_outcome_names[] = {
 	"applied", "ignored", "compensated", "dead_lettered", "duplicate",
 };
+_Static_assert(ARRAY_LEN(metrics_outcome_names) == METRICS_OUTCOME_COUNT, "one name per enum metrics_outcome");
 
 const char *metrics_outcome_name(enum metrics_outcome o)
 {

@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "array.h"
+
 /* Untrusted strings quoted in a detail line are cut to this many bytes. */
 #define QUOTE_MAX 48
 
@@ -32,15 +34,16 @@
  * few bytes, and one digest call per token would dominate the hash cost. */
 #define HASH_BUF 512
 
-static const char *const type_names[MSG_TYPE_COUNT] = {
+static const char *const type_names[] = {
 	[MSG_ORDER_CREATED] = "OrderCreated",
 	[MSG_PAYMENT_AUTHORIZED] = "PaymentAuthorized",
 	[MSG_INVENTORY_RESERVED] = "InventoryReserved",
 	[MSG_SHIPMENT_CREATED] = "ShipmentCreated",
 	[MSG_ORDER_CANCELLED] = "OrderCancelled",
 };
+_Static_assert(ARRAY_LEN(type_names) == MSG_TYPE_COUNT, "one name per enum msg_type");
 
-static const char *const reason_names[MSG_REASON_COUNT] = {
+static const char *const reason_names[] = {
 	[MSG_REASON_NONE] = "",
 	[MSG_REASON_MALFORMED_JSON] = "malformed-json",
 	[MSG_REASON_MISSING_FIELD] = "missing-field",
@@ -53,6 +56,7 @@ static const char *const reason_names[MSG_REASON_COUNT] = {
 	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
 	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
 };
+_Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum msg_reason");
 
 const char *msg_type_name(enum msg_type t)
 {
@@ -197,6 +201,22 @@ static void copy_field(char *dst, const char *s, size_t len)
 {
 	memcpy(dst, s, len);
 	dst[len] = '\0';
+}
+
+/* An identifier field (message_id, source, order_id): min..max characters
+ * of [A-Za-z0-9._:-], copied into dst (which holds max + 1); otherwise
+ * invalid-field, with a detail that names the field and quotes the value.
+ * The one check for the three, so their rule and wording cannot drift. */
+static enum msg_reason take_id(struct msg *out, const char *field, const char *s, size_t slen, size_t min,
+                               size_t max, char *dst)
+{
+	if (!msg_id_valid(s, slen, min, max)) {
+		set_detail(out, "%s '%.*s%s' is not %zu..%zu characters of [A-Za-z0-9._:-]", field, qlen(slen), s,
+		           qcut(slen), min, max);
+		return MSG_REASON_INVALID_FIELD;
+	}
+	copy_field(dst, s, slen);
+	return MSG_REASON_NONE;
 }
 
 /* Deeper than MSG_MAX_DEPTH object/array levels?  The recursion stops one
@@ -397,13 +417,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 	                 out);
 	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	if (!msg_id_valid(s, slen, 1, MSG_ID_MAX)) {
-		set_detail(out, "message_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
-		           qlen(slen), s, qcut(slen), MSG_ID_MAX);
-		r = MSG_REASON_INVALID_FIELD;
+	r = take_id(out, "message_id", s, slen, 1, MSG_ID_MAX, out->message_id);
+	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	}
-	copy_field(out->message_id, s, slen);
 
 	if (too_deep(root, 1)) {
 		set_detail(out, "body nests objects/arrays deeper than %d levels", MSG_MAX_DEPTH);
@@ -415,13 +431,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 	if (r != MSG_REASON_NONE)
 		goto cleanup;
 	if (s != NULL) {
-		if (!msg_id_valid(s, slen, 0, MSG_SOURCE_MAX)) {
-			set_detail(out, "source '%.*s%s' is not 0..%d characters of [A-Za-z0-9._:-]",
-			           qlen(slen), s, qcut(slen), MSG_SOURCE_MAX);
-			r = MSG_REASON_INVALID_FIELD;
+		r = take_id(out, "source", s, slen, 0, MSG_SOURCE_MAX, out->source);
+		if (r != MSG_REASON_NONE)
 			goto cleanup;
-		}
-		copy_field(out->source, s, slen);
 	}
 
 	r = body_or_prop(root, "type", props->type, props->type_len, &s, &slen, out);
@@ -444,13 +456,9 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 		r = MSG_REASON_MISSING_FIELD;
 		goto cleanup;
 	}
-	if (!msg_id_valid(s, slen, 1, MSG_ORDER_ID_MAX)) {
-		set_detail(out, "order_id '%.*s%s' is not 1..%d characters of [A-Za-z0-9._:-]",
-		           qlen(slen), s, qcut(slen), MSG_ORDER_ID_MAX);
-		r = MSG_REASON_INVALID_FIELD;
+	r = take_id(out, "order_id", s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
+	if (r != MSG_REASON_NONE)
 		goto cleanup;
-	}
-	copy_field(out->order_id, s, slen);
 
 	r = body_string(root, "occurred_at", &s, &slen, out);
 	if (r != MSG_REASON_NONE)

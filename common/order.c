@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "array.h"
+
 struct order_rule {
 	enum order_decision decision;
 	enum order_state next; /* for APPLY; ignored otherwise */
@@ -34,7 +36,7 @@ struct order_rule {
 #define IGNORE { ORDER_IGNORE, ORDER_NONE, 0, 0 }
 #define INVALID { ORDER_INVALID, ORDER_NONE, 0, 0 }
 
-static const struct order_rule rules[ORDER_STATE_COUNT][MSG_TYPE_COUNT] = {
+static const struct order_rule rules[][MSG_TYPE_COUNT] = {
 	/* The order does not exist yet: everything but its creation waits. */
 	[ORDER_NONE] = {
 		[MSG_ORDER_CREATED] = APPLY(ORDER_CREATED, 0, 0),
@@ -82,6 +84,7 @@ static const struct order_rule rules[ORDER_STATE_COUNT][MSG_TYPE_COUNT] = {
 		[MSG_ORDER_CANCELLED] = IGNORE,
 	},
 };
+_Static_assert(ARRAY_LEN(rules) == ORDER_STATE_COUNT, "one row of rules per enum order_state");
 
 struct order_verdict order_decide(enum order_state state, unsigned flags, enum msg_type ev)
 {
@@ -120,7 +123,7 @@ struct order_verdict order_decide(enum order_state state, unsigned flags, enum m
 	return v;
 }
 
-static const char *const state_names[ORDER_STATE_COUNT] = {
+static const char *const state_names[] = {
 	[ORDER_NONE] = "",
 	[ORDER_CREATED] = "Created",
 	[ORDER_PAID] = "Paid",
@@ -128,6 +131,7 @@ static const char *const state_names[ORDER_STATE_COUNT] = {
 	[ORDER_SHIPPED] = "Shipped",
 	[ORDER_CANCELLED] = "Cancelled",
 };
+_Static_assert(ARRAY_LEN(state_names) == ORDER_STATE_COUNT, "one name per enum order_state");
 
 const char *order_state_name(enum order_state s)
 {

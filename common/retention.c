@@ -101,27 +101,22 @@ static void retention_sleep_ms(int ms)
  * refuses GET_LOCK (Galera) lets the run go on unlocked; see retention.h. */
 static int retention_lock(struct retention *r, int wait_s, bool *locked, bool *busy)
 {
-	struct db_param p[1] = { DBP_I64(wait_s) };
-	struct db_col c[1] = { DBC_I64() };
-	int rc, got;
+	struct db_param p[] = { DBP_I64(wait_s) };
+	struct db_col c[] = { DBC_I64() };
+	int got;
 
 	*locked = false;
 	*busy = false;
-	rc = db_stmt_query(r->lock, p, 1);
-	if (rc == ST_ERR_DB) {
+	got = db_stmt_query_row(r->lock, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+	if (got == ST_ERR_DB) {
 		if (!r->lock_refused)
 			LOG(LOG_LEVEL_WARN, "retention cleanup runs without its lock: the server refuses GET_LOCK",
 			    LOG_S("error", db_errmsg(r->db)));
 		r->lock_refused = true;
 		return ST_OK;
 	}
-	if (rc != ST_OK)
-		return rc;
-	got = db_stmt_fetch(r->lock, c, 1);
 	if (got < 0)
 		return got;
-	if (got == 1)
-		db_stmt_done(r->lock);
 	/* 1: ours; 0: another session's; NULL: the server failed to take it. */
 	if (got == 1 && !c[0].is_null && c[0].i64 == 1)
 		*locked = true;
@@ -136,33 +131,28 @@ static int retention_lock(struct retention *r, int wait_s, bool *locked, bool *b
  * connection) releases it as well; nothing to report. */
 static void retention_unlock(struct retention *r)
 {
-	struct db_col c[1] = { DBC_I64() };
+	struct db_col c[] = { DBC_I64() };
 
-	if (db_stmt_query(r->unlock, NULL, 0) == ST_OK && db_stmt_fetch(r->unlock, c, 1) == 1)
-		db_stmt_done(r->unlock);
+	(void)db_stmt_query_row(r->unlock, NULL, 0, c, ARRAY_LEN(c));
 }
 
 static int retention_count1(struct db *db, const char *sql, int64_t retention_s, uint64_t *out)
 {
 	struct db_stmt *q = NULL;
-	struct db_param p[1] = { DBP_I64(retention_s) };
-	struct db_col c[1] = { DBC_I64() };
+	struct db_param p[] = { DBP_I64(retention_s) };
+	struct db_col c[] = { DBC_I64() };
 	int rc, r;
 
 	*out = 0;
 	rc = db_prepare(db, &q, sql);
-	if (rc == ST_OK)
-		rc = db_stmt_query(q, p, 1);
-	if (rc == ST_OK) {
-		r = db_stmt_fetch(q, c, 1);
-		if (r < 0)
-			rc = r;
-		else if (r == 1) {
-			*out = c[0].is_null || c[0].i64 < 0 ? 0 : (uint64_t)c[0].i64;
-			db_stmt_done(q);
-		}
-	}
-	return rc;
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_query_row(q, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+	if (r < 0)
+		return r;
+	if (r == 1)
+		*out = c[0].is_null || c[0].i64 < 0 ? 0 : (uint64_t)c[0].i64;
+	return ST_OK;
 }
 
 int retention_count(struct db *db, const struct cfg *conf, uint64_t *inbox_rows, uint64_t *outbox_rows)
@@ -186,11 +176,11 @@ int retention_count(struct db *db, const struct cfg *conf, uint64_t *inbox_rows,
 /* One slice of table t: DELETE and COMMIT; *n gets the rows deleted. */
 static int retention_slice(struct retention *r, int t, int rows, uint64_t *n)
 {
-	struct db_param p[2] = { DBP_I64(r->conf->retention_s), DBP_I64(rows) };
+	struct db_param p[] = { DBP_I64(r->conf->retention_s), DBP_I64(rows) };
 	int rc;
 
 	*n = 0;
-	rc = db_stmt_exec(r->slice[t], p, 2, n);
+	rc = db_stmt_exec(r->slice[t], p, ARRAY_LEN(p), n);
 	if (rc == ST_OK)
 		rc = db_commit(r->db);
 	if (rc != ST_OK) {

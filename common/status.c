@@ -1,6 +1,7 @@
 /*
- * status.c - strings for st_code.  The table is indexed by -code so that a
- * new code without a string is caught by tests/test_status.c.
+ * status.c - strings for st_code.  The table is indexed by -code: a new
+ * lowest code without a string fails the static assertion below, and one
+ * left without a string in the middle is caught by tests/test_status.c.
  */
 #include "status.h"
 
@@ -27,6 +28,8 @@ static const char *const st_strings[] = {
 	[-ST_ERR_DB_DATA] = "value refused by the database",
 	[-ST_ERR_ACCESS] = "access refused",
 };
+_Static_assert(sizeof st_strings / sizeof st_strings[0] == ST_CODE_COUNT,
+               "st_strings must end at ST_CODE_MIN: one entry per st_code");
 
 const char *st_strerror(int code)
 {

@@ -33,10 +33,20 @@ enum st_code {
 	ST_ERR_ACCESS = -18,        /* a server refused our credentials or their rights:
 	                             * broker 403/530 at login, database 1044/1045/
 	                             * 1049/...; retrying will not fix it */
+	/*
+	 * Not a code; keep it last.  Enumerators count upwards, so it takes
+	 * the value one above the code written just before it: a new code
+	 * goes above this line, one below the previous, and ST_CODE_MIN
+	 * follows by itself.  status.c refuses to compile when its string
+	 * table does not end at ST_CODE_MIN.
+	 */
+	ST_CODE_END_
 };
 
-/* The lowest code, for tests that walk the enum. */
-#define ST_CODE_MIN ST_ERR_ACCESS
+/* The lowest code, for st_strerror and the tests that walk the enum. */
+#define ST_CODE_MIN (ST_CODE_END_ - 1)
+/* How many codes there are, ST_OK included. */
+#define ST_CODE_COUNT (1 - ST_CODE_MIN)
 
 /* A static string for code; never NULL, "unknown status" for foreign values. */
 const char *st_strerror(int code);

@@ -481,8 +481,8 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 
 	snprintf(like, sizeof like, "%s-%%", s->prefix);
 	for (;;) {
-		struct db_param p[2] = { DBP_STR(conf->consumer), DBP_STR(like) };
-		struct db_col c[1] = { DBC_I64() };
+		struct db_param p[] = { DBP_STR(conf->consumer), DBP_STR(like) };
+		struct db_col c[] = { DBC_I64() };
 
 		if (d == NULL) {
 			rc = db_open_why(&d, &conf->db, last_err, sizeof last_err);
@@ -494,11 +494,12 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 				rc = db_prepare(d, &q, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ?"
 				                       " AND message_id LIKE ?");
 		}
-		if (rc == ST_OK)
-			rc = db_stmt_query(q, p, 2);
-		if (rc == ST_OK && db_stmt_fetch(q, c, 1) == 1) {
-			have = c[0].i64;
-			db_stmt_done(q);
+		if (rc == ST_OK) {
+			int r = db_stmt_query_row(q, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+			if (r < 0)
+				rc = r;
+			else if (r == 1)
+				have = c[0].i64;
 		}
 		if (d != NULL)
 			db_rollback(d);

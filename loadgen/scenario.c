@@ -27,11 +27,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "array.h"
+
 #define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events) */
 #define LG_IMMEDIATE_SPREAD 2000.0 /* key units an immediate copy may trail its original */
 #define LG_EPOCH 1798761600LL /* 2027-01-01T00:00:00Z: occurred_at base */
 
-static const char *const lg_bad_names[LG_BAD_COUNT] = {
+static const char *const lg_bad_names[] = {
 	[LG_BAD_NONE] = "",
 	[LG_BAD_JSON] = "truncated-json",
 	[LG_BAD_UTF8] = "invalid-utf8",
@@ -42,9 +44,10 @@ static const char *const lg_bad_names[LG_BAD_COUNT] = {
 	[LG_BAD_TOO_LARGE] = "too-large",
 	[LG_BAD_BINARY_HEADER] = "binary-header",
 };
+_Static_assert(ARRAY_LEN(lg_bad_names) == LG_BAD_COUNT, "one name per enum lg_bad");
 
 /* The reason SPEC.md gives for each malformed class. */
-static const enum msg_reason lg_bad_reason[LG_BAD_COUNT] = {
+static const enum msg_reason lg_bad_reason[] = {
 	[LG_BAD_NONE] = MSG_REASON_NONE,
 	[LG_BAD_JSON] = MSG_REASON_MALFORMED_JSON,
 	[LG_BAD_UTF8] = MSG_REASON_MALFORMED_JSON,
@@ -55,6 +58,7 @@ static const enum msg_reason lg_bad_reason[LG_BAD_COUNT] = {
 	[LG_BAD_TOO_LARGE] = MSG_REASON_TOO_LARGE,
 	[LG_BAD_BINARY_HEADER] = MSG_REASON_MALFORMED_JSON,
 };
+_Static_assert(ARRAY_LEN(lg_bad_reason) == LG_BAD_COUNT, "one reason per enum lg_bad");
 
 /* splitmix64: tiny, fast, and the same sequence on every platform. */
 struct lg_rng {
@@ -79,7 +83,7 @@ static uint32_t lg_below(struct lg_rng *r, uint32_t n)
 	return n == 0 ? 0 : (uint32_t)(lg_next(r) % n);
 }
 
-static const enum msg_type lg_paths[LG_PATH_COUNT][LG_PATH_MAX] = {
+static const enum msg_type lg_paths[][LG_PATH_MAX] = {
 	[LG_PATH_HAPPY] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED, MSG_SHIPMENT_CREATED },
 	[LG_PATH_CANCEL_NEW] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED },
 	[LG_PATH_CANCEL_PAID] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_ORDER_CANCELLED },
@@ -87,7 +91,9 @@ static const enum msg_type lg_paths[LG_PATH_COUNT][LG_PATH_MAX] = {
 	                              MSG_ORDER_CANCELLED },
 	[LG_PATH_INVALID_SHIP] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED, MSG_SHIPMENT_CREATED },
 };
-static const unsigned lg_path_len[LG_PATH_COUNT] = { 4, 2, 3, 4, 3 };
+static const unsigned lg_path_len[] = { 4, 2, 3, 4, 3 };
+_Static_assert(ARRAY_LEN(lg_paths) == LG_PATH_COUNT && ARRAY_LEN(lg_path_len) == LG_PATH_COUNT,
+               "one path and one length per enum lg_path");
 
 static const char *lg_source_of(enum msg_type t)
 {

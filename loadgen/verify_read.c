@@ -35,23 +35,19 @@ static int v_count(struct v_state *st, const char *sql, bool with_consumer, int6
 {
 	struct db_stmt *q = NULL;
 	struct db_param p[2];
-	struct db_col c[1] = { DBC_I64() };
+	struct db_col c[] = { DBC_I64() };
 	int n = 0, rc;
 
 	if (with_consumer)
 		p[n++] = DBP_STR(st->conf->consumer);
 	p[n++] = DBP_STR(st->like);
 	rc = db_prepare(st->db, &q, sql);
-	if (rc == ST_OK)
-		rc = db_stmt_query(q, p, n);
 	if (rc == ST_OK) {
-		int r = db_stmt_fetch(q, c, 1);
+		int r = db_stmt_query_row(q, p, n, c, ARRAY_LEN(c));
 		if (r < 0)
 			rc = r;
-		else if (r == 1) {
+		else if (r == 1)
 			*out = c[0].is_null ? 0 : c[0].i64;
-			db_stmt_done(q);
-		}
 	}
 	db_rollback(st->db);
 	return rc;
@@ -173,7 +169,7 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 static int v_read_inbox(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
-	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	struct db_param p[] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
 	char id[MSG_ID_MAX + 1], outcome[20], reason[V_REASON_MAX], sha[65];
 	size_t cap = 1024;
 	int rc, r;
@@ -191,15 +187,15 @@ static int v_read_inbox(struct v_state *st)
 	                " TIMESTAMPDIFF(MICROSECOND, '2020-01-01', processed_at), held_at IS NOT NULL"
 	                " FROM processed_messages WHERE consumer = ? AND message_id LIKE ?");
 	if (rc == ST_OK)
-		rc = db_stmt_query(q, p, 2);
+		rc = db_stmt_query(q, p, ARRAY_LEN(p));
 	while (rc == ST_OK) {
-		struct db_col c[7] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
-		                       DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64(),
-		                       DBC_I64() };
+		struct db_col c[] = { DBC_STR(id, sizeof id), DBC_STR(outcome, sizeof outcome),
+		                      DBC_STR(reason, sizeof reason), DBC_STR(sha, sizeof sha), DBC_I64(), DBC_I64(),
+		                      DBC_I64() };
 		int oi;
 		long i;
 
-		r = db_stmt_fetch(q, c, 7);
+		r = db_stmt_fetch(q, c, ARRAY_LEN(c));
 		if (r <= 0) {
 			rc = r;
 			break;
@@ -253,7 +249,7 @@ static int v_read_inbox(struct v_state *st)
 static int v_read_events(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
-	struct db_param p[2] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
+	struct db_param p[] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
 	char id[MSG_ID_MAX + 1];
 	int rc, r;
 
@@ -262,12 +258,12 @@ static int v_read_events(struct v_state *st)
 	rc = db_prepare(st->db, &q, "SELECT message_id, COUNT(*) FROM order_events WHERE consumer = ?"
 	                            " AND message_id LIKE ? GROUP BY message_id");
 	if (rc == ST_OK)
-		rc = db_stmt_query(q, p, 2);
+		rc = db_stmt_query(q, p, ARRAY_LEN(p));
 	while (rc == ST_OK) {
-		struct db_col c[2] = { DBC_STR(id, sizeof id), DBC_I64() };
+		struct db_col c[] = { DBC_STR(id, sizeof id), DBC_I64() };
 		long i;
 
-		r = db_stmt_fetch(q, c, 2);
+		r = db_stmt_fetch(q, c, ARRAY_LEN(c));
 		if (r <= 0) {
 			rc = r;
 			break;
@@ -285,18 +281,18 @@ static int v_read_events(struct v_state *st)
 static int v_read_orders(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
-	struct db_param p[1] = { DBP_STR(st->like) };
+	struct db_param p[] = { DBP_STR(st->like) };
 	char id[MSG_ORDER_ID_MAX + 1], status[24];
 	int rc, r;
 
 	rc = db_prepare(st->db, &q, "SELECT id, status, version FROM orders WHERE id LIKE ?");
 	if (rc == ST_OK)
-		rc = db_stmt_query(q, p, 1);
+		rc = db_stmt_query(q, p, ARRAY_LEN(p));
 	while (rc == ST_OK) {
-		struct db_col c[3] = { DBC_STR(id, sizeof id), DBC_STR(status, sizeof status), DBC_I64() };
+		struct db_col c[] = { DBC_STR(id, sizeof id), DBC_STR(status, sizeof status), DBC_I64() };
 		long i;
 
-		r = db_stmt_fetch(q, c, 3);
+		r = db_stmt_fetch(q, c, ARRAY_LEN(c));
 		if (r <= 0) {
 			rc = r;
 			break;

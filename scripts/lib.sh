@@ -1,5 +1,5 @@
-# scripts/lib.sh — shell helpers shared by scripts/test, scripts/demo and
-# bench/run.  Source it; it defines functions only and changes nothing.
+# scripts/lib.sh — shell helpers shared by scripts/test, scripts/demo,
+# scripts/chaos and bench/run.  Source it; it defines functions only and changes nothing.
 
 # inbox_install_deps PKG... — install the Debian packages of the list that
 # are not installed yet, with apt-get when we are root; otherwise print the
@@ -36,4 +36,21 @@ inbox_meson_setup() {
         rm -rf "$dir"
         meson setup "$dir" "$@"
     fi
+}
+
+# inbox_wait_started TIMEOUT_S PID LOG [PID LOG]... — wait (bounded) until
+# each worker has logged that it consumes.  Returns 1 as soon as one of
+# them has exited, or when TIMEOUT_S pass first: the caller says which.
+inbox_wait_started() {
+    local timeout=$1 t0=$SECONDS pid log
+    shift
+    while [ "$#" -ge 2 ]; do
+        pid=$1 log=$2
+        shift 2
+        until grep -q ' consuming ' "$log" 2>/dev/null; do
+            kill -0 "$pid" 2>/dev/null || return 1
+            [ $((SECONDS - t0)) -lt "$timeout" ] || return 1
+            sleep 0.2
+        done
+    done
 }

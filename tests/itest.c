@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,14 +93,10 @@ static int64_t itest_query(const char *sql, const char *arg, bool *found)
 
 		c[0] = DBC_I64();
 		rc = db_prepare(d, &s, sql);
-		if (rc == ST_OK)
-			rc = db_stmt_query(s, p, arg != NULL ? 1 : 0);
 		if (rc == ST_OK) {
-			r = db_stmt_fetch(s, c, 1);
+			r = db_stmt_query_row(s, p, arg != NULL ? ARRAY_LEN(p) : 0, c, ARRAY_LEN(c));
 			if (r < 0)
 				rc = r;
-			else if (r == 1)
-				db_stmt_done(s);
 		}
 		if (rc == ST_OK) {
 			db_rollback(d);
@@ -138,11 +135,8 @@ bool itest_str1(const char *sql, const char *arg, char *buf, size_t cap)
 	cr_assert_eq(db_prepare(d, &s, sql), ST_OK, "prepare: %s", db_errmsg(d));
 	if (arg != NULL)
 		p[0] = DBP_STR(arg);
-	cr_assert_eq(db_stmt_query(s, p, arg ? 1 : 0), ST_OK, "query: %s", db_errmsg(d));
-	r = db_stmt_fetch(s, c, 1);
-	cr_assert_geq(r, 0);
-	if (r == 1)
-		db_stmt_done(s);
+	r = db_stmt_query_row(s, p, arg != NULL ? ARRAY_LEN(p) : 0, c, ARRAY_LEN(c));
+	cr_assert_geq(r, 0, "query: %s", db_errmsg(d));
 	db_rollback(d);
 	return r == 1;
 }
@@ -158,6 +152,18 @@ int64_t itest_wait_int(const char *sql, int64_t want, int timeout_s)
 			return v;
 		itest_sleep_ms(100);
 	}
+}
+
+size_t itest_read_file(const char *path, char *out, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	size_t len;
+
+	cr_assert_not_null(f, "cannot open %s", path);
+	len = fread(out, 1, cap - 1, f);
+	out[len] = '\0';
+	fclose(f);
+	return len;
 }
 
 const char *itest_source(const char *rel, char *buf, size_t cap)
@@ -302,31 +308,71 @@ int64_t itest_log_sum(const char *log_path, const char *marker, const char *key)
 	return sum;
 }
 
-int itest_log_count(const char *log_path, const char *text)
+/* Lines of log_path holding every one of texts; a missing file is 0 lines,
+ * or a failure when must_exist. */
+static int itest_log_scan(const char *log_path, const char *const *texts, bool must_exist)
 {
 	FILE *f = fopen(log_path, "r");
 	char line[4096];
 	int n = 0;
 
-	cr_assert_not_null(f, "cannot open %s", log_path);
-	while (fgets(line, sizeof line, f) != NULL)
-		n += strstr(line, text) != NULL;
-	fclose(f);
+	cr_assert(f != NULL || !must_exist, "cannot open %s", log_path);
+	while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+		bool all = true;
+
+		for (int i = 0; all && texts[i] != NULL; i++)
+			all = strstr(line, texts[i]) != NULL;
+		n += all;
+	}
+	if (f != NULL)
+		fclose(f);
 	return n;
+}
+
+int itest_log_lines(const char *log_path, const char *const *texts)
+{
+	return itest_log_scan(log_path, texts, false);
+}
+
+int itest_log_count(const char *log_path, const char *text)
+{
+	return itest_log_scan(log_path, (const char *const[]){ text, NULL }, true);
 }
 
 bool itest_log_has(const char *log_path, const char *text)
 {
-	FILE *f = fopen(log_path, "r");
-	char line[4096];
-	bool found = false;
+	return itest_log_scan(log_path, (const char *const[]){ text, NULL }, false) > 0;
+}
 
-	if (f == NULL)
-		return false;
-	while (!found && fgets(line, sizeof line, f) != NULL)
-		found = strstr(line, text) != NULL;
-	fclose(f);
-	return found;
+int itest_wait_log_lines(const char *log_path, const char *const *texts, int want, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	int n;
+
+	for (;;) {
+		n = itest_log_lines(log_path, texts);
+		if (n >= want || itest_now() > end)
+			return n;
+		itest_sleep_ms(100);
+	}
+}
+
+void itest_wait_log(const char *log_path, const char *text, int timeout_s)
+{
+	cr_assert_gt(itest_wait_log_lines(log_path, (const char *const[]){ text, NULL }, 1, timeout_s), 0,
+	             "no line with '%s' in %s within %d s", text, log_path, timeout_s);
+}
+
+void itest_log_path(char *buf, size_t cap, const char *name)
+{
+	snprintf(buf, cap, "/tmp/inbox-itest-%d-%s.log", (int)getpid(), name);
+}
+
+void itest_stop_ok(pid_t pid)
+{
+	int st = itest_stop(pid, SIGTERM, 60);
+
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "must exit 0 on SIGTERM (status %d)", st);
 }
 
 int itest_wait_exit(pid_t pid, int timeout_s)
@@ -382,7 +428,7 @@ static void itest_pub_msg(struct mq *m, const struct mq_message *msg, bool wait)
 		if (rc == ST_OK)
 			return;
 		cr_assert(rc == ST_ERR_MQ_NACK && attempt < 40, "confirm: %s", mq_errmsg(m));
-		usleep(250 * 1000);
+		itest_sleep_ms(250); /* a backoff between attempts, not a wait for a condition */
 	}
 }
 
@@ -432,6 +478,41 @@ void itest_event(char *buf, size_t cap, const char *message_id, const char *type
 	         message_id, type, order_id);
 }
 
+void itest_publish_orders(struct mq *m, const char *prefix, int from, int to)
+{
+	char body[512], id[64], order[64];
+	struct mq *own = m == NULL ? itest_mq() : NULL;
+
+	for (int i = from; i < to; i++) {
+		snprintf(order, sizeof order, "%s-%d", prefix, i);
+		snprintf(id, sizeof id, "%s-c-%d", prefix, i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish_async(m != NULL ? m : own, "OrderCreated", body, NULL);
+	}
+	itest_confirm_all(m != NULL ? m : own);
+	mq_close(&own);
+}
+
+int64_t itest_ledger_created(const char *prefix)
+{
+	/* The order is named after the message: PREFIX-c-I belongs to PREFIX-I. */
+	return itest_int1("SELECT COUNT(*) FROM order_events e, (SELECT ? AS p) a"
+	                  " WHERE e.message_id LIKE CONCAT(a.p, '-c-%')"
+	                  " AND e.order_id = CONCAT(a.p, '-', SUBSTRING(e.message_id, CHAR_LENGTH(a.p) + 4))"
+	                  " AND e.type = 'OrderCreated' AND e.source = 'itest' AND e.outcome = 'applied'"
+	                  " AND e.from_status = 'None' AND e.to_status = 'Created' AND e.version = 1",
+	                  prefix);
+}
+
+void itest_assert_each_applied_once(const char *prefix, int n, int timeout_s)
+{
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", n, timeout_s), n);
+	itest_wait_queue_empty(itest_cfg()->queue, timeout_s);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), n, "one effect per message");
+	cr_assert_eq(itest_ledger_created(prefix), n, "each message's own effect");
+	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "the fault dead-lettered nothing");
+}
+
 uint32_t itest_queue_depth(const char *queue)
 {
 	struct mq *m = NULL;
@@ -442,6 +523,19 @@ uint32_t itest_queue_depth(const char *queue)
 	rc = mq_queue_counts(m, queue, &n, NULL);
 	mq_close(&m);
 	return rc == ST_OK ? n : 0;
+}
+
+uint32_t itest_wait_depth(const char *queue, uint32_t want, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	uint32_t n;
+
+	for (;;) {
+		n = itest_queue_depth(queue);
+		if (n == want || itest_now() > end)
+			return n;
+		itest_sleep_ms(100);
+	}
 }
 
 /* Ready plus unacknowledged messages: only the broker's management view
@@ -544,9 +638,10 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 	return n;
 }
 
-int itest_http_get(int port, const char *path, char *body, size_t cap)
+int itest_http_get_within(int port, const char *path, char *body, size_t cap, int timeout_s)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { .tv_sec = timeout_s, .tv_usec = 0 };
 	char req[256];
 	size_t len = 0;
 	ssize_t r;
@@ -555,12 +650,19 @@ int itest_http_get(int port, const char *path, char *body, size_t cap)
 	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
 	fd = socket(AF_INET, SOCK_STREAM, 0);
 	cr_assert_geq(fd, 0);
+	/* Bounds connect (SO_SNDTIMEO), the request and each read. */
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+	body[0] = '\0';
 	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
 		close(fd);
 		return 0;
 	}
 	snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return 0;
+	}
 	while (len + 1 < cap && (r = read(fd, body + len, cap - 1 - len)) > 0)
 		len += (size_t)r;
 	body[len] = '\0';
@@ -570,13 +672,56 @@ int itest_http_get(int port, const char *path, char *body, size_t cap)
 	return status;
 }
 
+int itest_http_get(int port, const char *path, char *body, size_t cap)
+{
+	return itest_http_get_within(port, path, body, cap, 30);
+}
+
+double itest_metric(const char *page, const char *name)
+{
+	char pat[256];
+	const char *p;
+
+	snprintf(pat, sizeof pat, "\n%s ", name);
+	p = strstr(page, pat);
+	return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+double itest_wait_metric(int port, const char *name, double lo, double hi, char *page, size_t cap, int timeout_s)
+{
+	double end = itest_now() + timeout_s;
+	double v;
+
+	for (;;) {
+		v = itest_wait_http(port, "/metrics", 200, page, cap, 0) == 200 ? itest_metric(page, name) : -1;
+		if ((v >= lo && v <= hi) || itest_now() > end)
+			return v;
+		itest_sleep_ms(100);
+	}
+}
+
+int itest_free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof sa;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
 int itest_wait_http(int port, const char *path, int want, char *body, size_t cap, int timeout_s)
 {
 	double end = itest_now() + timeout_s;
 	int code;
 
 	for (;;) {
-		code = itest_http_get(port, path, body, cap);
+		/* Each request bounded too: a server whose clients are all
+		 * taken must not hold the poll past its bound. */
+		code = itest_http_get_within(port, path, body, cap, 2);
 		if (code == want || itest_now() > end)
 			return code;
 		itest_sleep_ms(100);

@@ -49,6 +49,18 @@ pid_t itest_worker_logged(int threads, const char *const *env, const char *log_p
 /* Any program: stderr (and stdout too, when with_stdout) into log_path. */
 pid_t itest_spawn_program(const char *bin, const char *const *args, const char *const *env, const char *log_path,
                           bool with_stdout);
+/* /tmp/inbox-itest-PID-NAME.log: a log file named after its test. */
+void itest_log_path(char *buf, size_t cap, const char *name);
+/* SIGTERM, and the process must exit 0 (bounded). */
+void itest_stop_ok(pid_t pid);
+/* How many lines of log_path hold every one of texts (NULL-terminated;
+ * none: every line counts); 0 while the file does not exist. */
+int itest_log_lines(const char *log_path, const char *const *texts);
+/* Poll log_path until at least want lines hold every text or timeout_s
+ * passes; returns the last count. */
+int itest_wait_log_lines(const char *log_path, const char *const *texts, int want, int timeout_s);
+/* Poll until a line holds text; fails the test after timeout_s. */
+void itest_wait_log(const char *log_path, const char *text, int timeout_s);
 /* Sum of key=N over the lines of log_path that contain marker. */
 int64_t itest_log_sum(const char *log_path, const char *marker, const char *key);
 /* How many lines of log_path contain text. */
@@ -74,9 +86,29 @@ void itest_publish_keyed(struct mq *m, const char *type, const char *body, const
 
 /* A standard event body. */
 void itest_event(char *buf, size_t cap, const char *message_id, const char *type, const char *order_id);
+/* Publish an OrderCreated for each of orders PREFIX-I, from <= I < to, as
+ * message PREFIX-c-I, pipelined and then confirmed.  m NULL: on a
+ * connection of its own (the first node that answers, on a cluster). */
+void itest_publish_orders(struct mq *m, const char *prefix, int from, int to);
+/* Ledger rows (order_events) that are exactly the effect of their own
+ * message from itest_publish_orders(prefix): message PREFIX-c-I on order
+ * PREFIX-I, type OrderCreated, source itest, applied, from None to
+ * Created at version 1.  With COUNT(*) of the ledger it tells that every
+ * message took its own effect, not only that there were as many effects
+ * (the UNIQUE index on message_id already guarantees they are distinct). */
+int64_t itest_ledger_created(const char *prefix);
+/* After itest_publish_orders(prefix) of n orders through a fault: waits
+ * (bounded) for n inbox rows and an empty inbox queue, then asserts one
+ * ledger row per message, each its own effect (itest_ledger_created), and
+ * an empty DLQ. */
+void itest_assert_each_applied_once(const char *prefix, int n, int timeout_s);
 
 /* Messages ready in a queue (passive declare). */
 uint32_t itest_queue_depth(const char *queue);
+/* Poll until queue holds want ready messages or timeout_s passes; returns
+ * the last depth.  want 0 after publishing to a running worker: every
+ * message has been handed to it (prefetched, unacked). */
+uint32_t itest_wait_depth(const char *queue, uint32_t want, int timeout_s);
 /* Wait until queue has no ready or unacked messages and (by polling the
  * worker's effect) the condition holds. */
 void itest_wait_queue_empty(const char *queue, int timeout_s);
@@ -98,11 +130,26 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 void itest_bind_queue(const char *queue, const char *exchange, const char *binding);
 
 /* GET path from 127.0.0.1:port (HTTP/1.0); the whole response, headers
- * included, into body.  Returns the status code, 0 when nothing answers. */
+ * included, into body.  Returns the status code, 0 when nothing answers
+ * within timeout_s (a connection left in the listen backlog, or accepted
+ * and never served, gives 0 then instead of hanging the test). */
+int itest_http_get_within(int port, const char *path, char *body, size_t cap, int timeout_s);
+/* The same within 30 s. */
 int itest_http_get(int port, const char *path, char *body, size_t cap);
 /* Poll GET path until it answers want or timeout_s passes; returns the last
  * status (the last response in body). */
 int itest_wait_http(int port, const char *path, int want, char *body, size_t cap, int timeout_s);
+
+/* The value of the series whose line starts with name (labels included)
+ * on a /metrics page; -1 when there is none. */
+double itest_metric(const char *page, const char *name);
+/* Poll GET /metrics on 127.0.0.1:port until name's value is within lo..hi
+ * or timeout_s passes; page (cap bytes) keeps the last page; returns the
+ * last value (-1: absent or not answered). */
+double itest_wait_metric(int port, const char *name, double lo, double hi, char *page, size_t cap, int timeout_s);
+
+/* A loopback port nobody listens on right now (bound to 0, read, closed). */
+int itest_free_port(void);
 
 /* A metrics port for the k-th worker of a test, derived from the broker's
  * port so that stacks side by side on one machine never share one. */
@@ -110,6 +157,11 @@ int itest_metrics_port(int k);
 
 /* FNV-1a of len bytes: tells whether a queued body is the one published. */
 uint64_t itest_hash(const void *p, size_t len);
+
+/* Read the file at path into out (cap bytes, NUL-terminated; a longer
+ * file is cut); fails the test when it cannot be opened.  Returns the
+ * length read. */
+size_t itest_read_file(const char *path, char *out, size_t cap);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);

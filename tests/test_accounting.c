@@ -31,21 +31,9 @@ static const char *const reasons[] = {
 };
 #define NREASONS (sizeof reasons / sizeof reasons[0])
 
-/* The value of the series that starts a line with name (labels included),
- * or -1 when there is none. */
-static double metric(const char *page, const char *name)
-{
-	char pat[256];
-	const char *p;
-
-	snprintf(pat, sizeof pat, "\n%s ", name);
-	p = strstr(page, pat);
-	return p ? strtod(p + strlen(pat), NULL) : -1;
-}
-
 static int64_t count(const char *page, const char *name)
 {
-	return (int64_t)metric(page, name);
+	return (int64_t)itest_metric(page, name);
 }
 
 static void scrape(char *page, size_t cap)
@@ -57,16 +45,7 @@ static void scrape(char *page, size_t cap)
  * janitor about once a second). */
 static double wait_metric(char *page, size_t cap, const char *name, double want, int timeout_s)
 {
-	double v = -1;
-
-	for (int i = 0; i < timeout_s * 10; i++) {
-		scrape(page, cap);
-		v = metric(page, name);
-		if (v == want)
-			break;
-		usleep(100 * 1000);
-	}
-	return v;
+	return itest_wait_metric(itest_metrics_port(0), name, want, want, page, cap, timeout_s);
 }
 
 static int published;
@@ -185,9 +164,8 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	{
 		uint32_t before = itest_queue_depth(itest_cfg()->dlq);
 		pub(m, "r-1", "OrderCreated", "acc-r");
-		for (int i = 0; i < 600 && itest_queue_depth(itest_cfg()->dlq) == before; i++)
-			usleep(100 * 1000);
-		cr_assert_gt(itest_queue_depth(itest_cfg()->dlq), before, "dead-lettered after the lock wait");
+		cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, before + 1, 60), before + 1,
+		             "dead-lettered after the lock wait");
 	}
 	db_rollback(locker);
 	db_close(&locker);
@@ -196,7 +174,7 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	pub(m, "g-4", "ShipmentCreated", "acc-g");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 1, WAIT_S), 1);
 	cr_expect_eq(wait_metric(page, sizeof page, "inbox_held_events", 1, HOLD_TTL_S), 1, "%s", page);
-	cr_expect_gt(metric(page, "inbox_held_oldest_seconds"), 0, "%s", page);
+	cr_expect_gt(itest_metric(page, "inbox_held_oldest_seconds"), 0, "%s", page);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'", 1, WAIT_S),
 	             1);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
@@ -223,14 +201,14 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	cr_expect_eq(count(page, "inbox_messages_total{outcome=\"compensated\"}"),
 	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'compensated'"));
 	cr_expect_eq(count(page, "inbox_messages_total{outcome=\"dead_lettered\"}"), ndead, "every DLQ copy");
-	cr_expect_eq(metric(page, "inbox_messages_total{outcome=\"held\"}"), -1, "held is a gauge now");
+	cr_expect_eq(itest_metric(page, "inbox_messages_total{outcome=\"held\"}"), -1, "held is a gauge now");
 	dlq_rows = (int)itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'dead_lettered'");
 	/* A duplicate leaves no row: what was published and is neither a row
 	 * nor a dead letter without a row. */
 	cr_expect_eq(count(page, "inbox_messages_total{outcome=\"duplicate\"}"),
 	             published - itest_int("SELECT COUNT(*) FROM processed_messages") - (ndead - dlq_rows));
 	cr_expect_eq(count(page, "inbox_messages_total{outcome=\"duplicate\"}"), 3);
-	cr_expect_eq(metric(page, "inbox_duplicates_total"), 3, "SPEC.md's name, the same count as outcome=duplicate");
+	cr_expect_eq(itest_metric(page, "inbox_duplicates_total"), 3, "SPEC.md's name, the same count as outcome=duplicate");
 	/* Dead letters by reason, against the DLQ and the rows that say so. */
 	for (size_t r = 0; r < NREASONS; r++) {
 		char q[200];
@@ -248,9 +226,9 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL"
 	                       " AND outcome <> 'held' AND COALESCE(reason, '') <> 'hold-expired'"));
 	cr_expect_eq(count(page, "inbox_held_total"), 7);
-	cr_expect_eq(metric(page, "inbox_held_events"),
+	cr_expect_eq(itest_metric(page, "inbox_held_events"),
 	             (double)itest_int("SELECT COUNT(*) FROM held_events"));
-	cr_expect_eq(metric(page, "inbox_held_oldest_seconds"), 0);
+	cr_expect_eq(itest_metric(page, "inbox_held_oldest_seconds"), 0);
 	/* Every delivery is decided once; nothing was redelivered or retried. */
 	cr_expect_eq(count(page, "inbox_processing_seconds_count"), published);
 	cr_expect_eq(count(page, "inbox_redelivered_total"), 0);
@@ -259,14 +237,14 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	cr_expect_eq(count(page, "inbox_reconnects_total{peer=\"db\"}"), 0);
 	cr_expect_eq(count(page, "inbox_outbox_pending"), itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"));
 	cr_expect_eq(count(page, "inbox_outbox_failed_total"), 0);
-	cr_expect_eq(metric(page, "inbox_outbox_oldest_pending_seconds"), 0);
+	cr_expect_eq(itest_metric(page, "inbox_outbox_oldest_pending_seconds"), 0);
 	/* The process and the build. */
-	cr_expect_eq(metric(page, "inbox_thread_ready{thread=\"0\"}"), 1, "%s", page);
+	cr_expect_eq(itest_metric(page, "inbox_thread_ready{thread=\"0\"}"), 1, "%s", page);
 	cr_expect_not_null(strstr(page, "\ninbox_build_info{version=\""), "%s", page);
-	cr_expect_gt(metric(page, "process_cpu_seconds_total"), 0);
-	cr_expect_gt(metric(page, "process_resident_memory_bytes"), 1e6);
-	cr_expect_gt(metric(page, "process_open_fds"), 3);
-	cr_expect_gt(metric(page, "process_start_time_seconds"), 1.7e9);
+	cr_expect_gt(itest_metric(page, "process_cpu_seconds_total"), 0);
+	cr_expect_gt(itest_metric(page, "process_resident_memory_bytes"), 1e6);
+	cr_expect_gt(itest_metric(page, "process_open_fds"), 3);
+	cr_expect_gt(itest_metric(page, "process_start_time_seconds"), 1.7e9);
 	mq_close(&m);
 	st = itest_stop(w, SIGTERM, 60);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit 0 (status %d)", st);

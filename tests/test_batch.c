@@ -364,8 +364,8 @@ Test(batch, releases_of_different_orders_do_not_lock_each_other, .timeout = 120)
 		char mid[32], oid[32];
 		snprintf(mid, sizeof mid, "lock-m%d", i);
 		snprintf(oid, sizeof oid, "lock-o%d", i);
-		struct db_param p[2] = { DBP_STR(mid), DBP_STR(oid) };
-		cr_assert_eq(db_stmt_exec(ins, p, 2, NULL), ST_OK, "%s", db_errmsg(a));
+		struct db_param p[] = { DBP_STR(mid), DBP_STR(oid) };
+		cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(a));
 		ids[i] = (int64_t)db_stmt_insert_id(ins);
 	}
 	cr_assert_eq(db_commit(a), ST_OK);

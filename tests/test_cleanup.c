@@ -22,11 +22,6 @@
 /* What the seeded rows are recognised by. */
 #define EXPIRED_SQL "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'order-status' AND source = 'expired'"
 
-static void log_path(char *buf, size_t cap, const char *name)
-{
-	snprintf(buf, cap, "/tmp/inbox-itest-%d-%s.log", (int)getpid(), name);
-}
-
 static void exec_ok(const char *sql)
 {
 	cr_assert_eq(db_exec(itest_db(), sql), ST_OK, "%s: %s", sql, db_errmsg(itest_db()));
@@ -48,6 +43,20 @@ static void seed_expired(int n)
 	         n);
 	exec_ok(sql);
 	cr_assert_eq(itest_int(EXPIRED_SQL), n);
+}
+
+/* n outbox rows PREFIX-1..PREFIX-n for orders.out, created and sent at
+ * the given SQL times (sent_at "NULL": still to leave). */
+static void seed_outbox(const char *prefix, int n, const char *created_at, const char *sent_at)
+{
+	char sql[1024];
+
+	snprintf(sql, sizeof sql,
+	         "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
+	         " SELECT CONCAT('%s-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}', %s, %s"
+	         " FROM seq_1_to_%d",
+	         prefix, created_at, sent_at, n);
+	exec_ok(sql);
 }
 
 static int exit_code(int st)
@@ -74,8 +83,8 @@ Test(cleanup, two_cleanups_at_once_only_one_deletes, .timeout = 300)
 	cr_assert_eq(db_exec(hold, "SELECT id FROM processed_messages WHERE consumer = 'order-status'"
 	                           " AND source = 'expired' AND message_id = 'exp-1' FOR UPDATE"), ST_OK,
 	             "%s", db_errmsg(hold));
-	log_path(log_a, sizeof log_a, "cleanup-a");
-	log_path(log_b, sizeof log_b, "cleanup-b");
+	itest_log_path(log_a, sizeof log_a, "cleanup-a");
+	itest_log_path(log_b, sizeof log_b, "cleanup-b");
 	a = itest_spawn_logged(args, NULL, log_a);
 	/* Not asserted here: a build without the lock never takes it, and
 	 * then the assertions on B below say what went wrong. */
@@ -115,7 +124,7 @@ Test(cleanup, janitor_slices_leave_the_relay_running, .timeout = 600)
 	m = itest_mq();
 	itest_event(body, sizeof body, "c-1", "OrderCreated", "o-c");
 	itest_publish(m, "OrderCreated", body, NULL);
-	log_path(logf, sizeof logf, "janitor-cleanup");
+	itest_log_path(logf, sizeof logf, "janitor-cleanup");
 	w = itest_worker_logged(1, (const char *[]){ "INBOX_CLEANUP_INTERVAL=1s", NULL }, logf);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1);
 	cr_assert_eq(itest_wait_int("SELECT (" EXPIRED_SQL ") < 50000", 1, WAIT_S), 1, "the cleanup never started");
@@ -162,16 +171,10 @@ Test(cleanup, rows_inside_the_window_held_and_unsent_are_kept, .timeout = 300)
 	        " CONCAT('rec-o', seq), 'applied', NOW(6) - INTERVAL 6 DAY + INTERVAL seq SECOND FROM seq_1_to_10");
 	/* Outbox: sent long ago (goes), sent yesterday (stays), never sent
 	 * though created long ago (stays: it still has to leave). */
-	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
-	        " SELECT CONCAT('old-sent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
-	        " NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 8 DAY + INTERVAL seq SECOND FROM seq_1_to_700");
-	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
-	        " SELECT CONCAT('new-sent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
-	        " NOW(6) - INTERVAL 1 DAY, NOW(6) - INTERVAL 1 DAY FROM seq_1_to_3");
-	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
-	        " SELECT CONCAT('unsent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
-	        " NOW(6) - INTERVAL 9 DAY, NULL FROM seq_1_to_3");
-	log_path(logf, sizeof logf, "cleanup-kept");
+	seed_outbox("old-sent", 700, "NOW(6) - INTERVAL 9 DAY", "NOW(6) - INTERVAL 8 DAY + INTERVAL seq SECOND");
+	seed_outbox("new-sent", 3, "NOW(6) - INTERVAL 1 DAY", "NOW(6) - INTERVAL 1 DAY");
+	seed_outbox("unsent", 3, "NOW(6) - INTERVAL 9 DAY", "NULL");
+	itest_log_path(logf, sizeof logf, "cleanup-kept");
 	st = itest_wait_exit(itest_spawn_logged(args, NULL, logf), WAIT_S);
 	cr_assert_eq(exit_code(st), 0, "status %d, see %s", st, logf);
 	cr_assert_eq(itest_int(EXPIRED_SQL " AND outcome <> 'held'"), 0);
@@ -197,13 +200,9 @@ Test(cleanup, dry_run_counts_and_deletes_nothing, .timeout = 300)
 	seed_expired(RETENTION_SLICE_ROWS + 3);
 	exec_ok("UPDATE processed_messages SET outcome = 'held' WHERE source = 'expired'"
 	        " AND message_id IN ('exp-1', 'exp-2')");
-	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
-	        " SELECT CONCAT('old-sent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
-	        " NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 8 DAY FROM seq_1_to_40");
-	exec_ok("INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, body, created_at, sent_at)"
-	        " SELECT CONCAT('unsent-', seq), 'orders.out', 'order.OrderPaid', 'OrderPaid', 'o', '{}',"
-	        " NOW(6) - INTERVAL 9 DAY, NULL FROM seq_1_to_3");
-	log_path(logd, sizeof logd, "cleanup-dry");
+	seed_outbox("old-sent", 40, "NOW(6) - INTERVAL 9 DAY", "NOW(6) - INTERVAL 8 DAY");
+	seed_outbox("unsent", 3, "NOW(6) - INTERVAL 9 DAY", "NULL");
+	itest_log_path(logd, sizeof logd, "cleanup-dry");
 	st = itest_wait_exit(itest_spawn_logged(dry, NULL, logd), WAIT_S);
 	cr_assert_eq(exit_code(st), 0, "status %d, see %s", st, logd);
 	cr_assert_eq(itest_int(EXPIRED_SQL), RETENTION_SLICE_ROWS + 3, "a dry run deleted inbox rows, see %s", logd);
@@ -212,7 +211,7 @@ Test(cleanup, dry_run_counts_and_deletes_nothing, .timeout = 300)
 	cr_assert_eq(itest_log_sum(logd, "cleanup dry run", "processed_messages"), RETENTION_SLICE_ROWS + 1,
 	             "see %s", logd);
 	cr_assert_eq(itest_log_sum(logd, "cleanup dry run", "outbox"), 40, "see %s", logd);
-	log_path(logr, sizeof logr, "cleanup-after-dry");
+	itest_log_path(logr, sizeof logr, "cleanup-after-dry");
 	st = itest_wait_exit(itest_spawn_logged(real, NULL, logr), WAIT_S);
 	cr_assert_eq(exit_code(st), 0, "status %d, see %s", st, logr);
 	cr_assert_eq(itest_log_sum(logr, "cleanup done", "deleted"), RETENTION_SLICE_ROWS + 1 + 40, "see %s", logr);

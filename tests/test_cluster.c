@@ -50,30 +50,6 @@ static void setup(void)
 	itest_fresh();
 }
 
-static void publish_orders(const char *prefix, int from, int to)
-{
-	char body[512], id[64], order[64];
-	struct mq *m = itest_mq(); /* a fresh connection: the first node that answers */
-
-	for (int i = from; i < to; i++) {
-		snprintf(order, sizeof order, "%s-%d", prefix, i);
-		snprintf(id, sizeof id, "%s-c-%d", prefix, i);
-		itest_event(body, sizeof body, id, "OrderCreated", order);
-		itest_publish_async(m, "OrderCreated", body, NULL);
-	}
-	itest_confirm_all(m);
-	mq_close(&m);
-}
-
-static void assert_each_once(int n)
-{
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", n, WAIT_S), n);
-	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), n, "each applied once");
-	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT message_id) FROM order_events"), n);
-	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 0, "a node failure dead-letters nothing");
-}
-
 /* Whatever a test did, the next one starts with three healthy nodes of
  * each (start-* waits until the node is back in the cluster). */
 static void teardown(void)
@@ -85,47 +61,44 @@ static void teardown(void)
 
 TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 900);
 
-Test(cluster, database_node_killed_under_a_running_worker_goes_on)
+/* One node fault under a running worker (two threads, the cluster's lists
+ * of URLs): half of n orders applied, the fault, the other half; then every
+ * message applied once, nothing dead-lettered, and the worker's log says it
+ * moved on to another node (moved).  The three tests below differ only in
+ * the fault. */
+static void node_fault_under_a_running_worker(const char *prefix, int n, const char *fault, bool fault_is_sql,
+                                              const char *moved)
 {
-	enum { N = 400 };
 	char logf[256];
 	pid_t w;
-	int st;
 
-	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-cluster-db.log", (int)getpid());
-	/* INBOX_DB_URL lists node 1 first: every thread starts there. */
+	itest_log_path(logf, sizeof logf, prefix);
 	w = itest_worker_logged(2, NULL, logf);
-	publish_orders("gdb", 0, N / 2);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N / 2, WAIT_S), N / 2);
-	cluster("kill-db --node 1");
-	publish_orders("gdb", N / 2, N);
-	assert_each_once(N);
-	st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	cr_assert(itest_log_has(logf, "database connected to another node of the cluster"),
-	          "the worker must have moved on to another node");
+	itest_publish_orders(NULL, prefix, 0, n / 2);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", n / 2, WAIT_S), n / 2);
+	if (fault_is_sql)
+		cluster_sql(1, fault);
+	else
+		cluster(fault);
+	itest_publish_orders(NULL, prefix, n / 2, n);
+	itest_assert_each_applied_once(prefix, n, WAIT_S);
+	itest_stop_ok(w);
+	cr_assert(itest_log_has(logf, moved), "the worker must have moved on to another node");
 }
 
+/* INBOX_DB_URL lists node 1 first: every thread starts there. */
+Test(cluster, database_node_killed_under_a_running_worker_goes_on)
+{
+	node_fault_under_a_running_worker("gdb", 400, "kill-db --node 1", false,
+	                                  "database connected to another node of the cluster");
+}
+
+/* INBOX_AMQP_URL lists node 1 first: the consumers and publishers start
+ * there, and node 1 declared the queue, so it leads it. */
 Test(cluster, broker_node_killed_under_a_running_worker_goes_on)
 {
-	enum { N = 400 };
-	char logf[256];
-	pid_t w;
-	int st;
-
-	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-cluster-mq.log", (int)getpid());
-	/* INBOX_AMQP_URL lists node 1 first: the consumers and publishers
-	 * start there, and node 1 declared the queue, so it leads it. */
-	w = itest_worker_logged(2, NULL, logf);
-	publish_orders("gmq", 0, N / 2);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N / 2, WAIT_S), N / 2);
-	cluster("kill-mq --node 1");
-	publish_orders("gmq", N / 2, N);
-	assert_each_once(N);
-	st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	cr_assert(itest_log_has(logf, "broker connected to another node of the cluster"),
-	          "the worker must have moved on to another node");
+	node_fault_under_a_running_worker("gmq", 400, "kill-mq --node 1", false,
+	                                  "broker connected to another node of the cluster");
 }
 
 /* A Galera node that is not ready answers 1047 ("WSREP has not yet
@@ -134,22 +107,8 @@ Test(cluster, broker_node_killed_under_a_running_worker_goes_on)
  * move on to another node, not retry the same one for ever. */
 Test(cluster, a_node_answering_1047_makes_the_worker_move_on)
 {
-	enum { N = 200 };
-	char logf[256];
-	pid_t w;
-	int st;
-
-	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-cluster-1047.log", (int)getpid());
-	w = itest_worker_logged(2, NULL, logf);
-	publish_orders("g47", 0, N / 2);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N / 2, WAIT_S), N / 2);
-	cluster_sql(1, "SET GLOBAL wsrep_reject_queries = ALL");
-	publish_orders("g47", N / 2, N);
-	assert_each_once(N);
-	st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	cr_assert(itest_log_has(logf, "database connected to another node of the cluster"),
-	          "the worker must have moved on to another node");
+	node_fault_under_a_running_worker("g47", 200, "SET GLOBAL wsrep_reject_queries = ALL", true,
+	                                  "database connected to another node of the cluster");
 }
 
 /* The outbox relay on two Galera nodes at once.  Row locks (FOR UPDATE
@@ -178,21 +137,19 @@ Test(cluster, two_relays_on_different_nodes_publish_each_row_once)
 	                                 " NOW(6))"),
 	             ST_OK, "%s", db_errmsg(d));
 	for (int i = 0; i < ROWS; i++) {
-		struct db_param p[3] = { DBP_STR(id), DBP_STR(itest_cfg()->out_exchange), DBP_STR(id) };
+		struct db_param p[] = { DBP_STR(id), DBP_STR(itest_cfg()->out_exchange), DBP_STR(id) };
 		snprintf(id, sizeof id, "relay-%d", i);
 		p[0] = DBP_STR(id);
 		p[2] = DBP_STR(id);
-		cr_assert_eq(db_stmt_exec(ins, p, 3, NULL), ST_OK, "%s", db_errmsg(d));
+		cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
 	}
 	cr_assert_eq(db_commit(d), ST_OK, "%s", db_errmsg(d));
 	/* Both start before either can have taken the rows. */
 	w[0] = itest_worker(1, (const char *[]){ db1, NULL });
 	w[1] = itest_worker(1, (const char *[]){ db2, NULL });
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
-	for (int i = 0; i < 2; i++) {
-		int st = itest_stop(w[i], SIGTERM, 60);
-		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	}
+	for (int i = 0; i < 2; i++)
+		itest_stop_ok(w[i]);
 	n = itest_drain(out, got, 2 * ROWS, ROWS, WAIT_S);
 	cr_assert_eq(n, ROWS, "each row once: %d messages for %d rows", n, ROWS);
 }

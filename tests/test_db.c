@@ -1,12 +1,19 @@
 /*
  * test_db.c - the db_ boundary against the real MariaDB: values longer than
  * a fixed buffer are refused, a DBC_GROW column grows to fit them up to its
- * limit, and a value refused by its column maps to ST_ERR_DB_DATA.
+ * limit, a value refused by its column maps to ST_ERR_DB_DATA, and so do
+ * the other server errors to their codes; parameter and column counts that
+ * differ from the statement's are errors; a lost connection reconnects
+ * behind the same statements; db_multi, db_escape, db_exec_script and the
+ * bulk execution against the server.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "array.h"
 #include "db.h"
 #include "itest.h"
 #include "sqlbuf.h"
@@ -31,8 +38,8 @@ static void put_blob(struct db *d, int id, size_t len)
 	for (size_t i = 0; i < len; i++)
 		v[i] = (char)('a' + i % 26);
 	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO test_db_blob (id, b) VALUES (?, ?)"), ST_OK);
-	struct db_param p[2] = { DBP_I64(id), DBP_BLOB(v, len) };
-	cr_assert_eq(db_stmt_exec(ins, p, 2, NULL), ST_OK, "%s", db_errmsg(d));
+	struct db_param p[] = { DBP_I64(id), DBP_BLOB(v, len) };
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
 	cr_assert_eq(db_commit(d), ST_OK);
 	free(v);
 }
@@ -52,8 +59,8 @@ Test(db, grow_column_fits_a_value_longer_than_its_first_buffer)
 	cr_assert_eq(db_prepare(d, &sel, "SELECT id, b FROM test_db_blob ORDER BY id"), ST_OK);
 	cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK);
 	for (int want = 1; want <= 2; want++) {
-		struct db_col c[2] = { DBC_I64(), DBC_GROW(&buf, &cap, 200000) };
-		cr_assert_eq(db_stmt_fetch(sel, c, 2), 1, "%s", db_errmsg(d));
+		struct db_col c[] = { DBC_I64(), DBC_GROW(&buf, &cap, 200000) };
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 1, "%s", db_errmsg(d));
 		cr_assert_eq(c[0].i64, want);
 		cr_assert_eq(c[1].len, want == 1 ? 10u : 100000u);
 		cr_assert_eq(buf[0], 'a');
@@ -61,22 +68,22 @@ Test(db, grow_column_fits_a_value_longer_than_its_first_buffer)
 		cr_assert_eq(buf[c[1].len], '\0');
 	}
 	{
-		struct db_col c[2] = { DBC_I64(), DBC_GROW(&buf, &cap, 200000) };
-		cr_assert_eq(db_stmt_fetch(sel, c, 2), 0);
+		struct db_col c[] = { DBC_I64(), DBC_GROW(&buf, &cap, 200000) };
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 0);
 	}
 	/* Over the limit: a data error, not a broken connection. */
 	cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK);
 	{
-		struct db_col c[2] = { DBC_I64(), DBC_GROW(&buf, &cap, 50) };
-		cr_assert_eq(db_stmt_fetch(sel, c, 2), 1);
-		cr_assert_eq(db_stmt_fetch(sel, c, 2), ST_ERR_DB_DATA);
+		struct db_col c[] = { DBC_I64(), DBC_GROW(&buf, &cap, 50) };
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 1);
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), ST_ERR_DB_DATA);
 	}
 	/* A fixed buffer is never cut silently. */
 	cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK);
 	{
-		struct db_col c[2] = { DBC_I64(), DBC_BLOB(small, sizeof small) };
-		cr_assert_eq(db_stmt_fetch(sel, c, 2), 1);
-		cr_assert_lt(db_stmt_fetch(sel, c, 2), 0);
+		struct db_col c[] = { DBC_I64(), DBC_BLOB(small, sizeof small) };
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 1);
+		cr_assert_lt(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 0);
 	}
 	db_stmt_done(sel);
 	db_rollback(d);
@@ -92,8 +99,8 @@ Test(db, value_refused_by_its_column_is_a_data_error)
 	itest_cfg();
 	d = fresh_table();
 	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO test_db_blob (id, s) VALUES (?, ?)"), ST_OK);
-	struct db_param p[2] = { DBP_I64(1), DBP_STR("far longer than eight") };
-	cr_assert_eq(db_stmt_exec(ins, p, 2, NULL), ST_ERR_DB_DATA, "%s", db_errmsg(d));
+	struct db_param p[] = { DBP_I64(1), DBP_STR("far longer than eight") };
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_ERR_DB_DATA, "%s", db_errmsg(d));
 	db_rollback(d);
 	cr_assert(db_connected(d));
 }
@@ -124,6 +131,7 @@ Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
 /* What db_multi hands back: the values of the last row it gave. */
 struct got {
 	int rows;
+	int stop_after; /* > 0: return ST_ERR_NOT_FOUND at this row */
 	char v[4][1024];
 	unsigned long len[4];
 	bool null[4];
@@ -143,7 +151,7 @@ static int got_row(void *arg, int stmt, const char *const *v, const unsigned lon
 			memcpy(g->v[i], v[i], lens[i]);
 	}
 	g->rows++;
-	return ST_OK;
+	return g->stop_after > 0 && g->rows == g->stop_after ? ST_ERR_NOT_FOUND : ST_OK;
 }
 
 /* Every value sqlbuf splices into SQL comes back from the server exactly:
@@ -234,4 +242,337 @@ Test(db, sqlbuf_values_reach_the_server_unchanged)
 		cr_expect_str_eq(g.v[2], "x,it's,x");
 	}
 	sqlbuf_free(&b);
+}
+
+/* ---- the counts of a statement's parameters and columns ---------------- */
+
+/* A parameter list longer or shorter than the statement's `?` is refused
+ * before anything is sent (the connector would read past the list, or
+ * bind NULL for what is missing), and the connection stays usable. */
+Test(db, parameter_count_other_than_the_statement_is_an_error)
+{
+	struct db *d;
+	struct db_stmt *ins;
+	struct db_param p[3] = { DBP_I64(1), DBP_BLOB("x", 1), DBP_STR("y") };
+
+	itest_cfg();
+	d = fresh_table();
+	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO test_db_blob (id, b) VALUES (?, ?)"), ST_OK);
+	cr_assert_eq(db_stmt_exec(ins, p, 1, NULL), ST_ERR_DB, "one parameter for two");
+	cr_assert_str_eq(db_errmsg(d), "parameter count mismatch");
+	cr_assert_eq(db_stmt_exec(ins, p, 3, NULL), ST_ERR_DB, "three parameters for two");
+	cr_assert_eq(db_stmt_query(ins, p, 0), ST_ERR_DB, "none for two");
+	cr_assert_eq(db_stmt_exec_bulk(ins, p, 3, 1, NULL), ST_ERR_DB, "a bulk row of three for two");
+	cr_assert(db_connected(d));
+	cr_assert_eq(db_stmt_exec(ins, p, 2, NULL), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob"), 1, "only the right call wrote");
+}
+
+/* Columns likewise: a fetch into fewer columns than the result has would
+ * let the connector bind the rest from whatever follows, and a fetch into
+ * more would leave the extra ones as they were, looking like values. */
+Test(db, column_count_other_than_the_result_is_an_error)
+{
+	struct db *d;
+	struct db_stmt *sel;
+	char b[16];
+
+	itest_cfg();
+	d = fresh_table();
+	put_blob(d, 7, 3);
+	cr_assert_eq(db_prepare(d, &sel, "SELECT id, b FROM test_db_blob"), ST_OK);
+	{
+		struct db_col c[1] = { DBC_I64() };
+		cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK);
+		cr_assert_eq(db_stmt_fetch(sel, c, 1), ST_ERR_DB, "one column for two");
+		cr_assert_str_eq(db_errmsg(d), "column count mismatch");
+	}
+	{
+		struct db_col c[3] = { DBC_I64(), DBC_BLOB(b, sizeof b), DBC_I64() };
+		c[2].i64 = 42;
+		cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK);
+		cr_assert_eq(db_stmt_fetch(sel, c, 3), ST_ERR_DB, "three columns for two");
+	}
+	{
+		struct db_col c[2] = { DBC_I64(), DBC_BLOB(b, sizeof b) };
+		cr_assert_eq(db_stmt_query(sel, NULL, 0), ST_OK, "%s", db_errmsg(d));
+		cr_assert_eq(db_stmt_fetch(sel, c, ARRAY_LEN(c)), 1, "%s", db_errmsg(d));
+		cr_assert_eq(c[0].i64, 7);
+		cr_assert_str_eq(b, "abc");
+		db_stmt_done(sel);
+	}
+	db_rollback(d);
+	cr_assert(db_connected(d));
+}
+
+/* db_stmt_query_row: the first row, or none, and the statement (and the
+ * connection) ready for the next query whatever rows were left unread. */
+Test(db, query_row_reads_the_first_row_and_releases_the_rest)
+{
+	struct db *d;
+	struct db_stmt *sel;
+	struct db_param p[1] = { DBP_I64(0) };
+	struct db_col c[2] = { DBC_I64(), DBC_I64() };
+
+	itest_cfg();
+	d = fresh_table();
+	for (int id = 1; id <= 3; id++)
+		put_blob(d, id, (size_t)id);
+	cr_assert_eq(db_prepare(d, &sel, "SELECT id, LENGTH(b) FROM test_db_blob WHERE id > ? ORDER BY id"), ST_OK);
+	cr_assert_eq(db_stmt_query_row(sel, p, ARRAY_LEN(p), c, ARRAY_LEN(c)), 1, "%s", db_errmsg(d));
+	cr_assert_eq(c[0].i64, 1);
+	cr_assert_eq(c[1].i64, 1);
+	/* Two rows were left: the same statement runs again at once. */
+	p[0] = DBP_I64(2);
+	cr_assert_eq(db_stmt_query_row(sel, p, ARRAY_LEN(p), c, ARRAY_LEN(c)), 1, "%s", db_errmsg(d));
+	cr_assert_eq(c[0].i64, 3);
+	p[0] = DBP_I64(3);
+	cr_assert_eq(db_stmt_query_row(sel, p, ARRAY_LEN(p), c, ARRAY_LEN(c)), 0, "no row");
+	/* And so does another statement on the connection. */
+	cr_assert_eq(db_exec(d, "SELECT 1"), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_query_row(sel, p, 2, c, ARRAY_LEN(c)), ST_ERR_DB, "the counts are checked");
+	db_rollback(d);
+}
+
+/* ---- how server errors map to our codes -------------------------------- */
+
+Test(db, errors_map_to_status_codes)
+{
+	struct db *d;
+	struct db_stmt *ins;
+	struct db_param p[2] = { DBP_I64(1), DBP_BLOB("x", 1) };
+
+	itest_cfg();
+	d = fresh_table();
+	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO test_db_blob (id, b) VALUES (?, ?)"), ST_OK);
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_ERR_DB_DUPLICATE, "%s", db_errmsg(d));
+	cr_assert_eq(db_errno(d), 1062);
+	cr_assert_eq(db_exec(d, "SELECT * FROM no_such_table"), ST_ERR_DB);
+	cr_assert_eq(db_errno(d), 1146);
+	cr_assert(strstr(db_errmsg(d), "no_such_table") != NULL, "%s", db_errmsg(d));
+	cr_assert_eq(db_exec(d, "SELEC 1"), ST_ERR_DB, "a syntax error");
+	cr_assert_eq(db_exec(d, "INSERT INTO test_db_blob (id, s) VALUES (2, 'far longer than eight')"),
+	             ST_ERR_DB_DATA, "%s", db_errmsg(d));
+	cr_assert(db_connected(d), "none of these ends the connection");
+	db_rollback(d);
+}
+
+Test(db, refused_account_is_access_and_closed_port_is_conn)
+{
+	struct cfg_db bad = itest_cfg()->db;
+	struct db *d = NULL;
+	char why[256];
+
+	bad.next = NULL;
+	bad.password = "not-the-password";
+	cr_assert_eq(db_open_why(&d, &bad, why, sizeof why), ST_ERR_ACCESS, "%s", why);
+	cr_assert_null(d);
+	cr_assert(strncmp(why, "1045 ", 5) == 0, "the server's number first: %s", why);
+	bad = itest_cfg()->db;
+	bad.next = NULL;
+	bad.socket = NULL;
+	bad.host = "127.0.0.1";
+	bad.port = 1; /* nothing listens on tcpmux */
+	cr_assert_eq(db_open_why(&d, &bad, why, sizeof why), ST_ERR_DB_CONN, "%s", why);
+	cr_assert_null(d);
+	cr_assert(strstr(why, "refused") != NULL, "the socket's reason: %s", why);
+}
+
+/* A connection the server ends is ST_ERR_DB_CONN and db_connected turns
+ * false; db_reconnect prepares every statement again behind the same
+ * pointer, so the caller's handles keep working. */
+Test(db, lost_connection_reconnects_behind_the_same_statements)
+{
+	struct db *victim = NULL, *killer;
+	struct db_stmt *sel;
+	struct db_param p[1] = { DBP_I64(41) };
+	struct db_col c[1] = { DBC_I64() };
+	char sql[64];
+	int64_t id;
+
+	killer = itest_db();
+	/* The same account as the killer's: KILL needs no privilege then. */
+	cr_assert_eq(db_open(&victim, cfg_migrate_db(itest_cfg())), ST_OK);
+	cr_assert_eq(db_prepare(victim, &sel, "SELECT ? + 1"), ST_OK);
+	cr_assert_eq(db_stmt_query_row(sel, p, ARRAY_LEN(p), c, ARRAY_LEN(c)), 1, "%s", db_errmsg(victim));
+	cr_assert_eq(c[0].i64, 42);
+	db_rollback(victim);
+	cr_assert_eq(db_prepare(victim, &sel, "SELECT CONNECTION_ID()"), ST_OK);
+	cr_assert_eq(db_stmt_query_row(sel, NULL, 0, c, ARRAY_LEN(c)), 1, "%s", db_errmsg(victim));
+	id = c[0].i64;
+	db_rollback(victim);
+	snprintf(sql, sizeof sql, "KILL CONNECTION %lld", (long long)id);
+	cr_assert_eq(db_exec(killer, sql), ST_OK, "%s", db_errmsg(killer));
+	cr_assert_eq(db_stmt_query_row(sel, NULL, 0, c, ARRAY_LEN(c)), ST_ERR_DB_CONN, "%s", db_errmsg(victim));
+	cr_assert_not(db_connected(victim));
+	cr_assert_eq(db_reconnect(victim), ST_OK, "%s", db_errmsg(victim));
+	cr_assert(db_connected(victim));
+	cr_assert_eq(db_stmt_query_row(sel, NULL, 0, c, ARRAY_LEN(c)), 1, "%s", db_errmsg(victim));
+	cr_assert_neq(c[0].i64, id, "a new session");
+	db_rollback(victim);
+	db_close(&victim);
+	cr_assert_null(victim, "db_close clears the pointer");
+	db_close(&victim); /* and takes NULL */
+}
+
+struct deadlock_arg {
+	struct db *d;
+	int rc;
+};
+
+static void *deadlock_other(void *arg)
+{
+	struct deadlock_arg *a = arg;
+
+	db_thread_init();
+	a->rc = db_exec(a->d, "UPDATE test_db_blob SET s = 'b' WHERE id = 1");
+	if (a->rc == ST_OK)
+		db_commit(a->d);
+	else
+		db_rollback(a->d);
+	db_thread_end();
+	return NULL;
+}
+
+/* Two transactions that take two rows in opposite orders: the server
+ * picks one as the victim (1213), which is ST_ERR_DB_DEADLOCK, and the
+ * other goes through once the victim rolled back. */
+Test(db, deadlock_is_a_deadlock, .timeout = 120)
+{
+	struct db *a, *b = NULL;
+	struct deadlock_arg other;
+	pthread_t t;
+	int rc;
+
+	itest_cfg();
+	a = fresh_table();
+	cr_assert_eq(db_exec(a, "INSERT INTO test_db_blob (id, s) VALUES (1, 'a'), (2, 'a')"), ST_OK);
+	cr_assert_eq(db_commit(a), ST_OK);
+	cr_assert_eq(db_open(&b, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(a, "UPDATE test_db_blob SET s = 'x' WHERE id = 1"), ST_OK, "%s", db_errmsg(a));
+	cr_assert_eq(db_exec(b, "UPDATE test_db_blob SET s = 'y' WHERE id = 2"), ST_OK, "%s", db_errmsg(b));
+	other = (struct deadlock_arg){ .d = b };
+	/* b asks for row 1, which a holds... */
+	cr_assert_eq(pthread_create(&t, NULL, deadlock_other, &other), 0);
+	/* ...and a asks for row 2, which b holds.  Whichever of the two
+	 * asks second closes the cycle, so no wait for the first is needed. */
+	rc = db_exec(a, "UPDATE test_db_blob SET s = 'x' WHERE id = 2");
+	if (rc == ST_OK)
+		db_commit(a);
+	else
+		db_rollback(a);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert((rc == ST_ERR_DB_DEADLOCK) != (other.rc == ST_ERR_DB_DEADLOCK),
+	          "exactly one deadlock victim: a %s, b %s", st_strerror(rc), st_strerror(other.rc));
+	cr_assert(rc == ST_OK || other.rc == ST_OK, "the other one went through");
+	db_close(&b);
+}
+
+/* ---- text SQL ----------------------------------------------------------- */
+
+/* db_multi stops at the first failing statement and returns its code; the
+ * statements before it are done inside the open transaction (so the caller
+ * rolls back), the connection stays usable, and a row function's own
+ * error stops its calls and comes back as the result. */
+Test(db, multi_stops_at_the_first_error_and_keeps_the_connection)
+{
+	struct db *d;
+	struct got g = { 0 };
+	static const char bad[] = "INSERT INTO test_db_blob (id, s) VALUES (1, 'a');"
+	                          " INSERT INTO test_db_blob (id, s) VALUES (1, 'b');"
+	                          " INSERT INTO test_db_blob (id, s) VALUES (3, 'c')";
+	static const char three[] = "SELECT 1; SELECT 2; SELECT 3";
+
+	itest_cfg();
+	d = fresh_table();
+	cr_assert_eq(db_multi(d, bad, sizeof bad - 1, NULL, NULL), ST_ERR_DB_DUPLICATE, "%s", db_errmsg(d));
+	cr_assert(db_connected(d));
+	cr_assert_eq(db_multi(d, "SELECT COUNT(*), MAX(s) FROM test_db_blob", 41, got_row, &g), ST_OK, "%s",
+	             db_errmsg(d));
+	cr_assert_str_eq(g.v[0], "1", "the statement before the failure is done, the one after is not");
+	cr_assert_str_eq(g.v[1], "a");
+	db_rollback(d);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob"), 0, "and rolled back with the transaction");
+	/* The row function says stop: no more calls, its code comes back, the
+	 * remaining results are read. */
+	memset(&g, 0, sizeof g);
+	g.stop_after = 2;
+	cr_assert_eq(db_multi(d, three, sizeof three - 1, got_row, &g), ST_ERR_NOT_FOUND);
+	cr_assert_eq(g.rows, 2);
+	cr_assert_eq(db_exec(d, "SELECT 1"), ST_OK, "the connection is in step: %s", db_errmsg(d));
+	db_rollback(d);
+}
+
+/* db_escape: any bytes come back from a quoted literal as they went in,
+ * also under NO_BACKSLASH_ESCAPES, where a backslash is a plain character
+ * and only the quote is doubled. */
+Test(db, escape_round_trips_any_bytes_in_both_sql_modes)
+{
+	static const char raw[] = "it's \\ a \"test\"\n\r\x1a and a \0 NUL";
+	struct db *d = NULL;
+	char esc[2 * sizeof raw + 1];
+	char sql[3 * sizeof raw + 64];
+
+	itest_cfg();
+	cr_assert_eq(db_open(&d, &itest_cfg()->db), ST_OK);
+	for (int mode = 0; mode < 2; mode++) {
+		struct got g = { 0 };
+		size_t n, len;
+
+		if (mode == 1)
+			cr_assert_eq(db_exec(d, "SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')"),
+			             ST_OK, "%s", db_errmsg(d));
+		n = db_escape(d, esc, raw, sizeof raw - 1);
+		cr_assert_neq(n, SIZE_MAX);
+		cr_assert_lt(n, sizeof esc);
+		len = (size_t)snprintf(sql, sizeof sql, "SELECT '");
+		memcpy(sql + len, esc, n);
+		len += n;
+		len += (size_t)snprintf(sql + len, sizeof sql - len, "'");
+		cr_assert_eq(db_multi(d, sql, len, got_row, &g), ST_OK, "mode %d: %s", mode, db_errmsg(d));
+		cr_assert_eq(g.len[0], sizeof raw - 1, "mode %d: length %lu", mode, g.len[0]);
+		cr_assert(memcmp(g.v[0], raw, sizeof raw - 1) == 0, "mode %d: the value came back changed", mode);
+	}
+	db_close(&d);
+}
+
+/* db_exec_script runs every statement of a file; db_stmt_exec_bulk writes
+ * many rows in one request; the round-trip counter counts requests. */
+Test(db, script_and_bulk_write_their_rows_and_count_requests)
+{
+	struct db *d;
+	struct db_stmt *ins;
+	static const char script[] = "INSERT INTO test_db_blob (id, s) VALUES (1, 'a');\n"
+	                             "UPDATE test_db_blob SET s = 'b' WHERE id = 1;\n"
+	                             "INSERT INTO test_db_blob (id, s) VALUES (2, 'c');\n";
+	struct db_param rows[3][2];
+	uint64_t before, affected = 0;
+
+	itest_cfg();
+	d = fresh_table();
+	cr_assert_eq(db_exec_script(d, script, sizeof script - 1), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob WHERE (id, s) IN ((1, 'b'), (2, 'c'))"), 2);
+	cr_assert_eq(db_prepare(d, &ins, "INSERT INTO test_db_blob (id, s) VALUES (?, ?)"), ST_OK);
+	for (int r = 0; r < 3; r++) {
+		rows[r][0] = DBP_I64(10 + r);
+		rows[r][1] = DBP_STR(r == 1 ? "it's" : "x");
+	}
+	before = db_round_trips(d);
+	cr_assert_eq(db_stmt_exec_bulk(ins, &rows[0][0], ARRAY_LEN(rows[0]), ARRAY_LEN(rows), &affected), ST_OK,
+	             "%s", db_errmsg(d));
+	cr_assert_eq(db_round_trips(d) - before, 1, "one request for three rows");
+	cr_assert_eq(affected, 3);
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(db_round_trips(d) - before, 2, "and one for the COMMIT");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob WHERE id >= 10"), 3);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob WHERE id = 11 AND s = 'it''s'"), 1);
+	/* Single executions again afterwards. */
+	struct db_param one[2] = { DBP_I64(20), DBP_STR("y") };
+	cr_assert_eq(db_stmt_exec(ins, one, ARRAY_LEN(one), &affected), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(affected, 1);
+	cr_assert_eq(db_stmt_insert_id(ins), 0, "no AUTO_INCREMENT column");
+	cr_assert_eq(db_commit(d), ST_OK);
 }

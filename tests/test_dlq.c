@@ -36,8 +36,6 @@ static int run_dlq(const char *const *args, const char *const *env, char *out, s
 	char *argv[40];
 	int n = 0, st;
 	pid_t pid;
-	FILE *f;
-	size_t got;
 
 	cr_assert_not_null(bin);
 	argv[n++] = (char *)bin;
@@ -58,11 +56,7 @@ static int run_dlq(const char *const *args, const char *const *env, char *out, s
 		_exit(127);
 	}
 	st = itest_wait_exit(pid, 120);
-	f = fopen(DLQ_OUT, "r");
-	cr_assert_not_null(f);
-	got = fread(out, 1, cap - 1, f);
-	out[got] = '\0';
-	fclose(f);
+	itest_read_file(DLQ_OUT, out, cap);
 	return st;
 }
 
@@ -256,20 +250,6 @@ Test(dlq, list_on_a_quorum_dlq_keeps_count_and_order)
 	mq_close(&m);
 }
 
-/* Wait (bounded) until queue holds want ready messages; the last depth. */
-static uint32_t wait_depth(const char *queue, uint32_t want, int timeout_s)
-{
-	uint32_t n = 0;
-
-	for (int i = 0; i < timeout_s * 10; i++) {
-		n = itest_queue_depth(queue);
-		if (n == want)
-			break;
-		usleep(100 * 1000);
-	}
-	return n;
-}
-
 static char out[1 << 20];
 
 static int replay(const char *const *args, const char *const *env)
@@ -331,7 +311,7 @@ Test(dlq, replay_of_a_fixed_cause_applies_once_also_after_sigkill)
 	}
 	itest_confirm_all(m);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'", N, 60), N);
-	cr_assert_eq(wait_depth(dlq, N, 60), N, "the expired holds did not all reach the DLQ");
+	cr_assert_eq(itest_wait_depth(dlq, N, 60), N, "the expired holds did not all reach the DLQ");
 
 	/* The cause is not fixed yet: nothing is replayed. */
 	st = replay(NULL, NULL);
@@ -369,7 +349,7 @@ Test(dlq, replay_of_a_fixed_cause_applies_once_also_after_sigkill)
 		st = replay(a, env);
 	}
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the replay was not killed (status %d): %s", st, out);
-	cr_assert_eq(wait_depth(dlq, N - 9, 10), N - 9, "nine dead letters removed, the tenth back in the queue");
+	cr_assert_eq(itest_wait_depth(dlq, N - 9, 10), N - 9, "nine dead letters removed, the tenth back in the queue");
 
 	st = replay(NULL, NULL);
 	cr_assert(exited_0(st), "replay exit %d: %s", st, out);
@@ -407,9 +387,9 @@ Test(dlq, conflict_and_malformed_are_reported_not_looped)
 	itest_publish(m, "OrderCreated", body, NULL);
 	itest_event(body, sizeof body, "k-1", "OrderCreated", "ko-2"); /* the same key, another payload */
 	itest_publish(m, "OrderCreated", body, NULL);
-	cr_assert_eq(wait_depth(dlq, 1, 30), 1); /* so that the order in the DLQ is known */
+	cr_assert_eq(itest_wait_depth(dlq, 1, 30), 1); /* so that the order in the DLQ is known */
 	itest_publish(m, "OrderCreated", "{\"message_id\": \"bad-1\", \"type\": \"OrderCreated\", oops", "bad-1");
-	cr_assert_eq(wait_depth(dlq, 2, 30), 2);
+	cr_assert_eq(itest_wait_depth(dlq, 2, 30), 2);
 	list_signature(before, sizeof before);
 	cr_assert_str_eq(before, "k-1:payload-conflict:0 bad-1:malformed-json:0 ");
 
@@ -481,7 +461,7 @@ Test(dlq, dry_run_changes_nothing_and_a_raised_limit_lets_replay_apply)
 		         "\"%0200d\"}}", id, order, 0);
 		itest_publish(m, "OrderCreated", body, NULL);
 	}
-	cr_assert_eq(wait_depth(dlq, N, 30), N);
+	cr_assert_eq(itest_wait_depth(dlq, N, 30), N);
 	itest_stop(w, SIGTERM, 30);
 	list_signature(before, sizeof before);
 
@@ -567,7 +547,6 @@ Test(dlq, metrics_show_the_dlq_depth)
 	struct mq *m;
 	pid_t w;
 	int port = itest_metrics_port(0);
-	bool seen = false;
 
 	itest_fresh();
 	snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
@@ -578,13 +557,8 @@ Test(dlq, metrics_show_the_dlq_depth)
 	put_dead(m, "d-2", "malformed-json", "x", "order.X");
 	put_dead(m, "d-3", "malformed-json", "x", "order.X");
 	mq_close(&m);
-	for (int i = 0; i < 100 && !seen; i++) {
-		if (itest_http_get(port, "/metrics", body, sizeof body) == 200 && strstr(body, "\ninbox_dlq_messages 3\n"))
-			seen = true;
-		else
-			usleep(100 * 1000);
-	}
-	cr_expect(seen, "inbox_dlq_messages 3 never shown: %s", body);
+	cr_expect_eq(itest_wait_metric(port, "inbox_dlq_messages", 3, 3, body, sizeof body, 10), 3,
+	             "inbox_dlq_messages 3 never shown: %s", body);
 	itest_stop(w, SIGTERM, 30);
 }
 
@@ -613,14 +587,14 @@ Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
 	while (itest_queue_depth(c->dlq) == 0 && rounds++ < 50) {
 		struct mq_delivery d;
 		if (mq_get(m, c->queue, &d) != ST_OK) {
-			usleep(50 * 1000);
+			usleep(50 * 1000); /* a bounded poll: the requeued message is back */
 			continue;
 		}
 		cr_assert_eq(mq_reject(m, d.tag, true), ST_OK);
 		mq_delivery_release(m, &d);
 	}
 	mq_close(&m);
-	cr_assert_eq(wait_depth(c->dlq, 1, 10), 1, "the broker did not dead-letter it");
+	cr_assert_eq(itest_wait_depth(c->dlq, 1, 10), 1, "the broker did not dead-letter it");
 	doc = list_json(NULL, NULL);
 	e = json_array_get(json_object_get(doc, "dead_letters"), 0);
 	cr_assert_not_null(e);

@@ -23,60 +23,6 @@
 
 #include "itest.h"
 
-/* A loopback port nobody listens on right now. */
-static int free_port(void)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof sa;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
-/* Lines of the log holding every one of the texts (NULL-terminated). */
-static int lines_with(const char *log_path, const char *const *texts)
-{
-	FILE *f = fopen(log_path, "r");
-	char line[4096];
-	int n = 0;
-
-	cr_assert_not_null(f, "cannot open %s", log_path);
-	while (fgets(line, sizeof line, f) != NULL) {
-		bool all = true;
-
-		for (int i = 0; all && texts[i] != NULL; i++)
-			all = strstr(line, texts[i]) != NULL;
-		n += all;
-	}
-	fclose(f);
-	return n;
-}
-
-static int lines_total(const char *log_path)
-{
-	const char *none[] = { NULL };
-
-	return lines_with(log_path, none);
-}
-
-/* Wait (bounded) until at least want lines hold every text. */
-static int wait_lines(const char *log_path, const char *const *texts, int want, int timeout_s)
-{
-	int n = 0;
-
-	for (int i = 0; i < timeout_s * 10; i++) {
-		n = lines_with(log_path, texts);
-		if (n >= want)
-			break;
-		usleep(100 * 1000);
-	}
-	return n;
-}
-
 static void show_log(const char *log_path)
 {
 	char cmd[512];
@@ -121,16 +67,16 @@ static void expect_fatal(const char *const *args, const char *const *env, const 
 	pid = itest_spawn_logged(args, env, logf);
 	code = itest_wait_exit(pid, 60);
 	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
-	if (code != 1 || lines_with(logf, texts) != 1 || lines_with(logf, error_level) != 1 ||
-	    lines_with(logf, retrying) != 0)
+	if (code != 1 || itest_log_lines(logf, texts) != 1 || itest_log_lines(logf, error_level) != 1 ||
+	    itest_log_lines(logf, retrying) != 0)
 		show_log(logf);
 	cr_assert_eq(code, 1, "%s: exit code %d, want 1", args[0], code);
-	cr_assert_eq(lines_with(logf, error_level), 1, "%s: one error line", args[0]);
-	cr_assert_eq(lines_with(logf, texts), 1, "%s: the line names the link, the user and the reason",
+	cr_assert_eq(itest_log_lines(logf, error_level), 1, "%s: one error line", args[0]);
+	cr_assert_eq(itest_log_lines(logf, texts), 1, "%s: the line names the link, the user and the reason",
 	             args[0]);
-	cr_assert_eq(lines_with(logf, retrying), 0, "%s: nothing is retried", args[0]);
+	cr_assert_eq(itest_log_lines(logf, retrying), 0, "%s: nothing is retried", args[0]);
 	if (secret != NULL)
-		cr_assert_eq(lines_with(logf, secret_t), 0, "%s: the password is not logged", args[0]);
+		cr_assert_eq(itest_log_lines(logf, secret_t), 0, "%s: the password is not logged", args[0]);
 	unlink(logf);
 }
 
@@ -219,10 +165,10 @@ Test(errors, loadgen_with_a_wrong_broker_password_says_so)
 	}
 	code = itest_wait_exit(pid, 60);
 	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
-	if (code != 1 || lines_with(logf, texts) < 1)
+	if (code != 1 || itest_log_lines(logf, texts) < 1)
 		show_log(logf);
 	cr_assert_eq(code, 1);
-	cr_assert_geq(lines_with(logf, texts), 1);
+	cr_assert_geq(itest_log_lines(logf, texts), 1);
 	unlink(ledger);
 	unlink(logf);
 }
@@ -267,7 +213,7 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 	const char *mq_up[] = { "broker reconnected", NULL };
 	const char *janitor[] = { "thread=janitor", NULL };
 	const char *minus_one[] = { "worker=-1", NULL };
-	int fd = mkstemp(logf), dport = free_port(), aport = free_port();
+	int fd = mkstemp(logf), dport = itest_free_port(), aport = itest_free_port();
 	pid_t pid, fdb, fmq;
 
 	cr_assert_geq(fd, 0);
@@ -280,18 +226,18 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 
 	/* The database refuses: many attempts, one line per thread (the
 	 * worker thread and the janitor). */
-	cr_assert_geq(wait_lines(logf, db_attempt, 8, 60), 8, "the worker keeps trying the database");
-	cr_assert_eq(lines_with(logf, db_down), 2, "one line per thread when the outage starts");
-	cr_assert_eq(lines_with(logf, db_down_any), 2, "and no other");
+	cr_assert_geq(itest_wait_log_lines(logf, db_attempt, 8, 60), 8, "the worker keeps trying the database");
+	cr_assert_eq(itest_log_lines(logf, db_down), 2, "one line per thread when the outage starts");
+	cr_assert_eq(itest_log_lines(logf, db_down_any), 2, "and no other");
 	fdb = forward(dport, c->db.port);
-	cr_assert_eq(wait_lines(logf, db_up, 2, 60), 2, "one line per thread when it ends");
+	cr_assert_eq(itest_wait_log_lines(logf, db_up, 2, 60), 2, "one line per thread when it ends");
 
 	/* The broker refuses: the same. */
-	cr_assert_geq(wait_lines(logf, mq_attempt, 8, 60), 8, "the worker keeps trying the broker");
-	cr_assert_geq(lines_with(logf, mq_down), 1);
-	cr_assert_leq(lines_with(logf, mq_down_any), 2, "one line per thread that needs the broker");
+	cr_assert_geq(itest_wait_log_lines(logf, mq_attempt, 8, 60), 8, "the worker keeps trying the broker");
+	cr_assert_geq(itest_log_lines(logf, mq_down), 1);
+	cr_assert_leq(itest_log_lines(logf, mq_down_any), 2, "one line per thread that needs the broker");
 	fmq = forward(aport, c->amqp.port);
-	cr_assert_geq(wait_lines(logf, mq_up, 1, 60), 1);
+	cr_assert_geq(itest_wait_log_lines(logf, mq_up, 1, 60), 1);
 
 	/* And then it works. */
 	{
@@ -305,10 +251,10 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 	kill(fmq, SIGTERM);
 	waitpid(fdb, NULL, 0);
 	waitpid(fmq, NULL, 0);
-	cr_assert_eq(lines_with(logf, db_down_any), 2, "still one line per thread");
-	cr_assert_geq(lines_with(logf, janitor), 1, "the janitor logs under its own name");
-	cr_assert_eq(lines_with(logf, minus_one), 0);
-	if (lines_total(logf) > 400)
+	cr_assert_eq(itest_log_lines(logf, db_down_any), 2, "still one line per thread");
+	cr_assert_geq(itest_log_lines(logf, janitor), 1, "the janitor logs under its own name");
+	cr_assert_eq(itest_log_lines(logf, minus_one), 0);
+	if (itest_log_lines(logf, (const char *const[]){ NULL }) > 400)
 		show_log(logf);
 	unlink(logf);
 }
@@ -363,7 +309,7 @@ Test(errors, metrics_address_forms_are_served)
 		if (strncmp(addr, "[::1]", 5) == 0) {
 			/* itest_http_get speaks IPv4: ask the log instead */
 			const char *served[] = { "serving /metrics", NULL };
-			cr_assert_eq(wait_lines(logf, served, 1, 30), 1, "%s is served", addr);
+			cr_assert_eq(itest_wait_log_lines(logf, served, 1, 30), 1, "%s is served", addr);
 		} else if (itest_wait_http(port, "/healthz", 200, body, sizeof body, 30) != 200) {
 			show_log(logf);
 			cr_assert_fail("%s is not served", addr);

@@ -4,6 +4,7 @@
  * and refuses an applied file that changed.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,70 @@ static int count_migration_files(void)
 	cr_assert_eq(fscanf(p, "%d", &n), 1);
 	pclose(p);
 	return n;
+}
+
+/* Write (mode "w") or append ("a") text to dir/name. */
+static void write_file(const char *dir, const char *name, const char *mode, const char *text)
+{
+	char path[4200];
+	FILE *f;
+
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	f = fopen(path, mode);
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	cr_assert_geq(fputs(text, f), 0);
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* How many migration files of the source tree (numbered and procedures/)
+ * have their schema_migrations row, under their own name, holding their
+ * own checksum.  After COUNT(*) matched, this is what can still be wrong
+ * (a row recorded under another name, or with another file's checksum). */
+static int files_recorded_with_their_checksum(void)
+{
+	char dir[4096], cmd[4300], line[512];
+	FILE *p;
+	int n = 0;
+
+	snprintf(cmd, sizeof cmd, "cd %s && sha256sum *.sql $(ls procedures/*.sql 2>/dev/null)",
+	         itest_source("migrations", dir, sizeof dir));
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof line, p) != NULL) {
+		char sha[65], name[300], key[400];
+
+		cr_assert_eq(sscanf(line, "%64s %299s", sha, name), 2, "sha256sum: %s", line);
+		snprintf(key, sizeof key, "%s:%s", name, sha);
+		n += (int)itest_int1("SELECT COUNT(*) FROM schema_migrations WHERE CONCAT(name, ':', sha256) = ?", key);
+	}
+	pclose(p);
+	return n;
+}
+
+/* A copy of migrations/ in a new folder (tmpl, a mkdtemp template, gets its
+ * name); with_probe: and a procedures/ folder holding itest_probe.sql, a
+ * procedure of the test's own (the worker uses none today, 0011). */
+static void copy_migrations(char *tmpl, bool with_probe)
+{
+	char src[4096], cmd[8400];
+
+	cr_assert_not_null(mkdtemp(tmpl));
+	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", itest_source("migrations", src, sizeof src), tmpl);
+	cr_assert_eq(system(cmd), 0);
+	if (with_probe) {
+		snprintf(cmd, sizeof cmd, "%s/procedures", tmpl);
+		cr_assert(mkdir(cmd, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", cmd, strerror(errno));
+		write_file(tmpl, "procedures/itest_probe.sql", "w",
+		           "DROP PROCEDURE IF EXISTS itest_probe;\nCREATE PROCEDURE itest_probe() SELECT 1;\n");
+	}
+}
+
+static void remove_tree(const char *dir)
+{
+	char cmd[4200];
+
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
 }
 
 Test(migrate, second_run_is_a_noop)
@@ -82,32 +147,24 @@ Test(migrate, concurrent_runs_apply_each_file_once)
 	cr_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "first migrate failed");
 	cr_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "second migrate failed");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM schema_migrations"), count_migration_files());
-	cr_assert_eq(itest_int("SELECT COUNT(DISTINCT name) FROM schema_migrations"), count_migration_files());
+	cr_assert_eq(files_recorded_with_their_checksum(), count_migration_files(),
+	             "each file recorded once, under its name, with its checksum");
 }
 
 Test(migrate, changed_applied_file_is_refused)
 {
-	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200];
-	FILE *f;
+	char tmpl[] = "/tmp/inbox-migrations-XXXXXX";
 	int st;
 
 	itest_fresh();
-	cr_assert_not_null(mkdtemp(tmpl));
-	snprintf(cmd, sizeof cmd, "cp %s/*.sql %s/", itest_source("migrations", src, sizeof src), tmpl);
-	cr_assert_eq(system(cmd), 0);
+	copy_migrations(tmpl, false);
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unchanged copy must be accepted");
 
-	snprintf(path, sizeof path, "%s/0001_inbox.sql", tmpl);
-	f = fopen(path, "a");
-	cr_assert_not_null(f);
-	fputs("\n-- an edit after the fact\n", f);
-	cr_assert_eq(fclose(f), 0);
+	write_file(tmpl, "0001_inbox.sql", "a", "\n-- an edit after the fact\n");
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a changed applied migration must be refused (exit 1)");
-
-	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-	cr_assert_eq(system(cmd), 0);
+	remove_tree(tmpl);
 }
 
 /* A procedure lives in one file of migrations/procedures/: an edited file
@@ -116,29 +173,17 @@ Test(migrate, changed_applied_file_is_refused)
  * (0011 dropped the batch procedures), so the test brings its own. */
 Test(migrate, changed_procedure_file_is_applied_again)
 {
-	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200], sha1[65], sha2[65];
-	FILE *f;
+	char tmpl[] = "/tmp/inbox-migrations-XXXXXX", sha1[65], sha2[65];
 	int st;
 
 	itest_fresh();
-	cr_assert_not_null(mkdtemp(tmpl));
-	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/ && mkdir -p %s/procedures", itest_source("migrations", src, sizeof src),
-	         tmpl, tmpl);
-	cr_assert_eq(system(cmd), 0);
-	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
-	f = fopen(path, "w");
-	cr_assert_not_null(f);
-	fputs("DROP PROCEDURE IF EXISTS itest_probe;\nCREATE PROCEDURE itest_probe() SELECT 1;\n", f);
-	cr_assert_eq(fclose(f), 0);
+	copy_migrations(tmpl, true);
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unchanged copy must be accepted");
 	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/itest_probe.sql",
 	                     sha1, sizeof sha1));
 
-	f = fopen(path, "a");
-	cr_assert_not_null(f);
-	fputs("\n-- an edit after the fact\n", f);
-	cr_assert_eq(fclose(f), 0);
+	write_file(tmpl, "procedures/itest_probe.sql", "a", "\n-- an edit after the fact\n");
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a changed procedure file must be applied again");
 	cr_assert(itest_str1("SELECT sha256 FROM schema_migrations WHERE name = ?", "procedures/itest_probe.sql",
@@ -146,9 +191,7 @@ Test(migrate, changed_procedure_file_is_applied_again)
 	cr_assert_str_neq(sha1, sha2, "the new checksum is recorded");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.routines WHERE routine_schema = DATABASE()"
 	                       " AND routine_name = 'itest_probe'"), 1);
-
-	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-	cr_assert_eq(system(cmd), 0);
+	remove_tree(tmpl);
 }
 
 /* The line of the status report that names file, or NULL. */
@@ -179,18 +222,12 @@ static int run_status(const char *dir, char *out, size_t cap)
 	char env[4200], logf[256];
 	const char *args[] = { "migrate", "--status", NULL };
 	const char *envv[] = { env, "INBOX_LOG_LEVEL=warn", NULL };
-	FILE *f;
-	size_t len;
 	int st;
 
 	snprintf(env, sizeof env, "INBOX_MIGRATIONS_DIR=%s", dir);
 	snprintf(logf, sizeof logf, "/tmp/inbox-itest-%d-migrate-status.log", (int)getpid());
 	st = itest_wait_exit(itest_spawn_program(getenv("INBOX_WORKER_BIN"), args, envv, logf, true), 120);
-	f = fopen(logf, "r");
-	cr_assert_not_null(f);
-	len = fread(out, 1, cap - 1, f);
-	out[len] = '\0';
-	fclose(f);
+	itest_read_file(logf, out, cap);
 	return st;
 }
 
@@ -199,24 +236,15 @@ static int run_status(const char *dir, char *out, size_t cap)
  * file is gone; it creates nothing and applies nothing. */
 Test(migrate, status_lists_applied_pending_and_changed_files_and_only_reads)
 {
-	char src[4096], tmpl[] = "/tmp/inbox-migrations-XXXXXX", cmd[8400], path[4200], sha[65], line[600];
+	char tmpl[] = "/tmp/inbox-migrations-XXXXXX", sha[65], line[600];
 	static char out[65536];
 	struct db *db;
-	FILE *f;
 	int st, files;
 
 	itest_fresh();
-	cr_assert_not_null(mkdtemp(tmpl));
-	snprintf(cmd, sizeof cmd, "cp -r %s/. %s/ && mkdir -p %s/procedures", itest_source("migrations", src, sizeof src),
-	         tmpl, tmpl);
-	cr_assert_eq(system(cmd), 0);
 	/* The worker uses no procedure today (0011): the test brings one, and
 	 * migrates once to apply it. */
-	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
-	f = fopen(path, "w");
-	cr_assert_not_null(f);
-	fputs("DROP PROCEDURE IF EXISTS itest_probe;\nCREATE PROCEDURE itest_probe() SELECT 1;\n", f);
-	cr_assert_eq(fclose(f), 0);
+	copy_migrations(tmpl, true);
 	st = run_migrate(tmpl);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	files = count_migration_files() + 1;
@@ -235,21 +263,9 @@ Test(migrate, status_lists_applied_pending_and_changed_files_and_only_reads)
 
 	/* A new file, an edited numbered file, an edited procedure, a record
 	 * without a file. */
-	snprintf(path, sizeof path, "%s/9999_later.sql", tmpl);
-	f = fopen(path, "w");
-	cr_assert_not_null(f);
-	fputs("CREATE TABLE IF NOT EXISTS later (id INT PRIMARY KEY);\n", f);
-	cr_assert_eq(fclose(f), 0);
-	snprintf(path, sizeof path, "%s/0002_saga.sql", tmpl);
-	f = fopen(path, "a");
-	cr_assert_not_null(f);
-	fputs("\n-- an edit after the fact\n", f);
-	cr_assert_eq(fclose(f), 0);
-	snprintf(path, sizeof path, "%s/procedures/itest_probe.sql", tmpl);
-	f = fopen(path, "a");
-	cr_assert_not_null(f);
-	fputs("\n-- an edit\n", f);
-	cr_assert_eq(fclose(f), 0);
+	write_file(tmpl, "9999_later.sql", "w", "CREATE TABLE IF NOT EXISTS later (id INT PRIMARY KEY);\n");
+	write_file(tmpl, "0002_saga.sql", "a", "\n-- an edit after the fact\n");
+	write_file(tmpl, "procedures/itest_probe.sql", "a", "\n-- an edit\n");
 	db = itest_db();
 	cr_assert_eq(db_exec(db, "INSERT INTO schema_migrations (name, sha256, applied_at)"
 	                         " VALUES ('0003_gone.sql', REPEAT('a', 64), NOW(6))"),
@@ -284,7 +300,5 @@ Test(migrate, status_lists_applied_pending_and_changed_files_and_only_reads)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE()"
 	                       " AND table_name = 'schema_migrations'"),
 	             0, "status created nothing");
-
-	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-	cr_assert_eq(system(cmd), 0);
+	remove_tree(tmpl);
 }

@@ -681,3 +681,58 @@ Test(msg, sha256_hex)
 	msg_sha256_hex(sha, hex);
 	cr_expect_str_eq(hex, "070f171f272f373f474f575f676f777f878f979fa7afb7bfc7cfd7dfe7eff7ff");
 }
+
+/* message_id, source and order_id share one rule (their bounds, the
+ * alphabet [A-Za-z0-9._:-]) and one wording of the detail, which names the
+ * field and its bounds: a value one past a bound, or one character outside
+ * the alphabet, is invalid-field for each of them, and the longest value
+ * within the bounds is kept whole. */
+Test(msg, identifier_fields_share_one_rule_and_one_detail)
+{
+	static const struct {
+		const char *field;
+		size_t min, max;
+	} ids[] = { { "message_id", 1, MSG_ID_MAX }, { "source", 0, MSG_SOURCE_MAX }, { "order_id", 1, MSG_ORDER_ID_MAX } };
+	char longest[MSG_ID_MAX + 2], body[1024], want[256];
+
+	for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+		struct msg m;
+
+		for (int bad = 0; bad < 3; bad++) {
+			const char *v = bad == 0 ? "a b" : bad == 1 ? "x/y" : NULL;
+			const char *shown = v;
+
+			if (v == NULL) { /* one past the bound */
+				memset(longest, 'k', ids[i].max + 1);
+				longest[ids[i].max + 1] = '\0';
+				v = longest;
+			}
+			snprintf(body, sizeof body,
+			         "{\"message_id\":\"%s\",\"source\":\"%s\",\"type\":\"OrderCreated\",\"order_id\":\"%s\"}",
+			         strcmp(ids[i].field, "message_id") == 0 ? v : "m-1",
+			         strcmp(ids[i].field, "source") == 0 ? v : "shop",
+			         strcmp(ids[i].field, "order_id") == 0 ? v : "o-1");
+			cr_assert_eq(parse(body, &m), MSG_REASON_INVALID_FIELD, "%s = %s: %s", ids[i].field, v, m.detail);
+			if (shown != NULL) {
+				snprintf(want, sizeof want, "%s '%s' is not %zu..%zu characters of [A-Za-z0-9._:-]",
+				         ids[i].field, shown, ids[i].min, ids[i].max);
+				cr_expect_str_eq(m.detail, want);
+			} else {
+				snprintf(want, sizeof want, "%s '", ids[i].field);
+				cr_expect(strncmp(m.detail, want, strlen(want)) == 0, "%s", m.detail);
+			}
+		}
+		memset(longest, 'k', ids[i].max);
+		longest[ids[i].max] = '\0';
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s\",\"source\":\"%s\",\"type\":\"OrderCreated\",\"order_id\":\"%s\"}",
+		         strcmp(ids[i].field, "message_id") == 0 ? longest : "m-1",
+		         strcmp(ids[i].field, "source") == 0 ? longest : "shop",
+		         strcmp(ids[i].field, "order_id") == 0 ? longest : "o-1");
+		cr_assert_eq(parse(body, &m), MSG_REASON_NONE, "%s of %zu: %s", ids[i].field, ids[i].max, m.detail);
+		cr_expect_str_eq(strcmp(ids[i].field, "message_id") == 0 ? m.message_id
+		                 : strcmp(ids[i].field, "source") == 0    ? m.source
+		                                                          : m.order_id,
+		                 longest);
+	}
+}

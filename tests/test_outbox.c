@@ -19,34 +19,10 @@
 #include <unistd.h>
 
 #include "itest.h"
+#include "outbox.h"
 #include "status.h"
 
 #define WAIT_S 120
-
-static void log_path(char *buf, size_t cap, const char *name)
-{
-	snprintf(buf, cap, "/tmp/inbox-itest-%d-%s.log", (int)getpid(), name);
-}
-
-static void stop_ok(pid_t w)
-{
-	int st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker must exit 0 on SIGTERM (status %d)", st);
-}
-
-/* Lines of log_path holding both texts. */
-static int log_lines(const char *log_path, const char *a, const char *b)
-{
-	FILE *f = fopen(log_path, "r");
-	char line[4096];
-	int n = 0;
-
-	cr_assert_not_null(f, "cannot open %s", log_path);
-	while (fgets(line, sizeof line, f) != NULL)
-		n += strstr(line, a) != NULL && strstr(line, b) != NULL;
-	fclose(f);
-	return n;
-}
 
 static void publish_event(struct mq *m, const char *id, const char *type, const char *order)
 {
@@ -63,7 +39,7 @@ static void insert_row(const char *message_id, const char *exchange, const char 
 {
 	struct db *d = itest_db();
 	struct db_stmt *ins;
-	struct db_param p[8] = {
+	struct db_param p[] = {
 		DBP_STR(message_id), DBP_STR(exchange), DBP_STR(rk), DBP_STR("Test"), DBP_STR("o-direct"),
 		headers ? DBP_STR(headers) : DBP_NULL(), DBP_BLOB(body, len), DBP_I64(age_s),
 	};
@@ -72,49 +48,11 @@ static void insert_row(const char *message_id, const char *exchange, const char 
 	                                 " headers, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
 	                                 " NOW(6) - INTERVAL ? SECOND)"),
 	             ST_OK, "%s", db_errmsg(d));
-	cr_assert_eq(db_stmt_exec(ins, p, 8, NULL), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_exec(ins, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
 	cr_assert_eq(db_commit(d), ST_OK);
 }
 
-/* A message taken from a queue: its id and body length. */
-struct got {
-	char message_id[256];
-	size_t len;
-};
-
-/* Take what is in queue: at least expect messages (waiting up to timeout_s
- * for them), then whatever else is already there. */
-static int take(const char *queue, struct got *out, int cap, int expect, int timeout_s)
-{
-	struct mq *m = NULL;
-	int n = 0, waited_ms = 0;
-
-	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-take"), ST_OK);
-	while (n < cap) {
-		struct mq_delivery d;
-		int rc = mq_get(m, queue, &d);
-		if (rc == ST_ERR_NOT_FOUND) {
-			if (n >= expect || waited_ms > timeout_s * 1000)
-				break;
-			usleep(100 * 1000);
-			waited_ms += 100;
-			continue;
-		}
-		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
-		memset(&out[n], 0, sizeof out[n]);
-		if (d.props.message_id != NULL)
-			snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
-			         d.props.message_id);
-		out[n].len = d.len;
-		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
-		mq_delivery_release(m, &d);
-		n++;
-	}
-	mq_close(&m);
-	return n;
-}
-
-static int count_id(const struct got *g, int n, const char *id)
+static int count_id(const struct itest_dead *g, int n, const char *id)
 {
 	int c = 0;
 
@@ -143,7 +81,7 @@ static void dlq_rebind(void)
 Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 {
 	const char *out = "itest.outbox.out";
-	struct got got[64];
+	struct itest_dead got[64];
 	struct itest_dead dead[4];
 	char logf[256];
 	struct mq *m;
@@ -152,7 +90,7 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 
 	itest_fresh();
 	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
-	log_path(logf, sizeof logf, "outbox-unroutable");
+	itest_log_path(logf, sizeof logf, "outbox-unroutable");
 	w = itest_worker_logged(1, NULL, logf);
 	m = itest_mq();
 	/* o-ship goes all the way to Shipped (emitting OrderPaid)... */
@@ -179,7 +117,7 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 	cr_assert_geq(itest_wait_int("SELECT LEAST(attempts, 3) FROM outbox WHERE message_id = 'ship-5'", 3, WAIT_S), 3,
 	              "the unroutable row is retried");
 	/* ...and none of them publishes the rows beside it again. */
-	n = take(out, got, 64, 3, WAIT_S);
+	n = itest_drain(out, got, 64, 3, WAIT_S);
 	cr_assert_eq(count_id(got, n, "RefundRequested:o-ref"), 1, "RefundRequested exactly once (%d messages)", n);
 	cr_assert_eq(count_id(got, n, "OrderPaid:o-ref"), 1);
 	cr_assert_eq(count_id(got, n, "OrderPaid:o-ship"), 1);
@@ -195,20 +133,20 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 	cr_assert_eq(itest_dlq_drain(dead, 4, 1, WAIT_S), 1, "exactly one copy in the DLQ");
 	cr_assert_str_eq(dead[0].message_id, "ship-5");
 	cr_assert_str_eq(dead[0].reason, "invalid-transition");
-	cr_assert_eq(take(out, got, 64, 0, 0), 0, "nothing more on orders.out");
-	stop_ok(w);
+	cr_assert_eq(itest_drain(out, got, 64, 0, 0), 0, "nothing more on orders.out");
+	itest_stop_ok(w);
 	mq_close(&m);
 	/* One line when the row started failing and one when it recovered, not
 	 * one per retry. */
-	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=ship-5"), 1);
-	cr_assert_eq(log_lines(logf, "outbox row recovered", "message_id=ship-5"), 1);
+	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row failing", "message_id=ship-5", NULL }), 1);
+	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row recovered", "message_id=ship-5", NULL }), 1);
 }
 
 Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
 {
 	const char *out = "itest.outbox.out";
 	const char *ok_body = "{\"ok\":1}";
-	struct got got[16];
+	struct itest_dead got[16];
 	char logf[256], why[256];
 	pid_t w;
 	int n;
@@ -224,7 +162,7 @@ Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
 	insert_row("no-exchange", "itest.no.such.exchange", "order.Test", NULL, ok_body, strlen(ok_body), 0);
 	insert_row("good-3", itest_cfg()->out_exchange, "order.Test", "{\"x-extra\":\"1\"}", ok_body,
 	           strlen(ok_body), 0);
-	log_path(logf, sizeof logf, "outbox-unpublishable");
+	itest_log_path(logf, sizeof logf, "outbox-unpublishable");
 	w = itest_worker_logged(1, NULL, logf);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'good-%'"
 	                            " AND sent_at IS NOT NULL",
@@ -234,8 +172,8 @@ Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
 	                            " AND sent_at IS NULL AND attempts >= 2",
 	                            2, WAIT_S),
 	             2, "the bad rows stay pending and are retried");
-	n = take(out, got, 16, 3, WAIT_S);
-	stop_ok(w);
+	n = itest_drain(out, got, 16, 3, WAIT_S);
+	itest_stop_ok(w);
 	cr_assert_eq(n, 3, "each good row once");
 	for (int i = 1; i <= 3; i++) {
 		char id[16];
@@ -246,15 +184,15 @@ Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
 	cr_assert_neq(strstr(why, "headers"), NULL, "the row says why: %s", why);
 	cr_assert(itest_str1("SELECT last_error FROM outbox WHERE message_id = ?", "no-exchange", why, sizeof why));
 	cr_assert_neq(strstr(why, "itest.no.such.exchange"), NULL, "the row says why: %s", why);
-	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=bad-headers"), 1);
-	cr_assert_eq(log_lines(logf, "outbox row failing", "message_id=no-exchange"), 1);
+	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row failing", "message_id=bad-headers", NULL }), 1);
+	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row failing", "message_id=no-exchange", NULL }), 1);
 }
 
 Test(outbox, body_longer_than_a_lowered_max_body_is_relayed, .timeout = 600)
 {
 	const char *out = "itest.outbox.out";
 	enum { BIG = 300000 };
-	struct got got[8];
+	struct itest_dead got[8];
 	char *big = malloc(BIG);
 	char *headers = malloc(40000);
 	const char *small = "{\"small\":1}";
@@ -276,8 +214,8 @@ Test(outbox, body_longer_than_a_lowered_max_body_is_relayed, .timeout = 600)
 	w = itest_worker(1, (const char *[]){ "INBOX_MAX_BODY=1024", NULL });
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0,
 	             "every row is relayed");
-	n = take(out, got, 8, 3, WAIT_S);
-	stop_ok(w);
+	n = itest_drain(out, got, 8, 3, WAIT_S);
+	itest_stop_ok(w);
 	cr_assert_eq(n, 3);
 	for (int i = 0; i < n; i++)
 		if (strcmp(got[i].message_id, "big-1") == 0)
@@ -289,55 +227,12 @@ Test(outbox, body_longer_than_a_lowered_max_body_is_relayed, .timeout = 600)
 	free(headers);
 }
 
-/* The value of a sample line; -1 when the metric is absent. */
-static double metric(const char *text, const char *name)
-{
-	char pat[256];
-	const char *p;
-
-	snprintf(pat, sizeof pat, "\n%s ", name);
-	p = strstr(text, pat);
-	return p ? strtod(p + strlen(pat), NULL) : -1;
-}
-
-/* A port nobody listens on now (the kernel's choice). */
-static int free_port(void)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	socklen_t len = sizeof sa;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr), 1);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
-/* Poll /metrics until name satisfies lo <= value <= hi; returns the last value. */
-static double wait_metric(int port, const char *name, double lo, double hi, int timeout_s)
-{
-	static char page[65536];
-	double v = -1;
-
-	for (int i = 0; i < timeout_s * 10; i++) {
-		if (itest_http_get(port, "/metrics", page, sizeof page) == 200) {
-			v = metric(page, name);
-			if (v >= lo && v <= hi)
-				break;
-		}
-		usleep(100 * 1000);
-	}
-	return v;
-}
-
 Test(outbox, failures_and_oldest_pending_on_metrics, .timeout = 600)
 {
 	const char *body = "{\"dead\":1}";
 	char addr[64], env_addr[96];
-	static char page[4096];
-	int port = free_port(), code = 0;
+	static char page[65536];
+	int port = itest_free_port(), code = 0;
 	double v;
 	pid_t w;
 
@@ -347,28 +242,24 @@ Test(outbox, failures_and_oldest_pending_on_metrics, .timeout = 600)
 	w = itest_worker(1, (const char *[]){ env_addr, NULL });
 	/* Ready: the worker has declared (and bound) the topology; unbind the
 	 * DLQ after that. */
-	for (int i = 0; i < 600 && code != 200; i++) {
-		code = itest_http_get(port, "/readyz", page, sizeof page);
-		if (code != 200)
-			usleep(100 * 1000);
-	}
+	code = itest_wait_http(port, "/readyz", 200, page, sizeof page, 60);
 	cr_assert_eq(code, 200);
 	dlq_unbind();
 	/* A dead-letter copy written 30 s ago that cannot be routed now. */
 	insert_row("dead-1", itest_cfg()->dlx, "order.Test", "{\"x-inbox-reason\":\"invalid-transition\"}", body,
 	           strlen(body), 30);
 	cr_assert_eq(itest_wait_int("SELECT LEAST(attempts, 2) FROM outbox WHERE message_id = 'dead-1'", 2, WAIT_S), 2);
-	v = wait_metric(port, "inbox_outbox_failed_total", 2, 1e9, 60);
+	v = itest_wait_metric(port, "inbox_outbox_failed_total", 2, 1e9, page, sizeof page, 60);
 	cr_assert_geq(v, 2, "every failed attempt counts (got %g)", v);
-	v = wait_metric(port, "inbox_outbox_oldest_pending_seconds", 30, 3600, 60);
+	v = itest_wait_metric(port, "inbox_outbox_oldest_pending_seconds", 30, 3600, page, sizeof page, 60);
 	cr_assert(v >= 30 && v < 3600, "the row's age: %g s", v);
-	v = wait_metric(port, "inbox_outbox_pending", 1, 1, 60);
+	v = itest_wait_metric(port, "inbox_outbox_pending", 1, 1, page, sizeof page, 60);
 	cr_assert_eq(v, 1);
 	dlq_rebind();
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
-	v = wait_metric(port, "inbox_outbox_oldest_pending_seconds", 0, 0, 60);
+	v = itest_wait_metric(port, "inbox_outbox_oldest_pending_seconds", 0, 0, page, sizeof page, 60);
 	cr_assert_eq(v, 0, "nothing pending, no age (got %g)", v);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_assert_eq(itest_queue_depth(itest_cfg()->dlq), 1);
 }
 
@@ -378,7 +269,7 @@ Test(outbox, two_processes_publish_each_row_once, .timeout = 600)
 {
 	enum { ROWS = 400 };
 	const char *out = "itest.outbox.out";
-	static struct got got[ROWS + 50];
+	static struct itest_dead got[ROWS + 50];
 	char id[32];
 	pid_t w[2];
 	int n;
@@ -392,12 +283,182 @@ Test(outbox, two_processes_publish_each_row_once, .timeout = 600)
 	w[0] = itest_worker(1, NULL);
 	w[1] = itest_worker(1, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
-	n = take(out, got, ROWS + 50, ROWS, WAIT_S);
-	stop_ok(w[0]);
-	stop_ok(w[1]);
+	n = itest_drain(out, got, ROWS + 50, ROWS, WAIT_S);
+	itest_stop_ok(w[0]);
+	itest_stop_ok(w[1]);
 	cr_assert_eq(n, ROWS, "each row once: %d messages for %d rows", n, ROWS);
 	for (int i = 0; i < ROWS; i++) {
 		snprintf(id, sizeof id, "many-%d", i);
 		cr_assert_eq(count_id(got, n, id), 1, "%s", id);
 	}
+}
+
+/* ---- outbox_ directly: one relay round at a time, no worker ---------------- */
+
+struct relay {
+	struct db *db;
+	struct outbox *ob;
+	struct mq *pub;
+};
+
+/* An outbox on a connection of the worker's account and a confirmed
+ * publisher (topology declared), as a worker's janitor has them. */
+static void relay_open(struct relay *x)
+{
+	memset(x, 0, sizeof *x);
+	cr_assert_eq(db_open(&x->db, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(outbox_open(&x->ob, x->db, itest_cfg()), ST_OK, "%s", db_errmsg(x->db));
+	x->pub = itest_mq();
+}
+
+static void relay_close(struct relay *x)
+{
+	outbox_close(&x->ob);
+	cr_assert_null(x->ob, "outbox_close clears the pointer");
+	outbox_close(&x->ob); /* and takes NULL */
+	mq_close(&x->pub);
+	db_close(&x->db);
+}
+
+static struct outbox_round round_of(struct relay *x, int limit)
+{
+	struct outbox_round r;
+
+	cr_assert_eq(outbox_relay(x->ob, x->pub, limit, &r), ST_OK, "%s", db_errmsg(x->db));
+	return r;
+}
+
+/* A round publishes the pending rows with their message ids, marks each
+ * sent, and says so in its counts; outbox_stats counts them before and
+ * not after; a second round finds nothing and publishes nothing again. */
+Test(outbox, relay_round_publishes_marks_sent_and_counts, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[8];
+	struct outbox_round r;
+	struct relay x;
+	int64_t pending = -1;
+	double oldest = -1;
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("d-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 20);
+	insert_row("d-2", itest_cfg()->out_exchange, "order.Test", "{\"x-extra\":\"2\"}", body, strlen(body), 0);
+	insert_row("d-3", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	relay_open(&x);
+	cr_assert_eq(outbox_stats(x.ob, &pending, &oldest), ST_OK, "%s", db_errmsg(x.db));
+	cr_assert_eq(pending, 3);
+	cr_assert(oldest >= 20 && oldest < 3600, "the oldest row's age: %g s", oldest);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 3);
+	cr_assert_eq(r.sent, 3);
+	cr_assert_eq(r.failed, 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NOT NULL AND leased_until IS NULL"
+	                       " AND attempts = 0"),
+	             3, "each row marked sent, its lease cleared");
+	cr_assert_eq(outbox_stats(x.ob, &pending, &oldest), ST_OK);
+	cr_assert_eq(pending, 0);
+	cr_assert_eq(oldest, 0);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 0, "nothing left to take");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 8, 3, 30), 3);
+	cr_assert_eq(count_id(got, 3, "d-1") + count_id(got, 3, "d-2") + count_id(got, 3, "d-3"), 3,
+	             "each row once, under its message id");
+	cr_assert_eq(got[0].len, strlen(body));
+}
+
+/* limit bounds a round; what it leaves waits for the next, oldest id
+ * first, and no row is taken by two rounds. */
+Test(outbox, limit_bounds_a_round_in_id_order, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[8];
+	struct outbox_round r;
+	struct relay x;
+	char id[16];
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	for (int i = 0; i < 5; i++) {
+		snprintf(id, sizeof id, "l-%d", i);
+		insert_row(id, itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	}
+	relay_open(&x);
+	for (int i = 0; i < 3; i++) {
+		int want = i < 2 ? 2 : 1;
+
+		r = round_of(&x, 2);
+		cr_assert_eq(r.taken, want, "round %d", i);
+		cr_assert_eq(r.sent, want, "round %d", i);
+	}
+	cr_assert_eq(round_of(&x, 2).taken, 0);
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 8, 5, 30), 5, "five rows, five messages");
+	for (int i = 0; i < 5; i++) {
+		snprintf(id, sizeof id, "l-%d", i);
+		cr_assert_str_eq(got[i].message_id, id, "published in id order");
+	}
+}
+
+/* A row under another relay's lease is left alone until the lease runs
+ * out; then it is taken. */
+Test(outbox, a_leased_row_is_left_to_its_relay_until_the_lease_ends, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[4];
+	struct relay x;
+	struct db *d;
+
+	itest_fresh();
+	d = itest_db();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("leased-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	cr_assert_eq(db_exec(d, "UPDATE outbox SET leased_until = NOW(6) + INTERVAL 1 HOUR"), ST_OK);
+	cr_assert_eq(db_commit(d), ST_OK);
+	relay_open(&x);
+	cr_assert_eq(round_of(&x, 64).taken, 0, "another relay's lease is respected");
+	cr_assert_eq(itest_drain(out, got, 4, 0, 0), 0, "nothing published");
+	cr_assert_eq(db_exec(d, "UPDATE outbox SET leased_until = NOW(6) - INTERVAL 1 SECOND"), ST_OK);
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(round_of(&x, 64).sent, 1, "a lease that ran out is taken over");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 4, 1, 30), 1);
+	cr_assert_str_eq(got[0].message_id, "leased-1");
+}
+
+/* A row that cannot be published (stored headers that are not a JSON
+ * object) fails alone: attempts + 1, a backoff and the reason on the row,
+ * counted as failed, while the row beside it is sent; the next round does
+ * not take it before its backoff runs out. */
+Test(outbox, an_unpublishable_row_fails_alone_with_its_backoff, .timeout = 120)
+{
+	const char *out = "itest.outbox.direct";
+	const char *body = "{\"direct\":1}";
+	struct itest_dead got[4];
+	struct outbox_round r;
+	struct relay x;
+	char why[256];
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	insert_row("bad-1", itest_cfg()->out_exchange, "order.Test", "[1, 2]", body, strlen(body), 0);
+	insert_row("good-1", itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	relay_open(&x);
+	r = round_of(&x, 64);
+	cr_assert_eq(r.taken, 2);
+	cr_assert_eq(r.sent, 1);
+	cr_assert_eq(r.failed, 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'bad-1' AND sent_at IS NULL"
+	                       " AND attempts = 1 AND next_attempt_at > NOW(6) AND leased_until IS NULL"),
+	             1, "attempts + 1, a backoff, no lease");
+	cr_assert(itest_str1("SELECT last_error FROM outbox WHERE message_id = ?", "bad-1", why, sizeof why));
+	cr_assert_neq(why[0], '\0', "the reason is kept on the row");
+	cr_assert_eq(round_of(&x, 64).taken, 0, "not retried before its backoff ends");
+	relay_close(&x);
+	cr_assert_eq(itest_drain(out, got, 4, 1, 30), 1);
+	cr_assert_str_eq(got[0].message_id, "good-1");
 }

@@ -26,27 +26,6 @@
 
 #define WAIT_S 90
 
-static void log_path(char *buf, size_t cap, const char *name)
-{
-	snprintf(buf, cap, "/tmp/inbox-itest-%d-poison-%s.log", (int)getpid(), name);
-}
-
-static void stop_ok(pid_t w)
-{
-	int st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker must exit 0 on SIGTERM (status %d)", st);
-}
-
-static void wait_log(const char *logf, const char *text, int timeout_s)
-{
-	for (int i = 0; i < timeout_s * 10; i++) {
-		if (itest_log_has(logf, text))
-			return;
-		usleep(100 * 1000);
-	}
-	cr_assert_fail("no line with '%s' in %s within %ds", text, logf, timeout_s);
-}
-
 /* ---- a raw librabbitmq connection ------------------------------------------ */
 
 static void raw_ok(amqp_connection_state_t c, const char *what)
@@ -187,7 +166,7 @@ Test(poison, bytes_header_poison_is_dead_lettered_alone, .timeout = 300)
 	pid_t w;
 
 	itest_fresh();
-	log_path(logf, sizeof logf, "bytes");
+	itest_log_path(logf, sizeof logf, "poison-bytes");
 	topology();
 	c = raw_open();
 	h[0] = entry("trace", fv_bytes(AMQP_FIELD_KIND_BYTES, NOT_UTF8, sizeof NOT_UTF8));
@@ -229,7 +208,7 @@ Test(poison, bytes_header_poison_is_dead_lettered_alone, .timeout = 300)
 	amqp_destroy_message(&got);
 	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "no valid message in the DLQ");
 	raw_close(c);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "one message must not reset the channel (%s)",
 	          logf);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), N);
@@ -256,7 +235,7 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 	int nh = 0;
 
 	itest_fresh();
-	log_path(logf, sizeof logf, "kinds");
+	itest_log_path(logf, sizeof logf, "poison-kinds");
 	memset(huge, 'x', sizeof huge - 1);
 	inner[0] = entry("deep", fv_bytes(AMQP_FIELD_KIND_BYTES, NOT_UTF8, sizeof NOT_UTF8));
 	inner[1] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("n"),
@@ -331,51 +310,70 @@ Test(poison, every_property_kind_survives_a_hold, .timeout = 300)
 	}
 	amqp_destroy_message(&got);
 	raw_close(c);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'dead_lettered'"), 1);
 }
 
 /* ---- 3. values a column refuses ------------------------------------------- */
 
-/* A routing key that is not UTF-8 cannot be stored with a held event
- * (held_events.routing_key is utf8mb4): it is refused at the boundary
- * with its reason, and the valid messages beside it in a batch stand. */
-Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
+/* n valid OrderCreated messages (PREFIX-ok-I, orders o-I) and one
+ * PaymentAuthorized, bad_id, for an order that does not exist yet (so it
+ * would be held, its routing key stored), published under bad_rk after
+ * the valid message bad_after (-1: before them all).  A worker with
+ * batches of 8 must apply the n valid ones and dead-letter bad_id alone,
+ * with reason and a detail holding detail_has, without a channel reset. */
+static void one_refused_among_valid(const char *prefix, int n, int bad_after, const char *bad_id,
+                                    const char *bad_rk, const char *reason_want, const char *detail_has)
 {
-	enum { N = 20 };
 	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
 	amqp_connection_state_t c;
 	amqp_basic_properties_t p = { 0 };
 	amqp_message_t got;
 	pid_t w;
 
-	itest_fresh();
-	log_path(logf, sizeof logf, "rk");
+	snprintf(id, sizeof id, "poison-%s", prefix);
+	itest_log_path(logf, sizeof logf, id);
 	topology();
 	c = raw_open();
-	itest_event(body, sizeof body, "rk-1", "PaymentAuthorized", "o-unseen");
-	raw_publish(c, "order.\xff\xfe", body, &p);
-	for (int i = 0; i < N; i++) {
-		snprintf(id, sizeof id, "rk-ok-%d", i);
-		snprintf(order, sizeof order, "o-%d", i);
-		itest_event(body, sizeof body, id, "OrderCreated", order);
-		p = (amqp_basic_properties_t){ 0 };
-		raw_publish(c, "order.OrderCreated", body, &p);
+	for (int i = -1; i < n; i++) {
+		if (i >= 0) {
+			snprintf(id, sizeof id, "%s-ok-%d", prefix, i);
+			snprintf(order, sizeof order, "o-%d", i);
+			itest_event(body, sizeof body, id, "OrderCreated", order);
+			p = (amqp_basic_properties_t){ 0 };
+			raw_publish(c, "order.OrderCreated", body, &p);
+		}
+		if (i == bad_after) {
+			itest_event(body, sizeof body, bad_id, "PaymentAuthorized", "o-unseen");
+			p = (amqp_basic_properties_t){ 0 };
+			raw_publish(c, bad_rk, body, &p);
+		}
 	}
 	w = itest_worker_logged(1, (const char *[]){ "INBOX_BATCH=8", NULL }, logf);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, 10), N);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", n, 10), n);
 	cr_assert(raw_get(c, itest_cfg()->dlq, &got, 10), "the message is in the DLQ");
 	hdr_str(&got, "x-inbox-reason", reason, sizeof reason);
 	hdr_str(&got, "x-inbox-detail", detail, sizeof detail);
-	cr_expect_str_eq(reason, "invalid-field", "reason (detail %s)", detail);
-	cr_expect(strstr(detail, "routing key") != NULL, "detail: %s", detail);
+	cr_expect_str_eq(reason, reason_want, "reason (detail %s)", detail);
+	cr_expect(strstr(detail, detail_has) != NULL, "detail: %s", detail);
+	snprintf(id, sizeof id, "\"message_id\":\"%s\"", bad_id);
+	cr_expect(memmem(got.body.bytes, got.body.len, id, strlen(id)) != NULL, "the refused message itself");
 	amqp_destroy_message(&got);
 	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "nothing else in the DLQ");
 	raw_close(c);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
+}
+
+/* A routing key that is not UTF-8 cannot be stored with a held event
+ * (held_events.routing_key is utf8mb4): it is refused at the boundary
+ * with its reason, and the valid messages beside it in a batch stand. */
+Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
+{
+	itest_fresh();
+	one_refused_among_valid("rk", 20, -1, "rk-1", "order.\xff\xfe", "invalid-field", "routing key");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 }
 
@@ -386,45 +384,9 @@ Test(poison, routing_key_not_utf8_is_dead_lettered, .timeout = 300)
  * are applied. */
 Test(poison, value_refused_by_the_database_is_unprocessable, .timeout = 300)
 {
-	enum { N = 12 };
-	char body[512], id[32], order[32], logf[256], reason[64], detail[512];
-	amqp_connection_state_t c;
-	amqp_basic_properties_t p = { 0 };
-	amqp_message_t got;
-	struct db *db;
-	pid_t w;
-
 	itest_fresh();
-	db = itest_db();
-	cr_assert_eq(db_exec(db, "ALTER TABLE held_events MODIFY routing_key VARCHAR(8) NOT NULL"), ST_OK);
-	log_path(logf, sizeof logf, "refused");
-	topology();
-	c = raw_open();
-	for (int i = 0; i < N; i++) {
-		snprintf(id, sizeof id, "ref-ok-%d", i);
-		snprintf(order, sizeof order, "o-%d", i);
-		itest_event(body, sizeof body, id, "OrderCreated", order);
-		p = (amqp_basic_properties_t){ 0 };
-		raw_publish(c, "order.OrderCreated", body, &p);
-		if (i == N / 2) {
-			itest_event(body, sizeof body, "ref-1", "PaymentAuthorized", "o-unseen");
-			p = (amqp_basic_properties_t){ 0 };
-			raw_publish(c, "order.PaymentAuthorized", body, &p);
-		}
-	}
-	w = itest_worker_logged(1, (const char *[]){ "INBOX_BATCH=8", NULL }, logf);
-	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, 10), N);
-	cr_assert(raw_get(c, itest_cfg()->dlq, &got, 10), "the message is in the DLQ");
-	hdr_str(&got, "x-inbox-reason", reason, sizeof reason);
-	hdr_str(&got, "x-inbox-detail", detail, sizeof detail);
-	cr_expect_str_eq(reason, "unprocessable", "reason (detail %s)", detail);
-	cr_expect(strstr(detail, "too long") != NULL, "the server's message: %s", detail);
-	amqp_destroy_message(&got);
-	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "nothing else in the DLQ");
-	raw_close(c);
-	stop_ok(w);
-	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
+	cr_assert_eq(db_exec(itest_db(), "ALTER TABLE held_events MODIFY routing_key VARCHAR(8) NOT NULL"), ST_OK);
+	one_refused_among_valid("ref", 12, 6, "ref-1", "order.PaymentAuthorized", "unprocessable", "too long");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'ref-1'"), 0,
 	             "the refused message's claim is rolled back");
 }
@@ -444,9 +406,10 @@ Test(poison, missing_table_keeps_messages_without_reset, .timeout = 300)
 
 	itest_fresh();
 	db = itest_db();
-	log_path(logf, sizeof logf, "table");
-	w = itest_worker_logged(1, NULL, logf);
-	wait_log(logf, "consuming", 60);
+	itest_log_path(logf, sizeof logf, "poison-table");
+	/* At debug level each retry is logged with its attempt number. */
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", NULL }, logf);
+	itest_wait_log(logf, "consuming", 60);
 	cr_assert_eq(db_exec(db, "RENAME TABLE order_events TO order_events_away"), ST_OK);
 	m = itest_mq();
 	for (int i = 0; i < N; i++) {
@@ -457,12 +420,13 @@ Test(poison, missing_table_keeps_messages_without_reset, .timeout = 300)
 	}
 	itest_confirm_all(m);
 	mq_close(&m);
-	wait_log(logf, "transaction failed", 60);
-	usleep(1500 * 1000); /* let it retry a few times; not an assertion */
+	/* Kept and retried a few times while the table is away. */
+	cr_assert_geq(itest_wait_log_lines(logf, (const char *const[]){ "transaction failed", "attempt=3", NULL }, 1, 60),
+	              1, "no third attempt, see %s", logf);
 	cr_assert_eq(db_exec(db, "RENAME TABLE order_events_away TO order_events"), ST_OK);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", N, WAIT_S), N);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 0, "nothing dead-lettered");
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
 }
@@ -481,10 +445,11 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 	pid_t w;
 
 	itest_fresh();
-	log_path(logf, sizeof logf, "unbound");
-	/* The worker binds the DLQ when it starts: unbind it afterwards. */
-	w = itest_worker_logged(1, NULL, logf);
-	wait_log(logf, "consuming", 60);
+	itest_log_path(logf, sizeof logf, "poison-unbound");
+	/* The worker binds the DLQ when it starts: unbind it afterwards.  At
+	 * debug level each retry is logged with its attempt number. */
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", NULL }, logf);
+	itest_wait_log(logf, "consuming", 60);
 	c = raw_open();
 	cr_assert_not_null(amqp_queue_unbind(c, 1, amqp_cstring_bytes(itest_cfg()->dlq),
 	                                     amqp_cstring_bytes(itest_cfg()->dlx), amqp_cstring_bytes("#"),
@@ -502,8 +467,10 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 		p = (amqp_basic_properties_t){ 0 };
 		raw_publish(c, "order.OrderCreated", body, &p);
 	}
-	wait_log(logf, "dead-letter publish failed", 60);
-	usleep(1500 * 1000); /* a few retries; not an assertion */
+	/* Kept and retried a few times while the DLQ is unbound. */
+	cr_assert_geq(itest_wait_log_lines(logf, (const char *const[]){ "dead-letter publish failed", "attempt=3", NULL },
+	                                   1, 60),
+	              1, "no third attempt, see %s", logf);
 	cr_assert_not_null(amqp_queue_bind(c, 1, amqp_cstring_bytes(itest_cfg()->dlq),
 	                                   amqp_cstring_bytes(itest_cfg()->dlx), amqp_cstring_bytes("#"),
 	                                   amqp_empty_table));
@@ -517,7 +484,7 @@ Test(poison, unroutable_dead_letter_is_retried_without_reset, .timeout = 300)
 	amqp_destroy_message(&got);
 	cr_expect(!raw_get(c, itest_cfg()->dlq, &got, 0), "only once, nothing else");
 	raw_close(c);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect(!itest_log_has(logf, "broker connection reset"), "see %s", logf);
 }
 
@@ -533,7 +500,7 @@ Test(poison, absurd_published_header_is_ignored, .timeout = 300)
 	pid_t w;
 
 	itest_fresh();
-	log_path(logf, sizeof logf, "published");
+	itest_log_path(logf, sizeof logf, "poison-published");
 	topology();
 	c = raw_open();
 	h[0] = (amqp_table_entry_t){ .key = amqp_cstring_bytes(MQ_HEADER_PUBLISHED_US),
@@ -545,7 +512,7 @@ Test(poison, absurd_published_header_is_ignored, .timeout = 300)
 	raw_close(c);
 	w = itest_worker_logged(1, NULL, logf);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1, "applied (see %s)", logf);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE published_at IS NULL"), 1);
 	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 0);

@@ -429,9 +429,12 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 		log_path(logf[p], sizeof logf[p], name);
 		w[p] = itest_worker_logged(4, env, logf[p]);
 	}
-	/* Wait until both have declared the sharded topology. */
-	cr_assert_eq(itest_wait_int("SELECT 1", 1, 1), 1);
-	sleep(2);
+	/* Wait until both have declared the sharded topology and consume
+	 * every shard: each of the four threads of each process consumes its
+	 * shard once the topology is declared. */
+	for (int p = 0; p < 2; p++)
+		cr_assert_eq(itest_wait_log_lines(logf[p], (const char *const[]){ "consuming worker=", NULL }, 4, WAIT_S),
+		             4, "process %d: not every thread consumes, see %s", p, logf[p]);
 	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
 	pthread_join(t, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, WAIT_S), 4 * ORDERS);

@@ -47,37 +47,18 @@ static const char *replace1(char *buf, size_t cap, const char *s, const char *fr
 	return buf;
 }
 
-static void tls_sleep_ms(int ms)
-{
-	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-
-	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-		;
-}
-
 /* Poll log_path (bounded) until a line holds both a and b. */
 static bool wait_log(const char *log_path, const char *a, const char *b, int timeout_s)
 {
-	for (int i = 0; i < timeout_s * 10; i++) {
-		FILE *f = fopen(log_path, "r");
-		char line[4096];
-		bool found = false;
-
-		while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
-			found = strstr(line, a) != NULL && strstr(line, b) != NULL;
-		if (f != NULL)
-			fclose(f);
-		if (found)
-			return true;
-		tls_sleep_ms(100);
-	}
-	return false;
+	return itest_wait_log_lines(log_path, (const char *const[]){ a, b, NULL }, 1, timeout_s) > 0;
 }
 
 static void log_path_for(char *buf, size_t cap, const char *name)
 {
-	snprintf(buf, cap, "%s/inbox-tls-%s-%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name,
-	         (int)getpid());
+	char full[128];
+
+	snprintf(full, sizeof full, "tls-%s", name);
+	itest_log_path(buf, cap, full);
 }
 
 /* A worker with the given URLs and a metrics port; stderr into log. */
@@ -91,6 +72,22 @@ static pid_t tls_worker(const char *amqp_url, const char *db_url, int port, cons
 	snprintf(db_env, sizeof db_env, "INBOX_DB_URL=%s", db_url);
 	snprintf(addr_env, sizeof addr_env, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
 	return itest_spawn_logged(args, env, log);
+}
+
+/* A worker on these URLs whose link cannot be opened: within 60 s a line
+ * of its log (log, named after name) holds a and b, /readyz says 503, and
+ * it is stopped.  what names the case in a failure. */
+static void expect_refused(const char *amqp_url, const char *db_url, int port, const char *name, const char *a,
+                           const char *b, const char *what, char *log, size_t cap)
+{
+	char body[4096];
+	pid_t w;
+
+	log_path_for(log, cap, name);
+	w = tls_worker(amqp_url, db_url, port, log);
+	cr_assert(wait_log(log, a, b, 60), "%s, see %s", what, log);
+	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
+	itest_stop(w, SIGTERM, 30);
 }
 
 static int loadgen(const char *const *args, const char *amqp_url, const char *db_url, const char *log)
@@ -140,30 +137,22 @@ Test(tls, worker_and_loadgen_over_tls_apply_every_message, .timeout = 600)
 Test(tls, a_certificate_from_another_ca_is_refused, .timeout = 300)
 {
 	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
-	char bad_amqp[2048], bad_db[2048], log[256], body[4096];
+	char bad_amqp[2048], bad_db[2048], log[256];
 	int port = itest_metrics_port(1);
-	pid_t w;
 
 	itest_fresh();
 	/* The broker's certificate checked against an unrelated CA. */
 	replace1(bad_amqp, sizeof bad_amqp, amqp, "/ca.pem", "/other-ca.pem");
-	log_path_for(log, sizeof log, "wrong-ca-amqp");
-	w = tls_worker(bad_amqp, db, port, log);
-	cr_assert(wait_log(log, "broker unavailable", "tls handshake: SSL peer cert verification failed", 60),
-	          "no line names the broker and the reason, see %s", log);
+	expect_refused(bad_amqp, db, port, "wrong-ca-amqp", "broker unavailable",
+	               "tls handshake: SSL peer cert verification failed", "no line names the broker and the reason",
+	               log, sizeof log);
 	cr_assert(itest_log_has(log, "amqps://inbox:***@localhost"), "the line names the broker, see %s", log);
-	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
-	itest_stop(w, SIGTERM, 30);
 
 	/* The database's certificate likewise. */
 	replace1(bad_db, sizeof bad_db, db, "/ca.pem", "/other-ca.pem");
-	log_path_for(log, sizeof log, "wrong-ca-db");
-	w = tls_worker(amqp, bad_db, port, log);
-	cr_assert(wait_log(log, "database unavailable", "certificate", 60),
-	          "no line names the database and the reason, see %s", log);
+	expect_refused(amqp, bad_db, port, "wrong-ca-db", "database unavailable", "certificate",
+	               "no line names the database and the reason", log, sizeof log);
 	cr_assert(itest_log_has(log, "error=\"2026 "), "a TLS error (CR_SSL_CONNECTION_ERROR), see %s", log);
-	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
-	itest_stop(w, SIGTERM, 30);
 }
 
 /* ---- a MySQL server that offers no TLS ------------------------------------ */
@@ -240,53 +229,29 @@ Test(tls, a_server_without_tls_is_refused_when_tls_is_asked_for, .timeout = 300)
 {
 	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
 	const char *dir = tls_env("INBOX_STACK_TLS_DIR");
-	char plain_amqp[2048], plain_db_url[2048], tls_port[16], plain_port[16], log[256], body[4096];
+	char plain_amqp[2048], plain_db_url[2048], tls_port[16], plain_port[16], log[256];
 	struct plain_db fake;
 	int port = itest_metrics_port(2);
-	pid_t w;
 
 	itest_fresh();
 	/* amqps:// to the broker's plain-text listener. */
 	snprintf(tls_port, sizeof tls_port, ":%s/", tls_env("INBOX_STACK_AMQP_TLS_PORT"));
 	snprintf(plain_port, sizeof plain_port, ":%d/", itest_cfg()->amqp.port);
 	replace1(plain_amqp, sizeof plain_amqp, amqp, tls_port, plain_port);
-	log_path_for(log, sizeof log, "plain-amqp");
-	w = tls_worker(plain_amqp, db, port, log);
-	cr_assert(wait_log(log, "broker unavailable", "tls handshake", 60),
-	          "no line names the broker and the reason, see %s", log);
-	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
-	itest_stop(w, SIGTERM, 30);
+	expect_refused(plain_amqp, db, port, "plain-amqp", "broker unavailable", "tls handshake",
+	               "no line names the broker and the reason", log, sizeof log);
 
 	/* A database that offers no TLS, with only ssl-ca= in the URL: the
 	 * client must refuse it, not log in in plain text. */
 	plain_db_start(&fake);
 	snprintf(plain_db_url, sizeof plain_db_url, "mysql://inbox_tls:inbox_tls@127.0.0.1:%d/inbox?ssl-ca=%s/ca.pem",
 	         fake.port, dir);
-	log_path_for(log, sizeof log, "plain-db");
-	w = tls_worker(amqp, plain_db_url, port, log);
-	cr_assert(wait_log(log, "database unavailable", "error=\"2026 ", 60),
-	          "no TLS error (CR_SSL_CONNECTION_ERROR) named, see %s", log);
-	cr_assert_eq(itest_wait_http(port, "/readyz", 503, body, sizeof body, 10), 503, "%s", body);
-	itest_stop(w, SIGTERM, 30);
+	expect_refused(amqp, plain_db_url, port, "plain-db", "database unavailable", "error=\"2026 ",
+	               "no TLS error (CR_SSL_CONNECTION_ERROR) named", log, sizeof log);
 	plain_db_stop(&fake);
 }
 
 /* ---- server_name_indication ---------------------------------------------- */
-
-/* A loopback port nobody listens on now (bind to 0, read it, close). */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	socklen_t len = sizeof a;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	cr_assert_geq(fd, 0);
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
 
 /* `openssl s_server` on 127.0.0.1:port with the stack's server certificate,
  * expecting SNI sni.example.test; it prints `Hostname in TLS extension:
@@ -345,7 +310,7 @@ Test(tls, server_name_indication_is_what_the_client_hello_names, .timeout = 300)
 {
 	const char *db = tls_env("INBOX_TLS_DB_URL");
 	char url[2048], slog[256], wlog[256];
-	int port = free_port(), mport = itest_metrics_port(3), in;
+	int port = itest_free_port(), mport = itest_metrics_port(3), in;
 	pid_t srv, w;
 
 	itest_fresh();
@@ -363,7 +328,7 @@ Test(tls, server_name_indication_is_what_the_client_hello_names, .timeout = 300)
 	sni_server_stop(srv, in);
 
 	/* Without it: the URL's host, as before. */
-	port = free_port();
+	port = itest_free_port();
 	log_path_for(slog, sizeof slog, "nosni-server");
 	log_path_for(wlog, sizeof wlog, "nosni-worker");
 	srv = sni_server(port, slog, &in);
@@ -382,7 +347,7 @@ Test(tls, server_name_indication_is_the_name_the_certificate_is_checked_against,
 {
 	const char *db = tls_env("INBOX_TLS_DB_URL");
 	char url[2048], slog[256], wlog[256], body[4096];
-	int port = free_port(), mport = itest_metrics_port(4), in;
+	int port = itest_free_port(), mport = itest_metrics_port(4), in;
 	pid_t srv, w;
 
 	itest_fresh();
@@ -400,7 +365,7 @@ Test(tls, server_name_indication_is_the_name_the_certificate_is_checked_against,
 	/* The same server and URL without the option: the certificate names
 	 * the URL's host, so the handshake passes and rabbitmq-c, which sends
 	 * nothing before it has verified, sends AMQP's protocol header. */
-	port = free_port();
+	port = itest_free_port();
 	log_path_for(slog, sizeof slog, "nosni-verify-server");
 	log_path_for(wlog, sizeof wlog, "nosni-verify-worker");
 	srv = sni_server(port, slog, &in);

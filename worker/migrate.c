@@ -212,23 +212,19 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 	char *sql = NULL;
 	size_t len = 0;
 	char hex[65], stored[65];
-	struct db_param p[1] = { DBP_STR(record) };
-	struct db_col c[1] = { DBC_STR(stored, sizeof stored) };
+	struct db_param p[] = { DBP_STR(record) };
+	struct db_col c[] = { DBC_STR(stored, sizeof stored) };
 	int rc, r;
 
 	rc = migrate_digest(dir, name, &sql, &len, hex);
 	if (rc != ST_OK)
 		return rc;
-	rc = db_stmt_query(get, p, 1);
-	if (rc != ST_OK)
-		goto cleanup;
-	r = db_stmt_fetch(get, c, 1);
+	r = db_stmt_query_row(get, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 	if (r < 0) {
 		rc = r;
 		goto cleanup;
 	}
 	if (r == 1) {
-		db_stmt_done(get);
 		if (strcmp(stored, hex) == 0)
 			goto cleanup;
 		if (!reapply) {
@@ -244,8 +240,8 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 		goto cleanup;
 	}
 	{
-		struct db_param pp[2] = { DBP_STR(record), DBP_STR(hex) };
-		rc = db_stmt_exec(put, pp, 2, NULL);
+		struct db_param pp[] = { DBP_STR(record), DBP_STR(hex) };
+		rc = db_stmt_exec(put, pp, ARRAY_LEN(pp), NULL);
 	}
 	if (rc == ST_OK)
 		rc = db_commit(db);
@@ -298,15 +294,14 @@ int migrate_main(const struct cfg *conf)
 	if (rc != ST_OK)
 		goto cleanup;
 	{
-		struct db_param p[2] = { DBP_STR(MIGRATE_LOCK), DBP_I64(MIGRATE_LOCK_WAIT_S) };
-		struct db_col c[1] = { DBC_I64() };
-		rc = db_stmt_query(lock, p, 2);
-		if (rc == ST_OK && db_stmt_fetch(lock, c, 1) == 1 && !c[0].is_null && c[0].i64 == 1) {
-			db_stmt_done(lock);
+		struct db_param p[] = { DBP_STR(MIGRATE_LOCK), DBP_I64(MIGRATE_LOCK_WAIT_S) };
+		struct db_col c[] = { DBC_I64() };
+		int r = db_stmt_query_row(lock, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+		if (r == 1 && !c[0].is_null && c[0].i64 == 1) {
 			locked = true;
 		} else {
 			LOG(LOG_LEVEL_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK));
-			rc = rc == ST_OK ? ST_ERR_TIMEOUT : rc;
+			rc = r < 0 ? r : ST_ERR_TIMEOUT;
 			goto cleanup;
 		}
 	}
@@ -330,12 +325,11 @@ int migrate_main(const struct cfg *conf)
 		    LOG_S("dir", conf->migrations_dir));
 cleanup:
 	if (locked) {
-		struct db_param p[1] = { DBP_STR(MIGRATE_LOCK) };
-		struct db_col c[1] = { DBC_I64() };
+		struct db_param p[] = { DBP_STR(MIGRATE_LOCK) };
+		struct db_col c[] = { DBC_I64() };
 		/* The lock also ends with the session; releasing it early only
 		 * lets a waiting migrator go sooner. */
-		if (db_stmt_query(unlock, p, 1) == ST_OK && db_stmt_fetch(unlock, c, 1) == 1)
-			db_stmt_done(unlock);
+		(void)db_stmt_query_row(unlock, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 	}
 	migrate_names_free(names, count);
 	db_close(&db);
@@ -422,12 +416,11 @@ int migrate_status(const struct cfg *conf)
 	                "SELECT COUNT(*) FROM information_schema.tables"
 	                " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
 	if (rc == ST_OK) {
-		struct db_col c[1] = { DBC_I64() };
-		rc = db_stmt_query(exists, NULL, 0);
-		if (rc == ST_OK && db_stmt_fetch(exists, c, 1) == 1) {
-			db_stmt_done(exists);
-			have_table = c[0].i64 > 0;
-		}
+		struct db_col c[] = { DBC_I64() };
+		int r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
+		if (r < 0)
+			rc = r;
+		have_table = r == 1 && c[0].i64 > 0;
 	}
 	rec = calloc(2 * MIGRATE_MAX_FILES, sizeof *rec);
 	if (rc == ST_OK && rec == NULL)
@@ -440,9 +433,9 @@ int migrate_status(const struct cfg *conf)
 			rc = db_stmt_query(list, NULL, 0);
 		while (rc == ST_OK) {
 			struct migrate_record spill, *r = nrec < 2 * MIGRATE_MAX_FILES ? &rec[nrec] : &spill;
-			struct db_col c[3] = { DBC_STR(r->name, sizeof r->name), DBC_STR(r->sha256, sizeof r->sha256),
-			                       DBC_STR(r->applied_at, sizeof r->applied_at) };
-			int f = db_stmt_fetch(list, c, 3);
+			struct db_col c[] = { DBC_STR(r->name, sizeof r->name), DBC_STR(r->sha256, sizeof r->sha256),
+			                      DBC_STR(r->applied_at, sizeof r->applied_at) };
+			int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
 			if (f < 0)
 				rc = f;
 			if (f <= 0)
