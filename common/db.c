@@ -39,7 +39,6 @@ _Static_assert(DB_LOCK_WAIT_TIMEOUT_S < DB_READ_TIMEOUT_S,
 #define DB_STR2(x) #x
 #define DB_STR(x) DB_STR2(x)
 
-#define DB_MAX_PARAMS 64
 #define DB_MAX_COLS 24
 #define DB_GROW_FIRST 4096
 /* Our own number for a DBC_GROW value over its max (mapped to ST_ERR_DB_DATA). */

@@ -35,6 +35,11 @@ struct db_stmt;
 
 enum db_type { DB_NULL = 0, DB_I64, DB_STR, DB_BLOB, DB_DOUBLE };
 
+/* The most parameters a statement run through db_stmt_exec/_query binds
+ * (its MYSQL_BIND array is on the stack); a caller with a fixed list
+ * checks its size against it at compile time. */
+#define DB_MAX_PARAMS 64
+
 /* An input parameter.  str/blob are borrowed for the call. */
 struct db_param {
 	enum db_type type;

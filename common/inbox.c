@@ -47,6 +47,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "array.h"
 #include "fault.h"
 #include "log.h"
 #include "outbox.h"
@@ -626,12 +627,12 @@ static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, c
 		DBC_GROW(&ib->props, &ib->props_cap, INBOX_PROPS_COLUMN_MAX),
 		DBC_GROW(&ib->body, &ib->body_cap, INBOX_BODY_COLUMN_MAX),
 	};
-	int rc = db_stmt_query(ib->held_get, p, 2);
+	int rc = db_stmt_query(ib->held_get, p, ARRAY_LEN(p));
 	int r;
 
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ib->held_get, c, 6);
+	r = db_stmt_fetch(ib->held_get, c, ARRAY_LEN(c));
 	if (r < 0)
 		return r;
 	if (r == 0)
@@ -743,7 +744,7 @@ static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after
 {
 	struct db_param p[4] = { DBP_STR(order_id), DBP_STR(ib->conf->consumer), DBP_I64(after), DBP_I64(cap) };
 	struct inbox_held spill; /* LIMIT keeps the rows within cap; this is for safety */
-	int rc = db_stmt_query(ib->held_list, p, 4);
+	int rc = db_stmt_query(ib->held_list, p, ARRAY_LEN(p));
 
 	*n = 0;
 	if (rc != ST_OK)
@@ -754,7 +755,7 @@ static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after
 			DBC_I64(), DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
 			DBC_STR(h->type, sizeof h->type),
 		};
-		int r = db_stmt_fetch(ib->held_list, c, 4);
+		int r = db_stmt_fetch(ib->held_list, c, ARRAY_LEN(c));
 
 		if (r < 0)
 			return r;
@@ -1271,12 +1272,12 @@ static int inbox_lock_one(struct inbox *ib, const char *order_id, struct inbox_o
 
 	rc = inbox_reserve(ib, 1);
 	if (rc == ST_OK)
-		rc = db_stmt_exec(ib->lock_touch, p, 1, NULL);
+		rc = db_stmt_exec(ib->lock_touch, p, ARRAY_LEN(p), NULL);
 	if (rc == ST_OK)
-		rc = db_stmt_query(ib->lock_read, p, 1);
+		rc = db_stmt_query(ib->lock_read, p, ARRAY_LEN(p));
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ib->lock_read, c, 4);
+	r = db_stmt_fetch(ib->lock_read, c, ARRAY_LEN(c));
 	if (r < 0)
 		return r;
 	if (r == 0)
@@ -1348,13 +1349,13 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 		return ST_OK;
 	{
 		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
-		rc = db_stmt_query(ib->expired_list, p, 3);
+		rc = db_stmt_query(ib->expired_list, p, ARRAY_LEN(p));
 		if (rc != ST_OK)
 			goto rollback;
 		for (;;) {
 			struct inbox_expiring *r = n < MAXN ? &rows[n] : &spill;
 			struct db_col c[2] = { DBC_I64(), DBC_STR(r->order_id, sizeof r->order_id) };
-			int f = db_stmt_fetch(ib->expired_list, c, 2);
+			int f = db_stmt_fetch(ib->expired_list, c, ARRAY_LEN(c));
 			if (f < 0) {
 				rc = f;
 				goto rollback;

@@ -51,12 +51,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "array.h"
 #include "dlq.h"
 #include "log.h"
 #include "msg.h"
 #include "status.h"
 
 #define OUTBOX_BATCH_MAX 64
+_Static_assert(OUTBOX_BATCH_MAX <= DB_MAX_PARAMS, "a round's ids are one statement's parameters");
 #define OUTBOX_DUE_MAX 16          /* retried rows per round, each confirmed alone */
 #define OUTBOX_CONFIRM_MS 10000
 #define OUTBOX_HEADERS_MAX 16
@@ -179,7 +181,7 @@ int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struc
 	json_t *h;
 
 	/* What the saved properties had to escape or drop, said where the
-	 * DLQ reader looks (mq.c keeps the note ASCII). */
+	 * DLQ reader looks (props.c keeps the note ASCII). */
 	mq_props_json_note(d->props, note, sizeof note);
 	snprintf(full, sizeof full, "%s%s%s", d->detail, note[0] ? "; properties: " : "", note);
 	/* When, for `inbox-worker dlq list` (common/dlq.h). */
@@ -225,7 +227,7 @@ static int outbox_exec_in(struct db_stmt *st, const int64_t *ids, int n)
 
 	for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
 		p[i] = DBP_I64(ids[i < n ? i : 0]);
-	return db_stmt_exec(st, p, OUTBOX_BATCH_MAX, NULL);
+	return db_stmt_exec(st, p, ARRAY_LEN(p), NULL);
 }
 
 int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
@@ -429,7 +431,7 @@ static void outbox_publish(struct outbox *ob, struct mq *pub, struct outbox_row 
 static int outbox_claim(struct db_stmt *scan, int limit, int64_t *ids, int *n)
 {
 	struct db_param p[1] = { DBP_I64(limit) };
-	int rc = db_stmt_query(scan, p, 1);
+	int rc = db_stmt_query(scan, p, ARRAY_LEN(p));
 
 	if (rc != ST_OK)
 		return rc;
@@ -441,7 +443,7 @@ static int outbox_claim(struct db_stmt *scan, int limit, int64_t *ids, int *n)
 			db_stmt_done(scan);
 			break;
 		}
-		r = db_stmt_fetch(scan, c, 1);
+		r = db_stmt_fetch(scan, c, ARRAY_LEN(c));
 		if (r < 0)
 			return r;
 		if (r == 0)
@@ -462,7 +464,7 @@ static int outbox_take(struct outbox *ob, struct mq *pub, const int64_t *ids, in
 
 	for (int i = 0; i < OUTBOX_BATCH_MAX; i++)
 		p[i] = DBP_I64(ids[i < nids ? i : 0]);
-	rc = db_stmt_query(ob->read, p, OUTBOX_BATCH_MAX);
+	rc = db_stmt_query(ob->read, p, ARRAY_LEN(p));
 	if (rc != ST_OK)
 		return rc;
 	for (;;) {
@@ -482,7 +484,7 @@ static int outbox_take(struct outbox *ob, struct mq *pub, const int64_t *ids, in
 			db_stmt_done(ob->read);
 			break;
 		}
-		r = db_stmt_fetch(ob->read, c, 11);
+		r = db_stmt_fetch(ob->read, c, ARRAY_LEN(c));
 		if (r < 0)
 			return r;
 		if (r == 0)
@@ -566,7 +568,7 @@ static int outbox_settle(struct outbox *ob, struct mq *pub, struct outbox_row *r
 		fp[0] = DBP_I64((int64_t)outbox_backoff_ms(row->attempts) * 1000);
 		fp[1] = DBP_STR(row->why);
 		fp[2] = DBP_I64(row->id);
-		rc = db_stmt_exec(ob->fail, fp, 3, NULL);
+		rc = db_stmt_exec(ob->fail, fp, ARRAY_LEN(fp), NULL);
 		if (rc != ST_OK)
 			return rc;
 		r->failed++;
@@ -672,7 +674,7 @@ int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s)
 
 	if (rc != ST_OK)
 		return rc;
-	r = db_stmt_fetch(ob->stats, c, 2);
+	r = db_stmt_fetch(ob->stats, c, ARRAY_LEN(c));
 	if (r < 0)
 		return r;
 	if (r == 1)
