@@ -29,6 +29,7 @@
 
 #include "addr.h"
 #include "config.h"
+#include "msg.h"
 #include "url.h"
 
 #define CFG_FILE_MAX 4096  /* a *_URL_FILE larger than this is not a URL */
@@ -42,16 +43,11 @@ _Static_assert(sizeof(enum cfg_ordering) == sizeof(int), "enum cfg_ordering is a
 
 /* ---- small helpers ------------------------------------------------------ */
 
-/* ASCII only, as addr.c's (the same two lines): <ctype.h>'s follow the
- * locale, and two one-line tests are not worth a shared header. */
+/* ASCII only, as addr.c's (the same line): <ctype.h>'s follow the
+ * locale, and a one-line test is not worth a shared header. */
 static bool is_digit(char c)
 {
 	return c >= '0' && c <= '9';
-}
-
-static bool is_alnum(char c)
-{
-	return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
 /* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
@@ -258,13 +254,11 @@ static const char *default_value(const struct cfg_setting *s)
 
 static int check_name(const char *v, long max, char *reason, size_t n)
 {
-	size_t len = strlen(v);
-	bool ok = len >= 1 && len <= (size_t)max;
 	char shown[CFG_ECHO_MAX + 4];
 
-	for (size_t i = 0; ok && i < len; i++)
-		ok = is_alnum(v[i]) || v[i] == '.' || v[i] == '_' || v[i] == ':' || v[i] == '-';
-	if (ok)
+	/* A name is stored beside message ids (the consumer is the first part
+	 * of the inbox key): the same rule, msg.c's. */
+	if (msg_id_valid(v, strlen(v), 1, (size_t)max))
 		return 0;
 	addr_echo(shown, sizeof shown, v);
 	addr_errf(reason, n, "must be 1-%ld characters of [A-Za-z0-9._:-]: '%s'", max, shown);
