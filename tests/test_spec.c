@@ -193,8 +193,9 @@ Test(spec, cancel_after_shipment_is_invalid_and_before_is_applied)
 	cr_assert_eq(spec_fold(late, 5, out, NULL, &f), 0);
 	cr_assert_eq(out[4], SPEC_DEAD_LETTERED);
 	cr_assert_eq(f.end.status, SPEC_SHIPPED);
-	cr_assert_eq(spec_decide(&(struct spec_order){ SPEC_SHIPPED, true, true }, MSG_ORDER_CANCELLED)->reason,
-	             SPEC_REASON_INVALID);
+	/* the text, not the pointer: a sanitizer build does not merge equal literals */
+	cr_assert_str_eq(spec_decide(&(struct spec_order){ SPEC_SHIPPED, true, true }, MSG_ORDER_CANCELLED)->reason,
+	                 SPEC_REASON_INVALID);
 	cr_assert_eq(spec_fold(early, 5, out, NULL, &f), 0);
 	cr_assert_eq(out[3], SPEC_APPLIED);
 	cr_assert_eq(out[4], SPEC_DEAD_LETTERED);
