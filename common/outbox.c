@@ -23,7 +23,9 @@
  *
  * A relay that dies between 1 and 4 leaves its lease to run out
  * (OUTBOX_LEASE_S); then another relay publishes the rows again, with the
- * same message-ids.  Two COMMITs per round, however many rows: see the
+ * same message-ids.  A live one stops publishing when its round's budget
+ * is spent (OUTBOX_ROUND_BUDGET_MS) and gives the rest back in 4, so it
+ * never publishes a row whose lease another relay may have taken.  Two COMMITs per round, however many rows: see the
  * janitor in worker/janitor.c for why commits are the cost.
  *
  * A basic.return carries no delivery tag.  Mandatory publishes (the
@@ -70,12 +72,18 @@ _Static_assert(OUTBOX_BATCH_MAX <= DB_MAX_PARAMS, "a round's ids are one stateme
 #define OUTBOX_SHORTSTR_MAX 255    /* an AMQP short string */
 /* A buffer grown past this for one large row is given back after the round. */
 #define OUTBOX_KEEP_MAX ((size_t)1024 * 1024)
-/* Longer than a round takes (a pipelined batch, confirmed within
- * OUTBOX_CONFIRM_MS), short enough that rows a dead relay leased go out
- * again within a minute.  A round that retries many failing rows one at a
- * time may outlast it; then, at worst, a row is published twice, with its
- * stable message-id. */
+/* Longer than a round takes, short enough that rows a dead relay leased
+ * go out again within a minute.  A round may take long: rows retried one
+ * at a time (or all of them after a broker error) each wait for their own
+ * confirm, up to OUTBOX_CONFIRM_MS.  So a round stops publishing once
+ * OUTBOX_ROUND_BUDGET_MS have passed since its lease began and gives the
+ * rest back; a publish started before then waits at most one confirm for
+ * a mandatory neighbour and one for itself, and the round's last wait one
+ * more: all within the lease, which no other relay can take meanwhile. */
 #define OUTBOX_LEASE_S 60
+#define OUTBOX_ROUND_BUDGET_MS 25000
+_Static_assert(OUTBOX_ROUND_BUDGET_MS + 3 * OUTBOX_CONFIRM_MS < OUTBOX_LEASE_S * 1000,
+               "a round must end within its lease");
 #define OUTBOX_BACKOFF_FIRST_MS 1000
 #define OUTBOX_BACKOFF_MAX_MS 60000
 
@@ -97,6 +105,8 @@ struct outbox {
 	char *headers;
 	size_t headers_cap;
 	bool isolate; /* a broker error in the last round: one row at a time */
+	int budget_ms;  /* OUTBOX_ROUND_BUDGET_MS, or a test's */
+	struct timespec leased; /* when this round's lease began */
 	/* A round's rows, allocated once: the janitor runs a round after
 	 * every batch that wrote outbox rows, often for a handful. */
 	struct outbox_row *rows;
@@ -240,6 +250,7 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 		return ST_ERR_NOMEM;
 	ob->db = db;
 	ob->conf = conf;
+	ob->budget_ms = OUTBOX_ROUND_BUDGET_MS;
 	/* Both scans read ix_outbox_due (migrations/0005) in its order, so
 	 * rows backing off are never walked over by the first one. */
 	rc = db_prepare(db, &ob->take_due,
@@ -453,6 +464,23 @@ static int outbox_claim(struct db_stmt *scan, int limit, int64_t *ids, int *n)
 	return ST_OK;
 }
 
+void outbox_set_round_budget(struct outbox *ob, int ms)
+{
+	ob->budget_ms = ms;
+}
+
+/* The round's time since its lease began is spent (see OUTBOX_LEASE_S). */
+static bool outbox_over_budget(const struct outbox *ob)
+{
+	struct timespec now;
+	long ms;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+		return true; /* no clock: one row a round, safe */
+	ms = (now.tv_sec - ob->leased.tv_sec) * 1000L + (now.tv_nsec - ob->leased.tv_nsec) / 1000000L;
+	return ms >= ob->budget_ms;
+}
+
 /* Read the leased rows back (retried ones first) and publish each: a
  * retried row alone, the others pipelined unless isolate.  *n counts the
  * rows read into rows[]. */
@@ -480,7 +508,10 @@ static int outbox_take(struct outbox *ob, struct mq *pub, const int64_t *ids, in
 		struct outbox_row *row;
 		int r;
 
-		if (*n >= OUTBOX_BATCH_MAX) {
+		/* Time is up: the rows not read stay unpublished, and settle
+		 * gives their lease back.  One row always goes, so every round
+		 * makes progress. */
+		if (*n >= OUTBOX_BATCH_MAX || (*n > 0 && outbox_over_budget(ob))) {
 			db_stmt_done(ob->read);
 			break;
 		}
@@ -625,6 +656,10 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_rou
 		db_rollback(ob->db);
 		goto done;
 	}
+	/* The budget counts from before the lease: the lease runs from its
+	 * UPDATE, so the round ends sooner than it, never later. */
+	if (rc == ST_OK && clock_gettime(CLOCK_MONOTONIC, &ob->leased) != 0)
+		memset(&ob->leased, 0, sizeof ob->leased); /* over budget at once: one row */
 	if (rc == ST_OK)
 		rc = outbox_exec_in(ob->lease, ids, nids);
 	if (rc == ST_OK)

@@ -86,6 +86,14 @@ void outbox_close(struct outbox **ob);
  * pending).  *r is filled when the round committed. */
 int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_round *r);
 
+/* How long a round may go on publishing after its lease began: past it,
+ * the round publishes nothing more (at least one row per round all the
+ * same) and gives the lease of the rest back, so no row is published after
+ * its lease ran out and another relay took it.  The default fits the
+ * lease (OUTBOX_LEASE_S) with the confirm waits; tests set a small one to
+ * see a round stop. */
+void outbox_set_round_budget(struct outbox *ob, int ms);
+
 /* Pending rows and the age in seconds of the oldest (0 when none), for the
  * inbox_outbox_pending and inbox_outbox_oldest_pending_seconds gauges. */
 int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s);
