@@ -401,23 +401,6 @@ Test(saga, crash_between_commit_and_publish_loses_no_compensation)
 	cr_assert_eq(itest_int1("SELECT version FROM orders WHERE id = ?", "o-c"), 3);
 }
 
-/* A sharded test's own exchange and queue names: its shard queues (quorum)
- * and consistent-hash exchange are then never deleted and declared again
- * under the same name a few milliseconds apart by the next test.  Under
- * load the sharded tests, sharing the default names, now and then got no
- * publisher confirm for 30 s (a shard queue that took no messages), which
- * no other suite, with one quorum queue re-created the same way, ever
- * showed.  Before itest_fresh, which is the first to read the settings. */
-static void sharded_names(const char *tag)
-{
-	char v[64];
-
-	snprintf(v, sizeof v, "itest.%s", tag);
-	cr_assert_eq(setenv("INBOX_EXCHANGE", v, 1), 0);
-	snprintf(v, sizeof v, "itest.%s.inbox", tag);
-	cr_assert_eq(setenv("INBOX_QUEUE", v, 1), 0);
-}
-
 Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 {
 	enum { ORDERS = 120 };
@@ -439,7 +422,6 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 			p->type = seq_happy[i];
 		}
 	slice.to = set.n;
-	sharded_names("keep");
 	itest_fresh();
 	for (int p = 0; p < 2; p++) {
 		char name[32];
@@ -512,7 +494,6 @@ Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout
 			p->type = seq_happy[i];
 		}
 	slice.to = set.n;
-	sharded_names("fewer");
 	itest_fresh();
 	for (int p = 0; p < 2; p++) {
 		char name[32];
@@ -573,7 +554,6 @@ Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 
 	slice.to = set.n;
 	cr_assert_eq(setenv("INBOX_ORDERING", "sharded", 1), 0);
 	cr_assert_eq(setenv("INBOX_SHARDS", "2", 1), 0);
-	sharded_names("standby");
 	itest_fresh();
 	log_path(logf, sizeof logf, "standby");
 	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
@@ -582,14 +562,8 @@ Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 
 	cr_assert_eq(pthread_create(&t, NULL, publish_slice, &slice), 0);
 	pthread_join(t, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS);
-	{
-		char q[300];
-
-		snprintf(q, sizeof q, "%s.shard.0", itest_cfg()->queue);
-		cr_assert_eq(shard_consumers(q), 2, "threads 0 and 2");
-		snprintf(q, sizeof q, "%s.shard.1", itest_cfg()->queue);
-		cr_assert_eq(shard_consumers(q), 1, "thread 1");
-	}
+	cr_assert_eq(shard_consumers("orders.inbox.shard.0"), 2, "threads 0 and 2");
+	cr_assert_eq(shard_consumers("orders.inbox.shard.1"), 1, "thread 1");
 	stop_ok(w);
 	cr_assert_eq(itest_log_sum(logf, "stopped", "held"), 0, "in-order publishing needs no holds");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"
