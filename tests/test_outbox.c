@@ -369,23 +369,44 @@ Test(outbox, relay_round_publishes_marks_sent_and_counts, .timeout = 120)
 	cr_assert_eq(got[0].len, strlen(body));
 }
 
+/* n pending rows <prefix>-0 .. <prefix>-(n-1) for the out exchange, and a
+ * queue bound to catch what is published. */
+static void seed_rows(const char *out, const char *prefix, int n)
+{
+	const char *body = "{\"direct\":1}";
+	char id[32];
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	for (int i = 0; i < n; i++) {
+		snprintf(id, sizeof id, "%s-%d", prefix, i);
+		insert_row(id, itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
+	}
+}
+
+/* Exactly the n seeded rows reached out, each once, in id order. */
+static void assert_published_in_order(const char *out, const char *prefix, int n)
+{
+	struct itest_dead got[8];
+	char id[32];
+
+	cr_assert(n <= 8);
+	cr_assert_eq(itest_drain(out, got, 8, n, 30), n, "%d rows, %d messages", n, n);
+	for (int i = 0; i < n; i++) {
+		snprintf(id, sizeof id, "%s-%d", prefix, i);
+		cr_assert_str_eq(got[i].message_id, id, "each once, in id order");
+	}
+}
+
 /* limit bounds a round; what it leaves waits for the next, oldest id
  * first, and no row is taken by two rounds. */
 Test(outbox, limit_bounds_a_round_in_id_order, .timeout = 120)
 {
 	const char *out = "itest.outbox.direct";
-	const char *body = "{\"direct\":1}";
-	struct itest_dead got[8];
 	struct outbox_round r;
 	struct relay x;
-	char id[16];
 
-	itest_fresh();
-	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
-	for (int i = 0; i < 5; i++) {
-		snprintf(id, sizeof id, "l-%d", i);
-		insert_row(id, itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
-	}
+	seed_rows(out, "l", 5);
 	relay_open(&x);
 	for (int i = 0; i < 3; i++) {
 		int want = i < 2 ? 2 : 1;
@@ -396,11 +417,7 @@ Test(outbox, limit_bounds_a_round_in_id_order, .timeout = 120)
 	}
 	cr_assert_eq(round_of(&x, 2).taken, 0);
 	relay_close(&x);
-	cr_assert_eq(itest_drain(out, got, 8, 5, 30), 5, "five rows, five messages");
-	for (int i = 0; i < 5; i++) {
-		snprintf(id, sizeof id, "l-%d", i);
-		cr_assert_str_eq(got[i].message_id, id, "published in id order");
-	}
+	assert_published_in_order(out, "l", 5);
 }
 
 /* A round whose time is up publishes nothing more (but always one row)
@@ -411,18 +428,10 @@ Test(outbox, limit_bounds_a_round_in_id_order, .timeout = 120)
 Test(outbox, a_round_past_its_budget_stops_and_gives_back_the_rest, .timeout = 120)
 {
 	const char *out = "itest.outbox.direct";
-	const char *body = "{\"direct\":1}";
-	struct itest_dead got[8];
 	struct outbox_round r;
 	struct relay x;
-	char id[16];
 
-	itest_fresh();
-	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
-	for (int i = 0; i < 3; i++) {
-		snprintf(id, sizeof id, "b-%d", i);
-		insert_row(id, itest_cfg()->out_exchange, "order.Test", NULL, body, strlen(body), 0);
-	}
+	seed_rows(out, "b", 3);
 	relay_open(&x);
 	outbox_set_round_budget(x.ob, 0);
 	r = round_of(&x, 64);
@@ -433,11 +442,7 @@ Test(outbox, a_round_past_its_budget_stops_and_gives_back_the_rest, .timeout = 1
 	cr_assert_eq(round_of(&x, 64).sent, 1);
 	cr_assert_eq(round_of(&x, 64).taken, 0);
 	relay_close(&x);
-	cr_assert_eq(itest_drain(out, got, 8, 3, 30), 3, "three rows, three messages");
-	for (int i = 0; i < 3; i++) {
-		snprintf(id, sizeof id, "b-%d", i);
-		cr_assert_str_eq(got[i].message_id, id, "each once, in id order");
-	}
+	assert_published_in_order(out, "b", 3);
 }
 
 /* A row under another relay's lease is left alone until the lease runs
