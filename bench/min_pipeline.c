@@ -219,7 +219,7 @@ static void *mp_main(void *arg)
 	if (t->rc == ST_OK)
 		t->rc = mq_open(&mq, &sh->conf->amqp, sh->conf->heartbeat_s, name);
 	if (t->rc == ST_OK)
-		t->rc = mq_consume_start(mq, sh->conf->queue, sh->prefetch, false);
+		t->rc = mq_consume_start(mq, sh->conf->queue, sh->prefetch, 0);
 	if (t->rc != ST_OK) {
 		fprintf(stderr, "min_pipeline: thread %d: setup failed: %s\n", t->index, st_strerror(t->rc));
 		goto out;

@@ -358,7 +358,7 @@ static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
 	if (window < r->in_queue)
 		LOG(LOG_LEVEL_WARN, "the queue is longer than one consumer's window: only its head is read",
 		    LOG_I("in_queue", r->in_queue), LOG_I("read", window));
-	rc = mq_consume_start(r->mq, r->conf->dlq, (int)window, false);
+	rc = mq_consume_start(r->mq, r->conf->dlq, (int)window, 0);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_ERROR, "cannot consume the dead-letter queue", LOG_S("error", mq_errmsg(r->mq)));
 		return rc;

@@ -510,6 +510,9 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 
 static int mq_basic_consume(struct mq *m, struct mq_consumer *c)
 {
+	amqp_table_entry_t prio = { .key = amqp_cstring_bytes("x-priority"),
+		                    .value = { .kind = AMQP_FIELD_KIND_I32, .value = { .i32 = c->priority } } };
+	amqp_table_t args = { .num_entries = c->priority != 0 ? 1 : 0, .entries = &prio };
 	amqp_basic_consume_ok_t *ok;
 	int rc;
 
@@ -519,7 +522,7 @@ static int mq_basic_consume(struct mq *m, struct mq_consumer *c)
 	rc = mq_rpc(m, "basic.qos");
 	if (rc != ST_OK)
 		return rc;
-	ok = amqp_basic_consume(m->conn, MQ_CHANNEL, mq_b(c->queue), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+	ok = amqp_basic_consume(m->conn, MQ_CHANNEL, mq_b(c->queue), amqp_empty_bytes, 0, 0, 0, args);
 	if (ok == NULL)
 		return mq_rpc(m, "basic.consume");
 	snprintf(c->tag, sizeof c->tag, "%.*s", (int)ok->consumer_tag.len, (const char *)ok->consumer_tag.bytes);
@@ -527,18 +530,18 @@ static int mq_basic_consume(struct mq *m, struct mq_consumer *c)
 	return ST_OK;
 }
 
-int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active)
+int mq_consume_start(struct mq *m, const char *queue, int prefetch, int priority)
 {
 	struct mq_consumer *c;
 	int rc;
 
-	(void)single_active; /* a queue argument, set at declaration */
 	if (m->nconsumers >= MQ_MAX_CONSUMERS || strlen(queue) >= sizeof c->queue)
 		return mq_fail(m, ST_ERR_INVALID, "basic.consume", "too many consumers or queue name too long");
 	c = &m->consumers[m->nconsumers];
 	memset(c, 0, sizeof *c);
 	snprintf(c->queue, sizeof c->queue, "%s", queue);
 	c->prefetch = prefetch < 1 ? 1 : prefetch > 65535 ? 65535 : prefetch;
+	c->priority = priority;
 	rc = mq_basic_consume(m, c);
 	if (rc == ST_OK)
 		m->nconsumers++;

@@ -94,8 +94,11 @@ int mq_consume_queue_name(const struct cfg *conf, int index, char *buf, size_t c
 
 /* basic.qos(prefetch) for the consumer and basic.consume with manual acks.
  * One connection may consume several queues (up to 64): call it once per
- * queue; their deliveries share the channel and its delivery tags. */
-int mq_consume_start(struct mq *m, const char *queue, int prefetch, bool single_active);
+ * queue; their deliveries share the channel and its delivery tags.
+ * priority: the consumer priority (x-priority; 0: none, the broker's
+ * default): the broker delivers to the highest priority consumer of the
+ * queue that has room in its prefetch window. */
+int mq_consume_start(struct mq *m, const char *queue, int prefetch, int priority);
 /* Wait up to timeout_ms for a delivery: ST_OK, ST_ERR_TIMEOUT or an error.
  * Deliveries kept aside by mq_service come first, in arrival order.  A
  * basic.cancel from the broker (the queue was deleted, its leader moved)

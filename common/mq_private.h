@@ -32,6 +32,7 @@ struct mq_consumer {
 	char tag[128];          /* the broker's consumer tag */
 	char queue[256];
 	int prefetch;
+	int priority;           /* x-priority of basic.consume (0: none) */
 	bool cancelled;         /* the broker sent basic.cancel for it */
 };
 

@@ -167,8 +167,14 @@ Test(saga, any_arrival_order_with_duplicates_ends_as_in_order, .timeout = 900)
 		char name[32];
 		snprintf(name, sizeof name, "prop-%d", p);
 		log_path(logf[p], sizeof logf[p], name);
-		/* One process one message per transaction, the other batches. */
-		w[p] = itest_worker_logged(3, p == 0 ? NULL : (const char *[]){ "INBOX_BATCH=8", NULL }, logf[p]);
+		/* One process one message per transaction, the other batches;
+		 * small prefetch windows, so that every thread of both takes
+		 * part (the first thread, of the highest consumer priority,
+		 * would take all of a light load). */
+		w[p] = itest_worker_logged(3,
+		                           p == 0 ? (const char *[]){ "INBOX_BATCH=1", "INBOX_PREFETCH=2", NULL }
+		                                  : (const char *[]){ "INBOX_BATCH=8", "INBOX_PREFETCH=8", NULL },
+		                           logf[p]);
 	}
 	for (int c = 0; c < CONNS; c++) {
 		slices[c] = (struct pub_slice){ &set, c, set.n, CONNS, false };
@@ -252,8 +258,9 @@ Test(saga, reservation_racing_creation_is_never_stranded, .timeout = 900)
 	pid_t w[2];
 
 	itest_fresh();
-	w[0] = itest_worker(4, NULL);
-	w[1] = itest_worker(4, NULL);
+	/* Windows of two: the racing events spread over all eight threads. */
+	w[0] = itest_worker(4, (const char *[]){ "INBOX_PREFETCH=2", NULL });
+	w[1] = itest_worker(4, (const char *[]){ "INBOX_PREFETCH=2", NULL });
 	cr_assert_eq(pthread_barrier_init(&go, NULL, 3), 0);
 	for (int i = 0; i < 3; i++) {
 		r[i] = (struct race){ &go, ORDERS, types[i] };
