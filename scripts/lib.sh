@@ -54,3 +54,17 @@ inbox_wait_started() {
         done
     done
 }
+
+# A loopback TCP port nothing listens on now (from 19400 up), for a
+# worker's /metrics in a bench run.
+inbox_free_port() {
+    local p
+    for p in $(seq 19400 19999); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    echo "no free port in 19400-19999" >&2
+    return 1
+}

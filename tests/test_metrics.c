@@ -118,6 +118,43 @@ Test(metrics, build_info_threads_and_process_series)
 	}
 }
 
+static double heap_metric(const char *name)
+{
+	static char page[65536];
+	const char *at;
+
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	at = strstr(page, name);
+	cr_assert_not_null(at, "%s not in %s", name, page);
+	return strtod(at + strlen(name), NULL);
+}
+
+/* The heap series follow the allocations: a live 8 MiB block is in use
+ * (and held), and gone from "in use" once freed. */
+Test(metrics, heap_in_use_follows_live_allocations)
+{
+#if INBOX_HAVE_MALLINFO2 && !defined(__SANITIZE_ADDRESS__)
+	enum { SIZE = 8 << 20 };
+	double before = heap_metric("\ninbox_heap_in_use_bytes "), during, after, held;
+	char *p = malloc(SIZE);
+
+	cr_assert_not_null(p);
+	memset(p, 1, SIZE);
+	during = heap_metric("\ninbox_heap_in_use_bytes ");
+	held = heap_metric("\ninbox_heap_held_bytes ");
+	free(p);
+	after = heap_metric("\ninbox_heap_in_use_bytes ");
+	cr_assert_geq(during - before, SIZE, "in use %.0f -> %.0f", before, during);
+	cr_assert_geq(held, during, "the heap holds at least what is in use");
+	cr_assert_lt(after, before + SIZE / 2, "freed: %.0f -> %.0f", during, after);
+#else
+	static char page[65536];
+
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	cr_assert_null(strstr(page, "inbox_heap_in_use_bytes"), "no heap series without glibc's own malloc");
+#endif
+}
+
 Test(metrics, every_series_fits_the_page_at_the_thread_limit)
 {
 	static char page[65536];
