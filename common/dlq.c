@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "array.h"
 #include "db.h"
 #include "fault.h"
@@ -909,29 +910,6 @@ void dlq_usage(FILE *f)
 	           "            count (and with --yes remove) the chosen dead letters\n");
 }
 
-/* "--name value" or "--name=value": the value, advancing *i; NULL when
- * arg is not this flag.  loadgen/main.c's opt_value is the same function:
- * the two programs share no option parser (common/ has none), and the
- * loadgen's option chain is being reworked on its own (issue 14, item 4);
- * once it settles, one copy should move to common/ for both. */
-static const char *dlq_flag_value(int argc, char **argv, int *i, const char *name, bool *missing)
-{
-	size_t n = strlen(name);
-	const char *a = argv[*i];
-
-	if (strncmp(a, name, n) != 0)
-		return NULL;
-	if (a[n] == '=')
-		return a + n + 1;
-	if (a[n] != '\0')
-		return NULL;
-	if (*i + 1 >= argc) {
-		*missing = true;
-		return NULL;
-	}
-	return argv[++*i];
-}
-
 int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t cap)
 {
 	static const char *const cmds[] = { [DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay",
@@ -972,21 +950,21 @@ int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t 
 		const char *v;
 		const char *a = argv[i];
 
-		if ((v = dlq_flag_value(n, argv, &i, "--reason", &missing)) != NULL) {
+		if ((v = args_value(n, argv, &i, "--reason", &missing)) != NULL) {
 			if (o->nreasons >= DLQ_MAX_REASONS) {
 				snprintf(err, cap, "--reason: at most %d", DLQ_MAX_REASONS);
 				return -1;
 			}
 			o->reasons[o->nreasons++] = v;
-		} else if ((v = dlq_flag_value(n, argv, &i, "--id", &missing)) != NULL) {
+		} else if ((v = args_value(n, argv, &i, "--id", &missing)) != NULL) {
 			if (o->nids >= DLQ_MAX_IDS) {
 				snprintf(err, cap, "--id: at most %d", DLQ_MAX_IDS);
 				return -1;
 			}
 			o->ids[o->nids++] = v;
-		} else if ((v = dlq_flag_value(n, argv, &i, "--order", &missing)) != NULL) {
+		} else if ((v = args_value(n, argv, &i, "--order", &missing)) != NULL) {
 			o->order_id = v;
-		} else if ((v = dlq_flag_value(n, argv, &i, "--since", &missing)) != NULL) {
+		} else if ((v = args_value(n, argv, &i, "--since", &missing)) != NULL) {
 			char why[160];
 			if (cfg_parse_duration(v, &o->since_s, why, sizeof why) != 0) {
 				snprintf(err, cap, "--since: %s", why);
@@ -996,7 +974,7 @@ int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t 
 				snprintf(err, cap, "--since: must be positive: '%s'", v);
 				return -1;
 			}
-		} else if ((v = dlq_flag_value(n, argv, &i, "--limit", &missing)) != NULL) {
+		} else if ((v = args_value(n, argv, &i, "--limit", &missing)) != NULL) {
 			char *end;
 			o->limit = strtol(v, &end, 10);
 			if (*v == '\0' || *end != '\0' || o->limit < 1) {

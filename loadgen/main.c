@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "amqpx.h"
+#include "args.h"
 #include "cfg.h"
 #include "db.h"
 #include "log.h"
@@ -185,26 +186,6 @@ struct lg_args {
 	struct lg_verify_opts vo;
 };
 
-/* Value of option `name` at argv[*i] ("--name V" or "--name=V"); NULL when
- * argv[*i] is another option.  *missing is set when the value is absent. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, bool *missing)
-{
-	size_t n = strlen(name);
-	const char *a = argv[*i];
-
-	if (strncmp(a, name, n) != 0)
-		return NULL;
-	if (a[n] == '=')
-		return a + n + 1;
-	if (a[n] != '\0')
-		return NULL;
-	if (*i + 1 >= argc) {
-		*missing = true;
-		return NULL;
-	}
-	return argv[++*i];
-}
-
 static int parse_share(const char *name, const char *v, double *out, char *err, size_t errlen)
 {
 	char *end;
@@ -367,7 +348,7 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			if (opts[k].kind == LG_OPT_FLAG) {
 				if (strcmp(argv[i], opts[k].name) == 0)
 					o = &opts[k];
-			} else if ((v = opt_value(argc, argv, &i, opts[k].name, &missing)) != NULL || missing) {
+			} else if ((v = args_value(argc, argv, &i, opts[k].name, &missing)) != NULL || missing) {
 				o = &opts[k];
 			}
 		}
