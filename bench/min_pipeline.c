@@ -7,13 +7,21 @@
  * validation beyond the fields it needs, no state machine, no dead-letters,
  * no outbox — so pool / min_pipeline is the price of those guarantees.
  *
- *   min_pipeline --threads N [--expect M] [--idle S] [--prefetch P] [--batch B]
+ *   min_pipeline --threads N [--expect M] [--idle S] [--prefetch P] [--batch B] [--emit]
  *
  * --batch B (> 1): the batched ceiling.  A thread takes up to B deliveries
  * that are already waiting (as the pool does), runs them in one
  * transaction whose statements are array-bound over the batch (four round
  * trips: claim, order, ledger, COMMIT) and acks them with one cumulative
  * basic.ack.
+ *
+ * --emit (with --batch): also the least an inbox that emits events can do
+ * for them.  After each commit the thread publishes, on a second
+ * connection in confirm mode, one persistent OrderPaid to the out exchange
+ * per PaymentAuthorized of the batch (duplicates included: about as many
+ * as the pool emits, which also sends compensations), and waits for the
+ * broker's confirms before the ack.  No outbox table, no relay: a ceiling,
+ * not exactly-once.  pool / this is the price of the outbox alone.
  *
  * Drains until M messages were handled or nothing came for S seconds, then
  * prints `min_pipeline threads=N msgs=... seconds=... mps=...` (seconds from
@@ -39,7 +47,9 @@ struct mp_shared {
 	long idle_s;
 	int prefetch;
 	int batch;
+	bool emit;
 	atomic_long handled;
+	atomic_long emitted;
 	pthread_mutex_t mu;
 	double first, last;
 };
@@ -134,8 +144,34 @@ static int mp_prepare(const struct mq_delivery *d, EVP_MD_CTX *md, struct bench_
 	return 0;
 }
 
+/* --emit: one OrderPaid per PaymentAuthorized of the committed batch,
+ * confirmed. */
+static int mp_emit(struct mp_shared *sh, struct mq *pub, const struct bench_msg *m, int k)
+{
+	long n = 0;
+
+	for (int i = 0; i < k; i++) {
+		char body[256];
+		struct mq_message e = { .exchange = sh->conf->out_exchange, .routing_key = "order.paid", .body = body };
+		int rc;
+
+		if (m[i].type == NULL || strcmp(m[i].type, "PaymentAuthorized") != 0)
+			continue;
+		e.len = (size_t)snprintf(body, sizeof body, "{\"type\":\"OrderPaid\",\"order_id\":\"%s\",\"caused_by\":\"%s\"}",
+		                         m[i].order_id, m[i].message_id);
+		if (e.len >= sizeof body)
+			continue;
+		rc = mq_publish(pub, &e);
+		if (rc != ST_OK)
+			return rc;
+		n++;
+	}
+	atomic_fetch_add(&sh->emitted, n);
+	return n > 0 ? mq_wait_confirms(pub, 10000) : ST_OK;
+}
+
 /* The batched loop (--batch B). */
-static void mp_batched(struct mp_thread *t, struct mq *mq, struct bench_tx *tx, EVP_MD_CTX *md)
+static void mp_batched(struct mp_thread *t, struct mq *mq, struct mq *pub, struct bench_tx *tx, EVP_MD_CTX *md)
 {
 	struct mp_shared *sh = t->sh;
 	int cap = sh->batch;
@@ -175,10 +211,16 @@ static void mp_batched(struct mp_thread *t, struct mq *mq, struct bench_tx *tx, 
 			if (rc != ST_ERR_DB_DEADLOCK && rc != ST_ERR_DB_LOCK_TIMEOUT)
 				break;
 		}
+		if (rc != ST_OK)
+			fprintf(stderr, "min_pipeline: thread %d: transaction: %s\n", t->index, db_errmsg(tx->db));
+		if (rc == ST_OK && pub != NULL) {
+			rc = mp_emit(sh, pub, m, k);
+			if (rc != ST_OK)
+				fprintf(stderr, "min_pipeline: thread %d: emit: %s\n", t->index, mq_errmsg(pub));
+		}
 		for (int i = 0; i < k; i++)
 			json_decref(o[i]);
 		if (rc != ST_OK) {
-			fprintf(stderr, "min_pipeline: thread %d: transaction: %s\n", t->index, db_errmsg(tx->db));
 			t->rc = rc;
 			break;
 		}
@@ -202,7 +244,7 @@ static void *mp_main(void *arg)
 {
 	struct mp_thread *t = arg;
 	struct mp_shared *sh = t->sh;
-	struct mq *mq = NULL;
+	struct mq *mq = NULL, *pub = NULL;
 	struct bench_tx tx;
 	struct mq_delivery d;
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -220,12 +262,16 @@ static void *mp_main(void *arg)
 		t->rc = mq_open(&mq, &sh->conf->amqp, sh->conf->heartbeat_s, name);
 	if (t->rc == ST_OK)
 		t->rc = mq_consume_start(mq, sh->conf->queue, sh->prefetch, 0);
+	if (t->rc == ST_OK && sh->emit)
+		t->rc = mq_open(&pub, &sh->conf->amqp, 0, name);
+	if (t->rc == ST_OK && sh->emit)
+		t->rc = mq_confirm_select(pub);
 	if (t->rc != ST_OK) {
 		fprintf(stderr, "min_pipeline: thread %d: setup failed: %s\n", t->index, st_strerror(t->rc));
 		goto out;
 	}
 	if (sh->batch > 1) {
-		mp_batched(t, mq, &tx, md);
+		mp_batched(t, mq, pub, &tx, md);
 		goto out;
 	}
 	while (atomic_load(&sh->handled) < sh->expect) {
@@ -259,6 +305,7 @@ static void *mp_main(void *arg)
 	}
 out:
 	mq_close(&mq);
+	mq_close(&pub);
 	bench_tx_close(&tx);
 	EVP_MD_CTX_free(md);
 	db_thread_end();
@@ -273,10 +320,15 @@ int main(int argc, char **argv)
 	char err[256];
 	char *cargv[] = { argv[0], NULL };
 	long threads = 4, expect = 1L << 40, idle = 3, prefetch = -1, batch = 1;
+	bool emit = false;
 	int code = 0;
 
 	for (int i = 1; i < argc; i++) {
 		long *dst = NULL, max = 1024;
+		if (strcmp(argv[i], "--emit") == 0) {
+			emit = true;
+			continue;
+		}
 		if (strcmp(argv[i], "--threads") == 0)
 			dst = &threads;
 		else if (strcmp(argv[i], "--expect") == 0) {
@@ -292,7 +344,8 @@ int main(int argc, char **argv)
 			max = 500;
 		}
 		if (dst == NULL || i + 1 >= argc || cfg_parse_long(argv[++i], 1, max, dst, err, sizeof err) != 0) {
-			fprintf(stderr, "usage: min_pipeline [--threads N] [--expect M] [--idle S] [--prefetch P] [--batch B]\n");
+			fprintf(stderr, "usage: min_pipeline [--threads N] [--expect M] [--idle S] [--prefetch P] [--batch B]"
+			                " [--emit]\n");
 			return 2;
 		}
 	}
@@ -308,6 +361,7 @@ int main(int argc, char **argv)
 	sh.expect = expect;
 	sh.idle_s = idle;
 	sh.batch = (int)batch;
+	sh.emit = emit && batch > 1;
 	sh.prefetch = prefetch > 0 ? (int)prefetch : conf.prefetch;
 	if (sh.prefetch < sh.batch)
 		sh.prefetch = 2 * sh.batch; /* as the pool's default: two batches in flight */
@@ -340,8 +394,8 @@ int main(int argc, char **argv)
 	{
 		long n = atomic_load(&sh.handled);
 		double dt = sh.last > sh.first ? sh.last - sh.first : 0;
-		printf("min_pipeline threads=%ld msgs=%ld seconds=%.2f mps=%.0f\n", threads, n, dt,
-		       dt > 0 ? (double)n / dt : 0.0);
+		printf("min_pipeline threads=%ld msgs=%ld seconds=%.2f mps=%.0f emitted=%ld\n", threads, n, dt,
+		       dt > 0 ? (double)n / dt : 0.0, atomic_load(&sh.emitted));
 	}
 	free(ts);
 	pthread_mutex_destroy(&sh.mu);

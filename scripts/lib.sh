@@ -68,3 +68,18 @@ inbox_free_port() {
     echo "no free port in 19400-19999" >&2
     return 1
 }
+
+# inbox_bench_empty_queues STACK VHOST — empty the queues a bench run reads:
+# purge the inbox and its DLQ, and delete the load generator's verify queue
+# (`inbox-loadgen publish` declares it again).  The verify queue keeps every
+# run's emitted messages (the verifier only browses it), and purging a
+# classic queue of some hundred thousand persistent messages that were
+# browsed and requeued kept the broker busy for over ten minutes here;
+# deleting it takes a moment.
+inbox_bench_empty_queues() {
+    local stack=$1 vhost=$2 q
+    for q in orders.inbox orders.inbox.dlq; do
+        "$stack" ctl purge_queue -p "$vhost" "$q" >/dev/null 2>&1 || true
+    done
+    "$stack" ctl delete_queue -p "$vhost" orders.out.verify >/dev/null 2>&1 || true
+}
