@@ -512,7 +512,6 @@ Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout
 	pthread_t t;
 	char logf[2][256], addr[2][64];
 	pid_t w[2];
-	struct mq *m;
 
 	for (int i = 0; i < 4; i++)
 		for (int o = 0; o < ORDERS; o++) {
@@ -537,18 +536,16 @@ Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout
 	pthread_join(t, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS,
 	             "every event applied, none left in a shard queue");
-	m = itest_mq();
 	for (int s = 0; s < SHARDS; s++) {
 		char q[300];
-		uint32_t ready = 0;
 		snprintf(q, sizeof q, "%s.shard.%d", itest_cfg()->queue, s);
-		cr_assert_eq(mq_queue_counts(m, q, &ready, NULL), ST_OK, "%s", mq_errmsg(m));
-		cr_assert_eq(ready, 0, "%s is drained", q);
+		/* A wait, not a look: copies of a slice published twice
+		 * (publish_slice) may still be on their way, as duplicates. */
+		cr_assert_eq(itest_wait_depth(q, 0, WAIT_S), 0, "%s is drained", q);
 		/* Single active consumer: the broker's count shows the active
 		 * one only; list_consumers shows the standbys too. */
 		cr_assert_eq(shard_consumers(q), 2, "%s has a consumer in each process", q);
 	}
-	mq_close(&m);
 	for (int p = 0; p < 2; p++) {
 		cr_assert_eq(itest_http_get(itest_metrics_port(p), "/metrics", page, sizeof page), 200);
 		cr_assert_neq(strstr(page, "\ninbox_shards_without_consumer 0\n"), NULL, "%s", page);
