@@ -395,6 +395,37 @@ Test(loadgen, progress_line_shows_elapsed_percentage_and_eta, .timeout = 120)
 	cr_assert(lg_file_has(plog, "ETA 0:0", NULL), "no ETA once the rate is known, see %s", plog);
 }
 
+/* Publish with pub (its --ledger is ledger) to a worker of `threads`
+ * threads, wait until every original is settled and the outbox is empty,
+ * stop the worker.  plog: where publish wrote. */
+static void lg_publish_settled(const char *const *pub, const char *ledger, const char *plog, int threads)
+{
+	pid_t w = itest_worker(threads, NULL);
+
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w, SIGTERM, 30);
+}
+
+/* Run `verify ... --json` (ver), which must pass, and read its one JSON
+ * object from vlog.  The caller owns the object. */
+static json_t *lg_verify_json(const char *const *ver, const char *vlog)
+{
+	json_error_t jerr;
+	json_t *o;
+	FILE *f;
+
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
+	f = fopen(vlog, "r");
+	cr_assert_not_null(f);
+	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
+	fclose(f);
+	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	return o;
+}
+
 /* `verify --json` prints one JSON object with every figure of the report,
  * and they agree with the database, the DLQ and the ledger; the text report
  * adds the duplicates absorbed. */
@@ -405,29 +436,16 @@ Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .ti
 	                      "--delayed-dups", "0", "--connections", "2", NULL };
 	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "1m", "--json", NULL };
 	const char *txt[] = { "verify", "--ledger", ledger, "--timeout", "1m", NULL };
-	json_error_t jerr;
 	json_t *o, *rows;
 	int64_t copies;
-	pid_t w;
-	FILE *f;
 
 	itest_fresh();
 	lg_ledger_path(ledger, sizeof ledger, "json");
 	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
 	snprintf(vlog, sizeof vlog, "%s.verify.json", ledger);
 	snprintf(tlog, sizeof tlog, "%s.verify.txt", ledger);
-	w = itest_worker(2, NULL);
-	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
-	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
-	itest_stop(w, SIGTERM, 30);
-	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
-	f = fopen(vlog, "r");
-	cr_assert_not_null(f);
-	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
-	fclose(f);
-	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	lg_publish_settled(pub, ledger, plog, 2);
+	o = lg_verify_json(ver, vlog);
 	cr_assert(json_is_true(json_object_get(o, "ok")), "see %s", vlog);
 	rows = json_object_get(o, "inbox_rows");
 	cr_assert_eq(json_integer_value(json_object_get(rows, "applied")),
@@ -471,23 +489,15 @@ Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout =
 	                      "--delayed-dups", "0", "--connections", "2", NULL };
 	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "1m", "--json", NULL };
 	const char *txt[] = { "verify", "--ledger", ledger, "--timeout", "1m", NULL };
-	json_error_t jerr;
 	json_t *o, *h, *by;
 	int64_t held, released, copies;
-	pid_t w;
-	FILE *f;
 
 	itest_fresh();
 	lg_ledger_path(ledger, sizeof ledger, "hold");
 	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
 	snprintf(vlog, sizeof vlog, "%s.verify.json", ledger);
 	snprintf(tlog, sizeof tlog, "%s.verify.txt", ledger);
-	w = itest_worker(1, NULL);
-	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
-	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
-	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
-	itest_stop(w, SIGTERM, 30);
+	lg_publish_settled(pub, ledger, plog, 1);
 	snprintf(like, sizeof like, "%s-%%", "lg1-hold");
 	held = itest_int1("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL AND message_id LIKE ?", like);
 	released = itest_int1("SELECT COUNT(*) FROM processed_messages WHERE held_at IS NOT NULL AND outcome <> 'held'"
@@ -495,12 +505,7 @@ Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout =
 	                      like);
 	cr_assert_gt(held, 0, "a reorder window of 4 holds some events");
 
-	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
-	f = fopen(vlog, "r");
-	cr_assert_not_null(f);
-	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
-	fclose(f);
-	cr_assert_not_null(o, "%s is not one JSON object: %s", vlog, jerr.text);
+	o = lg_verify_json(ver, vlog);
 	h = json_object_get(o, "holds");
 	cr_assert(json_is_object(h), "no holds in %s", vlog);
 	cr_assert_eq(json_integer_value(json_object_get(h, "held")), held, "see %s", vlog);
