@@ -318,6 +318,17 @@ static int dlq_count_reason(struct dlq_run *r, const char *reason)
 	               : ST_ERR_NOMEM;
 }
 
+/* Whether a replay or purge acts on e: it matches the options.  A chosen
+ * one is counted, in all and by its reason.  ST_OK, or ST_ERR_NOMEM. */
+static int dlq_choose(struct dlq_run *r, const struct dlq_entry *e, bool *chosen)
+{
+	*chosen = dlq_matches(r->o, e, (int64_t)time(NULL));
+	if (!*chosen)
+		return ST_OK;
+	r->chosen++;
+	return dlq_count_reason(r, e->reason);
+}
+
 static void dlq_print_by_reason(struct dlq_run *r, const char *what)
 {
 	const char *k;
@@ -714,13 +725,11 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 	enum dlq_verdict v;
 	char why[800];
 	const char *what;
-	int rc;
+	bool chosen;
+	int rc = dlq_choose(r, e, &chosen);
 
-	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
-		return ST_OK;
-	r->chosen++;
-	if (dlq_count_reason(r, e->reason) != ST_OK)
-		return ST_ERR_NOMEM;
+	if (rc != ST_OK || !chosen)
+		return rc;
 	rc = dlq_judge(r, e, &v, why, sizeof why);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
@@ -786,13 +795,11 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 
 static int dlq_visit_purge(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
 {
-	int rc;
+	bool chosen;
+	int rc = dlq_choose(r, e, &chosen);
 
-	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
-		return ST_OK;
-	r->chosen++;
-	if (dlq_count_reason(r, e->reason) != ST_OK)
-		return ST_ERR_NOMEM;
+	if (rc != ST_OK || !chosen)
+		return rc;
 	if (r->o->yes) {
 		rc = mq_ack(r->mq, d->tag, false);
 		if (rc != ST_OK) {
