@@ -281,6 +281,17 @@ static void list_signature(char *buf, size_t cap)
 	json_decref(doc);
 }
 
+
+/* Where a test's worker logs: in /tmp beside the other suites' logs, not
+ * in the directory the suite runs from. */
+static const char *dlq_worker_log(int k)
+{
+	static char path[2][256];
+
+	itest_log_path(path[k], sizeof path[k], k == 0 ? "dlq-worker" : "dlq-worker2");
+	return path[k];
+}
+
 /*
  * The issue's case: payments arrive for orders that do not exist (the
  * order service was down) and their holds expire.  Replayed before the
@@ -301,7 +312,7 @@ Test(dlq, replay_of_a_fixed_cause_applies_once_also_after_sigkill)
 
 	itest_fresh();
 	dlq = itest_cfg()->dlq;
-	w = itest_worker_logged(2, wenv, "dlq-worker.log");
+	w = itest_worker_logged(2, wenv, dlq_worker_log(0));
 	m = itest_mq();
 	for (int i = 0; i < N; i++) {
 		snprintf(id, sizeof id, "pay-%02d", i);
@@ -381,7 +392,7 @@ Test(dlq, conflict_and_malformed_are_reported_not_looped)
 
 	itest_fresh();
 	dlq = itest_cfg()->dlq;
-	w = itest_worker_logged(1, NULL, "dlq-worker.log");
+	w = itest_worker_logged(1, NULL, dlq_worker_log(0));
 	m = itest_mq();
 	itest_event(body, sizeof body, "k-1", "OrderCreated", "ko-1");
 	itest_publish(m, "OrderCreated", body, NULL);
@@ -451,7 +462,7 @@ Test(dlq, dry_run_changes_nothing_and_a_raised_limit_lets_replay_apply)
 
 	itest_fresh();
 	dlq = itest_cfg()->dlq;
-	w = itest_worker_logged(1, small, "dlq-worker.log");
+	w = itest_worker_logged(1, small, dlq_worker_log(0));
 	m = itest_mq();
 	for (int i = 0; i < N; i++) {
 		snprintf(id, sizeof id, "big-%d", i);
@@ -480,7 +491,7 @@ Test(dlq, dry_run_changes_nothing_and_a_raised_limit_lets_replay_apply)
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0);
 
 	/* The fix: workers with the default limit; then the replay. */
-	w = itest_worker_logged(1, NULL, "dlq-worker2.log");
+	w = itest_worker_logged(1, NULL, dlq_worker_log(1));
 	{
 		const char *a[] = { "--reason", "too-large", "--limit", "3", NULL };
 		st = replay(a, NULL);
@@ -551,7 +562,7 @@ Test(dlq, metrics_show_the_dlq_depth)
 	itest_fresh();
 	snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
 	snprintf(metrics_env, sizeof metrics_env, "INBOX_METRICS_ADDR=%s", addr);
-	w = itest_worker_logged(1, env, "dlq-worker.log");
+	w = itest_worker_logged(1, env, dlq_worker_log(0));
 	m = itest_mq();
 	put_dead(m, "d-1", "malformed-json", "x", "order.X");
 	put_dead(m, "d-2", "malformed-json", "x", "order.X");
@@ -606,7 +617,7 @@ Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
 	json_decref(doc);
 	cr_expect(!itest_log_has("dlq-list.log", "counts deliveries"), "a classic DLQ taken for a quorum one");
 
-	w = itest_worker_logged(1, NULL, "dlq-worker.log");
+	w = itest_worker_logged(1, NULL, dlq_worker_log(0));
 	{
 		const char *a[] = { "--reason", "delivery-limit", NULL };
 		st = replay(a, NULL);
