@@ -281,7 +281,6 @@ static void list_signature(char *buf, size_t cap)
 	json_decref(doc);
 }
 
-
 /* Where a test's worker logs: in /tmp beside the other suites' logs, not
  * in the directory the suite runs from. */
 static const char *dlq_worker_log(int k)
