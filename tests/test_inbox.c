@@ -184,6 +184,55 @@ Test(inbox, light_traffic_is_handled_by_the_first_thread_alone, .timeout = 180)
 	             "every message went to the first thread");
 }
 
+/* A thread whose batch shares an order with another thread's transaction
+ * settles the rest of its batch first (worker/inflight.h).  Before, it
+ * locked the batch's orders in one statement and waited, with the orders
+ * it had locked, for the whole of the other transaction, which here waits
+ * on a lock this test holds: an order nobody else touched stayed undone
+ * as long as that lasted.  Two threads with windows of two: one takes
+ * o-ap-x and o-ap-z and waits on o-ap-z; the other gets o-ap-y and a second
+ * event of o-ap-x.  o-ap-y must be applied while o-ap-z is still locked. */
+Test(inbox, an_order_another_thread_waits_on_does_not_hold_up_the_rest_of_a_batch, .timeout = 240)
+{
+	char body[512], logf[256];
+	struct db *locker = NULL;
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	itest_log_path(logf, sizeof logf, "apart");
+	cr_assert_eq(db_open(&locker, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(locker, "INSERT INTO order_locks (order_id) VALUES ('o-ap-z')"), ST_OK);
+	cr_assert_eq(db_commit(locker), ST_OK);
+	cr_assert_eq(db_exec(locker, "UPDATE order_locks SET held = held WHERE order_id = 'o-ap-z'"), ST_OK);
+	/* All queued before the worker starts: each thread gets two at once
+	 * as it starts consuming, the first x1 and z1, the second y1 and x2. */
+	m = itest_mq();
+	for (int i = 0; i < 4; i++) {
+		static const char *const ev[4][3] = {
+			{ "ap-x1", "OrderCreated", "o-ap-x" },
+			{ "ap-z1", "OrderCreated", "o-ap-z" },
+			{ "ap-y1", "OrderCreated", "o-ap-y" },
+			{ "ap-x2", "PaymentAuthorized", "o-ap-x" },
+		};
+		itest_event(body, sizeof body, ev[i][0], ev[i][1], ev[i][2]);
+		itest_publish(m, ev[i][1], body, NULL);
+	}
+	w = itest_worker_logged(2, (const char *[]){ "INBOX_LOG_LEVEL=debug", "INBOX_PREFETCH=2", "INBOX_BATCH=2", NULL },
+	                        logf);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-ap-y'", 1, 30), 1,
+	             "o-ap-y applied while another thread waits on o-ap-z");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-ap-z'"), 0,
+	             "o-ap-z still waits for this test's lock");
+	db_rollback(locker);
+	db_close(&locker);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4, WAIT_S), 4);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-ap-x'"), 2);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+}
+
 /* The seeds' example: the same PaymentConfirmed handled twice reports
  * processed, then duplicate. */
 Test(inbox, payment_confirmed_twice_is_processed_then_duplicate)

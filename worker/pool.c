@@ -27,6 +27,7 @@
 #include "config.h"
 #include "db.h"
 #include "inbox.h"
+#include "inflight.h"
 #include "janitor.h"
 #include "metrics.h"
 #include "outbox.h"
@@ -325,7 +326,9 @@ int pool_main(const struct cfg *conf)
 	workers = calloc((size_t)conf->threads, sizeof *workers);
 	janitor = calloc(1, sizeof *janitor);
 	threads = calloc((size_t)nthreads, sizeof *threads);
-	if (workers == NULL || janitor == NULL || threads == NULL) {
+	if (workers == NULL || janitor == NULL || threads == NULL ||
+	    (conf->threads > 1 && conf->ordering == CFG_ORDERING_SHARED &&
+	     inflight_open(&shared.inflight, conf->threads, conf->batch) != ST_OK)) {
 		LOG0(LOG_LEVEL_ERROR, "out of memory");
 		code = 1;
 		goto done;
@@ -415,6 +418,7 @@ done:
 	free(threads);
 	pthread_cond_destroy(&shared.cv);
 	pthread_mutex_destroy(&shared.mu);
+	inflight_close(&shared.inflight);
 	return code;
 }
 

@@ -52,6 +52,10 @@ struct pool_shared {
 	pthread_cond_t cv;
 	bool pending;
 	atomic_bool refused;
+	/* The orders each consuming thread has in a transaction now
+	 * (worker/inflight.h); NULL with one thread or sharded ordering,
+	 * where no two threads take the same order's events. */
+	struct inflight *inflight;
 };
 
 /* A link (database or broker) as this thread last reported it: a failing

@@ -39,6 +39,7 @@
 #include "dlq.h"
 #include "fault.h"
 #include "inbox.h"
+#include "inflight.h"
 #include "metrics.h"
 #include "mq.h"
 #include "msg.h"
@@ -70,7 +71,13 @@ int worker_alloc(struct worker *w)
 	w->items = calloc((size_t)batch, sizeof *w->items);
 	w->ins = calloc((size_t)batch, sizeof *w->ins);
 	w->res = calloc((size_t)batch, sizeof *w->res);
-	return w->items == NULL || w->ins == NULL || w->res == NULL ? ST_ERR_NOMEM : ST_OK;
+	w->ids = calloc((size_t)batch, sizeof *w->ids);
+	w->busy = calloc((size_t)batch, sizeof *w->busy);
+	w->later = calloc((size_t)batch, sizeof *w->later);
+	return w->items == NULL || w->ins == NULL || w->res == NULL || w->ids == NULL || w->busy == NULL ||
+	               w->later == NULL
+	           ? ST_ERR_NOMEM
+	           : ST_OK;
 }
 
 void worker_free(struct worker *w)
@@ -78,9 +85,15 @@ void worker_free(struct worker *w)
 	free(w->items);
 	free(w->ins);
 	free(w->res);
+	free(w->ids);
+	free(w->busy);
+	free(w->later);
 	w->items = NULL;
 	w->ins = NULL;
 	w->res = NULL;
+	w->ids = NULL;
+	w->busy = NULL;
+	w->later = NULL;
 }
 
 /* Readiness: the thread is ready when it has both connections and every
@@ -615,6 +628,55 @@ static int worker_screen(struct worker *w, struct item *items, int n, struct ite
 	return ST_OK;
 }
 
+/* Step 2 with other threads about: the valid items whose orders no other
+ * thread of this process has in a transaction now are settled first, in
+ * one transaction, and the others right after in a second (their order
+ * stays the delivery order: an order's events are all in one of the two).
+ * Without the split, a batch that shares one order with another thread's
+ * batch waits in the database for all of it, while holding its own orders
+ * from the threads behind it (worker/inflight.h).  When every order, or
+ * none, is busy the batch stays whole. */
+static int worker_settle_apart(struct worker *w, struct item **valid, int n)
+{
+	struct inflight *f = w->t.shared->inflight;
+	int nfree, nlater = 0, k = 0, rc;
+
+	if (f == NULL || n < 2)
+		return worker_settle(w, valid, n);
+	for (int i = 0; i < n; i++)
+		w->ids[i] = valid[i]->m.order_id;
+	nfree = inflight_take(f, w->t.index, w->ids, n, w->busy);
+	if (nfree == n || nfree == 0) {
+		rc = worker_settle(w, valid, n);
+		inflight_drop(f, w->t.index);
+		return rc;
+	}
+	for (int i = 0; i < n; i++) {
+		if (w->busy[i])
+			w->later[nlater++] = valid[i];
+		else
+			valid[k++] = valid[i];
+	}
+	LOG(LOG_LEVEL_DEBUG, "batch split: orders in another thread's transaction go second", WORKER_KV(w),
+	    LOG_I("first", k), LOG_I("second", nlater));
+	rc = worker_settle(w, valid, k);
+	inflight_drop(f, w->t.index);
+	/* valid[] is the caller's list of every valid item: put it back whole. */
+	for (int i = 0; i < nlater; i++)
+		valid[k + i] = w->later[i];
+	if (rc != ST_OK)
+		return rc;
+	/* Now these orders are ours for the others to keep clear of, even
+	 * those still in another thread's transaction (we wait for it in the
+	 * database, as before). */
+	for (int i = 0; i < nlater; i++)
+		w->ids[i] = w->later[i]->m.order_id;
+	(void)inflight_take(f, w->t.index, w->ids, nlater, w->busy);
+	rc = worker_settle(w, valid + k, nlater);
+	inflight_drop(f, w->t.index);
+	return rc;
+}
+
 /* Step 3, for one settled valid item: a payload conflict's dead-letter
  * copy (it->done cleared when that fails: it must come again), /metrics
  * and its "handled" line. */
@@ -738,7 +800,7 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	int rc = worker_screen(w, items, n, valid, &nvalid);
 
 	if (rc == ST_OK && nvalid > 0)
-		rc = worker_settle(w, valid, nvalid);
+		rc = worker_settle_apart(w, valid, nvalid);
 	if (rc == ST_OK)
 		rc = worker_account(w, valid, nvalid, &outbox_rows);
 	if (rc != ST_OK) {

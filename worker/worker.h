@@ -38,6 +38,11 @@ struct worker {
 	struct item *items;   /* INBOX_BATCH deliveries */
 	struct inbox_in *ins; /* the valid ones of a batch, as the inbox takes them */
 	struct inbox_result *res;
+	/* A batch split by worker_settle_apart: the order ids, which are in
+	 * another thread's transaction, and the items settled second. */
+	const char **ids;
+	bool *busy;
+	struct item **later;
 	/* Settled deliveries not yet acked: every tag up to ack_tag is done
 	 * (committed or confirmed in the DLQ), so one basic.ack with
 	 * multiple=true settles them all (see worker_ack_flush). */
