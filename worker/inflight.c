@@ -102,9 +102,10 @@ int inflight_take(struct inflight *f, int t, const char *const *ids, int n, bool
 			busy[i] = o != t && f->t[o].n > 0 &&
 			          bsearch(&h, f->t[o].h, (size_t)f->t[o].n, sizeof h, inflight_cmp) != NULL;
 		nfree += busy[i] ? 0 : 1;
-		/* Busy or not, the caller's transaction will hold it.  Past
-		 * the set's room an order is answered but not recorded: the
-		 * others then only wait for it in the database. */
+		/* Busy or not, it is this thread's now: its transaction holds
+		 * it, or, after a split, the one right after.  Past the set's
+		 * room an order is answered but not recorded: the others then
+		 * only wait for it in the database. */
 		if (me->n < f->batch)
 			me->h[me->n++] = h;
 	}
