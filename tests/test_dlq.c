@@ -26,13 +26,14 @@
 #include "itest.h"
 #include "status.h"
 
-#define DLQ_OUT "dlq-out.txt"
-
 /* Run `inbox-worker dlq ARGS...` with extra environment; its stdout into
- * out (NUL-terminated), its stderr into log.  Returns the wait status. */
-static int run_dlq(const char *const *args, const char *const *env, char *out, size_t cap, const char *log)
+ * out (NUL-terminated), its stderr into the log called name
+ * (itest_log_path: in /tmp, not in the directory the suite runs from).
+ * Returns the wait status. */
+static int run_dlq(const char *const *args, const char *const *env, char *out, size_t cap, const char *name)
 {
 	const char *bin = getenv("INBOX_WORKER_BIN");
+	char outp[256], log[256];
 	char *argv[40];
 	int n = 0, st;
 	pid_t pid;
@@ -43,12 +44,14 @@ static int run_dlq(const char *const *args, const char *const *env, char *out, s
 	for (int i = 0; args[i] != NULL && n < 39; i++)
 		argv[n++] = (char *)args[i];
 	argv[n] = NULL;
+	itest_log_path(outp, sizeof outp, "dlq-out");
+	itest_log_path(log, sizeof log, name);
 	pid = fork();
 	cr_assert_neq(pid, -1);
 	if (pid == 0) {
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
 			_exit(126);
-		if (freopen(DLQ_OUT, "w", stdout) == NULL || freopen(log, "w", stderr) == NULL)
+		if (freopen(outp, "w", stdout) == NULL || freopen(log, "w", stderr) == NULL)
 			_exit(126);
 		for (int i = 0; env != NULL && env[i] != NULL; i++)
 			putenv((char *)env[i]);
@@ -56,7 +59,7 @@ static int run_dlq(const char *const *args, const char *const *env, char *out, s
 		_exit(127);
 	}
 	st = itest_wait_exit(pid, 120);
-	itest_read_file(DLQ_OUT, out, cap);
+	itest_read_file(outp, out, cap);
 	return st;
 }
 
@@ -77,8 +80,8 @@ static json_t *list_json(const char *const *more, const char *const *env)
 	for (int i = 0; more != NULL && more[i] != NULL; i++)
 		args[n++] = more[i];
 	args[n] = NULL;
-	st = run_dlq(args, env, out, sizeof out, "dlq-list.log");
-	cr_assert(exited_0(st), "dlq list exit status %d; see dlq-list.log", st);
+	st = run_dlq(args, env, out, sizeof out, "dlq-list");
+	cr_assert(exited_0(st), "dlq list exit status %d; see its log in /tmp (dlq-list)", st);
 	doc = json_loads(out, 0, &jerr);
 	cr_assert_not_null(doc, "dlq list --json printed no JSON: %s (%s)", jerr.text, out);
 	return doc;
@@ -260,7 +263,7 @@ static int replay(const char *const *args, const char *const *env)
 	for (int i = 0; args != NULL && args[i] != NULL; i++)
 		a[n++] = args[i];
 	a[n] = NULL;
-	return run_dlq(a, env, out, sizeof out, "dlq-replay.log");
+	return run_dlq(a, env, out, sizeof out, "dlq-replay");
 }
 
 /* The ids and replay counts of a list, as one string ("id:replays ..."). */
@@ -426,7 +429,7 @@ Test(dlq, conflict_and_malformed_are_reported_not_looped)
 	/* show: everything an operator needs to decide about the conflict. */
 	{
 		const char *a[] = { "show", "k-1", NULL };
-		st = run_dlq(a, NULL, out, sizeof out, "dlq-show.log");
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-show");
 		cr_assert(exited_0(st), "show exit %d", st);
 		cr_expect(strstr(out, "reason:       payload-conflict") != NULL, "%s", out);
 		cr_expect(strstr(out, "\"order_id\":\"ko-2\"") != NULL, "the body: %s", out);
@@ -437,7 +440,7 @@ Test(dlq, conflict_and_malformed_are_reported_not_looped)
 	}
 	{
 		const char *a[] = { "show", "no-such-message", NULL };
-		st = run_dlq(a, NULL, out, sizeof out, "dlq-show.log");
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-show");
 		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "show of a missing id: status %d", st);
 	}
 	cr_assert_eq(itest_queue_depth(dlq), 2);
@@ -528,19 +531,19 @@ Test(dlq, purge_counts_first_and_removes_only_that_reason)
 	mq_close(&m);
 	{
 		const char *a[] = { "purge", "--reason", "malformed-json", NULL };
-		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge");
 	}
 	cr_assert(exited_0(st));
 	cr_expect(strstr(out, "would purge 3 of 5") != NULL, "%s", out);
 	cr_assert_eq(itest_queue_depth(dlq), 5);
 	{
 		const char *a[] = { "purge", NULL };
-		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge");
 		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "purge without --reason: status %d", st);
 	}
 	{
 		const char *a[] = { "purge", "--reason", "malformed-json", "--yes", NULL };
-		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge.log");
+		st = run_dlq(a, NULL, out, sizeof out, "dlq-purge");
 	}
 	cr_assert(exited_0(st));
 	cr_expect(strstr(out, "purged 3 of 5") != NULL, "%s", out);
@@ -614,7 +617,12 @@ Test(dlq, a_broker_dead_letter_is_listed_and_replayed)
 	cr_expect(json_is_string(json_object_get(e, "dead_lettered_at")), "the x-death time");
 	cr_expect_gt(json_integer_value(json_object_get(e, "deliveries")), c->delivery_limit);
 	json_decref(doc);
-	cr_expect(!itest_log_has("dlq-list.log", "counts deliveries"), "a classic DLQ taken for a quorum one");
+	{
+		char log[256];
+
+		itest_log_path(log, sizeof log, "dlq-list");
+		cr_expect(!itest_log_has(log, "counts deliveries"), "a classic DLQ taken for a quorum one");
+	}
 
 	w = itest_worker_logged(1, NULL, dlq_worker_log(0));
 	{
