@@ -401,7 +401,16 @@ static int read_value_file(const char *path, char **out, char *reason, size_t n)
 	*out = buf;
 	return 0;
 fail_errno:
-	addr_errf(reason, n, "cannot read '%s': %s", shown, strerror(errno));
+	if (errno == EACCES)
+		/* The usual cause: a secret file bind-mounted into a container
+		 * whose program runs as another user (compose.yaml's uid 10001
+		 * and a checkout made with umask 077), or a unit's file that
+		 * its user cannot read.  Say who must be able to read it. */
+		addr_errf(reason, n, "cannot read '%s': %s (this process runs as uid %u, gid %u: "
+		          "the file must be readable by it, e.g. chmod 0644 or chown)",
+		          shown, strerror(errno), (unsigned)getuid(), (unsigned)getgid());
+	else
+		addr_errf(reason, n, "cannot read '%s': %s", shown, strerror(errno));
 fail:
 	free(buf);
 	if (fd >= 0)
