@@ -7,6 +7,8 @@
  *   crash-before-commit  after the claim, before COMMIT: the process kills
  *                  itself (a poison message, for the delivery limit)
  *   after-commit   after COMMIT, before the ack: the process kills itself
+ *   worker-stall   a consuming thread, a batch in hand, hangs without progress
+ *                  until the pool stops (the watchdog test, test_notify.c)
  *   dlq-replay-after-confirm  `dlq replay`: a copy confirmed, its dead
  *                  letter not yet acked: the process kills itself
  * The default build compiles fault_hit to false, so nothing here can fire in

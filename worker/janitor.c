@@ -232,10 +232,12 @@ void *janitor_main(void *arg)
 	int64_t last_housekeeping = 0, last_relay = 0;
 	struct janitor_pass pass = { .next_pass_ms = pool_now_ms() + j->t.conf->cleanup_interval_s * 1000 };
 
+	pool_beat_bind(&j->t);
 	db_thread_init();
 	while (!atomic_load(&pool_stop)) {
 		int64_t now;
 
+		pool_beat();
 		janitor_wait_for_work(j);
 		now = pool_now_ms();
 		if (now - last_relay < JANITOR_RELAY_MIN_GAP_MS)

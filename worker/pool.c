@@ -9,6 +9,9 @@
  * signal exits at once (what is unacked is redelivered, which the inbox
  * absorbs).
  *
+ * The service manager (systemd, Type=notify) hears from the signal loop
+ * too (pool_watch_tick below).
+ *
  * The threads: INBOX_THREADS consuming threads (worker.c: a batch of
  * deliveries screened, settled in one transaction, counted and acked) and
  * one janitor (janitor.c: the outbox relay, hold expiry, gauges and
@@ -30,6 +33,7 @@
 #include "inflight.h"
 #include "janitor.h"
 #include "metrics.h"
+#include "notify.h"
 #include "outbox.h"
 #include "status.h"
 #include "worker.h"
@@ -37,6 +41,20 @@
 #define POOL_BACKOFF_MAX_MS 5000
 
 atomic_bool pool_stop;
+
+/* The calling thread's progress counter; NULL in main and other threads. */
+static _Thread_local atomic_ullong *pool_my_beats;
+
+void pool_beat_bind(struct pool_thread *t)
+{
+	pool_my_beats = &t->beats;
+}
+
+void pool_beat(void)
+{
+	if (pool_my_beats != NULL)
+		atomic_fetch_add_explicit(pool_my_beats, 1, memory_order_relaxed);
+}
 
 int64_t pool_now_ms(void)
 {
@@ -60,6 +78,8 @@ void pool_sleep_ms(int ms)
 {
 	while (ms > 0 && !atomic_load(&pool_stop)) {
 		int step = ms > 100 ? 100 : ms;
+
+		pool_beat();
 		struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 			;
@@ -297,12 +317,111 @@ static void pool_thread_init(struct pool_thread *t, int i, const struct cfg *con
 	snprintf(t->name, sizeof t->name, "inbox-worker pid=%d %s=%d", (int)getpid(), janitor ? "janitor" : "thread", i);
 }
 
+/*
+ * What the service manager is told (notify.h), from main's signal loop:
+ *   READY=1   the first time every thread is ready: what /readyz answers
+ *             200 for (both connections, every consumer, every shard);
+ *   STATUS=   whenever readiness or its reason changes, and why a
+ *             watchdog ping is withheld (`systemctl status` shows it);
+ *   WATCHDOG=1  every half watchdog interval, but only when every running
+ *             thread's progress counter (pool_thread.beats) moved since
+ *             the previous slot.  A thread bumps it every time round its
+ *             loop and every step of its waits (at least every 250 ms when
+ *             idle, every 100 ms of a backoff), so a thread waiting for a
+ *             server that is down keeps the pings coming -- restarting
+ *             would not bring the server back -- while a thread stuck in a
+ *             call that never returns, or spinning without finishing
+ *             anything, stops them, and the manager restarts the process
+ *             after WatchdogSec;
+ *   STOPPING=1  once, when the pool starts stopping (a signal, or a
+ *             thread that failed for good).
+ */
+struct pool_watch {
+	struct notify n;
+	bool ready_sent, stopping_sent, withheld;
+	char status[256];                 /* the last STATUS= sent */
+	int64_t next_slot_ms;
+	unsigned long long *last;         /* each thread's beats at the last slot */
+};
+
+/* Send prefix (assignments ending in a newline, or "") and STATUS=status;
+ * a status without a prefix only when it changed, unless always. */
+static void pool_watch_status(struct pool_watch *pw, const char *prefix, const char *status, bool always)
+{
+	char msg[400];
+
+	if (!always && prefix[0] == '\0' && strcmp(pw->status, status) == 0)
+		return;
+	snprintf(pw->status, sizeof pw->status, "%s", status);
+	snprintf(msg, sizeof msg, "%sSTATUS=%s", prefix, status);
+	(void)notify_send(&pw->n, msg); /* a failure is logged once there */
+}
+
+static void pool_watch_tick(struct pool_watch *pw, struct pool_thread **threads, int started, int nthreads)
+{
+	char why[200], status[256];
+	int64_t now = pool_now_ms();
+	int stuck = -2; /* the first thread without progress; -2: none */
+
+	if (!notify_enabled(&pw->n))
+		return;
+	if (atomic_load(&pool_stop)) {
+		if (!pw->stopping_sent) {
+			pw->stopping_sent = true;
+			pool_watch_status(pw, "STOPPING=1\n", "stopping: finishing the messages in hand", true);
+		}
+	} else if (started == nthreads) {
+		bool ready = metrics_readiness(why, sizeof why);
+
+		if (ready)
+			snprintf(status, sizeof status, "ready: every thread consuming");
+		else
+			snprintf(status, sizeof status, "not ready: %s", why);
+		if (ready && !pw->ready_sent) {
+			pw->ready_sent = true;
+			pool_watch_status(pw, "READY=1\n", status, true);
+		} else if (!pw->withheld) {
+			pool_watch_status(pw, "", status, false);
+		}
+	}
+	if (pw->n.watchdog_ms <= 0 || now < pw->next_slot_ms)
+		return;
+	pw->next_slot_ms = now + (pw->n.watchdog_ms / 2 > 0 ? pw->n.watchdog_ms / 2 : 1);
+	for (int i = 0; i < started; i++) {
+		unsigned long long b = atomic_load_explicit(&threads[i]->beats, memory_order_relaxed);
+
+		/* A thread that ended is not stuck: the pool is stopping. */
+		if (b == pw->last[i] && !threads[i]->joined && stuck == -2)
+			stuck = i;
+		pw->last[i] = b;
+	}
+	if (stuck == -2) {
+		if (pw->withheld)
+			LOG0(LOG_LEVEL_INFO, "watchdog: every thread makes progress again");
+		pw->withheld = false;
+		(void)notify_send(&pw->n, "WATCHDOG=1");
+		return;
+	}
+	/* Withheld: say so on every slot (the status, and a debug line), and
+	 * once at warning level. */
+	if (threads[stuck]->index >= 0)
+		snprintf(status, sizeof status, "watchdog withheld: worker=%d made no progress", threads[stuck]->index);
+	else
+		snprintf(status, sizeof status, "watchdog withheld: the janitor made no progress");
+	LOG(pw->withheld ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN,
+	    "watchdog withheld: a thread made no progress in half the watchdog interval", POOL_KV(threads[stuck]),
+	    LOG_I("watchdog_ms", pw->n.watchdog_ms));
+	pw->withheld = true;
+	pool_watch_status(pw, "", status, true);
+}
+
 int pool_main(const struct cfg *conf)
 {
 	struct worker *workers = NULL;
 	struct janitor *janitor = NULL;
 	struct pool_thread **threads = NULL; /* workers, then the janitor */
 	struct pool_shared shared = { .pending = false };
+	struct pool_watch watch = { .n = { .fd = -1 }, .last = NULL };
 	pthread_condattr_t ca;
 	sigset_t set;
 	int started = 0, code = 0;
@@ -326,13 +445,23 @@ int pool_main(const struct cfg *conf)
 	workers = calloc((size_t)conf->threads, sizeof *workers);
 	janitor = calloc(1, sizeof *janitor);
 	threads = calloc((size_t)nthreads, sizeof *threads);
-	if (workers == NULL || janitor == NULL || threads == NULL ||
+	watch.last = calloc((size_t)nthreads, sizeof *watch.last);
+	if (workers == NULL || janitor == NULL || threads == NULL || watch.last == NULL ||
 	    (conf->threads > 1 && conf->ordering == CFG_ORDERING_SHARED &&
 	     inflight_open(&shared.inflight, conf->threads, conf->batch) != ST_OK)) {
 		LOG0(LOG_LEVEL_ERROR, "out of memory");
 		code = 1;
 		goto done;
 	}
+	/* Before anything starts: a manager waiting for READY=1 that cannot
+	 * come must learn it from our exit, not from its start time-out. */
+	if (notify_open(&watch.n) != 0) {
+		code = 1;
+		goto done;
+	}
+	if (notify_enabled(&watch.n))
+		LOG(LOG_LEVEL_INFO, "notifying the service manager", LOG_I("watchdog_ms", watch.n.watchdog_ms));
+	watch.next_slot_ms = pool_now_ms() + watch.n.watchdog_ms / 2;
 	if (metrics_start(conf->metrics_addr) != 0) {
 		code = 1;
 		goto done;
@@ -383,6 +512,7 @@ int pool_main(const struct cfg *conf)
 		for (int i = 0; i < started; i++)
 			if (atomic_load(&threads[i]->exit_code) != 0)
 				atomic_store(&pool_stop, true);
+		pool_watch_tick(&watch, threads, started, nthreads);
 		if (!atomic_load(&pool_stop))
 			continue;
 		for (int i = 0; i < started; i++) {
@@ -416,6 +546,8 @@ done:
 	free(workers);
 	free(janitor);
 	free(threads);
+	free(watch.last);
+	notify_close(&watch.n);
 	pthread_cond_destroy(&shared.cv);
 	pthread_mutex_destroy(&shared.mu);
 	inflight_close(&shared.inflight);

@@ -85,6 +85,11 @@ struct pool_thread {
 	struct pool_shared *shared;
 	struct pool_link_log link[2]; /* by enum pool_link */
 	atomic_int exit_code;
+	/* Progress for the service manager's watchdog (pool.c): the thread
+	 * bumps it each time round its loop and every step of a wait, so it
+	 * stops only when the thread is stuck (in a call that does not
+	 * return, or a loop that neither waits nor finishes). */
+	atomic_ullong beats;
 };
 
 /* The thread's name in log lines: worker=N, or thread=janitor. */
@@ -100,9 +105,16 @@ struct pool_db {
 	struct outbox *outbox;
 };
 
+/* The calling thread's progress counter is t->beats from now on
+ * (pool_beat and pool_sleep_ms bump it); called first in each thread. */
+void pool_beat_bind(struct pool_thread *t);
+/* The calling thread made progress (a no-op outside the pool's threads). */
+void pool_beat(void);
+
 int64_t pool_now_ms(void);
 double pool_now_s(void);
-/* Sleep in short steps so that a stop request is seen within 100 ms. */
+/* Sleep in short steps so that a stop request is seen within 100 ms; a
+ * thread sleeping is waiting on purpose, so each step is a pool_beat. */
 void pool_sleep_ms(int ms);
 /* Full jitter: a random wait in [base/2, base], base doubling per attempt. */
 int pool_backoff_ms(struct pool_thread *t, int attempt, int first_ms);

@@ -29,6 +29,7 @@
  */
 #include "worker.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,7 @@ static void worker_wait(struct worker *w, int ms)
 
 		if (step <= 0)
 			return;
+		pool_beat();
 		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
 			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
 	}
@@ -847,14 +849,32 @@ static int worker_consume_again(struct worker *w)
 	return rc;
 }
 
+/* The "worker-stall" fault (tests): the thread hangs with a batch in hand
+ * as if a call never returned -- no progress, so no watchdog pings (pool.c)
+ * -- until the pool is asked to stop; then the batch is handled as usual. */
+static void worker_stall(struct worker *w)
+{
+	LOG(LOG_LEVEL_WARN, "stalling until asked to stop (fault worker-stall)", WORKER_KV(w));
+	while (!atomic_load(&pool_stop)) {
+		struct timespec ts = { .tv_sec = 0, .tv_nsec = 50 * 1000000L };
+
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+	}
+}
+
 void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
+	pool_beat_bind(&w->t);
 	db_thread_init();
 	while (!atomic_load(&pool_stop)) {
 		int n = 0;
-		int rc = worker_db_up(w);
+		int rc;
+
+		pool_beat();
+		rc = worker_db_up(w);
 
 		if (rc == ST_OK)
 			rc = worker_mq_up(w);
@@ -887,6 +907,8 @@ void *worker_main(void *arg)
 			}
 			if (rc == ST_ERR_TIMEOUT)
 				rc = ST_OK;
+			if (rc == ST_OK && fault_hit("worker-stall"))
+				worker_stall(w);
 			if (rc == ST_OK)
 				rc = worker_handle(w, w->items, n);
 			worker_release(w, n);
