@@ -4,9 +4,9 @@
  *
  * Why it is shaped so:
  * - Every setting is one row of cfg_settings[] (variable, flag, default,
- *   kind, bounds, help).  Loading, --help and the error messages all read
- *   the same row, so a setting cannot be documented one way and parsed
- *   another.  Defaults are strings parsed by the same code as user input.
+ *   kind, bounds, help).  Loading, --help, the man pages, the README's
+ *   table (cfg_print_doc) and the error messages all read the same row, so
+ *   a setting cannot be documented one way and parsed another.  Defaults are strings parsed by the same code as user input.
  * - Every error is one line that starts with the variable's name and says
  *   what is wrong with the value ("INBOX_THREADS: not a number: 'abc'"), so
  *   the operator knows what to fix without reading code.  Echoed values are
@@ -50,8 +50,7 @@ static bool is_digit(char c)
 	return c >= '0' && c <= '9';
 }
 
-/* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
-static void fmt_duration(char *dst, size_t dstlen, long s)
+void cfg_format_duration(char *dst, size_t dstlen, long s)
 {
 	if (s != 0 && s % 86400 == 0)
 		snprintf(dst, dstlen, "%ldd", s / 86400);
@@ -151,7 +150,8 @@ struct cfg_setting {
 	size_t off;            /* of the field in struct cfg */
 	long min, max;
 	const char *const *choices; /* K_ENUM, NULL-terminated, index = value */
-	const char *help;
+	const char *help;      /* one line of --help */
+	const char *more;      /* NULL, or notes the man page and README add */
 };
 
 static const char *const log_format_choices[] = {
@@ -175,66 +175,76 @@ static const struct cfg_setting cfg_settings[] = {
 	  "amqp://guest:guest@127.0.0.1:5672/%2f", K_AMQP_URL, F(amqp), 0, 0, NULL,
 	  "broker; amqps:// for TLS, with ?cacertfile=PATH&certfile=PATH&keyfile=PATH"
 	  "&verify=verify_peer|verify_none (the server certificate and host name are verified "
-	  "unless verify_none); several comma-separated URLs are the nodes of one cluster, tried in turn" },
+	  "unless verify_none); several comma-separated URLs are the nodes of one cluster, tried in turn", NULL },
 	{ "INBOX_DB_URL", "db-url", "INBOX_DB_URL_FILE", "db-url-file",
 	  "mysql://inbox:inbox@127.0.0.1:3306/inbox", K_DB_URL, F(db), 0, 0, NULL,
 	  "the worker's database account; options ?ssl-ca=PATH&ssl-capath=DIR&ssl-cert=PATH"
 	  "&ssl-key=PATH&ssl=1&ssl-verify=0&socket=PATH&connect-timeout=S (any ssl option turns TLS on; "
 	  "the server certificate is verified unless ssl-verify=0); several comma-separated URLs are "
-	  "the nodes of one cluster, tried in turn" },
+	  "the nodes of one cluster, tried in turn", NULL },
 	{ "INBOX_MIGRATE_DB_URL", "migrate-db-url", "INBOX_MIGRATE_DB_URL_FILE", "migrate-db-url-file",
 	  "", K_DB_URL, F(migrate_db), 0, 0, NULL,
-	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL" },
+	  "the schema owner's account for `migrate` (DDL); unset: INBOX_DB_URL", NULL },
 	{ "INBOX_THREADS", "threads", NULL, NULL, "4", K_INT, F(threads), 1, 256, NULL,
-	  "worker threads, each with its own broker and database connection" },
+	  "worker threads, each with its own broker and database connection", NULL },
 	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "200", K_INT, F(prefetch), 1, 65535, NULL,
-	  "basic.qos prefetch per thread" },
+	  "basic.qos prefetch per thread",
+	  "Twice the default INBOX_BATCH." },
 	{ "INBOX_CONSUMER", "consumer", NULL, NULL, "order-status", K_NAME, F(consumer), 1, 64,
-	  NULL, "this handler's name: the first part of the dedup key" },
+	  NULL, "this handler's name: the first part of the dedup key", NULL },
 	{ "INBOX_QUEUE", "queue", NULL, NULL, "orders.inbox", K_NAME, F(queue), 1, 255, NULL,
-	  "the queue consumed" },
+	  "the queue consumed", NULL },
 	{ "INBOX_EXCHANGE", "exchange", NULL, NULL, "orders", K_NAME, F(exchange), 1, 255, NULL,
-	  "the exchange the queue is bound to" },
+	  "the exchange the queue is bound to (key order.#)", NULL },
 	{ "INBOX_DLX", "dlx", NULL, NULL, "orders.dlx", K_NAME, F(dlx), 1, 255, NULL,
-	  "dead-letter exchange" },
+	  "dead-letter exchange", NULL },
 	{ "INBOX_DLQ", "dlq", NULL, NULL, "orders.inbox.dlq", K_NAME, F(dlq), 1, 255, NULL,
-	  "dead-letter queue" },
+	  "dead-letter queue", NULL },
 	{ "INBOX_DLQ_TYPE", "dlq-type", NULL, NULL, "classic", K_ENUM, F(dlq_type), 0, 0, queue_type_choices,
 	  "type of the dead-letter queue (and inbox-loadgen's verify queue): quorum on a RabbitMQ cluster, "
-	  "where a classic queue is lost while its one node is down" },
+	  "where a classic queue is lost while its one node is down", NULL },
 	{ "INBOX_OUT_EXCHANGE", "out-exchange", NULL, NULL, "orders.out", K_NAME,
-	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to" },
+	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to", NULL },
 	{ "INBOX_MAX_BODY", "max-body", NULL, NULL, "65536", K_LONG, F(max_body), 64,
-	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large" },
+	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large",
+	  "Events held under a larger value before a restart are still released or expired whole "
+	  "(stored rows are read up to their columns' widths: 16 MiB body, 64 KiB properties)." },
 	{ "INBOX_RETENTION", "retention", NULL, NULL, "7d", K_DURATION, F(retention_s), 60,
 	  3650L * 86400, NULL,
-	  "how long inbox rows are kept; must exceed the longest redelivery window" },
+	  "how long inbox rows and sent outbox rows are kept; must exceed the longest redelivery window", NULL },
 	{ "INBOX_CLEANUP_INTERVAL", "cleanup-interval", NULL, NULL, "10m", K_DURATION,
 	  F(cleanup_interval_s), 1, 3650L * 86400, NULL,
-	  "how often the pool starts a retention cleanup pass" },
+	  "how often the pool's janitor starts a retention cleanup pass", NULL },
 	{ "INBOX_HOLD_TTL", "hold-ttl", NULL, NULL, "10m", K_DURATION, F(hold_ttl_s), 1,
-	  3650L * 86400, NULL, "how long an out-of-order event waits for its prerequisite" },
+	  3650L * 86400, NULL, "how long an out-of-order event waits for its prerequisite", NULL },
 	{ "INBOX_METRICS_ADDR", "metrics-addr", NULL, NULL, "127.0.0.1:9464", K_ADDR,
-	  F(metrics_addr), 0, 0, NULL, "HTTP address of /metrics, /healthz, /readyz; empty: off" },
+	  F(metrics_addr), 0, 0, NULL, "HTTP address of /metrics, /healthz, /readyz; empty: off",
+	  "host:port (an address or a name, e.g. localhost:9464), :port (every IPv4 address) or "
+	  "[v6]:port ([::]:9464: every IPv6 one); the configuration check and the server read it with "
+	  "the same parser." },
 	{ "INBOX_LOG_FORMAT", "log-format", NULL, NULL, "text", K_ENUM, F(log_format), 0, 0,
-	  log_format_choices, "json gives one JSON object a line" },
+	  log_format_choices, "json gives one JSON object a line", NULL },
 	{ "INBOX_LOG_LEVEL", "log-level", NULL, NULL, "info", K_ENUM, F(log_level), 0, 0,
-	  log_level_choices, "least severe level logged" },
+	  log_level_choices, "least severe level logged", NULL },
 	{ "INBOX_DELIVERY_LIMIT", "delivery-limit", NULL, NULL, "5", K_INT, F(delivery_limit),
-	  1, 1000, NULL, "x-delivery-limit: deliveries before a message is dead-lettered" },
+	  1, 1000, NULL, "x-delivery-limit: deliveries before a message is dead-lettered",
+	  "The broker counts them on the quorum inbox queue: a message that keeps crashing workers "
+	  "goes to the DLQ.  A policy (delivery-limit) lowers it on a running queue but cannot raise "
+	  "it: the lower of argument and policy wins." },
 	{ "INBOX_MAX_RETRIES", "max-retries", NULL, NULL, "8", K_INT, F(max_retries), 0, 100,
-	  NULL, "retries of a transaction after a deadlock or lock wait timeout" },
+	  NULL, "retries of a transaction after a deadlock or lock wait timeout", NULL },
 	{ "INBOX_HEARTBEAT", "heartbeat", NULL, NULL, "30", K_INT, F(heartbeat_s), 0, 600, NULL,
-	  "AMQP heartbeat in seconds; 0 turns it off" },
+	  "AMQP heartbeat in seconds; 0 turns it off", NULL },
 	{ "INBOX_ORDERING", "ordering", NULL, NULL, "shared", K_ENUM, F(ordering), 0, 0,
 	  ordering_choices, "one shared queue with holds, or sharded with one active consumer "
-	  "per shard" },
+	  "per shard", NULL },
 	{ "INBOX_SHARDS", "shards", NULL, NULL, "4", K_INT, F(shards), 1, 64, NULL,
-	  "shard queues when ordering is sharded" },
+	  "shard queues when ordering is sharded", NULL },
 	{ "INBOX_BATCH", "batch", NULL, NULL, "100", K_INT, F(batch), 1, CFG_BATCH_MAX, NULL,
-	  "most messages per transaction (what is already waiting; never waits for more); at most INBOX_PREFETCH" },
+	  "most messages per transaction (what is already waiting; never waits for more); at most INBOX_PREFETCH",
+	  "Left unset, a smaller INBOX_PREFETCH lowers it." },
 	{ "INBOX_MIGRATIONS_DIR", "migrations-dir", NULL, NULL, NULL, K_PATH,
-	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations" },
+	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations", NULL },
 };
 
 #define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])
@@ -300,7 +310,7 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 			return -1;
 		if (v < s->min || v > s->max) {
 			addr_echo(shown, sizeof shown, raw);
-			fmt_duration(lim, sizeof lim, v < s->min ? s->min : s->max);
+			cfg_format_duration(lim, sizeof lim, v < s->min ? s->min : s->max);
 			addr_errf(reason, n, "must be at %s %s: '%s'", v < s->min ? "least" : "most",
 			        lim, shown);
 			return -1;
@@ -675,9 +685,41 @@ static const char *kind_metavar(const struct cfg_setting *s)
 	return "VALUE";
 }
 
+/* The bounds of a setting as --help shows them after its text: " [1, 256]",
+ * " (text|json)"; "" for kinds without. */
+static void fmt_limits(const struct cfg_setting *s, char *dst, size_t n)
+{
+	char lim[32], lim2[32];
+	size_t used = 0;
+
+	dst[0] = '\0';
+	switch (s->kind) {
+	case K_INT:
+	case K_LONG:
+		snprintf(dst, n, " [%ld, %ld]", s->min, s->max);
+		break;
+	case K_DURATION:
+		cfg_format_duration(lim, sizeof lim, s->min);
+		cfg_format_duration(lim2, sizeof lim2, s->max);
+		snprintf(dst, n, " [%s, %s]", lim, lim2);
+		break;
+	case K_NAME:
+		snprintf(dst, n, " (1-%ld of [A-Za-z0-9._:-])", s->max);
+		break;
+	case K_ENUM:
+		for (int j = 0; s->choices[j] != NULL && used < n; j++)
+			used += (size_t)snprintf(dst + used, n - used, "%s%s", j > 0 ? "|" : " (", s->choices[j]);
+		if (used < n)
+			snprintf(dst + used, n - used, ")");
+		break;
+	default:
+		break;
+	}
+}
+
 void cfg_print_help(FILE *f, const char *usage_line)
 {
-	char flag[64], lim[32], lim2[32];
+	char flag[64], lim[160];
 
 	if (usage_line != NULL)
 		fprintf(f, "%s\n\n", usage_line);
@@ -690,30 +732,8 @@ void cfg_print_help(FILE *f, const char *usage_line)
 		snprintf(flag, sizeof flag, "--%s %s", s->flag, kind_metavar(s));
 		fprintf(f, "  %-22s %-28s default: %s\n", s->env, flag,
 		        def[0] != '\0' ? def : "(empty)");
-		fprintf(f, "      %s", s->help);
-		switch (s->kind) {
-		case K_INT:
-		case K_LONG:
-			fprintf(f, " [%ld, %ld]", s->min, s->max);
-			break;
-		case K_DURATION:
-			fmt_duration(lim, sizeof lim, s->min);
-			fmt_duration(lim2, sizeof lim2, s->max);
-			fprintf(f, " [%s, %s]", lim, lim2);
-			break;
-		case K_NAME:
-			fprintf(f, " (1-%ld of [A-Za-z0-9._:-])", s->max);
-			break;
-		case K_ENUM:
-			fprintf(f, " (");
-			for (int j = 0; s->choices[j] != NULL; j++)
-				fprintf(f, "%s%s", j > 0 ? "|" : "", s->choices[j]);
-			fprintf(f, ")");
-			break;
-		default:
-			break;
-		}
-		fprintf(f, "\n");
+		fmt_limits(s, lim, sizeof lim);
+		fprintf(f, "      %s%s\n", s->help, lim);
 		if (s->file_env != NULL)
 			fprintf(f, "      or %s / --%s FILE: read it from FILE (a secret).\n"
 			           "      Prefer the variable or the file: a password given with --%s\n"
@@ -722,4 +742,107 @@ void cfg_print_help(FILE *f, const char *usage_line)
 	}
 	fprintf(f, "\n  %-22s %-28s show this help\n", "", "--help, -h");
 	fprintf(f, "  %-22s %-28s show the version\n", "", "--version");
+}
+
+/* Text into pandoc markdown: the characters it would read as markup
+ * escaped, except backquotes, which the help texts use for code. */
+static void put_md(FILE *f, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (strchr("\\*_[]<>|#~^$@", *s) != NULL)
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+}
+
+/* Text into a cell of a GitHub table: only '|' ends a cell. */
+static void put_cell(FILE *f, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (*s == '|')
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+}
+
+/* The computed default (the migrations folder) depends on where the
+ * program runs; the documents describe it instead. */
+#define CFG_DOC_MIGRATIONS_MAN "the source tree's migrations/ when run from its build folder, else " \
+	INBOX_MIGRATIONS_DIR_DEFAULT
+#define CFG_DOC_MIGRATIONS_README "the source tree's `migrations/` when run from its build folder, else " \
+	"the installed ones (`share/inbox-worker/migrations` under the prefix)"
+
+static void doc_man(FILE *f, const struct cfg_setting *s, const char *lim)
+{
+	fputs("**", f);
+	put_md(f, s->env);
+	fputs("**, **\\-\\-", f);
+	put_md(f, s->flag);
+	fprintf(f, "** *%s*\n:   ", kind_metavar(s));
+	put_md(f, s->help);
+	put_md(f, lim);
+	fputs(".", f);
+	if (s->more != NULL) {
+		fputc(' ', f);
+		put_md(f, s->more);
+	}
+	if (s->def == NULL)
+		fputs(" Default: ", f), put_md(f, CFG_DOC_MIGRATIONS_MAN), fputs(".", f);
+	else if (s->def[0] == '\0')
+		fputs(" Default: empty.", f);
+	else
+		fprintf(f, " Default: `%s`.", s->def);
+	if (s->file_env != NULL) {
+		fputs("\n\n    Or **", f);
+		put_md(f, s->file_env);
+		fputs("**, **\\-\\-", f);
+		put_md(f, s->file_flag);
+		fputs("** *FILE*: the value is read from *FILE* (a secret; trailing white space is dropped). "
+		      "Prefer the variable or the file: a password given with **\\-\\-", f);
+		put_md(f, s->flag);
+		fputs("** is masked at start, but other users may see it in **ps**(1) until then.", f);
+	}
+	fputs("\n\n", f);
+}
+
+static void doc_readme(FILE *f, const struct cfg_setting *s, const char *lim)
+{
+	if (s->file_env != NULL)
+		fprintf(f, "| `%s` or `%s` | `--%s %s` or `--%s FILE` | ", s->env, s->file_env, s->flag, kind_metavar(s),
+		        s->file_flag);
+	else
+		fprintf(f, "| `%s` | `--%s %s` | ", s->env, s->flag, kind_metavar(s));
+	if (s->def == NULL)
+		fputs(CFG_DOC_MIGRATIONS_README, f);
+	else if (s->def[0] == '\0')
+		fputs("(empty)", f);
+	else
+		fprintf(f, "`%s`", s->def);
+	fputs(" | ", f);
+	put_cell(f, s->help);
+	put_cell(f, lim);
+	if (s->more != NULL) {
+		fputs(". ", f);
+		put_cell(f, s->more);
+	}
+	fputs(" |\n", f);
+}
+
+void cfg_print_doc(FILE *f, enum cfg_doc_format fmt, bool (*keep)(const char *env))
+{
+	char lim[160];
+
+	if (fmt == CFG_DOC_README)
+		fputs("| variable | flag | default | meaning |\n|---|---|---|---|\n", f);
+	for (size_t i = 0; i < CFG_NSETTINGS; i++) {
+		const struct cfg_setting *s = &cfg_settings[i];
+
+		if (keep != NULL && !keep(s->env))
+			continue;
+		fmt_limits(s, lim, sizeof lim);
+		if (fmt == CFG_DOC_MAN)
+			doc_man(f, s, lim);
+		else
+			doc_readme(f, s, lim);
+	}
 }

@@ -151,6 +151,21 @@ void cfg_scrub_argv(int argc, char **argv);
 /* Print every setting with its variable, flag, default and meaning. */
 void cfg_print_help(FILE *f, const char *usage_line);
 
+/*
+ * The same table as documentation, so that --help, the man pages and the
+ * README's settings table cannot say different things: CFG_DOC_MAN is a
+ * pandoc markdown definition list (the SETTINGS section of inbox-worker(1)
+ * and inbox-loadgen(1), built by man/meson.build), CFG_DOC_README the
+ * README's table, rows in the table's order.  Both add a row's longer notes
+ * to its --help text.  keep (may be NULL: every setting) picks the rows by
+ * variable name.
+ */
+enum cfg_doc_format { CFG_DOC_MAN, CFG_DOC_README };
+void cfg_print_doc(FILE *f, enum cfg_doc_format fmt, bool (*keep)(const char *env));
+
+/* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
+void cfg_format_duration(char *dst, size_t dstlen, long s);
+
 /* Building blocks, exposed for tests, loadgen and the other readers of
  * settings.  Each returns 0 or -1 with a reason in err (without the
  * setting's name).  The URL settings are parsed by url.h. */

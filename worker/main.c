@@ -80,6 +80,13 @@ int main(int argc, char **argv)
 		printf("inbox-worker %s\n", INBOX_VERSION);
 		return 0;
 	}
+	/* Not in --help: the settings table as the SETTINGS section of
+	 * inbox-worker(1) (man/meson.build builds it from this) and as
+	 * README.md's table (tests/test_docs.c holds the README to it). */
+	if (strcmp(cmd, "--help-man") == 0 || strcmp(cmd, "--help-readme") == 0) {
+		cfg_print_doc(stdout, strcmp(cmd, "--help-man") == 0 ? CFG_DOC_MAN : CFG_DOC_README, NULL);
+		return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+	}
 	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0 &&
 	    strcmp(cmd, "dlq") != 0) {
 		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
