@@ -685,3 +685,99 @@ Test(dlq, list_since_chooses_by_the_dead_letter_time)
 		json_decref(doc);
 	}
 }
+
+/* One dead letter whose copy the broker cannot route (its routing key is
+ * bound to nothing on the inbox exchange) is reported and left where it
+ * is, and the walk goes on: the valid dead letters behind it are
+ * replayed, run after run.  The exit status says something was left
+ * unreplayed for a broker reason (1). */
+Test(dlq, an_unroutable_copy_is_skipped_and_the_walk_goes_on)
+{
+	const char *dlq;
+	char sig[8192];
+	struct mq *m;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	m = itest_mq();
+	put_dead(m, "ur-1", "hold-expired", "uo-1", "order.PaymentAuthorized");
+	put_dead(m, "ur-2", "hold-expired", "uo-2", "nowhere.PaymentAuthorized"); /* routes nowhere */
+	put_dead(m, "ur-3", "hold-expired", "uo-3", "order.PaymentAuthorized");
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(dlq, 3, 10), 3);
+
+	st = replay(NULL, NULL);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a skipped dead letter makes the exit 1: %d (%s)", st, out);
+	cr_expect(strstr(out, "replayed 2") != NULL, "the walk went on past the unroutable one: %s", out);
+	cr_expect(strstr(out, "unroutable 1") != NULL, "the summary counts it: %s", out);
+	cr_expect(strstr(out, "ur-2") != NULL, "the skipped one is named: %s", out);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, 2, 10), 2, "two copies reached the inbox");
+	list_signature(sig, sizeof sig);
+	cr_assert_str_eq(sig, "ur-2:hold-expired:0 ", "only the unroutable one is left, unchanged");
+
+	/* The next run stops at nothing either: it reports the same one. */
+	st = replay(NULL, NULL);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%d (%s)", st, out);
+	cr_expect(strstr(out, "replayed 0") != NULL && strstr(out, "unroutable 1") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), 1);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->queue), 2, "nothing sent twice");
+}
+
+/* Replay's verdict on a key sees what the same run did to it before.
+ * Three dead letters of one key and one payload, the inbox's row
+ * dead-lettered (hold-expired) and the order there now: the first one
+ * reopens the key and is replayed; the two behind it would only be
+ * duplicates of that copy, and are said to be, not "the inbox has no
+ * record of it" (which is what the reopened key looks like in the
+ * database).  A dry run says the same. */
+Test(dlq, a_second_dead_letter_of_a_key_sees_the_runs_own_reopen)
+{
+	const char *wenv[] = { "INBOX_HOLD_TTL=1s", NULL };
+	const char *dlq;
+	char body[512];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	w = itest_worker_logged(1, wenv, dlq_worker_log(0));
+	m = itest_mq();
+	/* put_dead's body, through the worker: held, then dead-lettered. */
+	snprintf(body, sizeof body,
+	         "{\"message_id\":\"%s\",\"type\":\"PaymentAuthorized\",\"order_id\":\"%s\",\"data\":{\"amount_cents\":100}}",
+	         "twice-1", "to-1");
+	itest_publish(m, "PaymentAuthorized", body, "twice-1");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'", 1, 60), 1);
+	cr_assert_eq(itest_wait_depth(dlq, 1, 60), 1);
+	put_dead(m, "twice-1", "hold-expired", "to-1", "order.PaymentAuthorized");
+	put_dead(m, "twice-1", "hold-expired", "to-1", "order.PaymentAuthorized");
+	cr_assert_eq(itest_wait_depth(dlq, 3, 10), 3);
+	itest_event(body, sizeof body, "create-to-1", "OrderCreated", "to-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'to-1'", 1, 60), 1);
+	/* The copies must not be taken before the walk judged them all. */
+	itest_stop(w, SIGTERM, 30);
+
+	{
+		const char *a[] = { "--dry-run", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st), "%d: %s", st, out);
+	cr_expect(strstr(out, "no record") == NULL, "a dry run must see its own would-be reopen: %s", out);
+	cr_expect(strstr(out, "would replay 3 (keys reopened 1, duplicates 2)") != NULL, "%s", out);
+
+	st = replay(NULL, NULL);
+	cr_assert(exited_0(st), "%d: %s", st, out);
+	cr_expect(strstr(out, "no record") == NULL, "the second and third saw the run's own reopen: %s", out);
+	cr_expect(strstr(out, "replayed 3 (keys reopened 1, duplicates 2)") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), 0);
+
+	w = itest_worker_logged(1, NULL, dlq_worker_log(1));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'to-1' AND status = 'Paid'", 1, 60), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, 60);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE type = 'PaymentAuthorized'"), 1);
+	mq_close(&m);
+	itest_stop(w, SIGTERM, 30);
+}
