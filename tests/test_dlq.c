@@ -781,3 +781,123 @@ Test(dlq, a_second_dead_letter_of_a_key_sees_the_runs_own_reopen)
 	mq_close(&m);
 	itest_stop(w, SIGTERM, 30);
 }
+
+/* What could give queue a delivery limit, as rabbitmqctl prints it: its
+ * line of "list_queues name arguments policy", then every policy and
+ * operator policy of the vhost (3.10 lists neither a queue's operator
+ * policy nor its effective_policy_definition), into buf. */
+static void queue_definition(const char *queue, char *buf, size_t cap)
+{
+	char root[4096], cmd[3 * 4096 + 400], line[2048];
+	size_t len = 0;
+	bool listed = false;
+	FILE *p;
+
+	buf[0] = '\0';
+	itest_source("scripts/stack", root, sizeof root);
+	snprintf(cmd, sizeof cmd,
+	         "%s ctl -q list_queues -p inbox name arguments policy 2>/dev/null; "
+	         "%s ctl -q list_policies -p inbox 2>/dev/null; %s ctl -q list_operator_policies -p inbox 2>/dev/null",
+	         root, root, root);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof line, p) != NULL) {
+		bool mine = strncmp(line, queue, strlen(queue)) == 0 &&
+		            (line[strlen(queue)] == '\t' || line[strlen(queue)] == ' ');
+		bool queue_line = strncmp(line, "orders.", 7) == 0;
+
+		listed = listed || mine;
+		if ((mine || !queue_line) && len + strlen(line) < cap) {
+			memcpy(buf + len, line, strlen(line) + 1);
+			len += strlen(line);
+		}
+	}
+	pclose(p);
+	cr_assert(listed, "rabbitmqctl does not list %s", queue);
+}
+
+/* Reading a quorum DLQ that the worker declared (INBOX_DLQ_TYPE=quorum)
+ * never brings a dead letter closer to removal.  RabbitMQ 3.10 counts a
+ * delivery per read (nothing avoids it: every message handed back is
+ * counted), so the proof is that nothing can remove one for it: 25 lists,
+ * more than 4.0's default limit of 20, leave every dead letter in place and
+ * in order, and the queue has no delivery limit from its arguments or a
+ * policy.  On RabbitMQ 4 the worker declares it with x-delivery-limit -1
+ * (mq_browsed_queue_limit; the unit suite pins the choice). */
+Test(dlq, reading_a_quorum_dlq_never_drops_a_dead_letter)
+{
+	enum { N = 5, READS = 25 };
+	const char *q = "orders.test.dlq.q25";
+	const char *env[] = { "INBOX_DLQ=orders.test.dlq.q25", "INBOX_DLQ_TYPE=quorum", NULL };
+	struct itest_dead dead[N + 2];
+	char id[32], def[2048];
+	int64_t count;
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	cr_assert_eq(mq_queue_unbind(m, itest_cfg()->dlq, itest_cfg()->dlx, "#"), ST_OK, "%s", mq_errmsg(m));
+	mq_close(&m);
+	w = itest_worker_logged(1, env, dlq_worker_log(0));
+	itest_wait_log(dlq_worker_log(0), "consuming", 60);
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "q25-%d", i);
+		put_dead(m, id, "hold-expired", "qo", "order.PaymentAuthorized");
+	}
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(q, N, 10), N);
+	for (int i = 0; i < READS; i++) {
+		json_t *doc = list_json(NULL, env + 0);
+		cr_assert_eq(json_integer_value(json_object_get(doc, "read")), N, "read %d", i + 1);
+		json_decref(doc);
+		cr_assert_eq(itest_queue_depth(q), N, "read %d took a dead letter away", i + 1);
+	}
+	queue_definition(q, def, sizeof def);
+	cr_expect(strstr(def, "x-queue-type") != NULL && strstr(def, "quorum") != NULL, "%s", def);
+	cr_expect(strstr(def, "delivery-limit") == NULL, "RabbitMQ 3.x: no delivery limit may apply: %s", def);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert_eq(drain_counted(q, dead, N + 2, &count), N, "every dead letter is still there");
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "q25-%d", i);
+		cr_expect_str_eq(dead[i].message_id, id, "in its place");
+	}
+	cr_expect_eq(count, READS, "3.10 counts each read (the reason 4.x needs -1)");
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+}
+
+/* On RabbitMQ 4 a browsed quorum queue that an older build declared
+ * without x-delivery-limit -1 would refuse the new declaration (406,
+ * inequivalent).  The worker asks on a channel of its own, keeps the
+ * queue as it is, says what to set, and runs: taken here with the 4.x
+ * path forced (mq-broker-4) against such a queue on this 3.10 broker. */
+Test(dlq, an_existing_quorum_dlq_without_the_limit_is_kept_with_a_warning)
+{
+	const char *q = "orders.test.dlq.old";
+	const char *env[] = { "INBOX_DLQ=orders.test.dlq.old", "INBOX_DLQ_TYPE=quorum", "INBOX_FAULT=mq-broker-4", NULL };
+	char body[512];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+	declare_quorum_dlq(q); /* without the argument, as builds before did */
+	w = itest_worker_logged(1, env, dlq_worker_log(0));
+	itest_wait_log(dlq_worker_log(0), "declared without x-delivery-limit -1", 60);
+	m = itest_mq();
+	itest_event(body, sizeof body, "after-probe-1", "OrderCreated", "ap-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	mq_close(&m);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'ap-1'", 1, 60), 1,
+	             "the worker runs on after the refused probe");
+	itest_stop_ok(w);
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+}
