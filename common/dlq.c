@@ -90,6 +90,8 @@ struct dlq_run {
 	long by_verdict[DLQ_V_COUNT];
 	json_t *by_reason;  /* reason -> count of what was shown/chosen */
 	json_t *list;       /* list --json: the entries */
+	json_t *replayed;   /* replay: what this run sent, "source\x1fid" -> [sha256, position] */
+	long unroutable;    /* replay: copies the broker returned or refused, their dead letters left */
 	bool stop;          /* replay --limit reached */
 	bool counted;       /* the DLQ counts deliveries: a quorum queue */
 	int failed;         /* st_code of a failure that ended the walk */
@@ -397,7 +399,8 @@ static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
 		if (rc == ST_OK && e.dlq_count > 0 && !r->counted) {
 			r->counted = true;
 			LOG(LOG_LEVEL_WARN, "the dead-letter queue counts deliveries (a quorum queue): every read adds one to"
-			    " each message's x-delivery-count, and a delivery-limit on it would drop messages",
+			    " each message's x-delivery-count, so it must have no delivery limit (RabbitMQ 3.x) or"
+			    " delivery-limit -1 (4.x; README, Dead letters), or reads would drop messages",
 			    LOG_S("queue", r->conf->dlq));
 		}
 		if (rc == ST_OK)
@@ -675,6 +678,60 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 
 /* ---- replay -------------------------------------------------------------- */
 
+/* The run's own memory of the keys it replayed (or, in a dry run, would
+ * have).  The database cannot tell: a key this run reopened has no row
+ * any more, and the copy may not have been taken yet, so a second dead
+ * letter of that key would read as "never seen".  Kept apart from
+ * dlq_judge, which judges by what the database says. */
+static int dlq_run_key(const struct msg *m, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "%s\x1f%s", m->source, m->message_id);
+
+	return n < 0 || (size_t)n >= cap ? ST_ERR_INVALID : ST_OK;
+}
+
+/* Whether this run replayed e's key already; if so *v and why say what a
+ * copy of e would be: a duplicate of that copy, or a conflict with it. */
+static bool dlq_judge_in_run(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
+{
+	char key[MSG_SOURCE_MAX + MSG_ID_MAX + 4], sha[65];
+	json_t *seen;
+
+	if (e->parse != MSG_REASON_NONE || dlq_run_key(&e->m, key, sizeof key) != ST_OK)
+		return false;
+	seen = json_object_get(r->replayed, key);
+	if (seen == NULL)
+		return false;
+	msg_sha256_hex(e->m.sha256, sha);
+	if (strcmp(json_string_value(json_array_get(seen, 0)), sha) == 0) {
+		*v = DLQ_V_DUPLICATE;
+		snprintf(why, cap, "this run %s this payload already (position %lld): the copy is a duplicate, no effect",
+		         r->o->dry_run ? "would have replayed" : "replayed",
+		         (long long)json_integer_value(json_array_get(seen, 1)));
+	} else {
+		*v = DLQ_V_CONFLICT;
+		snprintf(why, cap, "this run %s another payload for this key (position %lld): the first one stands;"
+		         " replaying would only dead-letter it again", r->o->dry_run ? "would have replayed" : "replayed",
+		         (long long)json_integer_value(json_array_get(seen, 1)));
+	}
+	return true;
+}
+
+/* Remember that this run sent (or would send) e.  ST_OK, ST_ERR_NOMEM. */
+static int dlq_remember(struct dlq_run *r, const struct dlq_entry *e)
+{
+	char key[MSG_SOURCE_MAX + MSG_ID_MAX + 4], sha[65];
+
+	if (e->parse != MSG_REASON_NONE || dlq_run_key(&e->m, key, sizeof key) != ST_OK)
+		return ST_OK;
+	if (json_object_get(r->replayed, key) != NULL)
+		return ST_OK; /* the first one is what a later copy is measured against */
+	msg_sha256_hex(e->m.sha256, sha);
+	return json_object_set_new(r->replayed, key, json_pack("[s, I]", sha, (json_int_t)e->position)) == 0
+	               ? ST_OK
+	               : ST_ERR_NOMEM;
+}
+
 /* The saved properties without the previous replay count (ours replaces
  * it); x-inbox-* headers and the broker's x-delivery-count are dropped by
  * mq_publish itself.  Malloc'd, NULL when out of memory. */
@@ -730,10 +787,12 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 
 	if (rc != ST_OK || !chosen)
 		return rc;
-	rc = dlq_judge(r, e, &v, why, sizeof why);
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
-		return rc;
+	if (!dlq_judge_in_run(r, e, &v, why, sizeof why)) {
+		rc = dlq_judge(r, e, &v, why, sizeof why);
+		if (rc != ST_OK) {
+			LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
+			return rc;
+		}
 	}
 	r->by_verdict[v]++;
 	if (v > DLQ_V_REOPEN) {
@@ -766,6 +825,26 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 			}
 		}
 		rc = dlq_publish_copy(r, d, e);
+		if (rc == ST_ERR_MQ_NACK) {
+			/* This copy's own fault (its routing key reaches no
+			 * queue, or the broker refused it), not the
+			 * connection's: the dead letter stays, the walk goes
+			 * on, and the exit status says one was skipped.  A key
+			 * reopened for it stays open: the next replay finds
+			 * "no record" and sends it, which is what it is for. */
+			char rk[256];
+
+			r->by_verdict[v]--;
+			r->unroutable++;
+			dlq_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
+			LOG(LOG_LEVEL_WARN, "replay copy returned or refused by the broker; the dead letter stays",
+			    LOG_S("msg", e->message_id), LOG_S("exchange", r->conf->exchange), LOG_S("routing_key", rk),
+			    LOG_S("error", mq_errmsg(r->pub)));
+			fprintf(r->out, "left       %-24s %-12s %-20s unroutable: the broker returned or refused the copy"
+			        " (exchange %s, routing key %s)\n", e->message_id, e->order_id[0] ? e->order_id : "-",
+			        e->reason, r->conf->exchange, rk);
+			return ST_OK;
+		}
 		if (rc != ST_OK) {
 			LOG(LOG_LEVEL_ERROR, "replay publish not confirmed; the dead letter stays", LOG_S("msg", e->message_id),
 			    LOG_S("exchange", r->conf->exchange), LOG_S("error", r->pub != NULL ? mq_errmsg(r->pub) : st_strerror(rc)));
@@ -783,6 +862,9 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 			return rc;
 		}
 	}
+	rc = dlq_remember(r, e);
+	if (rc != ST_OK)
+		return rc;
 	r->acted++;
 	fprintf(r->out, "%-10s %-24s %-12s %-20s %s\n", what, e->message_id, e->order_id[0] ? e->order_id : "-",
 	        e->reason, why);
@@ -826,7 +908,8 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 
 	r.by_reason = json_object();
 	r.list = json_array();
-	if (r.by_reason == NULL || r.list == NULL)
+	r.replayed = json_object();
+	if (r.by_reason == NULL || r.list == NULL || r.replayed == NULL)
 		goto cleanup;
 	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY) && dlq_db_open(&r) != ST_OK)
 		goto cleanup;
@@ -872,14 +955,20 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 		        o->dry_run ? "dry run, nothing changed: " : "", r.chosen, r.in_queue, conf->dlq,
 		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_V_REOPEN],
 		        r.by_verdict[DLQ_V_DUPLICATE], left);
-		for (int v = DLQ_V_MALFORMED, first = 1; v < DLQ_V_COUNT; v++)
+		int first = 1;
+		for (int v = DLQ_V_MALFORMED; v < DLQ_V_COUNT; v++)
 			if (r.by_verdict[v] > 0) {
 				fprintf(out, "%s %s %ld", first ? ":" : ",", dlq_verdict_names[v], r.by_verdict[v]);
 				first = 0;
 			}
+		if (r.unroutable > 0)
+			fprintf(out, "%s unroutable %ld", first ? ":" : ",", r.unroutable);
 		fprintf(out, "\n");
 		dlq_print_by_reason(&r, "chosen by reason");
-		code = rc == ST_OK ? 0 : 1;
+		/* 1 also when the walk went to the end but left a dead letter
+		 * for a broker reason (a copy returned or refused): that one
+		 * needs the operator, unlike a verdict's "left". */
+		code = rc == ST_OK && r.unroutable == 0 ? 0 : 1;
 		break;
 	}
 	case DLQ_PURGE:
@@ -899,6 +988,7 @@ cleanup:
 	db_close(&r.db);
 	json_decref(r.by_reason);
 	json_decref(r.list);
+	json_decref(r.replayed);
 	return code;
 }
 

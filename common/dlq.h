@@ -62,7 +62,8 @@ int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t 
 
 /* Run the subcommand; what it finds goes to out, logs to stderr.  Returns
  * the exit code: 0 done, 1 a runtime failure (a server unreachable, a
- * publish not confirmed, show finding no such message). */
+ * publish not confirmed, a replay that left a dead letter because the
+ * broker returned or refused its copy, show finding no such message). */
 int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out);
 
 /* The usage lines of the dlq commands, for --help. */

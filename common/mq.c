@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "addr.h"
+#include "fault.h"
 #include "log.h"
 #include "mq_private.h"
 #include "props.h"
@@ -868,16 +869,103 @@ int mq_exchange_delete(struct mq *m, const char *exchange)
 	return mq_rpc(m, "exchange.delete");
 }
 
+bool mq_browsed_queue_limit(const char *server_version, int64_t *limit)
+{
+	char *end;
+	long major;
+
+	if (server_version == NULL)
+		return false;
+	major = strtol(server_version, &end, 10);
+	if (end == server_version || *end != '.')
+		return false;
+	*limit = -1;
+	return major >= 4;
+}
+
+/* The broker's "version" server property ("3.10.8"), into buf; "" when it
+ * does not say. */
+static void mq_server_version(struct mq *m, char *buf, size_t cap)
+{
+	const amqp_table_t *p = amqp_get_server_properties(m->conn);
+
+	buf[0] = '\0';
+	for (int i = 0; p != NULL && i < p->num_entries; i++) {
+		const amqp_table_entry_t *e = &p->entries[i];
+
+		if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
+		    (e->value.kind == AMQP_FIELD_KIND_UTF8 || e->value.kind == AMQP_FIELD_KIND_BYTES))
+			snprintf(buf, cap, "%.*s", (int)e->value.value.bytes.len, (const char *)e->value.value.bytes.bytes);
+	}
+}
+
+/* Channel 2, opened for one question only: does the broker take this
+ * declaration?  A refusal (406: the queue exists with other arguments)
+ * closes that channel alone, so the channel in use, its consumers and the
+ * deliveries it holds are not touched.  ST_OK with *refused telling
+ * whether it was refused as inequivalent, else the failure. */
+#define MQ_PROBE_CHANNEL 2
+static int mq_queue_probe(struct mq *m, const char *name, amqp_table_t args, bool *refused)
+{
+	amqp_rpc_reply_t r;
+
+	*refused = false;
+	if (amqp_channel_open(m->conn, MQ_PROBE_CHANNEL) == NULL)
+		return mq_rpc(m, "channel.open (probe)");
+	amqp_queue_declare(m->conn, MQ_PROBE_CHANNEL, mq_b(name), 0, 1, 0, 0, args);
+	r = amqp_get_rpc_reply(m->conn);
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+	    ((amqp_channel_close_t *)r.reply.decoded)->reply_code == AMQP_PRECONDITION_FAILED) {
+		amqp_channel_close_ok_t ok = { 0 };
+
+		if (amqp_send_method(m->conn, MQ_PROBE_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) != AMQP_STATUS_OK)
+			return mq_fail(m, ST_ERR_MQ_CONN, "queue.declare (probe)", "cannot confirm the channel's close");
+		*refused = true;
+		return ST_OK;
+	}
+	if (mq_reply(m, r, "queue.declare (probe)") != ST_OK)
+		return ST_ERR_MQ;
+	return mq_reply(m, amqp_channel_close(m->conn, MQ_PROBE_CHANNEL, AMQP_REPLY_SUCCESS), "channel.close (probe)");
+}
+
 int mq_queue_declare_bind_type(struct mq *m, const char *queue, const char *exchange,
                                const char *binding, bool quorum)
 {
-	amqp_table_entry_t e;
-	amqp_table_t args = { .num_entries = quorum ? 1 : 0, .entries = &e };
+	amqp_table_entry_t e[2];
+	amqp_table_t args = { .num_entries = quorum ? 1 : 0, .entries = e };
+	char version[32];
+	int64_t limit;
+	bool refused;
 	int rc;
 
-	e.key = amqp_cstring_bytes("x-queue-type");
-	e.value.kind = AMQP_FIELD_KIND_UTF8;
-	e.value.value.bytes = amqp_cstring_bytes("quorum");
+	e[0].key = amqp_cstring_bytes("x-queue-type");
+	e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[0].value.value.bytes = amqp_cstring_bytes("quorum");
+	mq_server_version(m, version, sizeof version);
+	/* The tests' RabbitMQ is 3.10: this takes the 4.x path against a
+	 * queue that exists without the argument (the probe's refusal). */
+	if (fault_armed("mq-broker-4"))
+		snprintf(version, sizeof version, "4.0.0-pretend");
+	if (quorum && mq_browsed_queue_limit(version, &limit)) {
+		e[1].key = amqp_cstring_bytes("x-delivery-limit");
+		e[1].value.kind = AMQP_FIELD_KIND_I64;
+		e[1].value.value.i64 = limit;
+		args.num_entries = 2;
+		/* A queue declared before (by an older build) without the
+		 * argument would refuse it (406, inequivalent): then it keeps
+		 * what it has, and the operator is told how to lift its limit
+		 * with a policy (README, Dead letters). */
+		rc = mq_queue_probe(m, queue, args, &refused);
+		if (rc != ST_OK)
+			return rc;
+		if (refused) {
+			LOG(LOG_LEVEL_WARN, "this quorum queue was declared without x-delivery-limit -1: on RabbitMQ 4.0-4.2"
+			    " each read of it counts toward the broker's default delivery limit (20) and would in the end"
+			    " drop messages; set a policy with delivery-limit -1 on it (README, Dead letters)",
+			    LOG_S("queue", queue), LOG_S("broker", version));
+			args.num_entries = 1;
+		}
+	}
 	rc = mq_queue(m, queue, quorum ? args : amqp_empty_table);
 	if (rc == ST_OK)
 		rc = mq_bind(m, queue, exchange, binding);

@@ -160,7 +160,18 @@ int mq_exchange_delete(struct mq *m, const char *exchange);
 int mq_queue_declare_bind(struct mq *m, const char *queue, const char *exchange,
                           const char *binding, bool durable);
 /* Declare a durable queue (quorum, or classic) and bind it; the broker's
- * refusal (a queue of another type under that name: 406) is ST_ERR_MQ. */
+ * refusal (a queue of another type under that name: 406) is ST_ERR_MQ.
+ * For the queues that are only read by browsing (the DLQ, the verifier's
+ * queue): a quorum one gets an unlimited delivery limit where the broker
+ * has one (mq_browsed_queue_limit), so that reads never drop a message; an
+ * existing one declared without it is kept as it is, with a warning. */
+/* Whether a browsed quorum queue is declared with x-delivery-limit on a
+ * broker of this version (its "version" server property), and *limit:
+ * -1 (unlimited) on RabbitMQ 4 and later, whose quorum queues have a
+ * default limit of 20 and count a read handed back toward it.
+ * None on 3.x or an unknown version: 3.x has no default limit, and takes
+ * -1 as a limit that every return exceeds (rabbit_fifo: count > limit). */
+bool mq_browsed_queue_limit(const char *server_version, int64_t *limit);
 int mq_queue_declare_bind_type(struct mq *m, const char *queue, const char *exchange,
                                const char *binding, bool quorum);
 int mq_queue_unbind(struct mq *m, const char *queue, const char *exchange, const char *binding);

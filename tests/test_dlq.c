@@ -685,3 +685,219 @@ Test(dlq, list_since_chooses_by_the_dead_letter_time)
 		json_decref(doc);
 	}
 }
+
+/* One dead letter whose copy the broker cannot route (its routing key is
+ * bound to nothing on the inbox exchange) is reported and left where it
+ * is, and the walk goes on: the valid dead letters behind it are
+ * replayed, run after run.  The exit status says something was left
+ * unreplayed for a broker reason (1). */
+Test(dlq, an_unroutable_copy_is_skipped_and_the_walk_goes_on)
+{
+	const char *dlq;
+	char sig[8192];
+	struct mq *m;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	m = itest_mq();
+	put_dead(m, "ur-1", "hold-expired", "uo-1", "order.PaymentAuthorized");
+	put_dead(m, "ur-2", "hold-expired", "uo-2", "nowhere.PaymentAuthorized"); /* routes nowhere */
+	put_dead(m, "ur-3", "hold-expired", "uo-3", "order.PaymentAuthorized");
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(dlq, 3, 10), 3);
+
+	st = replay(NULL, NULL);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a skipped dead letter makes the exit 1: %d (%s)", st, out);
+	cr_expect(strstr(out, "replayed 2") != NULL, "the walk went on past the unroutable one: %s", out);
+	cr_expect(strstr(out, "unroutable 1") != NULL, "the summary counts it: %s", out);
+	cr_expect(strstr(out, "ur-2") != NULL, "the skipped one is named: %s", out);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, 2, 10), 2, "two copies reached the inbox");
+	list_signature(sig, sizeof sig);
+	cr_assert_str_eq(sig, "ur-2:hold-expired:0 ", "only the unroutable one is left, unchanged");
+
+	/* The next run stops at nothing either: it reports the same one. */
+	st = replay(NULL, NULL);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%d (%s)", st, out);
+	cr_expect(strstr(out, "replayed 0") != NULL && strstr(out, "unroutable 1") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), 1);
+	cr_assert_eq(itest_queue_depth(itest_cfg()->queue), 2, "nothing sent twice");
+}
+
+/* Replay's verdict on a key sees what the same run did to it before.
+ * Three dead letters of one key and one payload, the inbox's row
+ * dead-lettered (hold-expired) and the order there now: the first one
+ * reopens the key and is replayed; the two behind it would only be
+ * duplicates of that copy, and are said to be, not "the inbox has no
+ * record of it" (which is what the reopened key looks like in the
+ * database).  A dry run says the same. */
+Test(dlq, a_second_dead_letter_of_a_key_sees_the_runs_own_reopen)
+{
+	const char *wenv[] = { "INBOX_HOLD_TTL=1s", NULL };
+	const char *dlq;
+	char body[512];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	dlq = itest_cfg()->dlq;
+	w = itest_worker_logged(1, wenv, dlq_worker_log(0));
+	m = itest_mq();
+	/* put_dead's body, through the worker: held, then dead-lettered. */
+	snprintf(body, sizeof body,
+	         "{\"message_id\":\"%s\",\"type\":\"PaymentAuthorized\",\"order_id\":\"%s\",\"data\":{\"amount_cents\":100}}",
+	         "twice-1", "to-1");
+	itest_publish(m, "PaymentAuthorized", body, "twice-1");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'hold-expired'", 1, 60), 1);
+	cr_assert_eq(itest_wait_depth(dlq, 1, 60), 1);
+	put_dead(m, "twice-1", "hold-expired", "to-1", "order.PaymentAuthorized");
+	put_dead(m, "twice-1", "hold-expired", "to-1", "order.PaymentAuthorized");
+	cr_assert_eq(itest_wait_depth(dlq, 3, 10), 3);
+	itest_event(body, sizeof body, "create-to-1", "OrderCreated", "to-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'to-1'", 1, 60), 1);
+	/* The copies must not be taken before the walk judged them all. */
+	itest_stop(w, SIGTERM, 30);
+
+	{
+		const char *a[] = { "--dry-run", NULL };
+		st = replay(a, NULL);
+	}
+	cr_assert(exited_0(st), "%d: %s", st, out);
+	cr_expect(strstr(out, "no record") == NULL, "a dry run must see its own would-be reopen: %s", out);
+	cr_expect(strstr(out, "would replay 3 (keys reopened 1, duplicates 2)") != NULL, "%s", out);
+
+	st = replay(NULL, NULL);
+	cr_assert(exited_0(st), "%d: %s", st, out);
+	cr_expect(strstr(out, "no record") == NULL, "the second and third saw the run's own reopen: %s", out);
+	cr_expect(strstr(out, "replayed 3 (keys reopened 1, duplicates 2)") != NULL, "%s", out);
+	cr_assert_eq(itest_queue_depth(dlq), 0);
+
+	w = itest_worker_logged(1, NULL, dlq_worker_log(1));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'to-1' AND status = 'Paid'", 1, 60), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, 60);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE type = 'PaymentAuthorized'"), 1);
+	mq_close(&m);
+	itest_stop(w, SIGTERM, 30);
+}
+
+/* What could give queue a delivery limit, as rabbitmqctl prints it: its
+ * line of "list_queues name arguments policy", then every policy and
+ * operator policy of the vhost (3.10 lists neither a queue's operator
+ * policy nor its effective_policy_definition), into buf. */
+static void queue_definition(const char *queue, char *buf, size_t cap)
+{
+	char root[4096], cmd[3 * 4096 + 400], line[2048];
+	size_t len = 0;
+	bool listed = false;
+	FILE *p;
+
+	buf[0] = '\0';
+	itest_source("scripts/stack", root, sizeof root);
+	snprintf(cmd, sizeof cmd,
+	         "%s ctl -q list_queues -p inbox name arguments policy 2>/dev/null; "
+	         "%s ctl -q list_policies -p inbox 2>/dev/null; %s ctl -q list_operator_policies -p inbox 2>/dev/null",
+	         root, root, root);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof line, p) != NULL) {
+		bool mine = strncmp(line, queue, strlen(queue)) == 0 &&
+		            (line[strlen(queue)] == '\t' || line[strlen(queue)] == ' ');
+		bool queue_line = strncmp(line, "orders.", 7) == 0;
+
+		listed = listed || mine;
+		if ((mine || !queue_line) && len + strlen(line) < cap) {
+			memcpy(buf + len, line, strlen(line) + 1);
+			len += strlen(line);
+		}
+	}
+	pclose(p);
+	cr_assert(listed, "rabbitmqctl does not list %s", queue);
+}
+
+/* Reading a quorum DLQ that the worker declared (INBOX_DLQ_TYPE=quorum)
+ * never brings a dead letter closer to removal.  RabbitMQ 3.10 counts a
+ * delivery per read (nothing avoids it: every message handed back is
+ * counted), so the proof is that nothing can remove one for it: 25 lists,
+ * more than 4.0's default limit of 20, leave every dead letter in place and
+ * in order, and the queue has no delivery limit from its arguments or a
+ * policy.  On RabbitMQ 4 the worker declares it with x-delivery-limit -1
+ * (mq_browsed_queue_limit; the unit suite pins the choice). */
+Test(dlq, reading_a_quorum_dlq_never_drops_a_dead_letter)
+{
+	enum { N = 5, READS = 25 };
+	const char *q = "orders.test.dlq.q25";
+	const char *env[] = { "INBOX_DLQ=orders.test.dlq.q25", "INBOX_DLQ_TYPE=quorum", NULL };
+	struct itest_dead dead[N + 2];
+	char id[32], def[2048];
+	int64_t count;
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	cr_assert_eq(mq_queue_unbind(m, itest_cfg()->dlq, itest_cfg()->dlx, "#"), ST_OK, "%s", mq_errmsg(m));
+	mq_close(&m);
+	w = itest_worker_logged(1, env, dlq_worker_log(0));
+	itest_wait_log(dlq_worker_log(0), "consuming", 60);
+	m = itest_mq();
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "q25-%d", i);
+		put_dead(m, id, "hold-expired", "qo", "order.PaymentAuthorized");
+	}
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(q, N, 10), N);
+	for (int i = 0; i < READS; i++) {
+		json_t *doc = list_json(NULL, env + 0);
+		cr_assert_eq(json_integer_value(json_object_get(doc, "read")), N, "read %d", i + 1);
+		json_decref(doc);
+		cr_assert_eq(itest_queue_depth(q), N, "read %d took a dead letter away", i + 1);
+	}
+	queue_definition(q, def, sizeof def);
+	cr_expect(strstr(def, "x-queue-type") != NULL && strstr(def, "quorum") != NULL, "%s", def);
+	cr_expect(strstr(def, "delivery-limit") == NULL, "RabbitMQ 3.x: no delivery limit may apply: %s", def);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert_eq(drain_counted(q, dead, N + 2, &count), N, "every dead letter is still there");
+	for (int i = 0; i < N; i++) {
+		snprintf(id, sizeof id, "q25-%d", i);
+		cr_expect_str_eq(dead[i].message_id, id, "in its place");
+	}
+	cr_expect_eq(count, READS, "3.10 counts each read (the reason 4.x needs -1)");
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+}
+
+/* On RabbitMQ 4 a browsed quorum queue that an older build declared
+ * without x-delivery-limit -1 would refuse the new declaration (406,
+ * inequivalent).  The worker asks on a channel of its own, keeps the
+ * queue as it is, says what to set, and runs: taken here with the 4.x
+ * path forced (mq-broker-4) against such a queue on this 3.10 broker. */
+Test(dlq, an_existing_quorum_dlq_without_the_limit_is_kept_with_a_warning)
+{
+	const char *q = "orders.test.dlq.old";
+	const char *env[] = { "INBOX_DLQ=orders.test.dlq.old", "INBOX_DLQ_TYPE=quorum", "INBOX_FAULT=mq-broker-4", NULL };
+	char body[512];
+	struct mq *m;
+	pid_t w;
+
+	itest_fresh();
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+	declare_quorum_dlq(q); /* without the argument, as builds before did */
+	w = itest_worker_logged(1, env, dlq_worker_log(0));
+	itest_wait_log(dlq_worker_log(0), "declared without x-delivery-limit -1", 60);
+	m = itest_mq();
+	itest_event(body, sizeof body, "after-probe-1", "OrderCreated", "ap-1");
+	itest_publish(m, "OrderCreated", body, NULL);
+	mq_close(&m);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'ap-1'", 1, 60), 1,
+	             "the worker runs on after the refused probe");
+	itest_stop_ok(w);
+	m = itest_mq();
+	(void)mq_queue_delete(m, q);
+	mq_close(&m);
+}

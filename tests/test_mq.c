@@ -212,3 +212,28 @@ Test(mq, empty_values_with_null_pointers)
 	cr_expect_str_eq(j, "{\"app_id\":\"\",\"headers\":{\"e\":{\"$bytes\":\"\"}},\"inbox_note\":\"dropped:  (empty key)\"}");
 	free(j);
 }
+
+/* A queue that is only read by browsing (the DLQ, the verifier's queue)
+ * must never drop a message for having been read.  On a quorum queue every
+ * read that hands a message back counts toward its delivery limit (3.x,
+ * 4.0-4.2 every return; 4.3 one whose reader went away), and 4.0 gave
+ * quorum queues a default limit of 20: such a queue is declared with
+ * x-delivery-limit -1 ("unlimited", 4.0 and later).  On 3.x no limit is
+ * the default, and -1 is no "unlimited" there: 3.10 compares count >
+ * limit, so -1 drops a message at its first return (seen on 3.10.8: one
+ * basic.get + nack, and the queue was empty); it gets none. */
+Test(mq, a_browsed_quorum_queue_is_unlimited_on_4x_and_left_without_limit_on_3x)
+{
+	int64_t limit = 0;
+
+	cr_assert(mq_browsed_queue_limit("4.0.5", &limit));
+	cr_expect_eq(limit, -1);
+	cr_assert(mq_browsed_queue_limit("4.2.1", &limit));
+	cr_assert(mq_browsed_queue_limit("10.0.0", &limit));
+	cr_expect(!mq_browsed_queue_limit("3.10.8", &limit));
+	cr_expect(!mq_browsed_queue_limit("3.13.7", &limit));
+	/* Unknown: the 3.x rule, since -1 there is the worst outcome. */
+	cr_expect(!mq_browsed_queue_limit("", &limit));
+	cr_expect(!mq_browsed_queue_limit(NULL, &limit));
+	cr_expect(!mq_browsed_queue_limit("x.y", &limit));
+}

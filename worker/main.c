@@ -146,7 +146,7 @@ int main(int argc, char **argv)
 	else if (strcmp(cmd, "dlq") == 0)
 		code = dlq_main(&conf, &dlq, stdout);
 	else
-		code = pool_main(&conf);
+		code = migrate_check_known(&conf) != 0 ? 1 : pool_main(&conf);
 	db_global_end();
 	cfg_free(&conf);
 	return code;

@@ -8,7 +8,10 @@
  * re-runnable (IF NOT EXISTS) so a crash between them is harmless.
  *
  * A recorded file whose checksum changed is refused: the database no longer
- * matches the file, and guessing which one is right is not our job.
+ * matches the file, and guessing which one is right is not our job.  So is
+ * a numbered record with no file here (a newer build migrated this
+ * database): "nothing to apply" would be a lie, and `run` refuses it too
+ * (migrate_check_known), since this build's statements may not fit it.
  *
  * Stored procedures are the exception: each lives in one file of
  * migrations/procedures/ (DROP PROCEDURE IF EXISTS, then CREATE), which is
@@ -36,7 +39,13 @@
 #include "pool.h"
 #include "status.h"
 
-#define MIGRATE_LOCK "inbox-worker.migrate"
+/* The lock is the database's, not the server's (as retention's is): two
+ * databases on one server migrate side by side.  GET_LOCK names are at
+ * most 64 characters; a longer database name is cut, which at worst makes
+ * two such databases share a lock, never lets one database migrate twice
+ * at once. */
+#define MIGRATE_LOCK_PREFIX "inbox-worker.migrate."
+#define MIGRATE_LOCK_NAME "LEFT(CONCAT('" MIGRATE_LOCK_PREFIX "', DATABASE()), 64)"
 #define MIGRATE_LOCK_WAIT_S 120
 #define MIGRATE_MAX_FILES 1000
 #define MIGRATE_MAX_SIZE (4 * 1024 * 1024)
@@ -272,11 +281,48 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 	return rc;
 }
 
+/* The first numbered record of schema_migrations that has no file among
+ * names (sorted, count of them), into unknown (""): none.  Procedure
+ * records are left out: a procedure file of an older build may be gone
+ * for good (0011 dropped them). */
+static int migrate_find_unknown(struct db *db, char *const *names, int count, char *unknown, size_t cap)
+{
+	struct db_stmt *list = NULL;
+	char name[201];
+	int rc;
+
+	unknown[0] = '\0';
+	rc = db_prepare(db, &list, "SELECT name FROM schema_migrations ORDER BY name");
+	if (rc == ST_OK)
+		rc = db_stmt_query(list, NULL, 0);
+	while (rc == ST_OK) {
+		struct db_col c[] = { DBC_STR(name, sizeof name) };
+		int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
+
+		if (f < 0)
+			rc = f;
+		if (f <= 0)
+			break;
+		if (unknown[0] == '\0' && migrate_name_ok(name) &&
+		    bsearch(&(const char *){ name }, names, (size_t)count, sizeof *names, migrate_cmp) == NULL)
+			snprintf(unknown, cap, "%s", name);
+	}
+	if (rc == ST_OK)
+		rc = db_commit(db);
+	return rc;
+}
+
+static void migrate_log_unknown(const char *what, const char *unknown, const char *dir)
+{
+	LOG(LOG_LEVEL_ERROR, what, LOG_S("record", unknown), LOG_S("dir", dir),
+	    LOG_S("remedy", "run the build that applied it (or restore its file in this folder)"));
+}
+
 int migrate_main(const struct cfg *conf)
 {
 	struct db *db = NULL;
 	struct db_stmt *lock = NULL, *unlock = NULL, *get = NULL, *put = NULL;
-	char **names = NULL;
+	char **names = NULL, unknown[201];
 	int count = 0, applied = 0, rc;
 	bool locked = false;
 
@@ -288,19 +334,19 @@ int migrate_main(const struct cfg *conf)
 	rc = migrate_list_numbered(conf->migrations_dir, &names, &count);
 	if (rc != ST_OK)
 		goto cleanup;
-	rc = db_prepare(db, &lock, "SELECT GET_LOCK(?, ?)");
+	rc = db_prepare(db, &lock, "SELECT GET_LOCK(" MIGRATE_LOCK_NAME ", ?)");
 	if (rc == ST_OK)
-		rc = db_prepare(db, &unlock, "SELECT RELEASE_LOCK(?)");
+		rc = db_prepare(db, &unlock, "SELECT RELEASE_LOCK(" MIGRATE_LOCK_NAME ")");
 	if (rc != ST_OK)
 		goto cleanup;
 	{
-		struct db_param p[] = { DBP_STR(MIGRATE_LOCK), DBP_I64(MIGRATE_LOCK_WAIT_S) };
+		struct db_param p[] = { DBP_I64(MIGRATE_LOCK_WAIT_S) };
 		struct db_col c[] = { DBC_I64() };
 		int r = db_stmt_query_row(lock, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 		if (r == 1 && !c[0].is_null && c[0].i64 == 1) {
 			locked = true;
 		} else {
-			LOG(LOG_LEVEL_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK));
+			LOG(LOG_LEVEL_ERROR, "could not take the migration lock", LOG_S("lock", MIGRATE_LOCK_PREFIX "<database>"));
 			rc = r < 0 ? r : ST_ERR_TIMEOUT;
 			goto cleanup;
 		}
@@ -313,7 +359,15 @@ int migrate_main(const struct cfg *conf)
 		LOG(LOG_LEVEL_ERROR, "cannot create schema_migrations", LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
-	rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
+	rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
+	if (rc == ST_OK && unknown[0] != '\0') {
+		migrate_log_unknown("the database holds a migration this build does not know; refusing to go on",
+		                    unknown, conf->migrations_dir);
+		rc = ST_ERR_MIGRATION_CHANGED;
+		goto cleanup;
+	}
+	if (rc == ST_OK)
+		rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &put, "REPLACE INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
 	for (int i = 0; rc == ST_OK && i < count; i++)
@@ -325,15 +379,65 @@ int migrate_main(const struct cfg *conf)
 		    LOG_S("dir", conf->migrations_dir));
 cleanup:
 	if (locked) {
-		struct db_param p[] = { DBP_STR(MIGRATE_LOCK) };
 		struct db_col c[] = { DBC_I64() };
 		/* The lock also ends with the session; releasing it early only
 		 * lets a waiting migrator go sooner. */
-		(void)db_stmt_query_row(unlock, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+		(void)db_stmt_query_row(unlock, NULL, 0, c, ARRAY_LEN(c));
 	}
 	migrate_names_free(names, count);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
+}
+
+/* ---- run's check at start-up ------------------------------------------- */
+
+int migrate_check_known(const struct cfg *conf)
+{
+	struct db *db = NULL;
+	struct db_stmt *exists = NULL;
+	char **names = NULL, unknown[201] = "";
+	int count = 0, code = 0, rc;
+
+	/* A database that is away now is the pool's to wait for; the check
+	 * needs it, so it is skipped (said), not made a reason to exit. */
+	rc = db_open(&db, &conf->db);
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: the database is unavailable",
+		    LOG_S("db", conf->db.redacted), LOG_S("error", st_strerror(rc)));
+		return 0;
+	}
+	if (migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count) != ST_OK) {
+		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: cannot list the migrations",
+		    LOG_S("dir", conf->migrations_dir), LOG_S("error", strerror(errno)));
+		goto cleanup;
+	}
+	rc = db_prepare(db, &exists,
+	                "SELECT COUNT(*) FROM information_schema.tables"
+	                " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
+	if (rc == ST_OK) {
+		struct db_col c[] = { DBC_I64() };
+		int r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
+
+		rc = r < 0 ? r : ST_OK;
+		/* Never migrated: the worker's first statement says so. */
+		if (r == 1 && c[0].i64 > 0)
+			rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
+	}
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up",
+		    LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	if (unknown[0] != '\0') {
+		migrate_log_unknown("the database holds a migration this build does not know; refusing to start",
+		                    unknown, conf->migrations_dir);
+		code = 1;
+	}
+cleanup:
+	db_rollback(db);
+	migrate_names_free(names, count);
+	db_close(&db);
+	return code;
 }
 
 /* ---- migrate --status ---------------------------------------------------- */
@@ -460,8 +564,9 @@ int migrate_status(const struct cfg *conf)
 		if (rec[i].seen)
 			continue;
 		t.missing++;
-		printf("missing  %s  recorded=%s  applied_at=%s  (recorded, but no such file here)\n", rec[i].name,
-		       rec[i].sha256, rec[i].applied_at);
+		printf("missing  %s  recorded=%s  applied_at=%s  (recorded, but no such file here%s)\n", rec[i].name,
+		       rec[i].sha256, rec[i].applied_at,
+		       migrate_name_ok(rec[i].name) ? ": migrate and run refuse this database" : "");
 	}
 	if (rc == ST_OK)
 		printf("status applied=%d pending=%d changed=%d missing=%d\n", t.applied, t.pending, t.changed,
