@@ -29,9 +29,10 @@
 #ifndef WAIT_S
 #define WAIT_S 120
 #endif
-/* 2 s: a ping slot of 1 s, four times the longest idle step of a thread
- * (250 ms), so a loaded machine does not withhold pings by itself. */
-#define WATCHDOG_USEC "WATCHDOG_USEC=2000000"
+/* 4 s: a ping every second, withheld after 2 s without progress, eight
+ * times the longest idle step of a thread (250 ms), so that a loaded
+ * machine does not withhold pings by itself. */
+#define WATCHDOG_USEC "WATCHDOG_USEC=4000000"
 
 struct sock {
 	int fd;

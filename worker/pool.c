@@ -323,9 +323,15 @@ static void pool_thread_init(struct pool_thread *t, int i, const struct cfg *con
  *             200 for (both connections, every consumer, every shard);
  *   STATUS=   whenever readiness or its reason changes, and why a
  *             watchdog ping is withheld (`systemctl status` shows it);
- *   WATCHDOG=1  every half watchdog interval, but only when every running
- *             thread's progress counter (pool_thread.beats) moved since
- *             the previous slot.  A thread bumps it every time round its
+ *   WATCHDOG=1  every quarter of the watchdog interval (a slot), but only
+ *             while every running thread's progress counter
+ *             (pool_thread.beats) moved in the last two slots, half the
+ *             interval: one step of a healthy thread may then take up to
+ *             half of it (the unit's WatchdogSec leaves room for the
+ *             longest, a statement's 30 s read time-out) without a ping
+ *             being missed, and a thread silent for longer withholds them,
+ *             so the manager acts within 1.25 to 1.5 intervals of the
+ *             stall.  A thread bumps it every time round its
  *             loop and every step of its waits (at least every 250 ms when
  *             idle, every 100 ms of a backoff), so a thread waiting for a
  *             server that is down keeps the pings coming -- restarting
@@ -342,6 +348,7 @@ struct pool_watch {
 	char status[256];                 /* the last STATUS= sent */
 	int64_t next_slot_ms;
 	unsigned long long *last;         /* each thread's beats at the last slot */
+	int *stale;                       /* each thread's slots in a row without progress */
 };
 
 /* Send prefix (assignments ending in a newline, or "") and STATUS=status;
@@ -386,14 +393,15 @@ static void pool_watch_tick(struct pool_watch *pw, struct pool_thread **threads,
 	}
 	if (pw->n.watchdog_ms <= 0 || now < pw->next_slot_ms)
 		return;
-	pw->next_slot_ms = now + (pw->n.watchdog_ms / 2 > 0 ? pw->n.watchdog_ms / 2 : 1);
+	pw->next_slot_ms = now + (pw->n.watchdog_ms / 4 > 0 ? pw->n.watchdog_ms / 4 : 1);
 	for (int i = 0; i < started; i++) {
 		unsigned long long b = atomic_load_explicit(&threads[i]->beats, memory_order_relaxed);
 
-		/* A thread that ended is not stuck: the pool is stopping. */
-		if (b == pw->last[i] && !threads[i]->joined && stuck == -2)
-			stuck = i;
+		pw->stale[i] = b == pw->last[i] ? pw->stale[i] + 1 : 0;
 		pw->last[i] = b;
+		/* A thread that ended is not stuck: the pool is stopping. */
+		if (pw->stale[i] >= 2 && !threads[i]->joined && stuck == -2)
+			stuck = i;
 	}
 	if (stuck == -2) {
 		if (pw->withheld)
@@ -421,7 +429,7 @@ int pool_main(const struct cfg *conf)
 	struct janitor *janitor = NULL;
 	struct pool_thread **threads = NULL; /* workers, then the janitor */
 	struct pool_shared shared = { .pending = false };
-	struct pool_watch watch = { .n = { .fd = -1 }, .last = NULL };
+	struct pool_watch watch = { .n = { .fd = -1 }, .last = NULL, .stale = NULL };
 	pthread_condattr_t ca;
 	sigset_t set;
 	int started = 0, code = 0;
@@ -446,7 +454,8 @@ int pool_main(const struct cfg *conf)
 	janitor = calloc(1, sizeof *janitor);
 	threads = calloc((size_t)nthreads, sizeof *threads);
 	watch.last = calloc((size_t)nthreads, sizeof *watch.last);
-	if (workers == NULL || janitor == NULL || threads == NULL || watch.last == NULL ||
+	watch.stale = calloc((size_t)nthreads, sizeof *watch.stale);
+	if (workers == NULL || janitor == NULL || threads == NULL || watch.last == NULL || watch.stale == NULL ||
 	    (conf->threads > 1 && conf->ordering == CFG_ORDERING_SHARED &&
 	     inflight_open(&shared.inflight, conf->threads, conf->batch) != ST_OK)) {
 		LOG0(LOG_LEVEL_ERROR, "out of memory");
@@ -461,7 +470,7 @@ int pool_main(const struct cfg *conf)
 	}
 	if (notify_enabled(&watch.n))
 		LOG(LOG_LEVEL_INFO, "notifying the service manager", LOG_I("watchdog_ms", watch.n.watchdog_ms));
-	watch.next_slot_ms = pool_now_ms() + watch.n.watchdog_ms / 2;
+	watch.next_slot_ms = pool_now_ms() + watch.n.watchdog_ms / 4;
 	if (metrics_start(conf->metrics_addr) != 0) {
 		code = 1;
 		goto done;
@@ -547,6 +556,7 @@ done:
 	free(janitor);
 	free(threads);
 	free(watch.last);
+	free(watch.stale);
 	notify_close(&watch.n);
 	pthread_cond_destroy(&shared.cv);
 	pthread_mutex_destroy(&shared.mu);
