@@ -786,12 +786,15 @@ static void doc_man(FILE *f, const struct cfg_setting *s, const char *lim)
 		fputc(' ', f);
 		put_md(f, s->more);
 	}
-	if (s->def == NULL)
-		fputs(" Default: ", f), put_md(f, CFG_DOC_MIGRATIONS_MAN), fputs(".", f);
-	else if (s->def[0] == '\0')
+	if (s->def == NULL) {
+		fputs(" Default: ", f);
+		put_md(f, CFG_DOC_MIGRATIONS_MAN);
+		fputs(".", f);
+	} else if (s->def[0] == '\0') {
 		fputs(" Default: empty.", f);
-	else
+	} else {
 		fprintf(f, " Default: `%s`.", s->def);
+	}
 	if (s->file_env != NULL) {
 		fputs("\n\n    Or **", f);
 		put_md(f, s->file_env);

@@ -15,11 +15,13 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "array.h"
 #include "amqpx.h"
 #include "args.h"
 #include "cfg.h"
@@ -43,6 +45,15 @@ static const char *const lg_settings_used[] = {
 	"INBOX_DLQ", "INBOX_DLQ_TYPE", "INBOX_OUT_EXCHANGE", "INBOX_MAX_BODY", "INBOX_DELIVERY_LIMIT", "INBOX_ORDERING",
 	"INBOX_SHARDS", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
 };
+
+/* cfg_print_doc's filter: a variable name of lg_settings_used. */
+static bool lg_setting_used_name(const char *env)
+{
+	for (int i = 0; lg_settings_used[i] != NULL; i++)
+		if (strcmp(env, lg_settings_used[i]) == 0)
+			return true;
+	return false;
+}
 
 static bool lg_setting_used(const char *line)
 {
@@ -76,7 +87,11 @@ static void help_settings(FILE *f)
 		return;
 	}
 	for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-		if (strncmp(line, "  INBOX_", 8) == 0)
+		/* The --help and --version lines after the last setting are
+		 * not that setting's (they were dropped with it). */
+		if (line[strspn(line, " ")] == '-')
+			keep = true;
+		else if (strncmp(line, "  INBOX_", 8) == 0)
 			keep = lg_setting_used(line + 2);
 		else if (strncmp(line, "      ", 6) != 0)
 			keep = true;
@@ -137,55 +152,6 @@ static int lg_send(int argc, char **argv)
 	return code;
 }
 
-static void usage(FILE *f)
-{
-	fputs(USAGE "\n\n"
-	      "publish: build a deterministic scenario from --seed, write its ledger, publish it.\n"
-	      "  --ledger FILE          where to write the expected outcomes (JSON lines)\n"
-	      "  --seed N               scenario seed (1)\n"
-	      "  --run TAG              run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)\n"
-	      "  --orders N             orders (1000)\n"
-	      "  --messages N           instead of --orders: about N published messages\n"
-	      "  --cancel-share F       share of orders cancelled, split over the 3 cancel paths (0.3)\n"
-	      "  --invalid-share F      share of cancelled orders that also get a ShipmentCreated (0.01)\n"
-	      "  --dup-rate F           share of events published more than once (0.2)\n"
-	      "  --concurrent-dups F    of those, share sent at the same moment from several connections (0.25)\n"
-	      "  --delayed-dups F       of those, share sent again after the originals were processed (0.25)\n"
-	      "  --reorder-window W     shuffle each order's events within W positions (3)\n"
-	      "  --interleave N         orders whose events are interleaved: an order's events\n"
-	      "                         lie about N messages apart in the queue (32)\n"
-	      "  --conflicts N          keys re-sent later with another payload (0)\n"
-	      "  --malformed N          malformed messages spread over every SPEC.md class (0)\n"
-	      "  --connections C        publisher connections, each a thread (4)\n"
-	      "  --rate R               messages per second over all connections, 0 = unlimited (0)\n"
-	      "  --progress             a progress line a second on stderr even when it is not a terminal\n"
-	      "  --settle-timeout D     wait at most D for originals before the delayed phase (10m)\n"
-	      "  --settle-stall D       stop waiting for originals when none came for D, publish the\n"
-	      "                         delayed phase anyway and let verify name the missing (0 = never)\n"
-	      "  --retry-timeout D      after a broker fault keep reconnecting and re-publishing what was\n"
-	      "                         not confirmed for at most D (2m); a re-publish is a duplicate\n"
-	      "\n"
-	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n"
-	      "  --ledger FILE          the ledger publish wrote\n"
-	      "  --timeout D            wait at most D for the worker to go idle (5m)\n"
-	      "  --list N               ids listed per problem kind (20)\n"
-	      "  --json                 the report as one JSON object with every figure (exit code as ever)\n"
-	      "\n"
-	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
-	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
-	      "Durations as inbox-worker takes them: 90, 90s, 5m, 2h, 1d.\n"
-	      "\n",
-	      f);
-	help_settings(f);
-}
-
-struct lg_args {
-	struct lg_opts sc;
-	long messages;
-	struct lg_publish_opts po;
-	struct lg_verify_opts vo;
-};
-
 static int parse_share(const char *name, const char *v, double *out, char *err, size_t errlen)
 {
 	char *end;
@@ -231,6 +197,22 @@ static int parse_dur(const char *name, const char *v, long min, long max, int *o
 	return 0;
 }
 
+struct lg_args {
+	struct lg_opts sc;
+	long messages;
+	struct lg_publish_opts po;
+	struct lg_verify_opts vo;
+};
+
+/* What each option is when not given: --help and the man page print them
+ * from here, main starts from a copy. */
+static const struct lg_args lg_defaults = {
+	.sc = { .seed = 1, .orders = 1000, .cancel_share = 0.3, .invalid_share = 0.01, .dup_rate = 0.2,
+	        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .interleave = 32, .connections = 4 },
+	.po = { .settle_timeout_s = 600, .retry_s = 120 },
+	.vo = { .timeout_s = 300, .list_max = 20 },
+};
+
 /* What an option's value is and where it goes. */
 enum lg_opt_kind {
 	LG_OPT_STR,   /* const char * */
@@ -252,32 +234,212 @@ struct lg_opt {
 	unsigned cmds; /* LG_FOR_*: the commands that take it */
 	enum lg_opt_kind kind;
 	long min, max;
-	void *dst;
+	size_t off;          /* of the value in struct lg_args */
+	const char *metavar; /* NULL for a flag */
+	const char *help;    /* --help and inbox-loadgen(1); the default is added from lg_defaults */
 };
 
-/* Parse value v of option o into its destination.  Returns 0 or -1 (err). */
-static int parse_opt(const struct lg_opt *o, const char *v, char *err, size_t errlen)
+#define P LG_FOR_PUBLISH
+#define V LG_FOR_VERIFY
+#define A(field) offsetof(struct lg_args, field)
+
+/* One table of options instead of one branch each (they were the same five
+ * lines twenty times); parsing, --help and the man page read it. */
+static const struct lg_opt lg_opt_table[] = {
+	{ "--ledger", P | V, LG_OPT_STR, 0, 0, A(po.ledger), "FILE",
+	  "the ledger: publish writes the expected outcomes there (JSON lines), verify reads them" },
+	{ "--timeout", V, LG_OPT_DUR, 1, 86400, A(vo.timeout_s), "D", "wait at most D for the worker to go idle" },
+	{ "--list", V, LG_OPT_INT, 1, 100000, A(vo.list_max), "N", "ids listed per problem kind" },
+	{ "--json", V, LG_OPT_FLAG, 0, 0, A(vo.json), NULL,
+	  "the report as one JSON object with every figure (exit code as ever)" },
+	{ "--seed", P, LG_OPT_U64, 0, INT64_MAX, A(sc.seed), "N", "scenario seed" },
+	{ "--run", P, LG_OPT_RUN, 0, 0, A(sc.run), "TAG",
+	  "run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)" },
+	{ "--orders", P, LG_OPT_LONG, 0, 10000000, A(sc.orders), "N", "orders" },
+	{ "--messages", P, LG_OPT_LONG, 1, 40000000, A(messages), "N",
+	  "instead of --orders: about N published messages" },
+	{ "--cancel-share", P, LG_OPT_SHARE, 0, 0, A(sc.cancel_share), "F",
+	  "share of orders cancelled, split over the 3 cancel paths" },
+	{ "--invalid-share", P, LG_OPT_SHARE, 0, 0, A(sc.invalid_share), "F",
+	  "share of cancelled orders that also get a ShipmentCreated" },
+	{ "--dup-rate", P, LG_OPT_SHARE, 0, 0, A(sc.dup_rate), "F", "share of events published more than once" },
+	{ "--concurrent-dups", P, LG_OPT_SHARE, 0, 0, A(sc.concurrent_dups), "F",
+	  "of those, share sent at the same moment from several connections" },
+	{ "--delayed-dups", P, LG_OPT_SHARE, 0, 0, A(sc.delayed_dups), "F",
+	  "of those, share sent again after the originals were processed" },
+	{ "--reorder-window", P, LG_OPT_INT, 0, 8, A(sc.reorder_window), "W",
+	  "shuffle each order's events within W positions" },
+	{ "--interleave", P, LG_OPT_LONG, 1, 1000000, A(sc.interleave), "N",
+	  "orders whose events are interleaved: an order's events lie about N messages apart in the queue" },
+	{ "--conflicts", P, LG_OPT_LONG, 0, 10000000, A(sc.conflicts), "N", "keys re-sent later with another payload" },
+	{ "--malformed", P, LG_OPT_LONG, 0, 1000000, A(sc.malformed), "N",
+	  "malformed messages spread over every SPEC.md class" },
+	{ "--connections", P, LG_OPT_INT, 1, 64, A(sc.connections), "C", "publisher connections, each a thread" },
+	{ "--rate", P, LG_OPT_RATE, 0, 10000000, A(po.rate), "R",
+	  "messages per second over all connections, 0 = unlimited" },
+	{ "--progress", P, LG_OPT_FLAG, 0, 0, A(po.progress), NULL,
+	  "a progress line a second on stderr even when it is not a terminal" },
+	{ "--settle-timeout", P, LG_OPT_DUR, 1, 86400, A(po.settle_timeout_s), "D",
+	  "wait at most D for originals before the delayed phase" },
+	{ "--settle-stall", P, LG_OPT_DUR, 0, 86400, A(po.settle_stall_s), "D",
+	  "stop waiting for originals when none came for D, publish the delayed phase anyway and let "
+	  "verify name the missing; 0 = never" },
+	{ "--retry-timeout", P, LG_OPT_DUR, 1, 86400, A(po.retry_s), "D",
+	  "after a broker fault keep reconnecting and re-publishing what was not confirmed for at most D; "
+	  "a re-publish is a duplicate" },
+};
+
+#undef P
+#undef V
+#undef A
+
+/* The default of option o as text ("" when it has none to show: a
+ * string, a flag, or a number below the option's minimum, which means
+ * unset, like --messages). */
+static void opt_default(const struct lg_opt *o, char *dst, size_t n)
 {
+	const void *v = (const char *)&lg_defaults + o->off;
+
+	dst[0] = '\0';
+	if ((o->kind == LG_OPT_LONG && *(const long *)v < o->min) || (o->kind == LG_OPT_INT && *(const int *)v < o->min))
+		return;
+	switch (o->kind) {
+	case LG_OPT_LONG: snprintf(dst, n, "%ld", *(const long *)v); break;
+	case LG_OPT_INT: snprintf(dst, n, "%d", *(const int *)v); break;
+	case LG_OPT_U64: snprintf(dst, n, "%llu", (unsigned long long)*(const uint64_t *)v); break;
+	case LG_OPT_RATE:
+	case LG_OPT_SHARE: snprintf(dst, n, "%g", *(const double *)v); break;
+	case LG_OPT_DUR: cfg_format_duration(dst, n, *(const int *)v); break;
+	case LG_OPT_STR:
+	case LG_OPT_FLAG:
+	case LG_OPT_RUN: break;
+	}
+}
+
+/* The options of the commands in cmds, one "  --name META  help (default)"
+ * each, the help wrapped under itself. */
+static void print_opts(FILE *f, unsigned cmds)
+{
+	for (size_t i = 0; i < ARRAY_LEN(lg_opt_table); i++) {
+		const struct lg_opt *o = &lg_opt_table[i];
+		char left[64], def[32], text[512];
+		const char *p;
+		int col;
+
+		if (!(o->cmds & cmds))
+			continue;
+		opt_default(o, def, sizeof def);
+		snprintf(left, sizeof left, "%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
+		snprintf(text, sizeof text, "%s%s%s%s", o->help, def[0] ? " (" : "", def, def[0] ? ")" : "");
+		fprintf(f, "  %-22s", left);
+		col = 25;
+		for (p = text; *p != '\0';) {
+			size_t w = strcspn(p, " ");
+
+			if (col > 25 && col + 1 + (int)w > 100) {
+				fprintf(f, "\n%24s", "");
+				col = 24;
+			}
+			fputc(' ', f);
+			col++;
+			fprintf(f, "%.*s", (int)w, p);
+			col += (int)w;
+			p += w;
+			while (*p == ' ')
+				p++;
+		}
+		fputc('\n', f);
+	}
+}
+
+/* Text into pandoc markdown (as cfg.c's put_md). */
+static void put_md(FILE *f, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (strchr("\\*_[]<>|#~^$@", *s) != NULL)
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+}
+
+/* `inbox-loadgen --help-man publish|verify|settings`: the options of a
+ * command, or the settings inbox-loadgen reads, as a pandoc definition
+ * list for inbox-loadgen(1) (man/meson.build).  Not in --help. */
+static int help_man(const char *what)
+{
+	unsigned cmds = strcmp(what, "publish") == 0 ? LG_FOR_PUBLISH : strcmp(what, "verify") == 0 ? LG_FOR_VERIFY : 0;
+
+	if (strcmp(what, "settings") == 0) {
+		cfg_print_doc(stdout, CFG_DOC_MAN, lg_setting_used_name);
+	} else if (cmds == 0) {
+		fprintf(stderr, "inbox-loadgen: --help-man publish|verify|settings\n");
+		return 2;
+	}
+	for (size_t i = 0; cmds != 0 && i < ARRAY_LEN(lg_opt_table); i++) {
+		const struct lg_opt *o = &lg_opt_table[i];
+		char def[32];
+
+		if (!(o->cmds & cmds))
+			continue;
+		opt_default(o, def, sizeof def);
+		fputs("**\\-\\-", stdout);
+		put_md(stdout, o->name + 2);
+		fputs("**", stdout);
+		if (o->metavar != NULL)
+			fprintf(stdout, " *%s*", o->metavar);
+		fputs("\n:   ", stdout);
+		put_md(stdout, o->help);
+		fputs(".", stdout);
+		if (def[0] != '\0')
+			fprintf(stdout, " Default: %s.", def);
+		fputs("\n\n", stdout);
+	}
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
+static void usage(FILE *f)
+{
+	fputs(USAGE "\n\n"
+	      "publish: build a deterministic scenario from --seed, write its ledger, publish it.\n", f);
+	print_opts(f, LG_FOR_PUBLISH);
+	fputs("\n"
+	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n", f);
+	print_opts(f, LG_FOR_VERIFY);
+	fputs("\n"
+	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
+	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
+	      "send ROUTING_KEY BODY: one persistent, confirmed message to INBOX_EXCHANGE (--message-id ID\n"
+	      "  sets its message id), the topology declared first.\n"
+	      "Durations as inbox-worker takes them: 90, 90s, 5m, 2h, 1d.\n"
+	      "\n",
+	      f);
+	help_settings(f);
+}
+
+/* Parse value v of option o into its place in a.  Returns 0 or -1 (err). */
+static int parse_opt(const struct lg_opt *o, struct lg_args *a, const char *v, char *err, size_t errlen)
+{
+	void *dst = (char *)a + o->off;
 	long n;
 
 	switch (o->kind) {
 	case LG_OPT_STR:
-		*(const char **)o->dst = v;
+		*(const char **)dst = v;
 		return 0;
 	case LG_OPT_FLAG:
-		*(bool *)o->dst = true;
+		*(bool *)dst = true;
 		return 0;
 	case LG_OPT_SHARE:
-		return parse_share(o->name, v, o->dst, err, errlen);
+		return parse_share(o->name, v, dst, err, errlen);
 	case LG_OPT_DUR:
-		return parse_dur(o->name, v, o->min, o->max, o->dst, err, errlen);
+		return parse_dur(o->name, v, o->min, o->max, dst, err, errlen);
 	case LG_OPT_RUN:
 		if (strlen(v) == 0 || strlen(v) > 16 ||
 		    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != strlen(v)) {
 			snprintf(err, errlen, "%s: 1..16 characters of [A-Za-z0-9]: '%s'", o->name, v);
 			return -1;
 		}
-		snprintf(o->dst, sizeof ((struct lg_opts *)NULL)->run, "%s", v);
+		snprintf(dst, sizeof ((struct lg_opts *)NULL)->run, "%s", v);
 		return 0;
 	case LG_OPT_LONG:
 	case LG_OPT_INT:
@@ -288,50 +450,22 @@ static int parse_opt(const struct lg_opt *o, const char *v, char *err, size_t er
 	if (parse_num(o->name, v, o->min, o->max, &n, err, errlen) != 0)
 		return -1;
 	if (o->kind == LG_OPT_LONG)
-		*(long *)o->dst = n;
+		*(long *)dst = n;
 	else if (o->kind == LG_OPT_INT)
-		*(int *)o->dst = (int)n;
+		*(int *)dst = (int)n;
 	else if (o->kind == LG_OPT_U64)
-		*(uint64_t *)o->dst = (uint64_t)n;
+		*(uint64_t *)dst = (uint64_t)n;
 	else
-		*(double *)o->dst = (double)n;
+		*(double *)dst = (double)n;
 	return 0;
 }
 
 /* Take the options this program knows out of argv; the rest is copied to
- * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error.
- * One table of options instead of one branch each (they were the same
- * five lines twenty times). */
+ * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
 static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
                       char *err, size_t errlen)
 {
-	const unsigned P = LG_FOR_PUBLISH, V = LG_FOR_VERIFY;
-	const struct lg_opt opts[] = {
-		{ "--ledger", P | V, LG_OPT_STR, 0, 0, &a->po.ledger },
-		{ "--timeout", V, LG_OPT_DUR, 1, 86400, &a->vo.timeout_s },
-		{ "--list", V, LG_OPT_INT, 1, 100000, &a->vo.list_max },
-		{ "--json", V, LG_OPT_FLAG, 0, 0, &a->vo.json },
-		{ "--seed", P, LG_OPT_U64, 0, INT64_MAX, &a->sc.seed },
-		{ "--run", P, LG_OPT_RUN, 0, 0, a->sc.run },
-		{ "--orders", P, LG_OPT_LONG, 0, 10000000, &a->sc.orders },
-		{ "--messages", P, LG_OPT_LONG, 1, 40000000, &a->messages },
-		{ "--cancel-share", P, LG_OPT_SHARE, 0, 0, &a->sc.cancel_share },
-		{ "--invalid-share", P, LG_OPT_SHARE, 0, 0, &a->sc.invalid_share },
-		{ "--dup-rate", P, LG_OPT_SHARE, 0, 0, &a->sc.dup_rate },
-		{ "--concurrent-dups", P, LG_OPT_SHARE, 0, 0, &a->sc.concurrent_dups },
-		{ "--delayed-dups", P, LG_OPT_SHARE, 0, 0, &a->sc.delayed_dups },
-		{ "--reorder-window", P, LG_OPT_INT, 0, 8, &a->sc.reorder_window },
-		{ "--interleave", P, LG_OPT_LONG, 1, 1000000, &a->sc.interleave },
-		{ "--conflicts", P, LG_OPT_LONG, 0, 10000000, &a->sc.conflicts },
-		{ "--malformed", P, LG_OPT_LONG, 0, 1000000, &a->sc.malformed },
-		{ "--connections", P, LG_OPT_INT, 1, 64, &a->sc.connections },
-		{ "--rate", P, LG_OPT_RATE, 0, 10000000, &a->po.rate },
-		{ "--progress", P, LG_OPT_FLAG, 0, 0, &a->po.progress },
-		{ "--settle-timeout", P, LG_OPT_DUR, 1, 86400, &a->po.settle_timeout_s },
-		{ "--settle-stall", P, LG_OPT_DUR, 0, 86400, &a->po.settle_stall_s },
-		{ "--retry-timeout", P, LG_OPT_DUR, 1, 86400, &a->po.retry_s },
-	};
-	const unsigned cmd = publish ? P : V;
+	const unsigned cmd = publish ? LG_FOR_PUBLISH : LG_FOR_VERIFY;
 
 	*nrest = 0;
 	rest[(*nrest)++] = argv[0];
@@ -342,14 +476,16 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
 			return 1;
-		for (size_t k = 0; k < sizeof opts / sizeof opts[0] && o == NULL; k++) {
-			if (!(opts[k].cmds & cmd))
+		for (size_t k = 0; k < ARRAY_LEN(lg_opt_table) && o == NULL; k++) {
+			const struct lg_opt *t = &lg_opt_table[k];
+
+			if (!(t->cmds & cmd))
 				continue;
-			if (opts[k].kind == LG_OPT_FLAG) {
-				if (strcmp(argv[i], opts[k].name) == 0)
-					o = &opts[k];
-			} else if ((v = args_value(argc, argv, &i, opts[k].name, &missing)) != NULL || missing) {
-				o = &opts[k];
+			if (t->kind == LG_OPT_FLAG) {
+				if (strcmp(argv[i], t->name) == 0)
+					o = t;
+			} else if ((v = args_value(argc, argv, &i, t->name, &missing)) != NULL || missing) {
+				o = t;
 			}
 		}
 		if (o == NULL) {
@@ -360,7 +496,7 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 			snprintf(err, errlen, "%s: needs a value", o->name);
 			return -1;
 		}
-		if (parse_opt(o, v, err, errlen) != 0)
+		if (parse_opt(o, a, v, err, errlen) != 0)
 			return -1;
 	}
 	a->vo.ledger = a->po.ledger;
@@ -382,12 +518,7 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 
 int main(int argc, char **argv)
 {
-	struct lg_args a = {
-		.sc = { .seed = 1, .orders = 1000, .cancel_share = 0.3, .invalid_share = 0.01, .dup_rate = 0.2,
-		        .concurrent_dups = 0.25, .delayed_dups = 0.25, .reorder_window = 3, .interleave = 32, .connections = 4 },
-		.po = { .settle_timeout_s = 600, .retry_s = 120 },
-		.vo = { .timeout_s = 300, .list_max = 20 },
-	};
+	struct lg_args a = lg_defaults;
 	struct cfg conf;
 	char err[512];
 	char **rest;
@@ -402,6 +533,8 @@ int main(int argc, char **argv)
 		printf("inbox-loadgen %s\n", INBOX_VERSION);
 		return 0;
 	}
+	if (strcmp(argv[1], "--help-man") == 0)
+		return help_man(argc > 2 ? argv[2] : "");
 	if (strcmp(argv[1], "send") == 0)
 		return lg_send(argc - 1, argv + 1);
 	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0 && strcmp(argv[1], "dlq") != 0) {

@@ -6,7 +6,8 @@
  * The README's table is generated (inbox-worker --help-readme, between two
  * markers); this test is what keeps a hand edit of either side from
  * drifting.  It reads --help's text, not cfg.c's internals, so that it
- * checks what a user sees.
+ * checks what a user sees.  Likewise the README's table of /metrics
+ * series against what metrics_render serves.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -14,6 +15,8 @@
 #include <string.h>
 
 #include "cfg.h"
+#include "config.h"
+#include "metrics.h"
 
 #define DOCS_MAX 200000
 #define DOCS_ROWS 64
@@ -226,5 +229,86 @@ Test(docs, readme_settings_table_is_generated_from_the_table)
 		               i, (int)strcspn(a + s0, "\n"), a + s0, (int)strcspn(want + s0, "\n"), want + s0);
 	}
 	free(want);
+	free(doc);
+}
+
+/* The heap series are left out where glibc's mallinfo2 cannot say (the
+ * README's row says so): under AddressSanitizer, or without it. */
+static bool heap_absent(const char *name)
+{
+#if INBOX_HAVE_MALLINFO2 && !defined(__SANITIZE_ADDRESS__)
+	(void)name;
+	return false;
+#else
+	return strncmp(name, "inbox_heap_", 11) == 0;
+#endif
+}
+
+/* The README's table of series (*Observability*) and what /metrics
+ * renders: every family the worker serves has a row, and every series a
+ * row names is served.  (The DLQ gauge is rendered once the janitor read
+ * the queue's depth; set here, as the janitor would.) */
+Test(docs, readme_series_table_is_what_metrics_serves)
+{
+	static char page[65536];
+	char path[4096], name[128];
+	char *doc, *p, *end;
+	int bad = 0, rows = 0;
+
+	metrics_set_threads(1);
+	metrics_dlq_depth(0);
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	snprintf(path, sizeof path, "%s/README.md", getenv("INBOX_SOURCE_ROOT"));
+	doc = slurp(path);
+	p = strstr(doc, "\n| series | type | what |");
+	cr_assert_not_null(p, "README has no table of series");
+	p = strchr(p + 1, '\n');
+	cr_assert_not_null(p);
+	p = strchr(p + 1, '\n'); /* |---| */
+	cr_assert_not_null(p);
+	/* Each family of the page ("# TYPE name kind") in some row's first cell. */
+	for (const char *t = strstr(page, "# TYPE "); t != NULL; t = strstr(t + 1, "# TYPE ")) {
+		char want[140];
+
+		cr_assert_eq(sscanf(t, "# TYPE %127s", name), 1);
+		snprintf(want, sizeof want, "`%s", name);
+		end = strstr(p, "\n\n");
+		cr_assert_not_null(end);
+		bool found = false;
+		for (const char *q = p; q != NULL && q < end && !found; q = strchr(q + 1, '\n')) {
+			const char *cell_end = strchr(q + 2, '|');
+			const char *hit = strstr(q, want);
+
+			found = hit != NULL && cell_end != NULL && hit < cell_end &&
+			        (hit[strlen(want)] == '`' || hit[strlen(want)] == '{');
+		}
+		if (!found) {
+			cr_log_error("README: no row for %s, which /metrics serves", name);
+			bad++;
+		}
+	}
+	/* Each name in a row's first cell is served. */
+	end = strstr(p, "\n\n");
+	for (const char *q = p + 1; q < end; q = strchr(q, '\n') + 1) {
+		const char *cell_end = strchr(q + 1, '|');
+
+		rows++;
+		for (const char *n = strchr(q, '`'); n != NULL && n < cell_end; n = strchr(n + 1, '`')) {
+			size_t len = strcspn(n + 1, "`{");
+			char served[140];
+
+			snprintf(name, sizeof name, "%.*s", (int)len, n + 1);
+			snprintf(served, sizeof served, "# TYPE %s ", name);
+			if (strstr(page, served) == NULL && !heap_absent(name)) {
+				cr_log_error("README names %s, which /metrics does not serve", name);
+				bad++;
+			}
+			n = strchr(n + 1, '`'); /* the closing mark */
+			if (n == NULL)
+				break;
+		}
+	}
+	cr_assert_gt(rows, 10);
+	cr_assert_eq(bad, 0, "%d differences between README.md's table of series and /metrics", bad);
 	free(doc);
 }

@@ -83,6 +83,10 @@ int main(int argc, char **argv)
 	/* Not in --help: the settings table as the SETTINGS section of
 	 * inbox-worker(1) (man/meson.build builds it from this) and as
 	 * README.md's table (tests/test_docs.c holds the README to it). */
+	if (strcmp(cmd, "--help-man") == 0 && (argc < 3 || strcmp(argv[2], "settings") != 0)) {
+		fprintf(stderr, "inbox-worker: --help-man settings\n");
+		return 2;
+	}
 	if (strcmp(cmd, "--help-man") == 0 || strcmp(cmd, "--help-readme") == 0) {
 		cfg_print_doc(stdout, strcmp(cmd, "--help-man") == 0 ? CFG_DOC_MAN : CFG_DOC_README, NULL);
 		return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
