@@ -291,3 +291,57 @@ Test(decisions, replay_reads_a_forgotten_key_from_the_ledger, .timeout = 300)
 	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM orders WHERE id = ?", "o-rf-2"), 0, "the first one stands");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 1);
 }
+
+/* rabbitmqctl on this test's broker (scripts/stack ctl). */
+static int stack_ctl(const char *args)
+{
+	char root[4096], cmd[4600];
+
+	snprintf(cmd, sizeof cmd, "%s ctl -q %s >/dev/null 2>&1", itest_source("scripts/stack", root, sizeof root),
+	         args);
+	return system(cmd);
+}
+
+static void memory_alarm_off(void)
+{
+	(void)stack_ctl("set_vm_memory_high_watermark 0.4");
+}
+
+/* A dead-letter copy whose confirm does not come (the broker's memory
+ * alarm blocks connections that publish; a consumer that only acks goes
+ * on) is the broker's fault, not the consumer connection's: the copy is
+ * retried while the consumer is serviced, and when the alarm clears the
+ * batch is finished: no channel reset, nothing prefetched redelivered. */
+Test(decisions, a_slow_dead_letter_confirm_does_not_reset_the_consumer, .timeout = 300, .fini = memory_alarm_off)
+{
+	char body[512], logf[256];
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	itest_log_path(logf, sizeof logf, "slowconfirm");
+	m = itest_mq();
+	itest_publish(m, "OrderCreated", "{not json", "sc-bad");
+	for (int i = 0; i < 3; i++) {
+		char id[16], order[16];
+		snprintf(id, sizeof id, "sc-%d", i);
+		snprintf(order, sizeof order, "o-sc-%d", i);
+		itest_event(body, sizeof body, id, "OrderCreated", order);
+		itest_publish(m, "OrderCreated", body, NULL);
+	}
+	mq_close(&m);
+	cr_assert_eq(stack_ctl("set_vm_memory_high_watermark 0.0000001"), 0);
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", NULL }, logf);
+	/* Two confirms timed out (10 s each): the old code reset the
+	 * consumer here. */
+	cr_assert_geq(itest_wait_log_lines(logf, (const char *[]){ "dead-letter publish failed", NULL }, 2, 120), 2);
+	memory_alarm_off();
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 3, WAIT_S), 3);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 1, WAIT_S), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	st = itest_stop(w, SIGTERM, 60);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_assert_eq(itest_log_count(logf, "broker connection reset"), 0);
+	cr_assert_eq(itest_log_sum(logf, "stopped", "redelivered"), 0, "nothing prefetched came back");
+}
