@@ -84,7 +84,7 @@ struct dlq_run {
 	struct mq *mq;      /* the consumer of the walk */
 	struct mq *pub;     /* replay: confirmed publishes */
 	struct db *db;
-	struct db_stmt *q_inbox, *q_order, *q_reopen;
+	struct db_stmt *q_inbox, *q_order, *q_reopen, *q_ledger;
 	uint32_t in_queue;  /* messages ready when the walk began */
 	long read, shown, chosen, acted;
 	long by_verdict[DLQ_V_COUNT];
@@ -481,6 +481,13 @@ static int dlq_db_open(struct dlq_run *r)
 		rc = db_prepare(r->db, &r->q_inbox,
 		                "SELECT outcome, COALESCE(reason, ''), payload_sha256, CAST(processed_at AS CHAR)"
 		                " FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?");
+	/* The ledger outlives the inbox rows (retention cleans only those):
+	 * a key without an inbox row whose effect is here was forgotten, not
+	 * never seen (dlq_ledger_judge). */
+	if (rc == ST_OK)
+		rc = db_prepare(r->db, &r->q_ledger,
+		                "SELECT order_id, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
+		                " FROM order_events WHERE consumer = ? AND source = ? AND message_id = ?");
 	if (rc == ST_OK)
 		rc = db_prepare(r->db, &r->q_order,
 		                "SELECT status, version, flags, amount_cents, COALESCE(CAST(paid_at AS CHAR), '')"
@@ -533,6 +540,39 @@ static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_
 	return db_commit(r->db);
 }
 
+/* A key the inbox has no row for: the verdict of its ledger row, as the
+ * worker's claim judges a forgotten key (common/inbox.c, inbox_known): the
+ * same payload (or, on a row written before migration 0015, without a
+ * hash, the same order and type) is a duplicate, any other a conflict.
+ * *found false: the ledger does not know it either. */
+static int dlq_ledger_judge(struct dlq_run *r, const struct dlq_entry *e, const char *sha, bool *found,
+                            enum dlq_verdict *v, char *why, size_t cap)
+{
+	struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(e->m.source), DBP_STR(e->m.message_id) };
+	char order_id[MSG_ORDER_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], hash[65], at[40];
+	struct db_col c[] = { DBC_STR(order_id, sizeof order_id), DBC_STR(type, sizeof type), DBC_STR(hash, sizeof hash),
+		              DBC_STR(at, sizeof at) };
+	bool same;
+	int got = db_stmt_query_row(r->q_ledger, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+
+	if (got < 0)
+		return got;
+	*found = got == 1;
+	if (*found) {
+		same = hash[0] != '\0' ? strcmp(hash, sha) == 0
+		                       : strcmp(order_id, e->m.order_id) == 0 && strcmp(type, e->m.type_name) == 0;
+		*v = same ? DLQ_V_DUPLICATE : DLQ_V_CONFLICT;
+		if (same)
+			snprintf(why, cap, "the inbox row is gone (retention), but the ledger holds this message's effect"
+			         " (%s on order %s at %s): the copy is a duplicate, no effect", type, order_id, at);
+		else
+			snprintf(why, cap, "the inbox row is gone (retention), but the ledger holds another payload's effect"
+			         " for this key (%s on order %s at %s): the first one stands; replaying would only"
+			         " dead-letter it again", type, order_id, at);
+	}
+	return db_commit(r->db);
+}
+
 /* What replaying e would do, and why in one line.  Reads only. */
 static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
 {
@@ -551,6 +591,11 @@ static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verd
 		return rc;
 	msg_sha256_hex(e->m.sha256, sha);
 	if (!in.found) {
+		bool known;
+
+		rc = dlq_ledger_judge(r, e, sha, &known, v, why, cap);
+		if (rc != ST_OK || known)
+			return rc;
 		*v = DLQ_V_REPLAY;
 		snprintf(why, cap, "the inbox has no record of it");
 		return ST_OK;

@@ -16,7 +16,7 @@
  *      or bumped (a real write: a certification-based cluster only sees
  *      rows that change); then, read back, the keys that are not ours
  *      (their stored hash says duplicate or conflict) and the locked
- *      orders.
+ *      orders, and the ledger rows (order_events) of the batch's keys.
  *   2. Decide in C (common/order.c), per message in delivery order,
  *      against the order state as it evolves inside the batch; every row
  *      to write goes to the section of its statement (held events, order
@@ -101,8 +101,15 @@ struct inbox_sortent {
 /* A distinct key of the batch, as claimed. */
 struct inbox_key {
 	int first;         /* index of its first message in delivery order */
-	bool mine;         /* the claim inserted it */
-	char stored[65];   /* when not mine: the hash of the row before us */
+	bool mine;         /* the claim inserted it, and it is new */
+	/* Forgotten: the claim inserted it, but the ledger holds its effect
+	 * (inbox_claim_row, statement 4); not new, so not mine. */
+	bool forgotten;
+	char stored[65];   /* when not mine: the hash of the row before us ("": a
+	                    * ledger row written before migration 0015) */
+	/* When forgotten: the order and type of its effect in the ledger. */
+	char order_id[MSG_ORDER_ID_MAX + 1];
+	char type[MSG_TYPE_NAME_MAX + 1];
 };
 
 struct inbox {
@@ -113,6 +120,7 @@ struct inbox {
 	struct db_stmt *held_list;
 	struct db_stmt *held_get;
 	struct db_stmt *expired_list;
+	struct db_stmt *ledger_probe;
 	/* A held event read back: grown by db_stmt_fetch (DBC_GROW) to fit
 	 * the stored row, reused, and shrunk again after an oversized one. */
 	char *body;
@@ -160,6 +168,7 @@ struct inbox_event {
 	const char *props;        /* JSON or NULL */
 	int64_t amount_cents;
 	bool has_amount;
+	char sha[65];             /* the payload hash, hex: the ledger keeps it */
 };
 
 /* The event from a parsed message: the one place that says which fields of
@@ -173,6 +182,7 @@ static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, co
 		.order_id = m->order_id, .body = body, .len = len, .routing_key = routing_key, .props = props,
 		.amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED && m->has_amount,
 	};
+	msg_sha256_hex(m->sha256, ev->sha);
 }
 
 /* inbox_decide and the releases turn a decision into an outcome with a
@@ -238,6 +248,11 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	               " WHERE id = ? AND consumer = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
+	/* Never run: the claim reads the ledger's hashes in its own request.
+	 * Prepared so that a schema without them (migration 0015 not run)
+	 * is refused at start, with the remedy (pool_db_up), instead of
+	 * failing every batch. */
+	PREP(ledger_probe, "SELECT payload_sha256 FROM order_events WHERE consumer = ? AND source = ? AND message_id = ?");
 #undef PREP
 	ib->req.db = db;
 	for (int i = 0; i < W_NSECT; i++)
@@ -331,7 +346,7 @@ static const struct {
 	              " amount_cents = COALESCE(VALUES(amount_cents), orders.amount_cents),"
 	              " updated_at = VALUES(updated_at)" },
 	[W_EVENT] = { "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome, from_status,"
-	              " to_status, version, applied_at) VALUES ", "" },
+	              " to_status, version, applied_at, payload_sha256) VALUES ", "" },
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
@@ -562,6 +577,10 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 			sqlbuf_str(e, order_state_name(v.next));
 			sqlbuf_i64(e, o->version + 1);
 			sqlbuf_value(e, "NOW(6)");
+			if (ev->sha[0] != '\0')
+				sqlbuf_str(e, ev->sha);
+			else
+				sqlbuf_value(e, "NULL");
 			sqlbuf_row_end(e);
 			if ((v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID))
 				o->paid_now = true;
@@ -978,39 +997,80 @@ static int inbox_col_i64(const char *v, int64_t *out)
 	return ST_OK;
 }
 
+/* The batch's key (source, message_id), or NULL.  Keys are in index
+ * order (inbox_claim), so bisect. */
+static struct inbox_key *inbox_key_find(struct inbox *ib, const char *source, const char *message_id)
+{
+	int lo = 0, hi = ib->nkeys - 1;
+
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2;
+		const struct msg *m = ib->keymsg[mid];
+		int c = strcmp(m->source, source);
+
+		if (c == 0)
+			c = strcmp(m->message_id, message_id);
+		if (c == 0)
+			return &ib->keys[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return NULL;
+}
+
 /* The claim's result rows (statements 0 and 1 lock the orders and insert
  * the keys): statement 2 lists the keys that are not ours
  * (source, message_id, stored hash), statement 3 the locked orders
- * (order_id, held, status, version, flags). */
+ * (order_id, held, status, version, flags), statement 4 the ledger rows of
+ * the batch's keys (source, message_id, order_id, type, hash or NULL). */
 static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
 {
 	struct inbox *ib = arg;
 
 	(void)lens;
 	if (stmt == 2 && ncols == 3) {
-		/* Keys are in index order (inbox_claim), so bisect. */
-		int lo = 0, hi = ib->nkeys - 1;
+		struct inbox_key *k;
 
 		if (v[0] == NULL || v[1] == NULL || v[2] == NULL)
 			return ST_ERR_DB;
-		while (lo <= hi) {
-			int mid = (lo + hi) / 2;
-			const struct msg *m = ib->keymsg[mid];
-			int c = strcmp(m->source, v[0]);
+		k = inbox_key_find(ib, v[0], v[1]);
+		if (k == NULL)
+			return ST_ERR_DB; /* a row we did not ask for */
+		k->mine = false;
+		snprintf(k->stored, sizeof k->stored, "%s", v[2]);
+		return ST_OK;
+	}
+	if (stmt == 4 && ncols == 5) {
+		/*
+		 * A key the claim inserted whose effect the ledger holds: its
+		 * inbox row was deleted by retention (or by hand) and it came
+		 * back, reused by its producer or replayed.  It is not new:
+		 * the ledger is a longer memory than processed_messages, and
+		 * its UNIQUE index on the key would refuse a second effect
+		 * anyway.  It is decided against the ledger row as against a
+		 * stored inbox row (inbox_known): a duplicate when the payload
+		 * is the same, a conflict otherwise, the first one standing.
+		 * Its inbox row is deleted again in the write (inbox_run), so
+		 * it leaves no row, like any duplicate or conflict.  A key that
+		 * is not ours has its inbox row: that decides, not this.
+		 */
+		struct inbox_key *k;
 
-			if (c == 0)
-				c = strcmp(m->message_id, v[1]);
-			if (c == 0) {
-				ib->keys[mid].mine = false;
-				snprintf(ib->keys[mid].stored, sizeof ib->keys[mid].stored, "%s", v[2]);
-				return ST_OK;
-			}
-			if (c < 0)
-				lo = mid + 1;
-			else
-				hi = mid - 1;
-		}
-		return ST_ERR_DB; /* a row we did not ask for */
+		if (v[0] == NULL || v[1] == NULL || v[2] == NULL || v[3] == NULL)
+			return ST_ERR_DB;
+		k = inbox_key_find(ib, v[0], v[1]);
+		if (k == NULL)
+			return ST_ERR_DB;
+		if (!k->mine)
+			return ST_OK;
+		k->mine = false;
+		k->forgotten = true;
+		snprintf(k->stored, sizeof k->stored, "%s", v[4] != NULL ? v[4] : "");
+		snprintf(k->order_id, sizeof k->order_id, "%s", v[2]);
+		snprintf(k->type, sizeof k->type, "%s", v[3]);
+		return ST_OK;
 	}
 	if (stmt == 3 && ncols == 5) {
 		int64_t held, version = 0, flags = 0;
@@ -1061,7 +1121,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		}
 		ib->key_of[i] = ib->nkeys;
 		ib->keymsg[ib->nkeys] = m;
-		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i, .mine = true };
+		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i, .mine = true, .forgotten = false };
 		ib->order_ids[norder++] = m->order_id;
 	}
 	/* Orders first, then keys: a key's row is only ever written under its
@@ -1137,7 +1197,16 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		sqlbuf_item(q);
 		sqlbuf_str(q, ib->order_ids[i]);
 	}
-	sqlbuf_sql(q, ")");
+	sqlbuf_sql(q, ");");
+
+	/* The ledger rows of the batch's keys (uq_order_events_message): a
+	 * key we inserted that the ledger knows was forgotten, not new
+	 * (inbox_claim_row).  Read after our claim, so no transaction can
+	 * add one meanwhile: only the claimant of a key writes its effect. */
+	sqlbuf_sql(q, "SELECT source, message_id, order_id, type, payload_sha256 FROM order_events WHERE consumer = ");
+	sqlbuf_str(q, cons);
+	sqlbuf_sql(q, " AND ");
+	inbox_sql_keys(ib, q);
 	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
@@ -1149,6 +1218,35 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		return ST_ERR_DB; /* every order was just written */
 	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
 	return ST_OK;
+}
+
+/* A message whose key is not new: a duplicate when it carries the
+ * payload the key was first seen with, else a conflict (the first one
+ * stands).  A ledger row written before migration 0015 has no hash: then
+ * the same order and type is the same effect, a duplicate. */
+static enum inbox_outcome inbox_known(const struct inbox_key *k, const struct msg *m, const char *hex)
+{
+	if (k->stored[0] != '\0')
+		return strcmp(k->stored, hex) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+	return k->forgotten && strcmp(k->order_id, m->order_id) == 0 && strcmp(k->type, m->type_name) == 0
+	           ? INBOX_DUPLICATE
+	           : INBOX_CONFLICT;
+}
+
+/* Delete the inbox row this transaction's claim inserted for m's key. */
+static void inbox_w_unclaim(struct inbox *ib, const struct msg *m)
+{
+	struct sqlbuf *b = &ib->w[W_OUTCOME];
+
+	sqlbuf_sql(b, "DELETE FROM processed_messages WHERE consumer = ");
+	sqlbuf_str(b, ib->conf->consumer);
+	sqlbuf_sql(b, " AND source = ");
+	sqlbuf_str(b, m->source);
+	sqlbuf_sql(b, " AND message_id = ");
+	sqlbuf_str(b, m->message_id);
+	sqlbuf_sql(b, " AND claim = ");
+	sqlbuf_i64(b, ib->token);
+	sqlbuf_sql(b, ";");
 }
 
 /* Decide one message on its locked order and put its writes in the
@@ -1237,17 +1335,21 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	for (int i = 0; rc == ST_OK && i < n; i++) {
 		const struct inbox_key *k = &ib->keys[ib->key_of[i]];
 
-		if (k->first != i) {
+		if (k->mine && k->first != i) {
 			/* The same key again in this batch: the first one's hash
 			 * stands, as the stored one would. */
-			const char *ref = k->mine ? ib->hex[k->first] : k->stored;
-			res[i].outcome = strcmp(ref, ib->hex[i]) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+			res[i].outcome = strcmp(ib->hex[k->first], ib->hex[i]) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
 		} else if (!k->mine) {
-			res[i].outcome = strcmp(k->stored, ib->hex[i]) == 0 ? INBOX_DUPLICATE : INBOX_CONFLICT;
+			res[i].outcome = inbox_known(k, in[i].msg, ib->hex[i]);
+			res[i].forgotten = k->forgotten;
 		} else {
 			rc = inbox_decide(ib, &in[i], &res[i]);
 		}
 	}
+	/* A forgotten key leaves no row (inbox_claim_row): ours goes again. */
+	for (int k = 0; rc == ST_OK && k < ib->nkeys; k++)
+		if (ib->keys[k].forgotten)
+			inbox_w_unclaim(ib, ib->keymsg[k]);
 	/* What is still held in memory is kept in held_events. */
 	for (int k = 0; rc == ST_OK && k < ib->npend; k++) {
 		if (ib->pend[k] >= 0) {

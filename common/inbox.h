@@ -64,6 +64,9 @@ struct inbox_result {
 	int released_reason[MSG_REASON_COUNT];
 	int outbox_rows;   /* rows written to the outbox */
 	enum order_state state;
+	/* A duplicate or conflict of a key the inbox had forgotten (its row
+	 * deleted by retention) and the ledger remembers. */
+	bool forgotten;
 };
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf);

@@ -92,3 +92,39 @@ Test(inflight, more_orders_than_a_batch_are_all_answered)
 		cr_assert_not(busy[i], "%d", i);
 	cr_assert(busy[5]);
 }
+
+/* Issue 22, item 6: K (order a, busy) before K' (order b, free) with one
+ * key: K' must not go first, or it takes effect and the first copy is the
+ * conflict.  What follows K' on its order goes second too; an order's
+ * events before the first that goes second stay first. */
+Test(inflight, a_split_keeps_two_copies_of_one_key_in_delivery_order)
+{
+	const struct inflight_key k[] = {
+		{ "b", "s", "m-0" }, /* free, before anything goes second: first */
+		{ "a", "s", "K" },   /* busy */
+		{ "b", "s", "K" },   /* K': shares the key with K */
+		{ "c", "s", "m-1" }, /* unrelated: first */
+		{ "b", "s", "m-2" }, /* order b after K': second */
+		{ "c", "t", "K" },   /* another source: another key */
+	};
+	bool second[6] = { false, true, false, false, false, false };
+
+	cr_assert_eq(inflight_split(k, 6, second), 3);
+	cr_assert_not(second[0]);
+	cr_assert(second[1]);
+	cr_assert(second[2], "K' follows K");
+	cr_assert_not(second[3]);
+	cr_assert(second[4], "order b's later event follows K'");
+	cr_assert_not(second[5], "a key is (source, message_id)");
+}
+
+Test(inflight, a_split_without_shared_keys_is_by_busy_order_alone)
+{
+	const struct inflight_key k[] = { { "x", "s", "1" }, { "z", "s", "2" }, { "x", "s", "3" } };
+	bool second[3] = { true, false, true };
+
+	cr_assert_eq(inflight_split(k, 3, second), 1);
+	cr_assert(second[0]);
+	cr_assert_not(second[1]);
+	cr_assert(second[2]);
+}

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
@@ -120,4 +121,30 @@ void inflight_drop(struct inflight *f, int t)
 		return; /* left marked: the other threads only wait in the database */
 	f->t[t].n = 0;
 	pthread_mutex_unlock(&f->mu);
+}
+
+/* Whether a and b name one order or one message key. */
+static bool inflight_related(const struct inflight_key *a, const struct inflight_key *b)
+{
+	return strcmp(a->order_id, b->order_id) == 0 ||
+	       (strcmp(a->message_id, b->message_id) == 0 && strcmp(a->source, b->source) == 0);
+}
+
+/*
+ * Why keys as well as orders: two copies of one key may name different
+ * orders (a conflict).  Split by order alone, the later copy, its order
+ * free, was settled first and took effect, and the first one, behind a
+ * busy order, was dead-lettered as the conflict: the first one must stand
+ * (SPEC).  Quadratic in the batch, and only for a batch that splits.
+ */
+int inflight_split(const struct inflight_key *k, int n, bool *second)
+{
+	int nfirst = 0;
+
+	for (int i = 0; i < n; i++) {
+		for (int j = 0; j < i && !second[i]; j++)
+			second[i] = second[j] && inflight_related(&k[i], &k[j]);
+		nfirst += second[i] ? 0 : 1;
+	}
+	return nfirst;
 }

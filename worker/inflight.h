@@ -43,4 +43,19 @@ int inflight_take(struct inflight *f, int t, const char *const *ids, int n, bool
 /* Thread t's transaction ended: its orders are free again. */
 void inflight_drop(struct inflight *f, int t);
 
+/* A delivery of a batch to split: its order and its message key. */
+struct inflight_key {
+	const char *order_id;
+	const char *source;
+	const char *message_id;
+};
+
+/* Which of a batch's n deliveries (k, in delivery order) go to the second
+ * transaction of a split: on entry second[i] says that k[i]'s order is
+ * busy (inflight_take), on return that it goes second.  The second set is
+ * closed, in delivery order, under "shares an order or a message key with
+ * an earlier delivery that goes second", so no delivery overtakes an
+ * earlier one of its order or of its key.  Returns how many go first. */
+int inflight_split(const struct inflight_key *k, int n, bool *second);
+
 #endif

@@ -39,6 +39,12 @@
 #include "worker.h"
 
 #define POOL_BACKOFF_MAX_MS 5000
+/* After the stop flag, how long a thread holding deliveries goes on
+ * reconnecting a database that is down, to finish them, before it hands
+ * them back (pool_db_up).  Well inside two heartbeat intervals of the
+ * default INBOX_HEARTBEAT, and inside the usual stop timeout of a service
+ * manager (systemd: 90 s). */
+#define POOL_STOP_DB_MS 10000
 
 atomic_bool pool_stop;
 
@@ -215,15 +221,33 @@ bool pool_thread_ends(struct pool_thread *t, int rc)
 	return true;
 }
 
+/*
+ * A stop finishes what the thread holds (SPEC): once the stop flag is up, a
+ * thread that may hold deliveries (wait set: a consuming thread, between
+ * the steps of a batch it read, a split's second half, a retry) still gets
+ * its connection, and one that is down is reconnected for up to
+ * POOL_STOP_DB_MS: a database down at stop time is given up on only after
+ * that bound, and what is in hand then goes back to the broker.  A thread
+ * that holds nothing (the janitor) stops at once.
+ */
 int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, void *arg)
 {
 	char why[POOL_WHY_MAX];
+	int64_t give_up = 0;
 
-	while (!atomic_load(&pool_stop)) {
+	for (;;) {
 		int rc;
 
 		if (d->db != NULL && db_connected(d->db))
 			return ST_OK;
+		if (atomic_load(&pool_stop)) {
+			if (wait == NULL)
+				break;
+			if (give_up == 0)
+				give_up = pool_now_ms() + POOL_STOP_DB_MS;
+			else if (pool_now_ms() >= give_up)
+				break;
+		}
 		if (d->db != NULL) {
 			rc = db_reconnect(d->db);
 			if (rc != ST_OK)

@@ -73,9 +73,11 @@ int worker_alloc(struct worker *w)
 	w->ins = calloc((size_t)batch, sizeof *w->ins);
 	w->res = calloc((size_t)batch, sizeof *w->res);
 	w->ids = calloc((size_t)batch, sizeof *w->ids);
+	w->keys = calloc((size_t)batch, sizeof *w->keys);
 	w->busy = calloc((size_t)batch, sizeof *w->busy);
 	w->later = calloc((size_t)batch, sizeof *w->later);
-	return w->items == NULL || w->ins == NULL || w->res == NULL || w->ids == NULL || w->busy == NULL ||
+	return w->items == NULL || w->ins == NULL || w->res == NULL || w->ids == NULL || w->keys == NULL ||
+	               w->busy == NULL ||
 	               w->later == NULL
 	           ? ST_ERR_NOMEM
 	           : ST_OK;
@@ -87,12 +89,14 @@ void worker_free(struct worker *w)
 	free(w->ins);
 	free(w->res);
 	free(w->ids);
+	free(w->keys);
 	free(w->busy);
 	free(w->later);
 	w->items = NULL;
 	w->ins = NULL;
 	w->res = NULL;
 	w->ids = NULL;
+	w->keys = NULL;
 	w->busy = NULL;
 	w->later = NULL;
 }
@@ -138,9 +142,11 @@ static int worker_ack_flush(struct worker *w)
  * mq_service and handed out by mq_consume later, so no new work is taken
  * meanwhile.  Without a consumer it just sleeps.  Deliveries of the batch
  * in hand stay unacked; the ones already settled are acked first.  Stops within 100 ms of
- * the stop flag either way.
+ * the stop flag either way, unless stopping is set: the thread is finishing
+ * what it holds after the stop flag (a retry's backoff, a database
+ * reconnect, both bounded by their callers), and waits the whole ms.
  */
-static void worker_wait(struct worker *w, int ms)
+static void worker_pause(struct worker *w, int ms, bool stopping)
 {
 	int64_t end = pool_now_ms() + ms;
 
@@ -150,22 +156,33 @@ static void worker_wait(struct worker *w, int ms)
 		LOG(LOG_LEVEL_WARN, "ack before waiting failed; the broker redelivers, the inbox absorbs it",
 		    WORKER_KV(w));
 
-	while (!atomic_load(&pool_stop)) {
+	while (stopping || !atomic_load(&pool_stop)) {
 		int64_t left = end - pool_now_ms();
 		int step = left > 100 ? 100 : (int)left;
 
 		if (step <= 0)
 			return;
 		pool_beat();
-		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
-			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
+		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK) {
+			/* no consumer, or it failed: the ack will say so */
+			struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
+			while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+				;
+		}
 	}
 }
 
-/* pool_db_up's wait: keeps the broker connection alive. */
+static void worker_wait(struct worker *w, int ms)
+{
+	worker_pause(w, ms, false);
+}
+
+/* pool_db_up's wait: keeps the broker connection alive; after the stop
+ * flag too, as pool_db_up bounds its reconnects then (a stop finishes what
+ * the thread holds). */
 static void worker_wait_fn(void *arg, int ms)
 {
-	worker_wait(arg, ms);
+	worker_pause(arg, ms, true);
 }
 
 static int worker_db_up(struct worker *w)
@@ -287,10 +304,14 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
  * unbound from the DLX) or a channel the broker closed (an exchange
  * missing) is the topology's fault: the message stays unacked and the
  * publish is retried with backoff until it is confirmed, without touching
- * the consumer channel.  Returns ST_OK; ST_ERR_STOPPED when asked to stop
- * meanwhile; ST_ERR_MQ_CONN when the broker cannot be reached even on a
- * fresh connection: that is a broker fault, the consumer connection is
- * most likely gone too, and the caller resets it (the message, unacked,
+ * the consumer channel.  So is a publisher that cannot connect or whose
+ * confirm does not come within WORKER_CONFIRM_TIMEOUT_MS (a broker under a
+ * memory or disk alarm blocks the connections that publish, not a consumer
+ * that only acks): the consumer is serviced while the publish is retried,
+ * and its prefetched deliveries keep their attempts.  Returns ST_OK;
+ * ST_ERR_STOPPED when asked to stop meanwhile; ST_ERR_MQ_CONN only when
+ * the consumer connection itself has failed too (mq_broken): a fault of
+ * the broker connection, and the caller resets it (the message, unacked,
  * comes again). */
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
@@ -332,7 +353,7 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		level = pool_why_changed(last, attempt == 0, why) ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
 		LOG(level, "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
 		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
-		if (rc == ST_ERR_MQ_CONN)
+		if (rc == ST_ERR_MQ_CONN && (w->consumer == NULL || mq_broken(w->consumer)))
 			break;
 		if (atomic_load(&pool_stop)) {
 			rc = ST_ERR_STOPPED;
@@ -357,7 +378,11 @@ static const char *item_rk(const struct item *it)
 /* Run the transaction over the valid items of a batch, retrying the whole
  * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
  * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_DB_DATA when the database
- * refused a value of one of the messages; ST_ERR_FAULT when the test hook
+ * refused a value of one of the messages, a duplicate key on a statement
+ * after the claim included (ST_ERR_DB_DUPLICATE: the claim itself never
+ * fails on one, so a 1062 comes from another UNIQUE index on a key or an
+ * order the message names, and it says the same on every retry);
+ * ST_ERR_FAULT when the test hook
  * fired; ST_ERR_STOPPED when asked to stop while waiting.  Any other fault
  * (connection lost, a missing table, a statement the server refuses) is
  * not the messages': they are kept and the batch is run again after a
@@ -392,13 +417,16 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			metrics_db_retry(); /* counted when it is retried, not when it gives up */
 			LOG(LOG_LEVEL_DEBUG, "transaction retry", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", st_strerror(rc)), LOG_I("attempt", attempt + 1));
-			worker_wait(w, pool_backoff_ms(&w->t, attempt++, 10));
+			/* Waited out after the stop flag too: the retries are
+			 * bounded by max_retries, and a backoff skipped would
+			 * only use them up at once. */
+			worker_pause(w, pool_backoff_ms(&w->t, attempt++, 10), true);
 			continue;
 		}
-		if (rc == ST_ERR_DB_DATA) {
+		if (rc == ST_ERR_DB_DATA || rc == ST_ERR_DB_DUPLICATE) {
 			LOG(LOG_LEVEL_WARN, "database refused a value", WORKER_KV(w), LOG_I("messages", n),
 			    LOG_S("error", db_errmsg(w->d.db)));
-			return rc;
+			return ST_ERR_DB_DATA;
 		}
 		if (rc == ST_ERR_DB_CONN) {
 			/* Not the messages' fault: keep them and wait for the
@@ -632,8 +660,15 @@ static int worker_screen(struct worker *w, struct item *items, int n, struct ite
 
 /* Step 2 with other threads about: the valid items whose orders no other
  * thread of this process has in a transaction now are settled first, in
- * one transaction, and the others right after in a second (their order
- * stays the delivery order: an order's events are all in one of the two).
+ * one transaction, and the others right after in a second.  What goes
+ * second is closed (inflight_split), in delivery order, under "shares an
+ * order or a key with an earlier item that goes second": a delivery never
+ * overtakes an
+ * earlier one of its order (its effect would come first) nor of its key
+ * (two copies of one key naming different orders: the first one stands,
+ * SPEC, and it must be decided first).  An order may then have its early
+ * events in the first transaction and the rest in the second: still in
+ * delivery order, since the first commits before the second starts.
  * Without the split, a batch that shares one order with another thread's
  * batch waits in the database for all of it, while holding its own orders
  * from the threads behind it (worker/inflight.h).  When every order, or
@@ -653,11 +688,23 @@ static int worker_settle_apart(struct worker *w, struct item **valid, int n)
 		inflight_drop(f, w->t.index);
 		return rc;
 	}
+	for (int i = 0; i < n; i++)
+		w->keys[i] = (struct inflight_key){ .order_id = valid[i]->m.order_id, .source = valid[i]->m.source,
+			                            .message_id = valid[i]->m.message_id };
+	(void)inflight_split(w->keys, n, w->busy);
 	for (int i = 0; i < n; i++) {
 		if (w->busy[i])
 			w->later[nlater++] = valid[i];
 		else
 			valid[k++] = valid[i];
+	}
+	if (k == 0) {
+		/* Everything follows a busy one: the batch stays whole. */
+		for (int i = 0; i < n; i++)
+			valid[i] = w->later[i];
+		rc = worker_settle(w, valid, n);
+		inflight_drop(f, w->t.index);
+		return rc;
 	}
 	LOG(LOG_LEVEL_DEBUG, "batch split: orders in another thread's transaction go second", WORKER_KV(w),
 	    LOG_I("first", k), LOG_I("second", nlater));
@@ -699,8 +746,9 @@ static int worker_account_one(struct worker *w, struct item *it)
 	} else if (it->res.outcome == INBOX_CONFLICT) {
 		int rc;
 
-		snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload",
-		         it->m.message_id, it->m.source);
+		snprintf(detail, sizeof detail, "message %s from '%s' arrived again with a different payload%s",
+		         it->m.message_id, it->m.source,
+		         it->res.forgotten ? " (its inbox row was past INBOX_RETENTION; the ledger keeps the first)" : "");
 		rc = worker_dead_letter(w, &it->d, item_rk(it), "payload-conflict", detail);
 		if (rc != ST_OK) {
 			it->done = false; /* not in the DLQ yet: must come again */

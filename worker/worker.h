@@ -39,8 +39,10 @@ struct worker {
 	struct inbox_in *ins; /* the valid ones of a batch, as the inbox takes them */
 	struct inbox_result *res;
 	/* A batch split by worker_settle_apart: the order ids, which are in
-	 * another thread's transaction, and the items settled second. */
+	 * another thread's transaction, the orders and keys (inflight_split),
+	 * and the items settled second. */
 	const char **ids;
+	struct inflight_key *keys;
 	bool *busy;
 	struct item **later;
 	/* Settled deliveries not yet acked: every tag up to ack_tag is done
