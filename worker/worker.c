@@ -663,10 +663,9 @@ static int worker_screen(struct worker *w, struct item *items, int n, struct ite
  * one transaction, and the others right after in a second.  What goes
  * second is closed (inflight_split), in delivery order, under "shares an
  * order or a key with an earlier item that goes second": a delivery never
- * overtakes an
- * earlier one of its order (its effect would come first) nor of its key
- * (two copies of one key naming different orders: the first one stands,
- * SPEC, and it must be decided first).  An order may then have its early
+ * overtakes an earlier one of its order (its effect would come first) nor
+ * of its key (two copies of one key naming different orders: the first
+ * one stands, SPEC, and it must be decided first).  An order may then have its early
  * events in the first transaction and the rest in the second: still in
  * delivery order, since the first commits before the second starts.
  * Without the split, a batch that shares one order with another thread's
