@@ -1,9 +1,10 @@
 /*
  * verify.c - the verifying half of inbox-loadgen.
  *
- * It first waits, with a bound, until the run is settled: the inbox queue
- * holds no ready message, none of the run's events is held, its outbox rows
- * are all sent, and the number of its inbox rows has stopped changing.
+ * It first waits, with a bound, until the run is settled: every message
+ * has left its trace (v_wait_idle: no ready message, no held event, no
+ * unsent outbox row, every original's inbox row, the dead letters the run
+ * must leave).
  * Then it reads what the worker left behind — processed_messages,
  * order_events, orders, the dead-letter queue, and the `<out>.verify` queue
  * that publish bound to the out exchange — and holds each against the

@@ -74,21 +74,45 @@ static int v_ready_messages(struct v_state *st, struct mq *m, uint32_t *ready)
 	return ST_OK;
 }
 
-/* A broker or database that is away for a moment (the end of a chaos run)
- * is waited for within the same bound; the last error is reported if it
- * never comes back. */
+/* What the ledger says the run must leave behind before it can be
+ * judged: an inbox row for each valid original, and in the DLQ at least
+ * one copy per message that must be dead-lettered and per conflicting
+ * copy (other runs' dead letters only make the DLQ longer). */
+static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *dead)
+{
+	*rows = json_integer_value(json_object_get(st->run, "originals"));
+	*dead = 0;
+	for (size_t i = 0; i < st->nmsgs; i++)
+		*dead += (st->msgs[i].effect ? 0 : 1) + st->msgs[i].conflicts;
+}
+
+/*
+ * Settled, and judged, only when every message of the run has left its
+ * trace: no ready message in the inbox queue(s), no held event, no unsent
+ * outbox row, an inbox row for every valid original, at least as many
+ * dead letters in the DLQ as the run must leave, and the row count
+ * unchanged for a second.  A client cannot see unacknowledged deliveries
+ * (a passive declare counts ready ones only, and a quorum queue whose
+ * leader does not answer says 0), so "quiet for a while" is no proof: a
+ * delivery a worker holds (a 20 s lock wait, a reset on its way back) is
+ * neither ready nor recorded.  What is not there yet is waited for until
+ * --timeout; a message really lost is reported then.  A broker or
+ * database that is away for a moment (the end of a chaos run) is waited
+ * for within the same bound; the last error is reported if it never
+ * comes back.
+ */
 int v_wait_idle(struct v_state *st, int timeout_s)
 {
 	struct mq *m = NULL;
 	double end = lg_mono() + timeout_s, stable_since = 0;
-	int64_t last_rows = -1;
-	int64_t expected = json_integer_value(json_object_get(st->run, "originals"));
+	int64_t last_rows = -1, expected, dead_expected;
 	bool tty = isatty(2) != 0;
 	char last_err[256] = "";
 	int rc = ST_OK;
 
+	v_expected_traces(st, &expected, &dead_expected);
 	for (;;) {
-		uint32_t ready = 0;
+		uint32_t ready = 0, dead = 0;
 		int64_t held = 0, pending = 0, rows = 0;
 		double now;
 
@@ -109,6 +133,8 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 		}
 		if (rc == ST_OK) {
 			rc = v_ready_messages(st, m, &ready);
+			if (rc == ST_OK)
+				rc = mq_queue_counts(m, st->conf->dlq, &dead, NULL);
 			if (rc != ST_OK) {
 				snprintf(last_err, sizeof last_err, "queue counts: %s", mq_errmsg(m));
 				mq_close(&m);
@@ -135,13 +161,9 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 				last_rows = rows;
 				stable_since = now;
 			}
-			if (ready == 0 && held == 0 && pending == 0) {
-				/* All rows there: one quiet second is enough; otherwise
-				 * give in-flight deliveries five seconds to show up. */
-				double need = rows >= expected ? 1.0 : 5.0;
-				if (now - stable_since >= need)
-					break;
-			}
+			if (ready == 0 && held == 0 && pending == 0 && rows >= expected && dead >= dead_expected &&
+			    now - stable_since >= 1.0)
+				break;
 		}
 		if (now > end) {
 			if (rc != ST_OK) {
@@ -149,9 +171,9 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 				break;
 			}
 			fprintf(stderr,
-			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld);"
-			        " verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held, (long long)pending,
-			        (long long)rows, (long long)expected);
+			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld,"
+			        " dead letters %u/%lld); verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held,
+			        (long long)pending, (long long)rows, (long long)expected, dead, (long long)dead_expected);
 			break;
 		}
 		if (tty && rc == ST_OK)
@@ -440,12 +462,22 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		v_add(&st->unexpected, "%s: dead-lettered as %s", id, reason);
 }
 
+/* An emitted message: its kind counted for its order, and its id held to
+ * the rule downstream consumers deduplicate by: every copy of one effect
+ * carries the stable id "<type>:<order>" as its AMQP message-id (and, when
+ * the body names an id, the same there).  A copy under that id again is a
+ * re-publish (the outbox is at-least-once: allowed); one under another id,
+ * or without one, is an effect a consumer would take twice: WRONG.  Native
+ * and CloudEvents (structured: "id", "subject") bodies. */
 static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 {
 	json_error_t jerr;
 	json_t *o = json_loadb(d->body, d->len, 0, &jerr);
+	bool ce = json_object_get(o, "specversion") != NULL;
 	const char *type = json_string_value(json_object_get(o, "type"));
-	const char *order = json_string_value(json_object_get(o, "order_id"));
+	const char *order = json_string_value(json_object_get(o, ce ? "subject" : "order_id"));
+	const char *body_id = json_string_value(json_object_get(o, ce ? "id" : "message_id"));
+	char stable[2 * LG_ID_MAX + 2], prop[MSG_ID_MAX + 1] = "";
 	unsigned bit;
 	long i;
 
@@ -456,12 +488,22 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 	}
 	bit = v_emit_bit(type);
 	i = v_map_find(&st->omap, order, strlen(order), v_order_name, st->orders, -1);
-	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit))
+	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit)) {
 		v_add(&st->unexpected, "%s: emitted %s, not in the ledger", order, type);
+		json_decref(o);
+		return;
+	}
+	snprintf(stable, sizeof stable, "%s:%s", type, order);
+	if (d->props.message_id != NULL)
+		snprintf(prop, sizeof prop, "%.*s", (int)d->props.message_id_len, d->props.message_id);
+	if (prop[0] == '\0')
+		v_add(&st->wrong, "%s: %s emitted without a message-id (its stable id is %s)", order, type, stable);
+	else if (strcmp(prop, stable) != 0 || (body_id != NULL && strcmp(body_id, stable) != 0))
+		v_add(&st->wrong, "%s: %s emitted under message-id %s (body %s), not its stable id %s: a second effect"
+		      " downstream", order, type, prop, body_id != NULL ? body_id : "-", stable);
 	else if (st->orders[i].seen & bit)
-		st->republished++; /* the outbox is at-least-once; downstream dedups by message-id */
-	else
-		st->orders[i].seen |= bit;
+		st->republished++; /* the same id again: downstream dedups it */
+	st->orders[i].seen |= bit;
 	json_decref(o);
 }
 

@@ -533,3 +533,115 @@ Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout =
 	cr_assert(lg_file_has(tlog, "holds ", line), "the text report lacks '%s', see %s", line, tlog);
 	cr_assert(lg_file_has(tlog, "holds ", "expired 0, still held 0"), "see %s", tlog);
 }
+
+/* A delivery that a worker holds unacknowledged for long (a lock wait, a
+ * reset) is neither ready nor missing: verify must not judge while one of
+ * the run's messages has left no trace yet.  The test holds one original
+ * itself, unacked, while two workers settle the rest and verify runs;
+ * verify must not finish while it is held (before, it judged after five
+ * quiet seconds and reported it missing: a false FAIL).  The hold lasts
+ * 20 s or until verify exits, whichever is first: the bound of the
+ * observation, not a timed assertion; then the message goes back, the
+ * workers apply it, and verify must pass. */
+Test(loadgen, verify_waits_for_a_delivery_held_unacked, .timeout = 600)
+{
+	char ledger[256], plog[300], vlog[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "held", "--orders", "20", "--delayed-dups", "0",
+	                      "--connections", "2", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "120", NULL };
+	struct mq *hold = NULL;
+	struct mq_delivery d;
+	uint64_t others[400];
+	int nothers = 0;
+	pid_t w, v;
+	bool exited_while_held = false;
+	int st = 0;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "held");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
+	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(mq_open(&hold, &itest_cfg()->amqp, 0, "itest-holder"), ST_OK);
+	/* A ShipmentCreated: nothing waits for it, so while it is away no
+	 * held event, no outbox row and no ready message says the run is
+	 * unsettled; the others taken on the way go straight back. */
+	for (int i = 0;; i++) {
+		json_error_t jerr;
+		json_t *o;
+		bool ship;
+
+		cr_assert_lt(i, 400, "no ShipmentCreated among the first 400 messages");
+		cr_assert_eq(mq_get(hold, itest_cfg()->queue, &d), ST_OK, "%s", mq_errmsg(hold));
+		o = json_loadb(d.body, d.len, 0, &jerr);
+		ship = json_is_string(json_object_get(o, "type")) &&
+		       strcmp(json_string_value(json_object_get(o, "type")), "ShipmentCreated") == 0;
+		json_decref(o);
+		if (ship)
+			break;
+		others[nothers++] = d.tag;
+	}
+	/* Together and after the search: one by one, a requeued message
+	 * would be at the head again and taken again. */
+	for (int i = 0; i < nothers; i++)
+		cr_assert_eq(mq_reject(hold, others[i], true), ST_OK, "%s", mq_errmsg(hold));
+	w = itest_worker(2, NULL);
+	v = itest_spawn_program(getenv("INBOX_LOADGEN_BIN"), ver, NULL, vlog, true);
+	for (int i = 0; i < 200 && !exited_while_held; i++) {
+		pid_t r = waitpid(v, &st, WNOHANG);
+		cr_assert_neq(r, -1, "waitpid: %s", strerror(errno));
+		exited_while_held = r == v;
+		if (!exited_while_held)
+			usleep(100 * 1000); /* polling the child's exit */
+	}
+	mq_delivery_release(hold, &d);
+	mq_close(&hold); /* the held delivery goes back to the queue */
+	if (!exited_while_held)
+		st = itest_wait_exit(v, 180);
+	itest_stop(w, SIGTERM, 30);
+	cr_expect(!exited_while_held, "verify judged while a delivery was held unacked, see %s", vlog);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "verify failed (status %d), see %s", st, vlog);
+}
+
+/* An emitted effect under a second message id is two effects downstream,
+ * not a harmless re-publish (a re-publish repeats the stable id
+ * "<type>:<order>"); one without the stable id cannot be deduplicated at
+ * all.  verify fails on both, naming the order. */
+Test(loadgen, verify_fails_an_effect_emitted_under_another_id, .timeout = 600)
+{
+	char ledger[256], vlog[300], order[130], body[512], stable[200];
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	struct mq_message msg = { .routing_key = "order.RefundRequested", .mandatory = true };
+	struct mq *m;
+
+	itest_fresh();
+	lg_ledger_path(ledger, sizeof ledger, "emitid");
+	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
+	lg_settled_run(ledger, "emitid");
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "the untouched run must verify, see %s", vlog);
+	cr_assert(itest_str1("SELECT order_id FROM outbox WHERE type = ? ORDER BY id LIMIT 1", "RefundRequested", order,
+	                     sizeof order), "the run emitted no RefundRequested");
+	snprintf(stable, sizeof stable, "RefundRequested:%s", order);
+	m = itest_mq();
+	msg.exchange = itest_cfg()->out_exchange;
+	/* The same effect again under its stable id: a re-publish, allowed. */
+	snprintf(body, sizeof body,
+	         "{\"message_id\":\"%s\",\"source\":\"order-status\",\"type\":\"RefundRequested\",\"order_id\":\"%s\"}",
+	         stable, order);
+	msg.body = body;
+	msg.len = strlen(body);
+	msg.message_id = stable;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	cr_assert_eq(lg_run(ver, vlog, 120), 0, "a re-publish under the stable id is allowed, see %s", vlog);
+	/* Under another id. */
+	snprintf(body, sizeof body,
+	         "{\"message_id\":\"other-%s\",\"source\":\"order-status\",\"type\":\"RefundRequested\",\"order_id\":\"%s\"}",
+	         order, order);
+	msg.len = strlen(body);
+	snprintf(stable, sizeof stable, "other-%s", order);
+	msg.message_id = stable;
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
+	cr_assert_neq(lg_run(ver, vlog, 120), 0, "verify passed an effect emitted under a second id, see %s", vlog);
+	cr_assert(lg_file_has(vlog, order, "RefundRequested"), "report does not name %s, see %s", order, vlog);
+	mq_close(&m);
+}

@@ -336,6 +336,21 @@ Test(migrate, a_record_this_build_does_not_know_is_refused_by_migrate_and_run)
 	st = itest_wait_exit(itest_spawn_logged(runargs, envv, logf), 120);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "run must refuse at start-up (exit 1), got %d", st);
 	cr_assert(itest_log_has(logf, "9990_from_a_newer_build.sql"), "the line names the record");
+
+	/* So does every other command that writes rows. */
+	{
+		const char *cleanup[] = { "cleanup", NULL };
+		const char *replay[] = { "dlq", "replay", NULL };
+
+		itest_log_path(logf, sizeof logf, "cleanup-unknown");
+		st = itest_wait_exit(itest_spawn_logged(cleanup, NULL, logf), 120);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "cleanup must refuse (exit 1), got %d", st);
+		cr_assert(itest_log_has(logf, "9990_from_a_newer_build.sql"), "the line names the record");
+		itest_log_path(logf, sizeof logf, "replay-unknown");
+		st = itest_wait_exit(itest_spawn_logged(replay, NULL, logf), 120);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "dlq replay must refuse (exit 1), got %d", st);
+		cr_assert(itest_log_has(logf, "9990_from_a_newer_build.sql"), "the line names the record");
+	}
 }
 
 /* The migration lock is the database's, as retention's is: a session of

@@ -145,10 +145,13 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(cmd, "migrate") == 0)
 		code = status ? migrate_status(&conf) : migrate_main(&conf);
+	/* Every command that writes rows refuses a database that a newer
+	 * build migrated (migrate itself says so in migrate_main). */
 	else if (strcmp(cmd, "cleanup") == 0)
-		code = dry_run ? cleanup_dry_run(&conf) : cleanup_main(&conf);
+		code = dry_run ? cleanup_dry_run(&conf) : migrate_check_known(&conf) != 0 ? 1 : cleanup_main(&conf);
 	else if (strcmp(cmd, "dlq") == 0)
-		code = dlq_main(&conf, &dlq, stdout);
+		code = dlq.cmd == DLQ_REPLAY && !dlq.dry_run && migrate_check_known(&conf) != 0 ? 1
+		                                                                              : dlq_main(&conf, &dlq, stdout);
 	else
 		code = migrate_check_known(&conf) != 0 ? 1 : pool_main(&conf);
 	db_global_end();

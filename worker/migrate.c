@@ -401,6 +401,8 @@ int migrate_check_known(const struct cfg *conf)
 	/* A database that is away now is the pool's to wait for; the check
 	 * needs it, so it is skipped (said), not made a reason to exit. */
 	rc = db_open(&db, &conf->db);
+	if (rc == ST_ERR_ACCESS)
+		return 0; /* refused: the pool says so in its one line, and exits */
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: the database is unavailable",
 		    LOG_S("db", conf->db.redacted), LOG_S("error", st_strerror(rc)));
