@@ -11,8 +11,10 @@
 
 #include <errno.h>
 #include <mysql.h>
+#include <openssl/x509.h>
 #include <mysqld_error.h>
 #include <errmsg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,6 +169,34 @@ void db_thread_end(void)
 	mysql_thread_end();
 }
 
+/*
+ * Whether a CR_SSL_CONNECTION_ERROR at connect is the server's certificate
+ * failing verification, which waiting will not fix, rather than a
+ * handshake cut short.  Connector/C 3.3 gives no code of its own for it,
+ * only "TLS/SSL error: " followed by OpenSSL's text for the chain's error
+ * (X509_verify_cert_error_string: the same libssl, so the same text) or by
+ * its own line for a host name or IP address the certificate does not name.
+ */
+static bool db_cert_refused(const char *msg)
+{
+	static const char prefix[] = "TLS/SSL error: ";
+	const char *p = strstr(msg, prefix), *unknown = X509_verify_cert_error_string(-1);
+
+	if (p == NULL)
+		return false;
+	p += sizeof prefix - 1;
+	if (strstr(p, "Validation of SSL server certificate failed") != NULL)
+		return true;
+	/* X509_V_OK is 0; OpenSSL 3's codes run to about 95. */
+	for (long e = 1; e < 256; e++) {
+		const char *t = X509_verify_cert_error_string(e);
+
+		if (strcmp(t, unknown) != 0 && strcmp(p, t) == 0)
+			return true;
+	}
+	return false;
+}
+
 static int db_connect_one(struct db *d)
 {
 	const struct cfg_db *c = d->node;
@@ -214,6 +244,8 @@ fail:;
 	/* Any other failure while connecting means "no usable connection". */
 	if (rc != ST_ERR_DB_CONN && rc != ST_ERR_ACCESS && d->last_errno >= 2000 && d->last_errno < 3000)
 		rc = ST_ERR_DB_CONN;
+	if (d->last_errno == CR_SSL_CONNECTION_ERROR && c->ssl_verify && db_cert_refused(d->last_error))
+		rc = ST_ERR_TLS_CERT;
 	if (d->last_errno == CR_CONNECTION_ERROR || d->last_errno == CR_CONN_HOST_ERROR) {
 		/* The connector connects without blocking and reports the
 		 * errno of that ("(115)", EINPROGRESS), not the socket's own
@@ -244,6 +276,8 @@ static int db_connect(struct db *d, const struct cfg_db *from)
 	const struct cfg_db *n = from;
 	/* the node of the connection before (NULL: none yet, the first) */
 	const struct cfg_db *had = d->node != NULL ? d->node : d->conf;
+	const struct cfg_db *cert = NULL; /* the first node whose certificate we refused */
+	char cert_error[sizeof d->last_error] = "";
 	int rc = ST_ERR_DB_CONN;
 
 	do {
@@ -257,11 +291,24 @@ static int db_connect(struct db *d, const struct cfg_db *from)
 		}
 		if (rc == ST_ERR_ACCESS)
 			return rc; /* the cluster's nodes share their accounts */
+		if (rc == ST_ERR_TLS_CERT && cert == NULL) {
+			/* each node has its own certificate: try the others */
+			cert = n;
+			snprintf(cert_error, sizeof cert_error, "%s", d->last_error);
+		}
 		if (d->conf->next != NULL)
 			LOG(LOG_LEVEL_WARN, "database node unavailable; trying the next", LOG_S("db", n->redacted),
 			    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
 		n = n->next != NULL ? n->next : d->conf;
 	} while (n != from);
+	if (cert != NULL) {
+		/* No node took us and one showed a certificate we refuse: that
+		 * is the answer, and waiting will not change it. */
+		d->node = cert;
+		d->last_errno = CR_SSL_CONNECTION_ERROR;
+		snprintf(d->last_error, sizeof d->last_error, "%s", cert_error);
+		return ST_ERR_TLS_CERT;
+	}
 	return rc;
 }
 

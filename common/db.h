@@ -11,7 +11,8 @@
  *
  * Errors are translated here and nowhere else: 1062 -> ST_ERR_DB_DUPLICATE,
  * 1213 -> ST_ERR_DB_DEADLOCK, 1205 -> ST_ERR_DB_LOCK_TIMEOUT, 2002/2003/2006/
- * 2013/... -> ST_ERR_DB_CONN, 1044/1045/1049/... -> ST_ERR_ACCESS, anything
+ * 2013/... -> ST_ERR_DB_CONN, 1044/1045/1049/... -> ST_ERR_ACCESS, 2026 for
+ * a server certificate that fails verification -> ST_ERR_TLS_CERT, anything
  * else -> ST_ERR_DB.  db_errmsg gives
  * the server's text for logs.
  *
@@ -93,7 +94,10 @@ void db_thread_end(void);
 
 /* Connect.  ST_ERR_DB_CONN when the server is unreachable or full for
  * now (a passing fault: retry); ST_ERR_ACCESS when it refused the account
- * or the database (1044, 1045, 1049, ...: a retry cannot help).  Logs
+ * or the database (1044, 1045, 1049, ...: a retry cannot help);
+ * ST_ERR_TLS_CERT when its certificate failed verification (chain, or the
+ * URL's host not among its names or IP addresses; a cluster's other nodes
+ * are tried first).  Logs
  * nothing: the _why forms put the server's number and message, or the
  * socket's reason ("connection refused", "timed out"), in why for the
  * caller's one line.  conf may list a cluster's nodes (conf->next): each

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "status.h"
 
 #define LOG_LINE_MAX 4096  /* == PIPE_BUF on Linux: one atomic write */
 #define LOG_VALUE_MAX 1024 /* input bytes of one value before it is cut */
@@ -392,13 +393,22 @@ void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, in
 	}
 }
 
-void log_refused(const char *link, const char *user, const char *url, const char *why)
+void log_refused(int rc, const char *link, const char *user, const char *url, const char *why)
 {
 	bool db = strcmp(link, "db") == 0;
+	const char *what;
 
-	LOG(LOG_LEVEL_ERROR, db ? "database refused the login: fix the URL's user, password or database, "
-	                    "or the account's grants"
-	                  : "broker refused the login: fix the URL's user, password or vhost, "
-	                    "or the user's permissions on the vhost",
-	    LOG_S("link", link), LOG_S("user", user), LOG_S(db ? "db" : "amqp", url), LOG_S("error", why));
+	if (rc == ST_ERR_TLS_CERT)
+		what = db ? "database's TLS certificate not trusted: fix the URL's host or ssl-ca/ssl-capath, or the "
+		            "server's certificate (its chain must lead to that CA, and it must name the URL's host)"
+		          : "broker's TLS certificate not trusted: fix the URL's host, cacertfile or "
+		            "server_name_indication, or the broker's certificate (its chain must lead to that CA, and "
+		            "it must name the URL's host, or server_name_indication's)";
+	else
+		what = db ? "database refused the login: fix the URL's user, password or database, "
+		            "or the account's grants"
+		          : "broker refused the login: fix the URL's user, password or vhost, "
+		            "or the user's permissions on the vhost";
+	LOG(LOG_LEVEL_ERROR, what, LOG_S("link", link), LOG_S("user", user), LOG_S(db ? "db" : "amqp", url),
+	    LOG_S("error", why));
 }

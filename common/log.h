@@ -56,10 +56,11 @@ const char *log_level_name(enum log_level level);
 /* Emit msg with n key/values. Prefer the LOG macros. */
 void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, int n);
 
-/* The one error line every program writes when a server refused its
- * login (link "db" or "amqp"): the user, the URL without its password and
- * what the server said, so the operator knows what to fix. */
-void log_refused(const char *link, const char *user, const char *url, const char *why);
+/* The one error line every program writes when a link is refused for good
+ * (link "db" or "amqp"; rc ST_ERR_ACCESS: the server refused the login,
+ * ST_ERR_TLS_CERT: we refused the server's certificate): the user, the URL
+ * without its password and the reason, so the operator knows what to fix. */
+void log_refused(int rc, const char *link, const char *user, const char *url, const char *why);
 
 #define LOG(level, msg, ...)                                                      \
 	do {                                                                      \

@@ -17,6 +17,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <amqp_tcp_socket.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,66 +121,107 @@ int mq_rpc(struct mq *m, const char *what)
 }
 
 /*
- * server_name_indication.  rabbitmq-c 0.11 has no setter: amqp_socket_open
- * makes the SSL and names the URL's host on it just before SSL_connect, so
- * the name is put back in the info callback at SSL_CB_HANDSHAKE_START, which
+ * What is verified, and what the ClientHello names.  rabbitmq-c 0.11 checks
+ * the URL's host against the certificate's DNS names (and CN) only, so a
+ * URL naming the server by its IP address never verifies, and it has no
+ * setter for SNI.  So its own host check is off and OpenSSL's does it, as
+ * every OpenSSL client does: the verify parameter of the socket's SSL_CTX
+ * (copied into the SSL that amqp_socket_open makes from it) names the host
+ * (X509_VERIFY_PARAM_set1_host) or the IP address (set1_ip_asc) to match.
+ * A mismatch then fails the chain result that rabbitmq-c checks with
+ * verify_peer.
+ *
+ * rabbitmq-c names the URL's host on the SSL just before SSL_connect; the
+ * info callback puts our choice back at SSL_CB_HANDSHAKE_START, which
  * OpenSSL 3 calls at the top of its handshake state machine, before the
- * write side builds the ClientHello (ssl/statem/statem.c, state_machine).
- * The name rides in the SSL_CTX's ex_data: rabbitmq-c makes one SSL_CTX per
- * socket and frees it with the socket, and mq_sni_free then frees the copy.
+ * write side builds the ClientHello (ssl/statem/statem.c, state_machine):
+ * server_name_indication when given, else nothing for an IP address
+ * (RFC 6066 allows DNS names only), else the host as rabbitmq-c set it.
+ * Both ride in the SSL_CTX's ex_data: rabbitmq-c makes one SSL_CTX per
+ * socket and frees it with the socket (mq_sni_free frees the name's copy).
  */
-static int mq_sni_index = -1;
-static pthread_once_t mq_sni_once = PTHREAD_ONCE_INIT;
+static int mq_sni_index = -1;   /* char *: the name to send, "" for none */
+static int mq_owner_index = -1; /* struct mq *: whose handshake it is */
+static pthread_once_t mq_tls_once = PTHREAD_ONCE_INIT;
 
 static void mq_sni_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
 {
 	OPENSSL_free(ptr);
 }
 
-static void mq_sni_init(void)
+static void mq_tls_init(void)
 {
 	mq_sni_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, mq_sni_free);
+	mq_owner_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, NULL);
 }
 
 static void mq_sni_info_cb(const SSL *ssl, int where, int ret)
 {
-	const char *name;
+	char *name, *send;
 
 	if ((where & SSL_CB_HANDSHAKE_START) == 0)
 		return;
 	name = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), mq_sni_index);
-	/* On failure (out of memory) the ClientHello goes without SNI; the
-	 * certificate is still checked against the name (mq_tls_setup). */
-	if (name != NULL)
-		(void)SSL_set_tlsext_host_name((SSL *)ssl, name);
+	/* On failure (out of memory) the ClientHello names the URL's host;
+	 * the certificate is still checked against the name (mq_tls_name). */
+	if (name == NULL)
+		return;
+	send = name[0] != '\0' ? name : NULL;
+	(void)SSL_set_tlsext_host_name((SSL *)ssl, send);
 }
 
-/* Send conf->sni in the ClientHello and, when verifying, check the
- * certificate against it instead of the URL's host, as RabbitMQ's URI spec
- * has it (Erlang's ssl uses the SNI name for its host name check).
- * rabbitmq-c's own host check would use the URL's host, so it is turned
- * off and OpenSSL's (X509_VERIFY_PARAM_set1_host) does it: a mismatch
- * fails the chain result that rabbitmq-c checks with verify_peer. */
-static int mq_tls_sni(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
+/* Keeps the first verification error for the log line; changes nothing
+ * (the verify mode stays rabbitmq-c's SSL_VERIFY_NONE: the handshake
+ * completes and rabbitmq-c then refuses a result that is not X509_V_OK). */
+static int mq_verify_cb(int ok, X509_STORE_CTX *x)
+{
+	SSL *ssl = X509_STORE_CTX_get_ex_data(x, SSL_get_ex_data_X509_STORE_CTX_idx());
+	struct mq *m = ssl != NULL ? SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), mq_owner_index) : NULL;
+
+	if (!ok && m != NULL && m->tls_verify_err == 0)
+		m->tls_verify_err = X509_STORE_CTX_get_error(x);
+	return ok;
+}
+
+static bool mq_is_ip(const char *host)
+{
+	unsigned char buf[sizeof(struct in6_addr)];
+
+	return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* The name checks and the ClientHello's name (above).  The certificate is
+ * checked against server_name_indication when given, as RabbitMQ's URI
+ * spec has it (Erlang's ssl uses the SNI name for its host name check),
+ * else against the URL's host, as a name or as an IP address. */
+static int mq_tls_name(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
 {
 	SSL_CTX *ctx = amqp_ssl_socket_get_context(sock);
-	char *copy;
+	const char *name = conf->sni != NULL ? conf->sni : conf->host;
+	bool ip = conf->sni == NULL && mq_is_ip(conf->host);
+	char *copy = NULL;
 
-	if (pthread_once(&mq_sni_once, mq_sni_init) != 0 || mq_sni_index < 0 || ctx == NULL)
-		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up server_name_indication");
-	copy = OPENSSL_strdup(conf->sni);
-	if (copy == NULL)
-		return mq_fail(m, ST_ERR_NOMEM, "tls", "out of memory");
-	if (SSL_CTX_set_ex_data(ctx, mq_sni_index, copy) != 1) {
-		OPENSSL_free(copy);
-		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up server_name_indication");
+	if (pthread_once(&mq_tls_once, mq_tls_init) != 0 || mq_sni_index < 0 || mq_owner_index < 0 || ctx == NULL)
+		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up the TLS context");
+	if (conf->sni != NULL || ip) {
+		copy = OPENSSL_strdup(ip ? "" : conf->sni);
+		if (copy == NULL)
+			return mq_fail(m, ST_ERR_NOMEM, "tls", "out of memory");
+		if (SSL_CTX_set_ex_data(ctx, mq_sni_index, copy) != 1) {
+			OPENSSL_free(copy);
+			return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up server_name_indication");
+		}
+		SSL_CTX_set_info_callback(ctx, mq_sni_info_cb);
 	}
-	SSL_CTX_set_info_callback(ctx, mq_sni_info_cb);
-	if (conf->tls_verify) {
-		if (X509_VERIFY_PARAM_set1_host(SSL_CTX_get0_param(ctx), conf->sni, 0) != 1)
-			return mq_fail(m, ST_ERR_MQ, "tls", "cannot set the name to verify");
-		amqp_ssl_socket_set_verify_hostname(sock, 0);
-	}
+	if (!conf->tls_verify)
+		return ST_OK;
+	if (SSL_CTX_set_ex_data(ctx, mq_owner_index, m) != 1)
+		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set up the TLS context");
+	SSL_CTX_set_verify(ctx, SSL_CTX_get_verify_mode(ctx), mq_verify_cb);
+	if ((ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_CTX_get0_param(ctx), name)
+	        : X509_VERIFY_PARAM_set1_host(SSL_CTX_get0_param(ctx), name, 0)) != 1)
+		return mq_fail(m, ST_ERR_MQ, "tls", "cannot set the name to verify");
+	amqp_ssl_socket_set_verify_hostname(sock, 0);
 	return ST_OK;
 }
 
@@ -186,9 +229,8 @@ static int mq_tls_sni(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *
  * TLS as the URL asks (cfg.h).  rabbitmq-c's context starts with an empty
  * trust store, so without cacertfile the system's store is loaded, else
  * every verified handshake would fail.  Verification covers the chain and
- * the host name of the URL (server_name_indication's when given: mq_tls_sni).
- * A file that cannot be loaded is a configuration fault: ST_ERR_MQ, which
- * the pool does not wait out.
+ * the name of mq_tls_name.  A file that cannot be loaded is a
+ * configuration fault: ST_ERR_MQ, which the pool does not wait out.
  */
 static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
 {
@@ -212,23 +254,27 @@ static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp
 		return mq_fail(m, ST_ERR_MQ, "tls", why);
 	}
 	amqp_ssl_socket_set_verify_peer(sock, conf->tls_verify ? 1 : 0);
-	amqp_ssl_socket_set_verify_hostname(sock, conf->tls_verify ? 1 : 0);
-	return conf->sni != NULL ? mq_tls_sni(m, sock, conf) : ST_OK;
+	amqp_ssl_socket_set_verify_hostname(sock, 0);
+	return mq_tls_name(m, sock, conf);
 }
 
-/* A failed TLS connect, with OpenSSL's reason when it left one ("certificate
- * verify failed", "wrong version number" for a plain-text port). */
+/* A failed TLS connect, with the reason: the verification error ("IP
+ * address mismatch", "self-signed certificate in certificate chain"), else
+ * OpenSSL's ("wrong version number" for a plain-text port).  A certificate
+ * that fails verification is ST_ERR_TLS_CERT: it will not fix itself. */
 static int mq_tls_fail(struct mq *m, int status)
 {
 	char why[200], ossl[120] = "";
 	unsigned long e = ERR_peek_last_error();
+	bool cert = status == AMQP_STATUS_SSL_PEER_VERIFY_FAILED || status == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED;
 
-	if (e != 0) {
+	if (cert && m->tls_verify_err != 0)
+		snprintf(ossl, sizeof ossl, "%s", X509_verify_cert_error_string(m->tls_verify_err));
+	else if (e != 0)
 		ERR_error_string_n(e, ossl, sizeof ossl);
-		ERR_clear_error();
-	}
+	ERR_clear_error();
 	snprintf(why, sizeof why, "%s%s%s", amqp_error_string2(status), ossl[0] != '\0' ? ": " : "", ossl);
-	return mq_fail(m, ST_ERR_MQ_CONN, "tls handshake", why);
+	return mq_fail(m, cert ? ST_ERR_TLS_CERT : ST_ERR_MQ_CONN, "tls handshake", why);
 }
 
 
@@ -330,6 +376,8 @@ int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat
                      char *why, size_t cap)
 {
 	int count = 0, rc = ST_ERR_MQ_CONN;
+	bool cert = false;
+	char cert_why[256] = "";
 
 	for (const struct cfg_amqp *a = conf; a != NULL; a = a->next)
 		count++;
@@ -349,6 +397,18 @@ int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat
 		}
 		if (rc == ST_ERR_ACCESS)
 			return rc; /* the cluster's nodes share their users and vhosts */
+		/* A node's certificate is its own: another node may still take
+		 * us.  When none does, that refusal is the answer. */
+		if (rc == ST_ERR_TLS_CERT && !cert) {
+			cert = true;
+			if (why != NULL && cap > 0)
+				snprintf(cert_why, sizeof cert_why, "%s", why);
+		}
+	}
+	if (cert) {
+		if (why != NULL && cap > 0)
+			snprintf(why, cap, "%s", cert_why);
+		return ST_ERR_TLS_CERT;
 	}
 	return rc;
 }

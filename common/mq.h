@@ -9,7 +9,8 @@
  * the other's frames.
  *
  * Errors become st_code values: ST_ERR_MQ_CONN when the connection is gone
- * (reconnect), ST_ERR_ACCESS when the broker refused the login, ST_ERR_MQ
+ * (reconnect), ST_ERR_ACCESS when the broker refused the login,
+ * ST_ERR_TLS_CERT when we refused the broker's certificate, ST_ERR_MQ
  * when the broker refused something (channel closed, e.g. a declare with
  * other arguments, or a publish to a missing exchange; or the connection
  * closed with 503, e.g. an exchange type it does not have),
@@ -65,7 +66,10 @@ int mq_open(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const
 /* Connect, log in and open the channel on conf's one node.  ST_ERR_MQ_CONN
  * when the broker cannot be reached (a passing fault: retry);
  * ST_ERR_ACCESS when it refused the login (403: user, password or rights
- * on the vhost; 530: no such vhost), which a retry cannot fix.  Logs
+ * on the vhost; 530: no such vhost), which a retry cannot fix;
+ * ST_ERR_TLS_CERT when the broker's certificate failed verification (its
+ * chain, or the URL's host or server_name_indication not among its names
+ * or IP addresses), which a retry cannot fix either.  Logs
  * nothing: why gets the reason ("login: connection closed by broker: 403
  * ACCESS_REFUSED ...", "connect: connection refused") for the caller's one
  * line. */
@@ -77,7 +81,9 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
  * moves on to another node of the cluster rather than wait for this one. */
 int mq_open_from(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node);
 /* The same with the last node's reason in why (see mq_open_why); a
- * refused login ends the tour (the nodes share users and vhosts). */
+ * refused login ends the tour (the nodes share users and vhosts).  A
+ * refused certificate does not (each node has its own): when no node
+ * took us, ST_ERR_TLS_CERT with the first such node's reason. */
 int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node,
                      char *why, size_t cap);
 void mq_close(struct mq **m);

@@ -74,6 +74,9 @@ struct mq {
 	int ncancelled;
 	amqp_message_t got;     /* basic.get result */
 	bool has_got;
+	/* The first X509 verification error of this connection's handshake
+	 * (0: none), for the reason in the log line (mq_tls_fail). */
+	long tls_verify_err;
 	char err[256];
 };
 

@@ -33,6 +33,8 @@ enum st_code {
 	ST_ERR_ACCESS = -18,        /* a server refused our credentials or their rights:
 	                             * broker 403/530 at login, database 1044/1045/
 	                             * 1049/...; retrying will not fix it */
+	ST_ERR_TLS_CERT = -19,      /* we refused the server's TLS certificate (its chain
+	                             * or the host it names): retrying will not fix it */
 	/*
 	 * Not a code; keep it last.  Enumerators count upwards, so it takes
 	 * the value one above the code written just before it: a new code
@@ -47,6 +49,13 @@ enum st_code {
 #define ST_CODE_MIN (ST_CODE_END_ - 1)
 /* How many codes there are, ST_OK included. */
 #define ST_CODE_COUNT (1 - ST_CODE_MIN)
+
+/* Whether code is a refusal that retrying will not fix (ST_ERR_ACCESS,
+ * ST_ERR_TLS_CERT): at start-up the programs stop with one line. */
+static inline int st_refusal(int code)
+{
+	return code == ST_ERR_ACCESS || code == ST_ERR_TLS_CERT;
+}
 
 /* A static string for code; never NULL, "unknown status" for foreign values. */
 const char *st_strerror(int code);

@@ -486,8 +486,8 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 
 		if (d == NULL) {
 			rc = db_open_why(&d, &conf->db, last_err, sizeof last_err);
-			if (rc == ST_ERR_ACCESS) {
-				log_refused("db", conf->db.user, conf->db.redacted, last_err);
+			if (st_refusal(rc)) {
+				log_refused(rc, "db", conf->db.user, conf->db.redacted, last_err);
 				return rc;
 			}
 			if (rc == ST_OK)
@@ -566,8 +566,8 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 	/* The topology first, and the queue that collects what the worker
 	 * emits, so nothing it publishes during the run is lost to the verifier. */
 	rc = mq_open_why(&m, &conf->amqp, 0, "inbox-loadgen-setup", why, sizeof why);
-	if (rc == ST_ERR_ACCESS) {
-		log_refused("amqp", conf->amqp.user, conf->amqp.redacted, why);
+	if (st_refusal(rc)) {
+		log_refused(rc, "amqp", conf->amqp.user, conf->amqp.redacted, why);
 		return 1;
 	}
 	if (rc == ST_OK)

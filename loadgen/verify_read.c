@@ -118,16 +118,16 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 
 		if (m == NULL) {
 			rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, sizeof last_err);
-			if (rc == ST_ERR_ACCESS) {
-				log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
+			if (st_refusal(rc)) {
+				log_refused(rc, "amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
 				return rc;
 			}
 		}
 		if (st->db == NULL && rc == ST_OK) {
 			rc = db_open_why(&st->db, &st->conf->db, last_err, sizeof last_err);
-			if (rc == ST_ERR_ACCESS) {
+			if (st_refusal(rc)) {
 				mq_close(&m);
-				log_refused("db", st->conf->db.user, st->conf->db.redacted, last_err);
+				log_refused(rc, "db", st->conf->db.user, st->conf->db.redacted, last_err);
 				return rc;
 			}
 		}
@@ -372,8 +372,8 @@ static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct
 	rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", why, sizeof why);
 	if (rc == ST_OK)
 		rc = mq_queue_counts(m, queue, &ready, NULL);
-	if (rc == ST_ERR_ACCESS)
-		log_refused("amqp", st->conf->amqp.user, st->conf->amqp.redacted, why);
+	if (st_refusal(rc))
+		log_refused(rc, "amqp", st->conf->amqp.user, st->conf->amqp.redacted, why);
 	else if (rc != ST_OK) {
 		fprintf(stderr, "inbox-loadgen: cannot read %s: %s\n", queue, m ? mq_errmsg(m) : why);
 		mq_close(&m);

@@ -43,10 +43,18 @@ GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
 # privileges and cannot write a root-owned data folder (NOTES.md).
 cl_db_user() { if is_root; then echo mysql; else id -un; fi; }
 
+# Node i's folder: $CL_DIR/db$i, or the folder that symlink points to
+# (cl_prepare_db_dir).  Resolved, because mariadbd and the rsync of a state
+# transfer run as mysql and open these paths themselves.
+cl_db_dir() {
+    local link="$CL_DIR/db$1"
+    if [ -L "$link" ]; then readlink -f "$link"; else printf '%s' "$link"; fi
+}
+
 # Point scripts/stack's per-node globals at node $1 (1-3).
 cl_db_node() {
     local i="$1"
-    DB_DIR="$CL_DIR/db$i"
+    DB_DIR="$(cl_db_dir "$i")"
     DB_PORT=$((CL_DB_PORT + i - 1))
     DB_DATA="$DB_DIR/data"
     DB_PIDFILE="$DB_DIR/mariadbd.pid"
@@ -97,6 +105,36 @@ cl_db_synced() {
         [ "$(cl_db_status_var wsrep_cluster_size)" = "$CL_N" ]
 }
 
+# Node i's folder, writable by the user Galera runs as.  Run as root, that
+# is mysql, which cannot reach a checkout under a closed folder (a clone in
+# root's home, mode 700): then the node's state lives in a folder of its
+# own under ${TMPDIR:-/tmp}, linked from $CL_DIR/db$i (as prepare_mq_dir
+# does for RabbitMQ), and `down` removes both.
+cl_prepare_db_dir() {
+    local i="$1" user link alt
+    link="$CL_DIR/db$i"
+    user="$(cl_db_user)"
+    [ -L "$link" ] && [ ! -e "$link" ] && rm -f "$link"   # its folder was removed (a /tmp cleaned)
+    [ -e "$link" ] || mkdir -p "$link"
+    if is_root; then
+        chown "$user:$user" "$(cl_db_dir "$i")"
+        if ! setpriv --reuid="$user" --regid="$user" --init-groups -- test -w "$(cl_db_dir "$i")"; then
+            [ -L "$link" ] && die "the $user user cannot write $(cl_db_dir "$i") (Galera node $i's state); fix its parents' modes or set INBOX_CLUSTER_DIR to a folder $user can reach"
+            alt="$(mktemp -d "${TMPDIR:-/tmp}/inbox-cluster-db$i.XXXXXX")"
+            chmod 755 "$alt"
+            chown "$user:$user" "$alt"
+            if ! setpriv --reuid="$user" --regid="$user" --init-groups -- test -w "$alt"; then
+                rm -rf "$alt"
+                die "the $user user can reach neither $CL_DIR nor ${TMPDIR:-/tmp} (Galera node $i's state): make every parent of one of them searchable by others (chmod o+x), or set INBOX_CLUSTER_DIR (or TMPDIR) to a folder $user can reach"
+            fi
+            rm -rf "$link"
+            ln -s "$alt" "$link"
+            log "$user cannot reach $CL_DIR; Galera node $i keeps its state in $alt"
+        fi
+    fi
+    cl_db_node "$i"
+}
+
 # Start Galera node i; $2 = 1 bootstraps a new cluster from it.  Returns
 # once the process runs; readiness is cl_db_wait's.
 cl_start_db() {
@@ -105,7 +143,7 @@ cl_start_db() {
     user="$(cl_db_user)"
     if db_running; then return 0; fi
     check_port_free "$DB_PORT" "MariaDB node $i" CLUSTER_DB
-    mkdir -p "$DB_DIR"
+    cl_prepare_db_dir "$i"
     if [ "$i" = 1 ] && [ ! -d "$DB_DATA/mysql" ]; then
         log "initialising Galera node 1 in $DB_DATA"
         rm -rf "$DB_DATA"
@@ -248,6 +286,7 @@ cl_down() {
     for i in $(seq 1 "$CL_N"); do
         cl_mq_node "$i"
         [ -L "$MQ_LINK" ] && alts+=("$(mq_dir)")
+        [ -L "$CL_DIR/db$i" ] && alts+=("$(cl_db_dir "$i")")
     done
     cl_stop_all
     cl_all_stopped || die "some cluster processes survived; state kept in $CL_DIR"

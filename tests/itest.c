@@ -30,6 +30,8 @@ static bool itest_loaded;
 static struct db *itest_conn;
 static int itest_db_node; /* where itest_conn starts in a list of cluster nodes */
 
+static struct mq *itest_mq_connect(const char *name);
+
 static void itest_sleep_ms(int ms)
 {
 	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
@@ -71,10 +73,78 @@ struct db *itest_db(void)
 		/* The tests' own connection is the schema owner's (when the
 		 * stack gives one): tests drop, alter and rename tables, which
 		 * the worker's account may not. */
-		int rc = db_open_from(&itest_conn, cfg_migrate_db(itest_cfg()), &itest_db_node);
-		cr_assert_eq(rc, ST_OK, "cannot connect to the database: %s", st_strerror(rc));
+		/* A test may have just started the server again, and a
+		 * loaded machine is slow to take connections: wait for it,
+		 * bounded, rather than fail the first attempt. */
+		double end = itest_now() + ITEST_BACK_S;
+		int rc;
+
+		for (;;) {
+			rc = db_open_from(&itest_conn, cfg_migrate_db(itest_cfg()), &itest_db_node);
+			if (rc != ST_ERR_DB_CONN || itest_now() > end)
+				break;
+			itest_db_node++;
+			itest_sleep_ms(200);
+		}
+		cr_assert_eq(rc, ST_OK, "cannot connect to the database (waited up to %d s): %s", ITEST_BACK_S,
+		             st_strerror(rc));
 	}
 	return itest_conn;
+}
+
+/* One connection as c that runs a statement: ST_OK, ST_ERR_DB_CONN while
+ * the server is not back, or another code (asserted by the caller). */
+static int itest_db_answers(const struct cfg_db *c, char *why, size_t cap)
+{
+	struct db *d = NULL;
+	int rc = db_open_why(&d, c, why, cap);
+
+	if (rc == ST_OK) {
+		rc = db_exec(d, "DO 1");
+		if (rc != ST_OK)
+			snprintf(why, cap, "%s", db_errmsg(d));
+	}
+	db_close(&d);
+	return rc;
+}
+
+void itest_wait_db_back(void)
+{
+	const struct cfg *c = itest_cfg();
+	double end = itest_now() + ITEST_BACK_S;
+	char why[300] = "";
+	int rc;
+
+	for (;;) {
+		rc = itest_db_answers(&c->db, why, sizeof why);
+		if (rc == ST_OK)
+			rc = itest_db_answers(cfg_migrate_db(c), why, sizeof why);
+		if (rc == ST_OK)
+			return;
+		cr_assert_eq(rc, ST_ERR_DB_CONN, "the database refuses the tests' accounts: %s", why);
+		cr_assert(itest_now() < end, "the database did not take connections within %d s: %s", ITEST_BACK_S,
+		          why);
+		itest_sleep_ms(200);
+	}
+}
+
+void itest_wait_mq_back(void)
+{
+	double end = itest_now() + ITEST_BACK_S;
+	char why[300] = "";
+
+	for (;;) {
+		struct mq *m = NULL;
+		int node = 0;
+		int rc = mq_open_from_why(&m, &itest_cfg()->amqp, 0, "itest-wait", &node, why, sizeof why);
+
+		mq_close(&m);
+		if (rc == ST_OK)
+			return;
+		cr_assert_eq(rc, ST_ERR_MQ_CONN, "the broker refuses the tests' account: %s", why);
+		cr_assert(itest_now() < end, "the broker did not take connections within %d s: %s", ITEST_BACK_S, why);
+		itest_sleep_ms(200);
+	}
 }
 
 static int64_t itest_query(const char *sql, const char *arg, bool *found)
@@ -86,8 +156,10 @@ static int64_t itest_query(const char *sql, const char *arg, bool *found)
 	if (arg != NULL)
 		p[0] = DBP_STR(arg);
 	/* The fault tests restart the server under us: a lost connection is
-	 * retried on a new one. */
-	for (int attempt = 0; attempt < 50; attempt++) {
+	 * retried on a new one (itest_db waits for one), bounded in time. */
+	double end = itest_now() + ITEST_BACK_S;
+
+	for (;;) {
 		struct db *d = itest_db();
 		struct db_stmt *s;
 
@@ -105,9 +177,11 @@ static int64_t itest_query(const char *sql, const char *arg, bool *found)
 		cr_assert_eq(rc, ST_ERR_DB_CONN, "query '%s': %s", sql, db_errmsg(d));
 		itest_db_node++; /* a cluster's next node */
 		db_close(&itest_conn);
+		if (itest_now() > end)
+			break;
 		itest_sleep_ms(200);
 	}
-	cr_assert_eq(rc, ST_OK, "query '%s': database unreachable", sql);
+	cr_assert_eq(rc, ST_OK, "query '%s': database unreachable for %d s", sql, ITEST_BACK_S);
 	*found = r == 1;
 	return r == 1 && !c[0].is_null ? c[0].i64 : 0;
 }
@@ -193,7 +267,7 @@ static void itest_delete_queues(void)
 	struct mq *m = NULL;
 	char name[300];
 
-	cr_assert_eq(mq_open(&m, &c->amqp, 0, "itest-reset"), ST_OK, "cannot connect to the broker");
+	m = itest_mq_connect("itest-reset");
 	cr_assert_eq(mq_queue_delete(m, c->queue), ST_OK, "%s", mq_errmsg(m));
 	cr_assert_eq(mq_queue_delete(m, c->dlq), ST_OK, "%s", mq_errmsg(m));
 	/* inbox-loadgen's copy of what the worker emits: verify only reads it,
@@ -400,12 +474,32 @@ int itest_stop(pid_t pid, int sig, int timeout_s)
 	return itest_wait_exit(pid, timeout_s);
 }
 
+/* A broker connection, waiting (ITEST_BACK_S) for a broker that a test
+ * restarted; the first node that answers, on a cluster. */
+static struct mq *itest_mq_connect(const char *name)
+{
+	double end = itest_now() + ITEST_BACK_S;
+	char why[300] = "";
+	struct mq *m = NULL;
+	int rc;
+
+	for (;;) {
+		int node = 0;
+
+		rc = mq_open_from_why(&m, &itest_cfg()->amqp, 0, name, &node, why, sizeof why);
+		if (rc != ST_ERR_MQ_CONN || itest_now() > end)
+			break;
+		itest_sleep_ms(200);
+	}
+	cr_assert_eq(rc, ST_OK, "cannot connect to the broker (waited up to %d s): %s", ITEST_BACK_S, why);
+	return m;
+}
+
 struct mq *itest_mq(void)
 {
-	struct mq *m = NULL;
-	int rc = mq_open(&m, &itest_cfg()->amqp, 0, "itest-publisher");
+	struct mq *m = itest_mq_connect("itest-publisher");
+	int rc;
 
-	cr_assert_eq(rc, ST_OK, "cannot connect to the broker: %s", st_strerror(rc));
 	rc = mq_declare_topology(m, itest_cfg());
 	cr_assert_eq(rc, ST_OK, "declare: %s", mq_errmsg(m));
 	cr_assert_eq(mq_confirm_select(m), ST_OK);
@@ -519,7 +613,7 @@ uint32_t itest_queue_depth(const char *queue)
 	uint32_t n = 0;
 	int rc;
 
-	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-inspect"), ST_OK);
+	m = itest_mq_connect("itest-inspect");
 	rc = mq_queue_counts(m, queue, &n, NULL);
 	mq_close(&m);
 	return rc == ST_OK ? n : 0;
@@ -607,7 +701,7 @@ int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, 
 	double end = itest_now() + timeout_s;
 	int n = 0;
 
-	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq"), ST_OK);
+	m = itest_mq_connect("itest-dlq");
 	while (n < cap) {
 		struct mq_delivery d;
 		int rc = mq_get(m, queue, &d);

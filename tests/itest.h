@@ -28,6 +28,17 @@ const struct cfg *itest_cfg(void);
  * owner (INBOX_MIGRATE_DB_URL, else INBOX_DB_URL; autocommit off; each
  * query ends its own transaction).  Workers run as INBOX_DB_URL. */
 struct db *itest_db(void);
+/* How long the helpers wait for a server that is coming back (a test
+ * stopped or restarted it; a loaded machine is slow to start it): a
+ * generous bound, not a timing.  itest_db, the queries and itest_mq retry
+ * a lost or refused connection until it passes. */
+#define ITEST_BACK_S 240
+/* After a test started the database again: wait (ITEST_BACK_S) until it
+ * takes connections and answers as both accounts, the workers'
+ * (INBOX_DB_URL) and the tests' own (itest_db). */
+void itest_wait_db_back(void);
+/* The same for the broker: a connection opens and declares the topology. */
+void itest_wait_mq_back(void);
 /* Run a fixed query returning one integer (COUNT, SUM...). */
 int64_t itest_int(const char *sql);
 /* Same, with one string parameter. */

@@ -24,6 +24,63 @@ static void stack(const char *what)
 	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
 }
 
+/* Start scripts/stack with what in the background: the server comes back
+ * while the test goes on. */
+static pid_t stack_async(const char *what)
+{
+	char root[4096];
+	const char *script = itest_source("scripts/stack", root, sizeof root);
+	pid_t pid = fork();
+
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		if (dup2(2, 1) < 0)
+			_exit(126);
+		execl(script, script, what, (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Whatever a test that stops a server did, pass or fail, the next test
+ * finds both servers up and taking connections as the accounts the tests
+ * and the workers use (start-* does nothing when the server is up). */
+static void servers_back(void)
+{
+	stack("start-db");
+	stack("start-mq");
+	itest_wait_db_back();
+	itest_wait_mq_back();
+}
+
+/* The helpers a test uses after it restarted a server must wait until
+ * that server takes connections again, however slow a loaded machine
+ * makes it, not fail at their first attempt (issue 22, item 14: "cannot
+ * connect to the database: database connection lost" at itest.c).  Here
+ * the servers come back while the helpers are already asking. */
+Test(faults, the_helpers_wait_for_a_server_that_is_coming_back, .timeout = 600, .fini = servers_back)
+{
+	struct mq *m;
+	pid_t p;
+	int st;
+
+	itest_fresh();
+	stack("stop-db");
+	p = stack_async("start-db");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0);
+	st = itest_wait_exit(p, 300);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scripts/stack start-db failed");
+	itest_wait_db_back();
+
+	stack("stop-mq");
+	p = stack_async("start-mq");
+	m = itest_mq();
+	mq_close(&m);
+	st = itest_wait_exit(p, 300);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scripts/stack start-mq failed");
+	itest_wait_mq_back();
+}
+
 Test(faults, failure_after_claim_before_commit_leaves_message_eligible)
 {
 	char logf[256], body[512];
@@ -76,7 +133,7 @@ Test(faults, sigkill_after_commit_before_ack_redelivers_as_duplicate)
 	cr_assert_eq(itest_int1("SELECT version FROM orders WHERE id = ?", "o-k"), 1);
 }
 
-Test(faults, database_outage_dead_letters_nothing, .timeout = 900)
+Test(faults, database_outage_dead_letters_nothing, .timeout = 900, .fini = servers_back)
 {
 	enum { N = 400 };
 	char logf[256];
@@ -96,12 +153,13 @@ Test(faults, database_outage_dead_letters_nothing, .timeout = 900)
 	itest_wait_log(logf, "database unavailable", WAIT_S);
 	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, 0, WAIT_S), 0, "the worker must have taken the messages");
 	stack("start-db");
+	itest_wait_db_back();
 	itest_assert_each_applied_once("db", N, WAIT_S);
 	itest_stop_ok(w);
 	mq_close(&m);
 }
 
-Test(faults, broker_restart_pool_reconnects_and_finishes, .timeout = 900)
+Test(faults, broker_restart_pool_reconnects_and_finishes, .timeout = 900, .fini = servers_back)
 {
 	enum { N = 400 };
 	struct mq *m;
@@ -113,6 +171,7 @@ Test(faults, broker_restart_pool_reconnects_and_finishes, .timeout = 900)
 	itest_publish_orders(m, "mq", 0, N / 2);
 	mq_close(&m);
 	stack("restart-mq");
+	itest_wait_mq_back();
 	m = itest_mq();
 	itest_publish_orders(m, "mq", N / 2, N);
 	itest_assert_each_applied_once("mq", N, WAIT_S);
@@ -223,7 +282,7 @@ Test(faults, second_signal_exits_at_once_and_keeps_the_message, .timeout = 300)
  * must stay up (its heartbeats serviced while the thread waits for the
  * database), so nothing is returned to the queue, nothing is redelivered
  * and no delivery count goes up; each message is applied once. */
-Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600)
+Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600, .fini = servers_back)
 {
 	enum { N = 20 };
 	char logf[256], body[512];
@@ -250,6 +309,7 @@ Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600)
 	itest_wait_log(logf, "database unavailable", 60);
 	sleep(10);
 	stack("start-db");
+	itest_wait_db_back();
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N + 1, WAIT_S), N + 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
 	st = itest_stop(w, SIGTERM, 60);

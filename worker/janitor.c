@@ -59,7 +59,7 @@ static void janitor_relay(struct janitor *j)
 			char why[POOL_WHY_MAX];
 
 			rc = mq_open_from_why(&j->publisher, &j->t.conf->amqp, 0, j->t.name, &j->publisher_node, why, sizeof why);
-			if (rc == ST_ERR_ACCESS && !j->t.link[POOL_LINK_AMQP].ever_up) {
+			if (st_refusal(rc) && !j->t.link[POOL_LINK_AMQP].ever_up) {
 				(void)pool_refused(&j->t, POOL_LINK_AMQP, NULL, why, rc);
 				return;
 			}

@@ -182,8 +182,8 @@ int pool_db_open(struct db **out, const struct cfg_db *c)
 	char why[POOL_WHY_MAX];
 	int rc = db_open_why(out, c, why, sizeof why);
 
-	if (rc == ST_ERR_ACCESS)
-		log_refused("db", c->user, c->redacted, why);
+	if (st_refusal(rc))
+		log_refused(rc, "db", c->user, c->redacted, why);
 	else if (rc != ST_OK)
 		LOG(LOG_LEVEL_ERROR, "cannot connect to the database", LOG_S("link", "db"), LOG_S("user", c->user),
 		    LOG_S("db", c->redacted), LOG_S("error", why));
@@ -197,7 +197,7 @@ int pool_refused(struct pool_thread *t, enum pool_link k, const char *what, cons
 
 	if (!atomic_exchange(&t->shared->refused, true)) {
 		if (what == NULL)
-			log_refused(pool_links[k].name, db ? c->db.user : c->amqp.user,
+			log_refused(rc, pool_links[k].name, db ? c->db.user : c->amqp.user,
 			            db ? c->db.redacted : c->amqp.redacted, why);
 		else
 			LOG(LOG_LEVEL_ERROR, what, LOG_S("link", pool_links[k].name),
@@ -283,7 +283,7 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 			pool_link_back(t, POOL_LINK_DB);
 			return ST_OK;
 		}
-		if (rc == ST_ERR_ACCESS && !t->link[POOL_LINK_DB].ever_up)
+		if (st_refusal(rc) && !t->link[POOL_LINK_DB].ever_up)
 			return pool_refused(t, POOL_LINK_DB, NULL, why, rc);
 		/* A consuming thread may hold deliveries (and has
 		 * prefetched more): its wait keeps the broker connection

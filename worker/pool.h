@@ -153,7 +153,8 @@ typedef void pool_wait_fn(void *arg, int ms);
 
 /* Connect (or reconnect) the database side until it works or we stop.
  * ST_ERR_ACCESS (logged, the pool stopping) when the server refuses the
- * account before this thread ever connected; another error when the
+ * account before this thread ever connected, ST_ERR_TLS_CERT likewise when
+ * its certificate fails verification; another error when the
  * schema is not usable; ST_ERR_STOPPED when asked to stop: at once for a
  * thread without wait (it holds nothing), else only once the database has
  * been down for POOL_STOP_DB_MS since (a stop finishes what is in hand). */

@@ -253,7 +253,7 @@ static int worker_mq_up(struct worker *w)
 		} else {
 			w->consumer_node++; /* the next tour starts at the next node */
 		}
-		if (rc == ST_ERR_ACCESS && !w->t.link[POOL_LINK_AMQP].ever_up)
+		if (st_refusal(rc) && !w->t.link[POOL_LINK_AMQP].ever_up)
 			return pool_refused(&w->t, POOL_LINK_AMQP, NULL, why, rc);
 		if (rc == ST_ERR_MQ && !w->consumed_once) {
 			/* The broker refused a declaration (a queue that exists
