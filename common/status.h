@@ -33,6 +33,8 @@ enum st_code {
 	ST_ERR_ACCESS = -18,        /* a server refused our credentials or their rights:
 	                             * broker 403/530 at login, database 1044/1045/
 	                             * 1049/...; retrying will not fix it */
+	ST_ERR_DB_CARDINALITY = -19, /* 1242: a scalar subquery gave more than one row
+	                              * (the Galera claim guard's signal, common/inbox.c) */
 	/*
 	 * Not a code; keep it last.  Enumerators count upwards, so it takes
 	 * the value one above the code written just before it: a new code
