@@ -156,6 +156,16 @@ static int db_fail_my(struct db *d)
 	return db_fail(d, mysql_errno(d->my), mysql_error(d->my));
 }
 
+/* A failure after the one being reported (rc, not ST_OK): it may end the
+ * connection, but the first error's number and text stand (db_errmsg
+ * tells why rc happened, not what followed). */
+static int db_fail_after(struct db *d, int rc)
+{
+	if (db_map_errno(mysql_errno(d->my)) == ST_ERR_DB_CONN)
+		d->broken = true;
+	return rc;
+}
+
 static int db_fail_stmt(struct db_stmt *s)
 {
 	return db_fail(s->db, mysql_stmt_errno(s->st), mysql_stmt_error(s->st));
@@ -848,15 +858,12 @@ int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg)
 		} else if (mysql_field_count(d->my) != 0) {
 			/* A result set that could not be read (out of memory, or
 			 * the connection dropped while reading). */
-			int e = db_fail_my(d);
-			return rc == ST_OK ? e : rc;
+			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
 		}
 		stmt++;
 		status = mysql_next_result(d->my);
-		if (status > 0) {
-			int e = db_fail_my(d);
-			return rc == ST_OK ? e : rc;
-		}
+		if (status > 0)
+			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
 	} while (status == 0);
 	return rc;
 }

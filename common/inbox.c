@@ -281,11 +281,10 @@ int inbox_limits(const struct inbox *ib, char *why, size_t cap)
 		return ST_OK;
 	/* The server keeps max_allowed_packet in multiples of 1 KiB. */
 	snprintf(why, cap,
-	         "INBOX_MAX_BODY=%ld needs the database's max_allowed_packet >= %zu and the server has %zu: raise it"
-	         " (SET GLOBAL max_allowed_packet = %zu, and in the server's configuration) or lower INBOX_MAX_BODY"
-	         " to %zu or less",
+	         "INBOX_MAX_BODY=%ld needs the database's max_allowed_packet >= %zu (the server has %zu): raise"
+	         " max_allowed_packet (SET GLOBAL and the server's configuration) or lower INBOX_MAX_BODY to %zu",
 	         ib->conf->max_body, (need + (packet - have) + 1023) / 1024 * 1024, packet,
-	         (need + (packet - have) + 1023) / 1024 * 1024, have > INBOX_ROW_OVERHEAD ? (have - INBOX_ROW_OVERHEAD) / 2 : 0);
+	         have > INBOX_ROW_OVERHEAD ? (have - INBOX_ROW_OVERHEAD) / 2 : 0);
 	return ST_ERR_INVALID;
 }
 

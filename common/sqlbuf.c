@@ -34,6 +34,8 @@ static bool sqlbuf_reserve(struct sqlbuf *b, size_t more)
 	cap = b->cap > 0 ? b->cap : 4096;
 	while (cap < b->len + more + 1)
 		cap *= 2;
+	if (cap > max)
+		cap = max; /* the ceiling holds the memory too (len + more + 1 <= max) */
 	np = realloc(b->p, cap);
 	if (np == NULL) {
 		b->err = ST_ERR_NOMEM;
