@@ -205,7 +205,8 @@ static const struct cfg_setting cfg_settings[] = {
 	{ "INBOX_OUT_EXCHANGE", "out-exchange", NULL, NULL, "orders.out", K_NAME,
 	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to" },
 	{ "INBOX_MAX_BODY", "max-body", NULL, NULL, "65536", K_LONG, F(max_body), 64,
-	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large" },
+	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large; twice it, plus 136 KiB, must fit "
+	  "the database's max_allowed_packet (checked at connect)" },
 	{ "INBOX_RETENTION", "retention", NULL, NULL, "7d", K_DURATION, F(retention_s), 60,
 	  3650L * 86400, NULL,
 	  "how long inbox rows are kept; must exceed the longest redelivery window" },

@@ -208,12 +208,15 @@ static int db_read_max_packet(struct db *d)
 	if (res == NULL)
 		return -1;
 	row = mysql_fetch_row(res);
-	if (row != NULL && row[0] != NULL)
+	if (row != NULL && row[0] != NULL) {
 		v = strtoull(row[0], &end, 10);
+		if (end == row[0] || *end != '\0')
+			v = 0;
+	}
 	mysql_free_result(res);
 	/* A value we cannot read is taken as the server's minimum: requests
 	 * are then cut small, never sent too large. */
-	d->max_packet = end != NULL && *end == '\0' && v >= DB_PACKET_MIN && v <= SIZE_MAX ? (size_t)v : DB_PACKET_MIN;
+	d->max_packet = v >= DB_PACKET_MIN && v <= SIZE_MAX ? (size_t)v : DB_PACKET_MIN;
 	return 0;
 }
 
