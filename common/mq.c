@@ -587,9 +587,14 @@ int mq_consume_start(struct mq *m, const char *queue, int prefetch, int priority
 	snprintf(c->queue, sizeof c->queue, "%s", queue);
 	c->prefetch = prefetch < 1 ? 1 : prefetch > 65535 ? 65535 : prefetch;
 	c->priority = priority;
-	/* Room for every delivery the broker may send, before it may. */
+	/* Room for every delivery the broker may send, before it may, and
+	 * one slot more: with every delivery it may send in hand, mq_service
+	 * must still read the next frame (a heartbeat, a cancel), and a free
+	 * slot is what it reads into.  Without it a full room stopped the
+	 * servicing, and the broker dropped the silent connection. */
 	for (int i = 0; i <= m->nconsumers; i++)
 		room += m->consumers[i].prefetch;
+	room++;
 	if (mq_room(m, room) != ST_OK)
 		return mq_fail(m, ST_ERR_NOMEM, "basic.consume", "out of memory for the prefetch's deliveries");
 	rc = mq_basic_consume(m, c);

@@ -22,8 +22,9 @@
 #define MQ_CHANNEL 1
 /* Deliveries one connection can hold at once (a batch in hand, and what
  * mq_service keeps aside meanwhile) are what the broker may send it: the
- * prefetch of its consumers, summed.  So the room is that, one limit, not
- * a second one beside it: mq_consume_start grows it (mq_room) before it
+ * prefetch of its consumers, summed.  So the room is that (and one slot to
+ * read the next frame into), one limit, not a second one beside it:
+ * mq_consume_start grows it (mq_room) before it
  * consumes, and the broker never sends more.  (It was a fixed 512: a
  * larger prefetch ran out of room during a database outage, the thread
  * slept instead of servicing the connection, and the broker dropped it

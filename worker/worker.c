@@ -155,8 +155,13 @@ static void worker_wait(struct worker *w, int ms)
 
 		if (step <= 0)
 			return;
-		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK)
-			pool_sleep_ms(step); /* no consumer, or it failed: the ack will say so */
+		if (w->consumer == NULL) {
+			pool_sleep_ms(step);
+		} else if (mq_service(w->consumer, step) != ST_OK) {
+			LOG(LOG_LEVEL_DEBUG, "cannot service the broker connection while waiting", WORKER_KV(w),
+			    LOG_S("error", mq_errmsg(w->consumer)));
+			pool_sleep_ms(step); /* it failed: the ack will say so */
+		}
 	}
 }
 
