@@ -131,7 +131,8 @@ static int db_map_errno(unsigned e)
 	case WARN_DATA_TRUNCATED:
 	case ER_BAD_NULL_ERROR:
 	case ER_INVALID_CHARACTER_STRING:
-	case ER_NET_PACKET_TOO_LARGE:
+	case ER_NET_PACKET_TOO_LARGE: /* a request over max_allowed_packet (db_max_request) */
+	case CR_NET_PACKET_TOO_LARGE: /* the same refused by the client library */
 	case ER_DIVISION_BY_ZERO:
 	case DB_ERRNO_TOO_LONG:
 		return ST_ERR_DB_DATA;
@@ -146,7 +147,9 @@ static int db_fail(struct db *d, unsigned e, const char *msg)
 
 	d->last_errno = e;
 	snprintf(d->last_error, sizeof d->last_error, "%s", msg ? msg : "");
-	if (rc == ST_ERR_DB_CONN)
+	/* The server closes the connection after 1153 too: the next use
+	 * reconnects, and the error stays the data's (ST_ERR_DB_DATA). */
+	if (rc == ST_ERR_DB_CONN || e == ER_NET_PACKET_TOO_LARGE)
 		d->broken = true;
 	return rc;
 }
