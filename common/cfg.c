@@ -189,7 +189,9 @@ static const struct cfg_setting cfg_settings[] = {
 	  "worker threads, each with its own broker and database connection", NULL },
 	{ "INBOX_PREFETCH", "prefetch", NULL, NULL, "200", K_INT, F(prefetch), 1, 65535, NULL,
 	  "basic.qos prefetch per thread",
-	  "Twice the default INBOX_BATCH." },
+	  "Twice the default INBOX_BATCH.  Any value up to 65535 works: a thread keeps room for every "
+	  "delivery its prefetch lets the broker send, so it services heartbeats through a database "
+	  "outage whatever the value." },
 	{ "INBOX_CONSUMER", "consumer", NULL, NULL, "order-status", K_NAME, F(consumer), 1, 64,
 	  NULL, "this handler's name: the first part of the dedup key", NULL },
 	{ "INBOX_QUEUE", "queue", NULL, NULL, "orders.inbox", K_NAME, F(queue), 1, 255, NULL,
@@ -206,9 +208,14 @@ static const struct cfg_setting cfg_settings[] = {
 	{ "INBOX_OUT_EXCHANGE", "out-exchange", NULL, NULL, "orders.out", K_NAME,
 	  F(out_exchange), 1, 255, NULL, "exchange the outbox publishes to", NULL },
 	{ "INBOX_MAX_BODY", "max-body", NULL, NULL, "65536", K_LONG, F(max_body), 64,
-	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large",
+	  16L * 1024 * 1024, NULL, "bytes; larger bodies are dead-lettered as too-large; twice it, plus 136 KiB, must fit "
+	  "the database's max_allowed_packet (checked at connect)",
 	  "Events held under a larger value before a restart are still released or expired whole "
-	  "(stored rows are read up to their columns' widths: 16 MiB body, 64 KiB properties)." },
+	  "(stored rows are read up to their columns' widths: 16 MiB body, 64 KiB properties).  "
+	  "A held or dead-lettered body travels as hex: each connection reads max_allowed_packet and "
+	  "the worker refuses, with one line naming both, a value that cannot fit (exit 2); MariaDB's "
+	  "default 16 MiB carries bodies up to about 8.3 MB.  A batch's writes are cut into requests "
+	  "below that limit, never sent larger." },
 	{ "INBOX_RETENTION", "retention", NULL, NULL, "7d", K_DURATION, F(retention_s), 60,
 	  3650L * 86400, NULL,
 	  "how long inbox rows and sent outbox rows are kept; must exceed the longest redelivery window", NULL },

@@ -43,8 +43,19 @@ _Static_assert(DB_LOCK_WAIT_TIMEOUT_S < DB_READ_TIMEOUT_S,
 
 #define DB_MAX_COLS 24
 #define DB_GROW_FIRST 4096
-/* Our own number for a DBC_GROW value over its max (mapped to ST_ERR_DB_DATA). */
+/* Our own number for a DBC_GROW value over its max, and for a request
+ * that would not fit the server's max_allowed_packet (db_too_large): both
+ * the fault of the data (mapped to ST_ERR_DB_DATA). */
 #define DB_ERRNO_TOO_LONG 0xfffe
+/* What a request may hold below the server's max_allowed_packet: the
+ * packet carries the command byte too, and a margin keeps us clear of the
+ * edge (the server answers an oversized request with 1153 and closes the
+ * connection, and whether the client then reads 1153 or a lost connection
+ * depends on how far it got writing: a race, see db_max_request). */
+#define DB_PACKET_MARGIN 1024
+/* What we assume before the server said (db_connect_one reads it); the
+ * server's own minimum. */
+#define DB_PACKET_MIN 1024
 
 struct db_stmt {
 	struct db *db;
@@ -61,6 +72,9 @@ struct db {
 	struct db_stmt *stmts;
 	bool broken; /* a connection-lost error was seen: reconnect before use */
 	uint64_t round_trips; /* requests sent since db_open (db_round_trips) */
+	/* The server's max_allowed_packet, read at each connect: a session
+	 * sees the global value of when it connected. */
+	size_t max_packet;
 	unsigned last_errno;
 	char last_error[256];
 };
@@ -76,6 +90,8 @@ static int db_map_errno(unsigned e)
 		return ST_ERR_DB_DEADLOCK;
 	case ER_LOCK_WAIT_TIMEOUT:
 		return ST_ERR_DB_LOCK_TIMEOUT;
+	case ER_SUBQUERY_NO_1_ROW:
+		return ST_ERR_DB_CARDINALITY;
 	case CR_SERVER_GONE_ERROR:
 	case CR_SERVER_LOST:
 	case CR_CONNECTION_ERROR:
@@ -117,7 +133,8 @@ static int db_map_errno(unsigned e)
 	case WARN_DATA_TRUNCATED:
 	case ER_BAD_NULL_ERROR:
 	case ER_INVALID_CHARACTER_STRING:
-	case ER_NET_PACKET_TOO_LARGE:
+	case ER_NET_PACKET_TOO_LARGE: /* a request over max_allowed_packet (db_max_request) */
+	case CR_NET_PACKET_TOO_LARGE: /* the same refused by the client library */
 	case ER_DIVISION_BY_ZERO:
 	case DB_ERRNO_TOO_LONG:
 		return ST_ERR_DB_DATA;
@@ -132,7 +149,9 @@ static int db_fail(struct db *d, unsigned e, const char *msg)
 
 	d->last_errno = e;
 	snprintf(d->last_error, sizeof d->last_error, "%s", msg ? msg : "");
-	if (rc == ST_ERR_DB_CONN)
+	/* The server closes the connection after 1153 too: the next use
+	 * reconnects, and the error stays the data's (ST_ERR_DB_DATA). */
+	if (rc == ST_ERR_DB_CONN || e == ER_NET_PACKET_TOO_LARGE)
 		d->broken = true;
 	return rc;
 }
@@ -140,6 +159,16 @@ static int db_fail(struct db *d, unsigned e, const char *msg)
 static int db_fail_my(struct db *d)
 {
 	return db_fail(d, mysql_errno(d->my), mysql_error(d->my));
+}
+
+/* A failure after the one being reported (rc, not ST_OK): it may end the
+ * connection, but the first error's number and text stand (db_errmsg
+ * tells why rc happened, not what followed). */
+static int db_fail_after(struct db *d, int rc)
+{
+	if (db_map_errno(mysql_errno(d->my)) == ST_ERR_DB_CONN)
+		d->broken = true;
+	return rc;
 }
 
 static int db_fail_stmt(struct db_stmt *s)
@@ -197,6 +226,33 @@ static bool db_cert_refused(const char *msg)
 	return false;
 }
 
+/* The server's max_allowed_packet into d->max_packet; nonzero (with the
+ * connector's error set) when the query fails. */
+static int db_read_max_packet(struct db *d)
+{
+	MYSQL_RES *res;
+	MYSQL_ROW row;
+	unsigned long long v = 0;
+	char *end = NULL;
+
+	if (mysql_query(d->my, "SELECT @@max_allowed_packet") != 0)
+		return -1;
+	res = mysql_store_result(d->my);
+	if (res == NULL)
+		return -1;
+	row = mysql_fetch_row(res);
+	if (row != NULL && row[0] != NULL) {
+		v = strtoull(row[0], &end, 10);
+		if (end == row[0] || *end != '\0')
+			v = 0;
+	}
+	mysql_free_result(res);
+	/* A value we cannot read is taken as the server's minimum: requests
+	 * are then cut small, never sent too large. */
+	d->max_packet = v >= DB_PACKET_MIN && v <= SIZE_MAX ? (size_t)v : DB_PACKET_MIN;
+	return 0;
+}
+
 static int db_connect_one(struct db *d)
 {
 	const struct cfg_db *c = d->node;
@@ -237,6 +293,8 @@ static int db_connect_one(struct db *d)
 	if (mysql_query(d->my, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED") != 0)
 		goto fail;
 	if (mysql_query(d->my, "SET SESSION innodb_lock_wait_timeout = " DB_STR(DB_LOCK_WAIT_TIMEOUT_S)) != 0)
+		goto fail;
+	if (db_read_max_packet(d) != 0)
 		goto fail;
 	return ST_OK;
 fail:;
@@ -479,11 +537,15 @@ void db_rollback(struct db *d)
 		return;
 	d->round_trips++;
 	if (mysql_rollback(d->my) != 0) {
-		db_fail_my(d);
+		/* Logged, and not kept as the last error: a rollback follows
+		 * the failure the caller is about to report (db_errmsg), and
+		 * the server's "Lost connection" after, say, an oversized
+		 * request must not replace why the transaction failed. */
 		LOG(LOG_LEVEL_WARN, "rollback failed, dropping the connection",
-		    LOG_I("errno", d->last_errno), LOG_S("error", d->last_error));
+		    LOG_I("errno", mysql_errno(d->my)), LOG_S("error", mysql_error(d->my)));
 		/* A connection whose transaction state is unknown is useless:
 		 * the next use reconnects. */
+		d->broken = true;
 		db_disconnect(d);
 	}
 }
@@ -849,15 +911,12 @@ int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg)
 		} else if (mysql_field_count(d->my) != 0) {
 			/* A result set that could not be read (out of memory, or
 			 * the connection dropped while reading). */
-			int e = db_fail_my(d);
-			return rc == ST_OK ? e : rc;
+			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
 		}
 		stmt++;
 		status = mysql_next_result(d->my);
-		if (status > 0) {
-			int e = db_fail_my(d);
-			return rc == ST_OK ? e : rc;
-		}
+		if (status > 0)
+			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
 	} while (status == 0);
 	return rc;
 }
@@ -872,4 +931,30 @@ size_t db_escape(struct db *d, char *to, const char *from, size_t len)
 uint64_t db_round_trips(const struct db *d)
 {
 	return d->round_trips;
+}
+
+size_t db_max_request(const struct db *d)
+{
+	size_t p = d->max_packet > 0 ? d->max_packet : DB_PACKET_MIN;
+
+	return p > 2 * DB_PACKET_MARGIN ? p - DB_PACKET_MARGIN : p / 2;
+}
+
+size_t db_max_packet(const struct db *d)
+{
+	return d->max_packet;
+}
+
+int db_too_large(struct db *d, size_t need)
+{
+	char msg[200];
+
+	snprintf(msg, sizeof msg, "a request of at least %zu bytes would exceed the server's max_allowed_packet (%zu)",
+	         need, d->max_packet);
+	return db_fail(d, DB_ERRNO_TOO_LONG, msg);
+}
+
+int db_refuse_value(struct db *d, const char *why)
+{
+	return db_fail(d, DB_ERRNO_TOO_LONG, why);
 }

@@ -10,7 +10,8 @@
  * the caller's struct db_stmt pointers valid.
  *
  * Errors are translated here and nowhere else: 1062 -> ST_ERR_DB_DUPLICATE,
- * 1213 -> ST_ERR_DB_DEADLOCK, 1205 -> ST_ERR_DB_LOCK_TIMEOUT, 2002/2003/2006/
+ * 1213 -> ST_ERR_DB_DEADLOCK, 1205 -> ST_ERR_DB_LOCK_TIMEOUT, 1242 ->
+ * ST_ERR_DB_CARDINALITY, 2002/2003/2006/
  * 2013/... -> ST_ERR_DB_CONN, 1044/1045/1049/... -> ST_ERR_ACCESS, 2026 for
  * a server certificate that fails verification -> ST_ERR_TLS_CERT, anything
  * else -> ST_ERR_DB.  db_errmsg gives
@@ -118,7 +119,8 @@ bool db_connected(const struct db *d);
 int db_exec(struct db *d, const char *sql);
 int db_commit(struct db *d);
 /* Roll back; a failure is logged and ends the connection (the next use
- * reconnects), so callers need no error path of their own. */
+ * reconnects), so callers need no error path of their own.  It leaves
+ * db_errmsg/db_errno as they were: the first error stands. */
 void db_rollback(struct db *d);
 
 /* Prepare sql on d.  The statement is owned by d. */
@@ -186,5 +188,26 @@ size_t db_escape(struct db *d, char *to, const char *from, size_t len);
  * multi-statement requests, COMMITs and ROLLBACKs): what the round-trip
  * budget of a batch is measured by. */
 uint64_t db_round_trips(const struct db *d);
+
+/*
+ * The size limit of one request.  The server refuses a request larger than
+ * its max_allowed_packet (1153) and closes the connection as it does, so
+ * the client sees either 1153 or a lost connection (2006/2013) depending on
+ * how much it had written: a race that once made a batch look like an
+ * outage, re-sent for ever.  So a request is sized before it is sent.
+ * db_max_packet: the server's max_allowed_packet as read at connect (each
+ * connection reads it: a session keeps the global value of when it
+ * connected).  db_max_request: the most bytes of SQL text one request may
+ * hold, a margin below it; what sqlbuf grows to at most (sqlbuf.h).
+ */
+size_t db_max_packet(const struct db *d);
+size_t db_max_request(const struct db *d);
+/* Record "a request of at least need bytes would exceed the server's
+ * max_allowed_packet" as the last error; returns ST_ERR_DB_DATA (the size
+ * comes from the messages' values, and a retry cannot change it). */
+int db_too_large(struct db *d, size_t need);
+/* Record why (one line) as the last error of a value refused before it
+ * reached the server; returns ST_ERR_DB_DATA. */
+int db_refuse_value(struct db *d, const char *why);
 
 #endif

@@ -59,8 +59,18 @@
  * have been larger when the event was held. */
 #define INBOX_BODY_COLUMN_MAX 16777215u /* MEDIUMBLOB */
 #define INBOX_PROPS_COLUMN_MAX 65535u   /* TEXT */
-/* What the server answers the claim guard (inbox_claim_guard) with. */
-#define INBOX_ER_SUBQUERY_NO_1_ROW 1242u
+/* The ceiling of a section of the write (ib->w): its rows are cut into
+ * requests that fit the server's max_allowed_packet (inbox_flush), so a
+ * section is not a request and may hold more than one; what it holds is
+ * bounded by the configuration (a batch's rows, plus a page of released
+ * held events), and this is the ceiling of that: 1 GiB, the largest
+ * max_allowed_packet a server allows. */
+#define INBOX_SECTION_MAX (1024u * 1024u * 1024u)
+/* What one message's largest row needs in a request besides its body's
+ * hex (2 bytes a byte): the properties escaped (up to twice the column),
+ * the routing key escaped, ids, names, the dead-letter headers and the
+ * statement's head. */
+#define INBOX_ROW_OVERHEAD (2u * INBOX_PROPS_COLUMN_MAX + 8192u)
 /* Held events listed per round trip while releasing. */
 #define INBOX_RELEASE_PAGE 64
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
@@ -254,9 +264,14 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	 * failing every batch. */
 	PREP(ledger_probe, "SELECT payload_sha256 FROM order_events WHERE consumer = ? AND source = ? AND message_id = ?");
 #undef PREP
+	/* The request: at most what the server takes (sqlbuf's default
+	 * ceiling); the sections: cut into requests by inbox_flush. */
 	ib->req.db = db;
-	for (int i = 0; i < W_NSECT; i++)
+	for (int i = 0; i < W_NSECT; i++) {
 		ib->w[i].db = db;
+		ib->w[i].max = INBOX_SECTION_MAX;
+		ib->w[i].cuts_on = true;
+	}
 	/* Galera?  (No row: no wsrep; the answer is the same on every node.) */
 	{
 		static const char show[] = "SHOW VARIABLES LIKE 'wsrep_on'";
@@ -270,6 +285,22 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 fail:
 	inbox_close(&ib);
 	return rc;
+}
+
+int inbox_limits(const struct inbox *ib, char *why, size_t cap)
+{
+	size_t have = db_max_request(ib->db), packet = db_max_packet(ib->db);
+	size_t need = 2 * (size_t)ib->conf->max_body + INBOX_ROW_OVERHEAD;
+
+	if (need <= have)
+		return ST_OK;
+	/* The server keeps max_allowed_packet in multiples of 1 KiB. */
+	snprintf(why, cap,
+	         "INBOX_MAX_BODY=%ld needs the database's max_allowed_packet >= %zu (the server has %zu): raise"
+	         " max_allowed_packet (SET GLOBAL and the server's configuration) or lower INBOX_MAX_BODY to %zu",
+	         ib->conf->max_body, (need + (packet - have) + 1023) / 1024 * 1024, packet,
+	         have > INBOX_ROW_OVERHEAD ? (have - INBOX_ROW_OVERHEAD) / 2 : 0);
+	return ST_ERR_INVALID;
 }
 
 void inbox_close(struct inbox **ibp)
@@ -404,6 +435,78 @@ static void inbox_claim_guard(struct inbox *ib, struct sqlbuf *q)
 	sqlbuf_sql(q, ");");
 }
 
+/* Send the request in hand (ib->req, SQL text that fits: sqlbuf's
+ * ceiling) and start the next; the transaction stays open. */
+static int inbox_send(struct inbox *ib)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc = sqlbuf_err(q);
+
+	if (rc == ST_OK && q->len > 0)
+		rc = db_multi(ib->db, q->p, q->len, NULL, NULL);
+	sqlbuf_reset(q);
+	return rc;
+}
+
+/*
+ * Append section s of the write to the request, as many requests as its
+ * rows need: rows (or, for the sections of whole statements, statements)
+ * are added while they fit beside what is there, then the request is sent
+ * and the rest goes in the next.  Where a cut falls depends only on the
+ * rows and the server's limit, never on the wire (db.h).  A row that does
+ * not fit an empty request is refused (ST_ERR_DB_DATA, and db_errmsg says
+ * so): the start-up check (inbox_limits) keeps that from any body the
+ * configuration accepts.  reserve: room kept for what must follow in the
+ * last request (the COMMIT).
+ */
+static int inbox_flush_section(struct inbox *ib, int s, bool commit)
+{
+	struct sqlbuf *q = &ib->req, *b = &ib->w[s];
+	const char *head = inbox_wsql[s].head, *tail = inbox_wsql[s].tail;
+	size_t hlen = head != NULL ? strlen(head) : 0, tlen = tail != NULL ? strlen(tail) + 1 : 0;
+	size_t max = sqlbuf_max(q), reserve = commit ? sizeof "COMMIT" : 0;
+	bool open = false; /* a statement of this section is open in q */
+	int rc = ST_OK;
+
+	if (b->len == 0)
+		return ST_OK;
+	for (size_t u = 0; u <= b->ncuts; u++) {
+		/* Unit u: from its cut to the next (the first from 0; the
+		 * cuts of an empty prefix are skipped). */
+		size_t from = u == 0 ? 0 : b->cuts[u - 1];
+		size_t to = u < b->ncuts ? b->cuts[u] : b->len;
+
+		if (to <= from)
+			continue;
+		if (head != NULL && b->p[from] == ',' && !open)
+			from++; /* a list's row that starts a statement: no comma */
+		if (q->len + (open ? 0 : hlen) + (to - from) + tlen + reserve + 1 >= max && q->len > 0) {
+			if (open) {
+				sqlbuf_sql(q, tail);
+				sqlbuf_sql(q, ";");
+			}
+			open = false;
+			rc = inbox_send(ib);
+			if (rc != ST_OK)
+				return rc;
+			if (head != NULL && b->p[from] == ',')
+				from++;
+		}
+		if (hlen + (to - from) + tlen + reserve + 1 >= max)
+			return db_too_large(ib->db, hlen + (to - from) + tlen + reserve);
+		if (head != NULL && !open) {
+			sqlbuf_sql(q, head);
+			open = true;
+		}
+		sqlbuf_sqln(q, b->p + from, to - from);
+	}
+	if (open) {
+		sqlbuf_sql(q, tail);
+		sqlbuf_sql(q, ";");
+	}
+	return sqlbuf_err(q);
+}
+
 /* Write what the transaction decided so far, and COMMIT in the same
  * request when commit is set.  Order rows and held counts go as they stand
  * now: absolute values, so writing an order twice in one transaction is
@@ -438,6 +541,7 @@ static int inbox_flush(struct inbox *ib, bool commit)
 		if (r->held_dirty) {
 			struct sqlbuf *l = &ib->w[W_LOCK];
 
+			sqlbuf_stmt(l);
 			sqlbuf_sql(l, "UPDATE order_locks SET held = ");
 			sqlbuf_i64(l, r->held);
 			sqlbuf_sql(l, " WHERE order_id = ");
@@ -446,34 +550,39 @@ static int inbox_flush(struct inbox *ib, bool commit)
 			r->held_dirty = false;
 		}
 	}
-	sqlbuf_reset(q);
 	for (int s = 0; s < W_NSECT; s++) {
-		struct sqlbuf *b = &ib->w[s];
+		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
+			rc = sqlbuf_err(&ib->w[s]);
+		any = any || ib->w[s].len > 0;
+	}
+	sqlbuf_reset(q);
+	for (int s = 0; rc == ST_OK && s < W_NSECT; s++)
+		rc = inbox_flush_section(ib, s, commit);
+	if (rc == ST_OK && commit) {
+		/* The claim guard and the COMMIT go together, after the rows;
+		 * when they do not fit beside the last of them, the rows go
+		 * first. */
+		size_t at = q->len;
+		bool guard = ib->galera && ib->nkeys > 0;
 
-		if (sqlbuf_err(b) != ST_OK && rc == ST_OK)
-			rc = sqlbuf_err(b);
-		if (b->len == 0)
-			continue;
-		any = true;
-		if (inbox_wsql[s].head != NULL) {
-			sqlbuf_sql(q, inbox_wsql[s].head);
-			sqlbuf_sql(q, b->p);
-			sqlbuf_sql(q, inbox_wsql[s].tail);
-			sqlbuf_sql(q, ";");
-		} else {
-			sqlbuf_sql(q, b->p);
+		any = any || guard;
+		for (int pass = 0; pass < 2; pass++) {
+			if (guard)
+				inbox_claim_guard(ib, q);
+			sqlbuf_sql(q, "COMMIT");
+			if (sqlbuf_err(q) == ST_OK || at == 0 || pass > 0)
+				break;
+			sqlbuf_undo(q, at);
+			rc = inbox_send(ib);
+			if (rc != ST_OK)
+				break;
+			at = 0;
 		}
 	}
-	if (commit && ib->galera && ib->nkeys > 0) {
-		inbox_claim_guard(ib, q);
-		any = true;
-	}
-	if (commit)
-		sqlbuf_sql(q, "COMMIT");
 	if (rc == ST_OK)
 		rc = sqlbuf_err(q);
 	if (rc == ST_OK && any)
-		rc = db_multi(ib->db, q->p, q->len, NULL, NULL);
+		rc = inbox_send(ib);
 	else if (rc == ST_OK && commit)
 		rc = db_commit(ib->db);
 	for (int s = 0; s < W_NSECT; s++)
@@ -498,6 +607,7 @@ static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, cons
 {
 	struct sqlbuf *b = &ib->w[W_OUTCOME];
 
+	sqlbuf_stmt(b);
 	sqlbuf_sql(b, "UPDATE processed_messages SET outcome = ");
 	sqlbuf_str(b, outcome);
 	sqlbuf_sql(b, ", reason = ");
@@ -1301,7 +1411,7 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 	 * they are settled as duplicates instead of applied twice. */
 	if (rc == ST_OK) {
 		rc = inbox_flush(ib, true);
-		if (rc == ST_ERR_DB && ib->galera && db_errno(ib->db) == INBOX_ER_SUBQUERY_NO_1_ROW) {
+		if (rc == ST_ERR_DB_CARDINALITY && ib->galera) {
 			LOG(LOG_LEVEL_WARN, "the transaction lost its claim (a Galera abort); retrying the batch",
 			    LOG_I("claimed", ib->nmine));
 			rc = ST_ERR_DB_DEADLOCK;

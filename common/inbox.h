@@ -72,6 +72,13 @@ struct inbox_result {
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf);
 void inbox_close(struct inbox **ib);
 
+/* Whether every body INBOX_MAX_BODY accepts can be held and dead-lettered
+ * through this connection: a row carries the body as hex (twice its
+ * length) and must fit one request below the server's max_allowed_packet
+ * (db_max_request, read at connect).  ST_OK, or ST_ERR_INVALID with one
+ * line in why naming both settings and the remedy. */
+int inbox_limits(const struct inbox *ib, char *why, size_t cap);
+
 /*
  * The transaction of a batch of n messages (n >= 1), from its first
  * statement to its end: inbox_run opens it, runs it and commits it or rolls

@@ -294,9 +294,6 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
 	if (m == NULL)
 		return ST_ERR_NOMEM;
 	pub_state_init(&m->pub);
-	for (int i = 0; i < MQ_MAX_HELD; i++)
-		m->free_slots[i] = MQ_MAX_HELD - 1 - i;
-	m->nfree = MQ_MAX_HELD;
 	m->conn = amqp_new_connection();
 	if (m->conn == NULL) {
 		free(m);
@@ -432,9 +429,15 @@ void mq_close(struct mq **mp)
 	if (mp == NULL || *mp == NULL)
 		return;
 	m = *mp;
-	for (int i = 0; i < MQ_MAX_HELD; i++)
+	for (int i = 0; i < m->nslots; i++) {
 		if (m->env_used[i])
-			amqp_destroy_envelope(&m->envs[i]);
+			amqp_destroy_envelope(m->envs[i]);
+		free(m->envs[i]);
+	}
+	free(m->envs);
+	free(m->env_used);
+	free(m->free_slots);
+	free(m->stash);
 	if (m->has_got)
 		amqp_destroy_message(&m->got);
 	if (!m->broken) {
@@ -591,10 +594,52 @@ static int mq_basic_consume(struct mq *m, struct mq_consumer *c)
 	return ST_OK;
 }
 
+/* Grow the room to n slots (never shrinks; see mq_private.h).  The slots
+ * in use keep their envelopes (pointers move, envelopes do not); the ring
+ * of deliveries kept aside is laid out again from its head. */
+static int mq_room(struct mq *m, int n)
+{
+	amqp_envelope_t **envs;
+	bool *used;
+	int *free_slots, *stash;
+
+	if (n <= m->nslots)
+		return ST_OK;
+	envs = realloc(m->envs, (size_t)n * sizeof *envs);
+	if (envs == NULL)
+		return ST_ERR_NOMEM;
+	m->envs = envs;
+	used = realloc(m->env_used, (size_t)n * sizeof *used);
+	if (used == NULL)
+		return ST_ERR_NOMEM;
+	m->env_used = used;
+	free_slots = realloc(m->free_slots, (size_t)n * sizeof *free_slots);
+	if (free_slots == NULL)
+		return ST_ERR_NOMEM;
+	m->free_slots = free_slots;
+	stash = malloc((size_t)n * sizeof *stash);
+	if (stash == NULL)
+		return ST_ERR_NOMEM;
+	for (int i = 0; i < m->nstash; i++)
+		stash[i] = m->stash[(m->stash_head + i) % m->nslots];
+	free(m->stash);
+	m->stash = stash;
+	m->stash_head = 0;
+	/* The new slots are free: the highest at the bottom, so the lowest
+	 * is taken first. */
+	for (int i = n - 1; i >= m->nslots; i--) {
+		m->envs[i] = NULL;
+		m->env_used[i] = false;
+		m->free_slots[m->nfree++] = i;
+	}
+	m->nslots = n;
+	return ST_OK;
+}
+
 int mq_consume_start(struct mq *m, const char *queue, int prefetch, int priority)
 {
 	struct mq_consumer *c;
-	int rc;
+	int rc, room = 0;
 
 	if (m->nconsumers >= MQ_MAX_CONSUMERS || strlen(queue) >= sizeof c->queue)
 		return mq_fail(m, ST_ERR_INVALID, "basic.consume", "too many consumers or queue name too long");
@@ -603,6 +648,16 @@ int mq_consume_start(struct mq *m, const char *queue, int prefetch, int priority
 	snprintf(c->queue, sizeof c->queue, "%s", queue);
 	c->prefetch = prefetch < 1 ? 1 : prefetch > 65535 ? 65535 : prefetch;
 	c->priority = priority;
+	/* Room for every delivery the broker may send, before it may, and
+	 * one slot more: with every delivery it may send in hand, mq_service
+	 * must still read the next frame (a heartbeat, a cancel), and a free
+	 * slot is what it reads into.  Without it a full room stopped the
+	 * servicing, and the broker dropped the silent connection. */
+	for (int i = 0; i <= m->nconsumers; i++)
+		room += m->consumers[i].prefetch;
+	room++;
+	if (mq_room(m, room) != ST_OK)
+		return mq_fail(m, ST_ERR_NOMEM, "basic.consume", "out of memory for the prefetch's deliveries");
 	rc = mq_basic_consume(m, c);
 	if (rc == ST_OK)
 		m->nconsumers++;
@@ -695,7 +750,12 @@ static int mq_read(struct mq *m, int timeout_ms)
 	if (m->nfree == 0)
 		return mq_fail(m, ST_ERR_INVALID, "consume", "too many deliveries held");
 	slot = m->free_slots[m->nfree - 1];
-	env = &m->envs[slot];
+	if (m->envs[slot] == NULL) {
+		m->envs[slot] = calloc(1, sizeof *m->envs[slot]);
+		if (m->envs[slot] == NULL)
+			return mq_fail(m, ST_ERR_MQ_CONN, "consume", "out of memory for a delivery");
+	}
+	env = m->envs[slot];
 	amqp_maybe_release_buffers(m->conn);
 	r = amqp_consume_message(m->conn, env, &tv, 0);
 	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
@@ -725,7 +785,7 @@ static int mq_read(struct mq *m, int timeout_ms)
 
 static void mq_fill_from_slot(struct mq *m, int slot, struct mq_delivery *d)
 {
-	amqp_envelope_t *env = &m->envs[slot];
+	amqp_envelope_t *env = m->envs[slot];
 
 	d->slot = slot;
 	d->tag = env->delivery_tag;
@@ -741,7 +801,7 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms)
 
 	if (m->nstash > 0) {
 		slot = m->stash[m->stash_head];
-		m->stash_head = (m->stash_head + 1) % MQ_MAX_HELD;
+		m->stash_head = (m->stash_head + 1) % m->nslots;
 		m->nstash--;
 	} else {
 		slot = mq_read(m, timeout_ms);
@@ -777,22 +837,22 @@ int mq_service(struct mq *m, int timeout_ms)
 		if (left <= 0)
 			return ST_OK;
 		if (m->nfree == 0)
-			return ST_ERR_INVALID; /* no room: the prefetch is larger than MQ_MAX_HELD */
+			return ST_ERR_INVALID; /* no room: more came than the prefetch allows */
 		slot = mq_read(m, (int)left);
 		if (slot == ST_ERR_TIMEOUT)
 			continue;
 		if (slot < 0)
 			return slot;
-		m->stash[(m->stash_head + m->nstash) % MQ_MAX_HELD] = slot;
+		m->stash[(m->stash_head + m->nstash) % m->nslots] = slot;
 		m->nstash++;
 	}
 }
 
 void mq_delivery_release(struct mq *m, struct mq_delivery *d)
 {
-	if (d->priv != NULL && d->priv != &m->got && d->slot >= 0 && d->slot < MQ_MAX_HELD &&
-	    m->env_used[d->slot] && d->priv == &m->envs[d->slot].message) {
-		amqp_destroy_envelope(&m->envs[d->slot]);
+	if (d->priv != NULL && d->priv != &m->got && d->slot >= 0 && d->slot < m->nslots &&
+	    m->env_used[d->slot] && d->priv == &m->envs[d->slot]->message) {
+		amqp_destroy_envelope(m->envs[d->slot]);
 		m->env_used[d->slot] = false;
 		m->free_slots[m->nfree++] = d->slot;
 	} else if (d->priv == &m->got && m->has_got) {

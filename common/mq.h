@@ -22,8 +22,9 @@
  *
  * Ownership: mq_open returns a handle freed by mq_close (NULL-safe, clears
  * the pointer).  A delivery filled by mq_consume borrows the connection's
- * memory until mq_delivery_release; up to 512 may be held at once (a batch
- * plus what mq_service keeps aside).
+ * memory until mq_delivery_release; as many may be held at once as the
+ * broker may send (the prefetch of the connection's consumers, summed: a
+ * batch plus what mq_service keeps aside).
  * A delivery from mq_get lives until the next mq_get or its release.
  */
 #ifndef INBOX_MQ_H
@@ -114,7 +115,7 @@ int mq_consume(struct mq *m, struct mq_delivery *d, int timeout_ms);
  * for frames (rabbitmq-c sends and answers heartbeats only while it waits
  * or publishes) and keep every delivery that arrives for mq_consume.
  * ST_OK when the time is up; ST_ERR_INVALID when there is no room to keep
- * another delivery (a prefetch near MQ_MAX_HELD); a broker error when the
+ * another delivery (more came than the prefetch allows); a broker error when the
  * connection failed. */
 int mq_service(struct mq *m, int timeout_ms);
 /* Consumers the broker cancelled (consumer_cancel_notify) since they were

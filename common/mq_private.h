@@ -20,10 +20,17 @@
 #include "mq.h"
 
 #define MQ_CHANNEL 1
-/* Deliveries one connection can hold at once (a batch); each has its own
- * envelope, so they can be settled together. */
-#define MQ_MAX_HELD 512
-_Static_assert(MQ_MAX_HELD >= CFG_BATCH_MAX, "a connection must hold a whole batch of deliveries");
+/* Deliveries one connection can hold at once (a batch in hand, and what
+ * mq_service keeps aside meanwhile) are what the broker may send it: the
+ * prefetch of its consumers, summed.  So the room is that (and one slot to
+ * read the next frame into), one limit, not a second one beside it:
+ * mq_consume_start grows it (mq_room) before it
+ * consumes, and the broker never sends more.  (It was a fixed 512: a
+ * larger prefetch ran out of room during a database outage, the thread
+ * slept instead of servicing the connection, and the broker dropped it
+ * for missed heartbeats.)  INBOX_BATCH <= INBOX_PREFETCH (cfg.c), so a
+ * batch always fits too.  Each envelope is allocated the first time its
+ * slot is used and never moves: a delivery points into it. */
 
 /* Consumers one channel can carry: a thread consumes at most every shard. */
 #define MQ_MAX_CONSUMERS 64
@@ -58,15 +65,17 @@ struct mq {
 	amqp_connection_state_t conn;
 	bool broken;
 	struct pub_state pub;
-	amqp_envelope_t envs[MQ_MAX_HELD];
-	bool env_used[MQ_MAX_HELD];
-	int free_slots[MQ_MAX_HELD];
+	/* The room: nslots envelope slots (see above). */
+	amqp_envelope_t **envs;
+	bool *env_used;
+	int *free_slots;
 	int nfree;
+	int nslots;
 	/* Deliveries read by mq_service while the thread took no new work, in
-	 * arrival order (a ring of envelope slots); mq_consume hands them out
-	 * before it reads the socket again.  The broker's prefetch bounds how
-	 * many arrive. */
-	int stash[MQ_MAX_HELD];
+	 * arrival order (a ring of envelope slots, nslots long); mq_consume
+	 * hands them out before it reads the socket again.  The broker's
+	 * prefetch bounds how many arrive. */
+	int *stash;
 	int stash_head;
 	int nstash;
 	struct mq_consumer consumers[MQ_MAX_CONSUMERS];

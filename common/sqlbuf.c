@@ -8,15 +8,25 @@
 
 #include "status.h"
 
+size_t sqlbuf_max(const struct sqlbuf *b)
+{
+	if (b->max > 0)
+		return b->max;
+	return b->db != NULL ? db_max_request(b->db) : SIZE_MAX / 4;
+}
+
 static bool sqlbuf_reserve(struct sqlbuf *b, size_t more)
 {
-	size_t cap;
+	size_t cap, max = sqlbuf_max(b);
 	char *np;
 
 	if (b->err != ST_OK)
 		return false;
-	if (more > SIZE_MAX / 4 - b->len) {
-		b->err = ST_ERR_NOMEM;
+	if (max > SIZE_MAX / 4)
+		max = SIZE_MAX / 4;
+	/* +1: the NUL kept after the text. */
+	if (b->len >= max || more >= max - b->len) {
+		b->err = b->db != NULL ? db_too_large(b->db, b->len + more) : ST_ERR_DB_DATA;
 		return false;
 	}
 	if (b->len + more + 1 <= b->cap)
@@ -24,6 +34,8 @@ static bool sqlbuf_reserve(struct sqlbuf *b, size_t more)
 	cap = b->cap > 0 ? b->cap : 4096;
 	while (cap < b->len + more + 1)
 		cap *= 2;
+	if (cap > max)
+		cap = max; /* the ceiling holds the memory too (len + more + 1 <= max) */
 	np = realloc(b->p, cap);
 	if (np == NULL) {
 		b->err = ST_ERR_NOMEM;
@@ -64,6 +76,35 @@ void sqlbuf_sql(struct sqlbuf *b, const char *sql)
 	sqlbuf_raw(b, sql, strlen(sql));
 }
 
+void sqlbuf_sqln(struct sqlbuf *b, const char *sql, size_t n)
+{
+	sqlbuf_raw(b, sql, n);
+}
+
+/* Record a cut point at the end of the text. */
+static void sqlbuf_cut(struct sqlbuf *b)
+{
+	if (!b->cuts_on || b->err != ST_OK)
+		return;
+	if (b->ncuts == b->cuts_cap) {
+		size_t cap = b->cuts_cap > 0 ? 2 * b->cuts_cap : 64;
+		size_t *nc = cap < SIZE_MAX / sizeof *nc ? realloc(b->cuts, cap * sizeof *nc) : NULL;
+
+		if (nc == NULL) {
+			b->err = ST_ERR_NOMEM;
+			return;
+		}
+		b->cuts = nc;
+		b->cuts_cap = cap;
+	}
+	b->cuts[b->ncuts++] = b->len;
+}
+
+void sqlbuf_stmt(struct sqlbuf *b)
+{
+	sqlbuf_cut(b);
+}
+
 /* Bytes that never need escaping in a quoted literal, whatever the
  * connection's character set (every one we allow is ASCII-compatible) and
  * SQL mode: printable ASCII but the quotes and the backslash.  Most values
@@ -95,7 +136,7 @@ void sqlbuf_strn(struct sqlbuf *b, const char *s, size_t n)
 		e = db_escape(b->db, b->p + b->len, s, n);
 	}
 	if (e == SIZE_MAX) {
-		b->err = ST_ERR_DB_DATA;
+		b->err = db_refuse_value(b->db, "a value cannot be escaped in the connection's character set");
 		return;
 	}
 	b->len += e;
@@ -200,6 +241,7 @@ void sqlbuf_row_end(struct sqlbuf *b)
 
 void sqlbuf_item(struct sqlbuf *b)
 {
+	sqlbuf_cut(b);
 	if (b->len > b->mark)
 		sqlbuf_raw(b, ",", 1);
 }
@@ -209,6 +251,18 @@ bool sqlbuf_list_empty(const struct sqlbuf *b)
 	return b->len == b->mark;
 }
 
+void sqlbuf_undo(struct sqlbuf *b, size_t len)
+{
+	if (len > b->len)
+		return;
+	b->len = len;
+	b->err = ST_OK;
+	while (b->ncuts > 0 && b->cuts[b->ncuts - 1] > len)
+		b->ncuts--;
+	if (b->p != NULL)
+		b->p[b->len] = '\0';
+}
+
 void sqlbuf_reset(struct sqlbuf *b)
 {
 	b->len = 0;
@@ -216,6 +270,7 @@ void sqlbuf_reset(struct sqlbuf *b)
 	b->in_row = false;
 	b->first = false;
 	b->err = ST_OK;
+	b->ncuts = 0;
 	if (b->p != NULL)
 		b->p[0] = '\0';
 }
@@ -226,6 +281,9 @@ void sqlbuf_trim(struct sqlbuf *b, size_t keep)
 		free(b->p);
 		b->p = NULL;
 		b->cap = 0;
+		free(b->cuts);
+		b->cuts = NULL;
+		b->cuts_cap = 0;
 	}
 	sqlbuf_reset(b);
 }
@@ -235,6 +293,9 @@ void sqlbuf_free(struct sqlbuf *b)
 	free(b->p);
 	b->p = NULL;
 	b->cap = 0;
+	free(b->cuts);
+	b->cuts = NULL;
+	b->cuts_cap = 0;
 	sqlbuf_reset(b);
 }
 

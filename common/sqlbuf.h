@@ -16,6 +16,16 @@
  * escape sets err, later calls do nothing, and the owner checks err once
  * before sending (sqlbuf_err).
  *
+ * Every buffer has a ceiling (max): by default the connection's
+ * db_max_request, the most one request may hold below the server's
+ * max_allowed_packet, read at connect.  Growing past it is the sticky
+ * ST_ERR_DB_DATA, with the size in the connection's db_errmsg: that is how
+ * a request is known not to fit before it is sent (db.h says why it must
+ * be).  A buffer whose rows are later cut into several requests (the
+ * sections of inbox.c's write) sets a ceiling of its own and cuts on:
+ * then the place before each row or statement is recorded (sqlbuf_item, sqlbuf_row, sqlbuf_stmt),
+ * so that the rows can be sent a request-full at a time.
+ *
  * Ownership: the struct is the caller's (zeroed to start); p is malloc'd
  * here and freed by sqlbuf_free.  db is borrowed; it must be the
  * connection the text is sent on (escaping depends on its character set
@@ -38,10 +48,23 @@ struct sqlbuf {
 	size_t mark;       /* where the current list of rows began */
 	bool in_row;       /* inside sqlbuf_row: values are comma-separated */
 	bool first;        /* no value in the row yet */
+	size_t max;        /* the ceiling; 0: db_max_request(db) */
+	/* Cut points (when cuts_on): offsets where a row of a list, or a
+	 * whole statement, begins (a list's rows after the first begin with
+	 * their comma). */
+	bool cuts_on;
+	size_t *cuts;
+	size_t ncuts, cuts_cap;
 };
 
 /* Our own SQL text (a literal of the caller's, never data). */
 void sqlbuf_sql(struct sqlbuf *b, const char *sql);
+/* n bytes of SQL text this module built (a part of another sqlbuf). */
+void sqlbuf_sqln(struct sqlbuf *b, const char *sql, size_t n);
+/* A whole statement begins here (a cut point, when cuts_on). */
+void sqlbuf_stmt(struct sqlbuf *b);
+/* The ceiling in bytes (sqlbuf_reserve refuses to grow past it). */
+size_t sqlbuf_max(const struct sqlbuf *b);
 /* Our own SQL text as one value of a row (e.g. "NOW(6)", "NULL"). */
 void sqlbuf_value(struct sqlbuf *b, const char *sql);
 /* A quoted, escaped string literal; s NULL gives NULL. */
@@ -65,6 +88,9 @@ void sqlbuf_item(struct sqlbuf *b);
 /* True when the list begun by sqlbuf_list has no item. */
 bool sqlbuf_list_empty(const struct sqlbuf *b);
 
+/* Back to len bytes (a length it had), its error cleared: undoes what
+ * did not fit, to send what did first. */
+void sqlbuf_undo(struct sqlbuf *b, size_t len);
 /* Back to empty, keeping the memory (and the connection). */
 void sqlbuf_reset(struct sqlbuf *b);
 /* Give the memory back if it grew past keep bytes, then reset. */

@@ -35,6 +35,8 @@ enum st_code {
 	                             * 1049/...; retrying will not fix it */
 	ST_ERR_TLS_CERT = -19,      /* we refused the server's TLS certificate (its chain
 	                             * or the host it names): retrying will not fix it */
+	ST_ERR_DB_CARDINALITY = -20, /* 1242: a scalar subquery gave more than one row
+	                              * (the Galera claim guard's signal, common/inbox.c) */
 	/*
 	 * Not a code; keep it last.  Enumerators count upwards, so it takes
 	 * the value one above the code written just before it: a new code

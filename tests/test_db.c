@@ -576,3 +576,71 @@ Test(db, script_and_bulk_write_their_rows_and_count_requests)
 	cr_assert_eq(db_stmt_insert_id(ins), 0, "no AUTO_INCREMENT column");
 	cr_assert_eq(db_commit(d), ST_OK);
 }
+
+/* Issue 22 item 3: the first error stands.  A rollback after a failed
+ * statement that itself fails (the connection died meanwhile) used to
+ * replace the statement's error with its own "Lost connection", so a
+ * message dead-lettered for the first said the second. */
+Test(db, a_failed_rollback_keeps_the_first_error)
+{
+	struct db *d = NULL;
+	struct got g = { 0 };
+	char root[4096], cmd[4400];
+	static const char q[] = "SELECT CONNECTION_ID()";
+
+	cr_assert_eq(db_open(&d, cfg_migrate_db(itest_cfg())), ST_OK);
+	cr_assert_eq(db_multi(d, q, sizeof q - 1, got_row, &g), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_exec(d, "SELECT * FROM test_db_no_such_table"), ST_ERR_DB);
+	cr_assert_eq(db_errno(d), 1146u);
+	snprintf(cmd, sizeof cmd, "%s sql -e 'KILL CONNECTION %s' >&2", itest_source("scripts/stack", root, sizeof root),
+	         g.v[0]);
+	cr_assert_eq(system(cmd), 0, "KILL CONNECTION %s", g.v[0]);
+	db_rollback(d);
+	cr_assert(!db_connected(d), "a failed rollback ends the connection");
+	cr_expect_eq(db_errno(d), 1146u, "the first error stands, not %u %s", db_errno(d), db_errmsg(d));
+	cr_expect_neq(strstr(db_errmsg(d), "test_db_no_such_table"), NULL, "detail: %s", db_errmsg(d));
+	db_close(&d);
+}
+
+/* Issue 24 item 5: a sqlbuf grows no further than one request may be (the
+ * server's max_allowed_packet, read at connect, less a margin), or than
+ * its own ceiling; growing past it is ST_ERR_DB_DATA with the size in the
+ * connection's error, before anything is sent. */
+Test(db, sqlbuf_refuses_to_grow_past_the_request_limit)
+{
+	struct db *d = itest_db();
+	struct sqlbuf b = { .db = d };
+	struct sqlbuf small = { .db = d, .max = 100 };
+	int64_t packet = itest_int("SELECT @@max_allowed_packet");
+	size_t n = db_max_request(d) / 2 + 16;
+	char *big = calloc(1, n);
+
+	cr_assert_not_null(big);
+	cr_assert_eq((int64_t)db_max_packet(d), packet, "read at connect");
+	cr_assert(db_max_request(d) < (size_t)packet && db_max_request(d) > (size_t)packet / 2);
+	sqlbuf_sql(&b, "SELECT ");
+	sqlbuf_bytes(&b, big, n); /* hex: twice n, past the limit */
+	cr_assert_eq(sqlbuf_err(&b), ST_ERR_DB_DATA);
+	cr_assert_neq(strstr(db_errmsg(d), "max_allowed_packet"), NULL, "detail: %s", db_errmsg(d));
+	cr_assert(b.cap <= db_max_request(d), "never grew past it (%zu)", b.cap);
+	sqlbuf_sql(&small, "SELECT 'this fits'");
+	cr_assert_eq(sqlbuf_err(&small), ST_OK);
+	for (int i = 0; i < 10; i++)
+		sqlbuf_sql(&small, ", 'and more'");
+	cr_assert_eq(sqlbuf_err(&small), ST_ERR_DB_DATA, "its own ceiling");
+	cr_assert(small.len < 100);
+	sqlbuf_free(&b);
+	sqlbuf_free(&small);
+	free(big);
+}
+
+/* Issue 24 item 6: 1242 is translated here, like every server error, so
+ * inbox.c's claim guard reads a code, not mysql's number. */
+Test(db, a_subquery_of_two_rows_maps_to_its_code)
+{
+	struct db *d = itest_db();
+
+	cr_assert_eq(db_exec(d, "SET @test_db_guard = (SELECT 1 UNION ALL SELECT 2)"), ST_ERR_DB_CARDINALITY, "%s",
+	             db_errmsg(d));
+	db_rollback(d);
+}

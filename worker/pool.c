@@ -209,13 +209,29 @@ int pool_refused(struct pool_thread *t, enum pool_link k, const char *what, cons
 	return rc;
 }
 
+int pool_misconfigured(struct pool_thread *t, const char *why)
+{
+	if (!atomic_exchange(&t->shared->refused, true))
+		LOG(LOG_LEVEL_ERROR, "configuration cannot work", LOG_S("error", why));
+	/* SPEC: a configuration error exits 2, a runtime failure 1.  Two
+	 * settings that cannot work together (INBOX_MAX_BODY and the
+	 * server's max_allowed_packet) are a configuration error: no retry
+	 * or restart fixes them, only changing one of them. */
+	atomic_store(&t->exit_code, 2);
+	atomic_store(&pool_stop, true);
+	return ST_ERR_INVALID;
+}
+
 bool pool_thread_ends(struct pool_thread *t, int rc)
 {
 	if (rc == ST_OK)
 		return false;
 	if (rc != ST_ERR_STOPPED) {
-		/* Refused (logged, the pool stopping), or unusable. */
-		atomic_store(&t->exit_code, 1);
+		/* Refused (logged, the pool stopping), or unusable; a code
+		 * set already (2: misconfigured) stands. */
+		int none = 0;
+
+		(void)atomic_compare_exchange_strong(&t->exit_code, &none, 1);
 		atomic_store(&pool_stop, true);
 	}
 	return true;
@@ -278,6 +294,12 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 			if (rc != ST_OK) {
 				pool_db_close(d);
 			}
+		}
+		/* Each connection reads the server's max_allowed_packet: a
+		 * body the configuration accepts must fit it (inbox_limits). */
+		if (rc == ST_OK && d->inbox != NULL && inbox_limits(d->inbox, why, sizeof why) != ST_OK) {
+			pool_db_close(d);
+			return pool_misconfigured(t, why);
 		}
 		if (rc == ST_OK) {
 			pool_link_back(t, POOL_LINK_DB);

@@ -141,6 +141,10 @@ void pool_thread_unready(struct pool_thread *t);
  * the first thread that meets one logs it (log_refused when what is NULL,
  * else what), every thread stops.  Returns rc. */
 int pool_refused(struct pool_thread *t, enum pool_link k, const char *what, const char *why, int rc);
+/* Settings that cannot work together (why: one line naming them and the
+ * remedy): logged once, every thread stops, the process exits 2.
+ * Returns ST_ERR_INVALID. */
+int pool_misconfigured(struct pool_thread *t, const char *why);
 
 /* After the thread's links were brought up: false when rc is ST_OK (go
  * on); true when the thread must leave its loop, asked to stop or

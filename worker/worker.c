@@ -166,6 +166,10 @@ static void worker_pause(struct worker *w, int ms, bool stopping)
 		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK) {
 			/* no consumer, or it failed: the ack will say so */
 			struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
+
+			if (w->consumer != NULL)
+				LOG(LOG_LEVEL_DEBUG, "cannot service the broker connection while waiting",
+				    WORKER_KV(w), LOG_S("error", mq_errmsg(w->consumer)));
 			while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 				;
 		}
