@@ -274,9 +274,15 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 				rc = inbox_open(&d->inbox, d->db, t->conf);
 			if (rc == ST_OK)
 				rc = outbox_open(&d->outbox, d->db, t->conf);
-			if (rc != ST_OK && d->db != NULL && rc != ST_ERR_DB_CONN) {
-				/* A prepare failing means the schema is missing or
-				 * wrong, or a grant: waiting will not fix it. */
+			if (rc != ST_OK && d->db != NULL && rc != ST_ERR_DB_CONN &&
+			    !t->link[POOL_LINK_DB].ever_up) {
+				/* A prepare failing at start-up means the schema is
+				 * missing or wrong, or a grant: waiting will not fix
+				 * it.  Once the thread has worked, the same failure
+				 * is a table renamed or dropped under a running
+				 * pool: what it holds is kept and the link retried
+				 * (below) until the schema is back, as for an
+				 * outage. */
 				char err[POOL_WHY_MAX];
 				snprintf(err, sizeof err, "%u %s", db_errno(d->db), db_errmsg(d->db));
 				pool_db_close(d);
