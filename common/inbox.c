@@ -470,6 +470,17 @@ static int inbox_flush_section(struct inbox *ib, int s, bool commit)
 
 	if (b->len == 0)
 		return ST_OK;
+	if (q->len + hlen + b->len + tlen + reserve + 1 < max) {
+		/* All of it fits beside what is there (the common case). */
+		if (head != NULL)
+			sqlbuf_sql(q, head);
+		sqlbuf_sqln(q, b->p, b->len);
+		if (tail != NULL) {
+			sqlbuf_sql(q, tail);
+			sqlbuf_sql(q, ";");
+		}
+		return sqlbuf_err(q);
+	}
 	for (size_t u = 0; u <= b->ncuts; u++) {
 		/* Unit u: from its cut to the next (the first from 0; the
 		 * cuts of an empty prefix are skipped). */

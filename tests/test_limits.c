@@ -203,6 +203,11 @@ Test(limits, a_latin1_database_stores_any_header, .timeout = 300, .fini = latin1
 	cr_assert(itest_str1("SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
 	                     "inbox", cs, sizeof cs));
 	cr_assert_str_eq(cs, "latin1", "the database's default is latin1");
+	/* 0002 made its text columns in the default (latin1); 0015 converts
+	 * them: no text column of ours is in anything but ascii or utf8mb4. */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+	                       " AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME NOT IN ('ascii', 'utf8mb4')"),
+	             0, "every text column says its character set");
 	m = itest_mq();
 	itest_event(body, sizeof body, "latin1-pay", "PaymentAuthorized", "o-latin1");
 	msg.exchange = itest_cfg()->exchange;
