@@ -65,7 +65,7 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	              " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
 	              " s:{s:I, s:I},"
 	              " s:{s:I, s:I, s:o},"
-	              " s:{s:I, s:I, s:I},"
+	              " s:{s:I, s:I, s:I, s:I},"
 	              " s:{s:I, s:I},"
 	              " s:I, s:I,"
 	              " s:{s:f, s:f}, s:{s:f, s:f, s:f},"
@@ -89,11 +89,11 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	              "dead_letters", (json_int_t)st->miss_dead, "dead_letters_without_reason",
 	              (json_int_t)st->miss_dead_bare, "conflict_dead_letters", (json_int_t)st->miss_conflicts,
 	              "order_rows", (json_int_t)st->miss_orders, "emitted", (json_int_t)st->miss_emits,
-	              "orders", "checked", (json_int_t)st->norders, "wrong", (json_int_t)st->wrong.count,
+	              "orders", "checked", (json_int_t)st->norders, "wrong", (json_int_t)(st->wrong.count - st->wrong_ids),
 	              "dead_letters", "expected", (json_int_t)f->dead_exp, "found", (json_int_t)f->dead_seen,
 	              "copies_by_reason", by_reason,
 	              "emitted", "expected", (json_int_t)f->emit_exp, "found", (json_int_t)f->emits_seen, "republished",
-	              (json_int_t)st->republished,
+	              (json_int_t)st->republished, "without_stable_id", (json_int_t)st->wrong_ids,
 	              "duplicates", "published", (json_int_t)f->dups_published, "absorbed", (json_int_t)f->dups_absorbed,
 	              "unexpected", (json_int_t)st->unexpected.count, "other_runs_queue_messages",
 	              (json_int_t)st->foreign,
@@ -175,9 +175,10 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
 	       st.missing.count, st.miss_effects, st.miss_dead, st.miss_dead_bare, st.miss_conflicts, st.miss_orders,
 	       st.miss_emits);
-	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count);
-	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld)\n", fig.dead_exp,
-	       fig.dead_seen, fig.emit_exp, fig.emits_seen, st.republished);
+	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count - st.wrong_ids);
+	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld, without the"
+	       " stable id %ld)\n", fig.dead_exp, fig.dead_seen, fig.emit_exp, fig.emits_seen, st.republished,
+	       st.wrong_ids);
 	/* Copies, not messages: a message delivered again after a crash may be
 	 * dead-lettered twice (the DLQ is at-least-once too). */
 	printf("dead-letter copies by reason:");

@@ -185,4 +185,6 @@ void v_state_free(struct v_state *st)
 	free(st->omap.slot);
 	free(st->mmap.slot);
 	free(st->lat);
+	free(st->probe_dead);
+	free(st->probe_conflicts);
 }

@@ -88,7 +88,11 @@ struct v_state {
 		long n;
 	} dead_by_reason[V_DEAD_REASONS]; /* the run's DLQ copies by x-inbox-reason */
 	int ndead_reasons;
-	long republished;   /* emitted messages seen more than once (allowed) */
+	long republished;   /* emitted messages seen more than once under their stable id (allowed) */
+	long wrong_ids;     /* emitted messages without their stable id (in the WRONG list too) */
+	/* v_wait_idle's look at the DLQ, per message: copies with the reason
+	 * the ledger expects, and payload-conflict copies (calloc'd there). */
+	int *probe_dead, *probe_conflicts;
 	/* The missing list by kind, for the report's totals. */
 	long miss_effects, miss_dead, miss_dead_bare, miss_conflicts, miss_orders, miss_emits;
 	long outcome_count[6];

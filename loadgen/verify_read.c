@@ -74,6 +74,55 @@ static int v_ready_messages(struct v_state *st, struct mq *m, uint32_t *ready)
 	return ST_OK;
 }
 
+static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct v_state *, const struct mq_delivery *));
+static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap);
+
+/* A DLQ copy of ours that the judge will count: the reason the ledger
+ * expects, or a conflict's. */
+static void v_on_dead_probe(struct v_state *st, const struct mq_delivery *d)
+{
+	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
+	long i;
+
+	v_delivery_id(d, id, sizeof id);
+	if (!v_ours(st, id, strlen(id)) || mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+		return;
+	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
+	if (i < 0)
+		return;
+	if (!st->msgs[i].effect && strcmp(reason, st->msgs[i].reason) == 0)
+		st->probe_dead[i]++;
+	else if (st->msgs[i].conflicts > 0 && strcmp(reason, "payload-conflict") == 0)
+		st->probe_conflicts[i]++;
+}
+
+/* Whether every dead letter the run must leave is in the DLQ, by id and
+ * reason: a count cannot tell, since a dead letter may be there twice (the
+ * DLQ is at-least-once) while another is still on its way.  *ok false
+ * when one is missing; the failure of a browse otherwise. */
+static int v_dead_letters_there(struct v_state *st, bool *ok)
+{
+	int rc;
+
+	*ok = false;
+	if (st->probe_dead == NULL)
+		st->probe_dead = calloc(st->nmsgs + 1, sizeof *st->probe_dead);
+	if (st->probe_conflicts == NULL)
+		st->probe_conflicts = calloc(st->nmsgs + 1, sizeof *st->probe_conflicts);
+	if (st->probe_dead == NULL || st->probe_conflicts == NULL)
+		return ST_ERR_NOMEM;
+	memset(st->probe_dead, 0, (st->nmsgs + 1) * sizeof *st->probe_dead);
+	memset(st->probe_conflicts, 0, (st->nmsgs + 1) * sizeof *st->probe_conflicts);
+	rc = v_browse(st, st->conf->dlq, v_on_dead_probe);
+	if (rc != ST_OK)
+		return rc;
+	for (size_t i = 0; i < st->nmsgs; i++)
+		if ((!st->msgs[i].effect && st->probe_dead[i] == 0) || st->probe_conflicts[i] < st->msgs[i].conflicts)
+			return ST_OK;
+	*ok = true;
+	return ST_OK;
+}
+
 /* What the ledger says the run must leave behind before it can be
  * judged: an inbox row for each valid original, and in the DLQ at least
  * one copy per message that must be dead-lettered and per conflicting
@@ -91,7 +140,8 @@ static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *
  * trace: no ready message in the inbox queue(s), no held event, no unsent
  * outbox row, an inbox row for every valid original, at least as many
  * dead letters in the DLQ as the run must leave, and the row count
- * unchanged for a second.  A client cannot see unacknowledged deliveries
+ * unchanged for a second, and then every dead letter the ledger expects
+ * found in the DLQ by id and reason.  A client cannot see unacknowledged deliveries
  * (a passive declare counts ready ones only, and a quorum queue whose
  * leader does not answer says 0), so "quiet for a while" is no proof: a
  * delivery a worker holds (a 20 s lock wait, a reset on its way back) is
@@ -104,7 +154,8 @@ static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *
 int v_wait_idle(struct v_state *st, int timeout_s)
 {
 	struct mq *m = NULL;
-	double end = lg_mono() + timeout_s, stable_since = 0;
+	double end = lg_mono() + timeout_s, stable_since = 0, last_probe = 0;
+	bool probed = false; /* the DLQ was read by id and found short */
 	int64_t last_rows = -1, expected, dead_expected;
 	bool tty = isatty(2) != 0;
 	char last_err[256] = "";
@@ -161,9 +212,20 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 				last_rows = rows;
 				stable_since = now;
 			}
+			/* The DLQ is read by id only once the counts say it can
+			 * be complete, and then at most every two seconds. */
 			if (ready == 0 && held == 0 && pending == 0 && rows >= expected && dead >= dead_expected &&
-			    now - stable_since >= 1.0)
-				break;
+			    now - stable_since >= 1.0 && now - last_probe >= 2.0) {
+				bool there = false;
+
+				last_probe = now;
+				probed = true;
+				rc = v_dead_letters_there(st, &there);
+				if (rc == ST_OK && there)
+					break;
+				if (rc != ST_OK)
+					snprintf(last_err, sizeof last_err, "reading %s", st->conf->dlq);
+			}
 		}
 		if (now > end) {
 			if (rc != ST_OK) {
@@ -172,8 +234,9 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 			}
 			fprintf(stderr,
 			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld,"
-			        " dead letters %u/%lld); verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held,
-			        (long long)pending, (long long)rows, (long long)expected, dead, (long long)dead_expected);
+			        " dead letters %u/%lld%s); verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held,
+			        (long long)pending, (long long)rows, (long long)expected, dead, (long long)dead_expected,
+			        probed ? ", but not every one the run needs" : "");
 			break;
 		}
 		if (tty && rc == ST_OK)
@@ -496,6 +559,8 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 	snprintf(stable, sizeof stable, "%s:%s", type, order);
 	if (d->props.message_id != NULL)
 		snprintf(prop, sizeof prop, "%.*s", (int)d->props.message_id_len, d->props.message_id);
+	if (prop[0] == '\0' || strcmp(prop, stable) != 0 || (body_id != NULL && strcmp(body_id, stable) != 0))
+		st->wrong_ids++;
 	if (prop[0] == '\0')
 		v_add(&st->wrong, "%s: %s emitted without a message-id (its stable id is %s)", order, type, stable);
 	else if (strcmp(prop, stable) != 0 || (body_id != NULL && strcmp(body_id, stable) != 0))
