@@ -11,12 +11,15 @@
 
 #include <errno.h>
 #include <mysql.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <mysqld_error.h>
 #include <errmsg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "addr.h"
 #include "log.h"
@@ -253,6 +256,56 @@ static int db_read_max_packet(struct db *d)
 	return 0;
 }
 
+/*
+ * The URL's TLS files, loaded as the connector will load them.  Connector/C
+ * reports a file it cannot load as any other CR_SSL_CONNECTION_ERROR ("No
+ * such file or directory (2)", "key values mismatch"), which reads like a
+ * handshake cut short; loaded here first, a wrong path or a key that is not
+ * the certificate's is named, and is ST_ERR_TLS_CERT: waiting will not fix
+ * it.  ST_OK when every file loads (or OpenSSL cannot even make a context:
+ * the connector then says why).
+ */
+static int db_tls_files(struct db *d, const struct cfg_db *c)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	const char *what = NULL, *path = NULL;
+	char reason[120] = "";
+
+	if (ctx == NULL)
+		return ST_OK;
+	ERR_clear_error();
+	if ((c->ssl_ca != NULL || c->ssl_capath != NULL) &&
+	    SSL_CTX_load_verify_locations(ctx, c->ssl_ca, c->ssl_capath) != 1) {
+		what = c->ssl_ca != NULL ? "cannot load ssl-ca" : "cannot load ssl-capath";
+		path = c->ssl_ca != NULL ? c->ssl_ca : c->ssl_capath;
+	} else if (c->ssl_cert != NULL && SSL_CTX_use_certificate_chain_file(ctx, c->ssl_cert) != 1) {
+		what = "cannot load ssl-cert";
+		path = c->ssl_cert;
+	} else if (c->ssl_key != NULL && SSL_CTX_use_PrivateKey_file(ctx, c->ssl_key, SSL_FILETYPE_PEM) != 1) {
+		what = "cannot load ssl-key";
+		path = c->ssl_key;
+	} else if (c->ssl_cert != NULL && SSL_CTX_check_private_key(ctx) != 1) {
+		what = "ssl-key does not match ssl-cert";
+		path = c->ssl_key;
+	}
+	if (what != NULL) {
+		unsigned long e = ERR_peek_last_error();
+
+		/* OpenSSL says "system lib" for a file it cannot open: the
+		 * system's own reason is clearer. */
+		if (path != NULL && access(path, R_OK) != 0)
+			snprintf(reason, sizeof reason, "%s", strerror(errno));
+		else if (e != 0)
+			ERR_error_string_n(e, reason, sizeof reason);
+		snprintf(d->last_error, sizeof d->last_error, "%s %s%s%s", what, path, reason[0] != '\0' ? ": " : "",
+		         reason);
+		d->last_errno = CR_SSL_CONNECTION_ERROR;
+	}
+	ERR_clear_error();
+	SSL_CTX_free(ctx);
+	return what != NULL ? ST_ERR_TLS_CERT : ST_OK;
+}
+
 static int db_connect_one(struct db *d)
 {
 	const struct cfg_db *c = d->node;
@@ -262,6 +315,8 @@ static int db_connect_one(struct db *d)
 	 * half-open TCP connection after the server vanished. */
 	unsigned rw_timeout = DB_READ_TIMEOUT_S;
 
+	if (c->ssl && db_tls_files(d, c) != ST_OK)
+		return ST_ERR_TLS_CERT;
 	d->my = mysql_init(NULL);
 	if (d->my == NULL)
 		return db_fail(d, CR_OUT_OF_MEMORY, "mysql_init failed");

@@ -399,9 +399,9 @@ void log_refused(int rc, const char *link, const char *user, const char *url, co
 	const char *what;
 
 	if (rc == ST_ERR_TLS_CERT)
-		what = db ? "database's TLS certificate not trusted: fix the URL's host or ssl-ca/ssl-capath, or the "
+		what = db ? "database TLS refused: fix the URL's host or ssl-ca/ssl-capath/ssl-cert/ssl-key, or the "
 		            "server's certificate (its chain must lead to that CA, and it must name the URL's host)"
-		          : "broker's TLS certificate not trusted: fix the URL's host, cacertfile or "
+		          : "broker TLS refused: fix the URL's host, cacertfile, certfile/keyfile or "
 		            "server_name_indication, or the broker's certificate (its chain must lead to that CA, and "
 		            "it must name the URL's host, or server_name_indication's)";
 	else

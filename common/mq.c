@@ -230,7 +230,7 @@ static int mq_tls_name(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp 
  * trust store, so without cacertfile the system's store is loaded, else
  * every verified handshake would fail.  Verification covers the chain and
  * the name of mq_tls_name.  A file that cannot be loaded is a
- * configuration fault: ST_ERR_MQ, which the pool does not wait out.
+ * configuration fault: ST_ERR_TLS_CERT, which the programs do not wait out.
  */
 static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp *conf)
 {
@@ -239,19 +239,19 @@ static int mq_tls_setup(struct mq *m, amqp_socket_t *sock, const struct cfg_amqp
 	if (conf->cacertfile != NULL) {
 		if (amqp_ssl_socket_set_cacert(sock, conf->cacertfile) != AMQP_STATUS_OK) {
 			snprintf(why, sizeof why, "cannot load cacertfile %s", conf->cacertfile);
-			return mq_fail(m, ST_ERR_MQ, "tls", why);
+			return mq_fail(m, ST_ERR_TLS_CERT, "tls", why);
 		}
 	} else if (conf->tls_verify) {
 		SSL_CTX *ctx = amqp_ssl_socket_get_context(sock);
 
 		if (ctx == NULL || SSL_CTX_set_default_verify_paths(ctx) != 1)
-			return mq_fail(m, ST_ERR_MQ, "tls", "cannot load the system's CA certificates");
+			return mq_fail(m, ST_ERR_TLS_CERT, "tls", "cannot load the system's CA certificates");
 	}
 	if (conf->certfile != NULL &&
 	    amqp_ssl_socket_set_key(sock, conf->certfile, conf->keyfile) != AMQP_STATUS_OK) {
 		snprintf(why, sizeof why, "cannot load certfile %s with keyfile %s", conf->certfile,
 		         conf->keyfile);
-		return mq_fail(m, ST_ERR_MQ, "tls", why);
+		return mq_fail(m, ST_ERR_TLS_CERT, "tls", why);
 	}
 	amqp_ssl_socket_set_verify_peer(sock, conf->tls_verify ? 1 : 0);
 	amqp_ssl_socket_set_verify_hostname(sock, 0);

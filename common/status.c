@@ -27,7 +27,7 @@ static const char *const st_strings[] = {
 	[-ST_ERR_STOPPED] = "stopped",
 	[-ST_ERR_DB_DATA] = "value refused by the database",
 	[-ST_ERR_ACCESS] = "access refused",
-	[-ST_ERR_TLS_CERT] = "server certificate not trusted",
+	[-ST_ERR_TLS_CERT] = "TLS certificates refused",
 	[-ST_ERR_DB_CARDINALITY] = "subquery returned more than one row",
 };
 _Static_assert(sizeof st_strings / sizeof st_strings[0] == ST_CODE_COUNT,

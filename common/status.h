@@ -33,8 +33,10 @@ enum st_code {
 	ST_ERR_ACCESS = -18,        /* a server refused our credentials or their rights:
 	                             * broker 403/530 at login, database 1044/1045/
 	                             * 1049/...; retrying will not fix it */
-	ST_ERR_TLS_CERT = -19,      /* we refused the server's TLS certificate (its chain
-	                             * or the host it names): retrying will not fix it */
+	ST_ERR_TLS_CERT = -19,      /* TLS cannot work as configured: the server's
+	                             * certificate fails verification (its chain, the
+	                             * host it names) or the URL's certificate files
+	                             * cannot be loaded; retrying will not fix it */
 	ST_ERR_DB_CARDINALITY = -20, /* 1242: a scalar subquery gave more than one row
 	                              * (the Galera claim guard's signal, common/inbox.c) */
 	/*

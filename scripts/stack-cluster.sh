@@ -75,6 +75,7 @@ cl_mq_node() {
 }
 
 cl_globals() {
+    PORT_SETTING=INBOX_CLUSTER_
     EPMD_PORT="$CL_EPMD_PORT"
     EPMD_DIR="$CL_DIR/epmd"
     EPMD_PIDFILE="$EPMD_DIR/epmd.pid"
@@ -142,7 +143,7 @@ cl_start_db() {
     cl_db_node "$i"
     user="$(cl_db_user)"
     if db_running; then return 0; fi
-    check_port_free "$DB_PORT" "MariaDB node $i" CLUSTER_DB
+    check_port_free "$DB_PORT" "MariaDB node $i" DB
     cl_prepare_db_dir "$i"
     if [ "$i" = 1 ] && [ ! -d "$DB_DATA/mysql" ]; then
         log "initialising Galera node 1 in $DB_DATA"

@@ -176,6 +176,28 @@ Test(tls, a_certificate_from_another_ca_is_fatal_at_start, .timeout = 300)
 	expect_fatal(amqp, bad_db, port, "wrong-ca-db", db_texts, log, sizeof log);
 }
 
+/* TLS files named in the URL that cannot be loaded (a wrong path, a key
+ * that is not the certificate's): a configuration fault that waiting will
+ * not fix, on either link: exit 1 with one line. */
+Test(tls, tls_files_that_cannot_be_loaded_are_fatal_at_start, .timeout = 300)
+{
+	const char *amqp = tls_env("INBOX_TLS_AMQP_URL"), *db = tls_env("INBOX_TLS_DB_URL");
+	const char *mq_texts[] = { "link=amqp", "TLS", "cannot load cacertfile", "no-such-ca.pem", NULL };
+	const char *db_ca[] = { "link=db", "TLS", "cannot load ssl-ca", "no-such-ca.pem: No such file", NULL };
+	const char *db_key[] = { "link=db", "TLS", "cannot load ssl-key", "key values mismatch", NULL };
+	char url[2048], log[256];
+	int port = itest_metrics_port(7);
+
+	itest_fresh();
+	expect_fatal(replace1(url, sizeof url, amqp, "/ca.pem", "/no-such-ca.pem"), db, port, "nofile-amqp", mq_texts,
+	             log, sizeof log);
+	expect_fatal(amqp, replace1(url, sizeof url, db, "/ca.pem", "/no-such-ca.pem"), port, "nofile-db", db_ca, log,
+	             sizeof log);
+	/* ssl-cert the CA's certificate, ssl-key the client's key */
+	expect_fatal(amqp, replace1(url, sizeof url, db, "/client.pem", "/ca.pem"), port, "nokey-db", db_key, log,
+	             sizeof log);
+}
+
 /* ---- a server named by its IP address ------------------------------------ */
 
 /* socat from 127.0.0.2:port to the server on 127.0.0.1:to: the same server
