@@ -519,19 +519,25 @@ Test(inbox, metrics_health_and_readiness_endpoints)
 	pid_t w;
 	int code = 0;
 
+	char addr[64];
+	int port = itest_metrics_port(7);
+
 	itest_fresh();
-	w = itest_worker(2, (const char *[]){ "INBOX_METRICS_ADDR=127.0.0.1:19465", NULL });
-	code = itest_wait_http(19465, "/readyz", 200, page, sizeof page, 30);
+	/* A port of this stack's (itest_metrics_port), not a fixed one: two
+	 * stacks on one machine run this test side by side. */
+	snprintf(addr, sizeof addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	w = itest_worker(2, (const char *[]){ addr, NULL });
+	code = itest_wait_http(port, "/readyz", 200, page, sizeof page, 30);
 	cr_assert_eq(code, 200, "ready once every thread has both connections");
-	cr_assert_eq(itest_http_get(19465, "/healthz", page, sizeof page), 200);
-	cr_assert_eq(itest_http_get(19465, "/nope", page, sizeof page), 404);
+	cr_assert_eq(itest_http_get(port, "/healthz", page, sizeof page), 200);
+	cr_assert_eq(itest_http_get(port, "/nope", page, sizeof page), 404);
 	m = itest_mq();
 	itest_event(body, sizeof body, "met-1", "OrderCreated", "o-met");
 	itest_publish(m, "OrderCreated", body, NULL);
 	itest_publish(m, "OrderCreated", body, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 1, WAIT_S), 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	cr_assert_eq(itest_http_get(19465, "/metrics", page, sizeof page), 200);
+	cr_assert_eq(itest_http_get(port, "/metrics", page, sizeof page), 200);
 	cr_assert_eq(metric(page, "inbox_messages_total{outcome=\"applied\"} "), 1, "%s", page);
 	cr_assert_eq(metric(page, "inbox_messages_total{outcome=\"duplicate\"} "), 1);
 	cr_assert_eq(metric(page, "inbox_duplicates_total "), 1, "SPEC.md's name, the same count as outcome=duplicate");
