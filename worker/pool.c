@@ -48,6 +48,11 @@
 
 atomic_bool pool_stop;
 
+/* Set once a thread of this process has prepared every statement: from
+ * then on the schema is known to be this build's, and a prepare that
+ * fails is a fault to wait out, not a refusal (pool_db_up). */
+static atomic_bool pool_schema_seen;
+
 /* The calling thread's progress counter; NULL in main and other threads. */
 static _Thread_local atomic_ullong *pool_my_beats;
 
@@ -274,15 +279,18 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 				rc = inbox_open(&d->inbox, d->db, t->conf);
 			if (rc == ST_OK)
 				rc = outbox_open(&d->outbox, d->db, t->conf);
+			if (rc == ST_OK)
+				atomic_store(&pool_schema_seen, true);
 			if (rc != ST_OK && d->db != NULL && rc != ST_ERR_DB_CONN &&
-			    !t->link[POOL_LINK_DB].ever_up) {
+			    !atomic_load(&pool_schema_seen)) {
 				/* A prepare failing at start-up means the schema is
 				 * missing or wrong, or a grant: waiting will not fix
-				 * it.  Once the thread has worked, the same failure
-				 * is a table renamed or dropped under a running
-				 * pool: what it holds is kept and the link retried
-				 * (below) until the schema is back, as for an
-				 * outage. */
+				 * it.  Once any thread of the process has prepared
+				 * its statements, the same failure is a table
+				 * renamed or dropped under a running pool (the
+				 * janitor may first connect only then): what is
+				 * held is kept and the link retried (below) until
+				 * the schema is back, as for an outage. */
 				char err[POOL_WHY_MAX];
 				snprintf(err, sizeof err, "%u %s", db_errno(d->db), db_errmsg(d->db));
 				pool_db_close(d);
