@@ -96,8 +96,14 @@ int notify_send(struct notify *n, const char *msg)
 
 	if (n->fd < 0)
 		return 0;
+	/* Never blocks: a manager that does not read (its queue of datagrams
+	 * is full: net.unix.max_dgram_qlen, 10 or so) must not stall the
+	 * thread that pings, or a stop that takes a while (a stop finishes
+	 * what it holds) would hang in sendto.  A dropped ping is what a
+	 * stalled service looks like to that manager anyway. */
 	do
-		r = sendto(n->fd, msg, strlen(msg), MSG_NOSIGNAL, (const struct sockaddr *)&n->addr, n->addrlen);
+		r = sendto(n->fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT, (const struct sockaddr *)&n->addr,
+		           n->addrlen);
 	while (r < 0 && errno == EINTR);
 	if (r >= 0)
 		return 0;
