@@ -37,6 +37,18 @@ static const char *tls_env(const char *name)
 	return v;
 }
 
+/* A port from the stack's environment, checked (no atoi: a typo must not
+ * read as port 0). */
+static int tls_env_port(const char *name)
+{
+	const char *v = tls_env(name);
+	char *end = NULL;
+	long p = strtol(v, &end, 10);
+
+	cr_assert(end != v && *end == '\0' && p > 0 && p < 65536, "%s is not a port: '%s'", name, v);
+	return (int)p;
+}
+
 /* s with the first `from` replaced by `to`, into buf. */
 static const char *replace1(char *buf, size_t cap, const char *s, const char *from, const char *to)
 {
@@ -281,7 +293,7 @@ Test(tls, a_certificate_not_issued_to_the_address_is_fatal_at_start, .timeout = 
 	pid_t fw;
 
 	itest_fresh();
-	fw = forward_from_other_address(fport, atoi(tls_env("INBOX_STACK_AMQP_TLS_PORT")));
+	fw = forward_from_other_address(fport, tls_env_port("INBOX_STACK_AMQP_TLS_PORT"));
 	snprintf(from, sizeof from, "@localhost:%s/", tls_env("INBOX_STACK_AMQP_TLS_PORT"));
 	snprintf(to, sizeof to, "@127.0.0.2:%d/", fport);
 	expect_fatal(replace1(url, sizeof url, amqp, from, to), db, port, "other-ip-amqp", mq_texts, log, sizeof log);
