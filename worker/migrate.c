@@ -391,10 +391,29 @@ cleanup:
 
 /* ---- run's check at start-up ------------------------------------------- */
 
+/* Whether schema_migrations exists in the connected database (a database
+ * never migrated has none).  The statement is owned by db. */
+static int migrate_have_table(struct db *db, bool *have)
+{
+	struct db_stmt *exists = NULL;
+	struct db_col c[] = { DBC_I64() };
+	int r, rc = db_prepare(db, &exists,
+	                       "SELECT COUNT(*) FROM information_schema.tables"
+	                       " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
+
+	if (rc != ST_OK)
+		return rc;
+	r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
+	if (r < 0)
+		return r;
+	*have = r == 1 && c[0].i64 > 0;
+	return ST_OK;
+}
+
 int migrate_check_known(const struct cfg *conf)
 {
 	struct db *db = NULL;
-	struct db_stmt *exists = NULL;
+	bool have_table = false;
 	char **names = NULL, unknown[201] = "";
 	int count = 0, code = 0, rc;
 
@@ -413,18 +432,10 @@ int migrate_check_known(const struct cfg *conf)
 		    LOG_S("dir", conf->migrations_dir), LOG_S("error", strerror(errno)));
 		goto cleanup;
 	}
-	rc = db_prepare(db, &exists,
-	                "SELECT COUNT(*) FROM information_schema.tables"
-	                " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
-	if (rc == ST_OK) {
-		struct db_col c[] = { DBC_I64() };
-		int r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
-
-		rc = r < 0 ? r : ST_OK;
-		/* Never migrated: the worker's first statement says so. */
-		if (r == 1 && c[0].i64 > 0)
-			rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
-	}
+	rc = migrate_have_table(db, &have_table);
+	/* Never migrated: the worker's first statement says so. */
+	if (rc == ST_OK && have_table)
+		rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up",
 		    LOG_S("error", db_errmsg(db)));
@@ -498,7 +509,7 @@ static int migrate_status_file(const char *dir, const char *name, const char *re
 int migrate_status(const struct cfg *conf)
 {
 	struct db *db = NULL;
-	struct db_stmt *exists = NULL, *list = NULL;
+	struct db_stmt *list = NULL;
 	struct migrate_record *rec = NULL;
 	struct migrate_tally t = { 0 };
 	char **names = NULL, **procs = NULL, pdir[4096];
@@ -518,16 +529,7 @@ int migrate_status(const struct cfg *conf)
 	if (rc != ST_OK)
 		goto cleanup;
 	/* No schema_migrations yet: nothing applied (and nothing created). */
-	rc = db_prepare(db, &exists,
-	                "SELECT COUNT(*) FROM information_schema.tables"
-	                " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
-	if (rc == ST_OK) {
-		struct db_col c[] = { DBC_I64() };
-		int r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
-		if (r < 0)
-			rc = r;
-		have_table = r == 1 && c[0].i64 > 0;
-	}
+	rc = migrate_have_table(db, &have_table);
 	rec = calloc(2 * MIGRATE_MAX_FILES, sizeof *rec);
 	if (rc == ST_OK && rec == NULL)
 		rc = ST_ERR_NOMEM;
