@@ -610,6 +610,18 @@ static void inbox_forget(struct inbox *ib)
 	ib->nkeys = 0;
 }
 
+/* "consumer = .. AND source = .. AND message_id = .." for one key of this
+ * consumer's, escaped: the predicate of every statement on one inbox row. */
+static void inbox_sql_key_is(const struct inbox *ib, struct sqlbuf *b, const char *source, const char *message_id)
+{
+	sqlbuf_sql(b, "consumer = ");
+	sqlbuf_str(b, ib->conf->consumer);
+	sqlbuf_sql(b, " AND source = ");
+	sqlbuf_str(b, source);
+	sqlbuf_sql(b, " AND message_id = ");
+	sqlbuf_str(b, message_id);
+}
+
 /* The final outcome of a key whose claim said 'applied' (or 'held').
  * waited: the event was held (held_at, migration 0012); a row held in an
  * earlier transaction has it already. */
@@ -623,13 +635,9 @@ static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, cons
 	sqlbuf_str(b, outcome);
 	sqlbuf_sql(b, ", reason = ");
 	sqlbuf_str(b, reason);
-	sqlbuf_sql(b, waited ? ", processed_at = NOW(6), held_at = NOW(6) WHERE consumer = "
-	                     : ", processed_at = NOW(6) WHERE consumer = ");
-	sqlbuf_str(b, ib->conf->consumer);
-	sqlbuf_sql(b, " AND source = ");
-	sqlbuf_str(b, ev->source);
-	sqlbuf_sql(b, " AND message_id = ");
-	sqlbuf_str(b, ev->message_id);
+	sqlbuf_sql(b, waited ? ", processed_at = NOW(6), held_at = NOW(6) WHERE "
+	                     : ", processed_at = NOW(6) WHERE ");
+	inbox_sql_key_is(ib, b, ev->source, ev->message_id);
 	sqlbuf_sql(b, ";");
 }
 
@@ -1359,12 +1367,8 @@ static void inbox_w_unclaim(struct inbox *ib, const struct msg *m)
 {
 	struct sqlbuf *b = &ib->w[W_OUTCOME];
 
-	sqlbuf_sql(b, "DELETE FROM processed_messages WHERE consumer = ");
-	sqlbuf_str(b, ib->conf->consumer);
-	sqlbuf_sql(b, " AND source = ");
-	sqlbuf_str(b, m->source);
-	sqlbuf_sql(b, " AND message_id = ");
-	sqlbuf_str(b, m->message_id);
+	sqlbuf_sql(b, "DELETE FROM processed_messages WHERE ");
+	inbox_sql_key_is(ib, b, m->source, m->message_id);
 	sqlbuf_sql(b, " AND claim = ");
 	sqlbuf_i64(b, ib->token);
 	sqlbuf_sql(b, ";");
