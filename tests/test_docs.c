@@ -1,18 +1,25 @@
 /*
- * test_docs.c - the README's settings table says what the settings table
- * (common/cfg.c) says, as --help prints it: one row per setting, in the
- * table's order, with its flag, its default and its help text.
+ * test_docs.c - the documents say what the tree and the programs say.
  *
- * The README's table is generated (inbox-worker --help-readme, between two
- * markers); this test is what keeps a hand edit of either side from
- * drifting.  It reads --help's text, not cfg.c's internals, so that it
- * checks what a user sees.  Likewise the README's table of /metrics
- * series against what metrics_render serves.
+ * The README's settings table says what the settings table (common/cfg.c)
+ * says, as --help prints it: one row per setting, in the table's order,
+ * with its flag, its default and its help text.  The table is generated
+ * (inbox-worker --help-readme, between two markers); this test is what
+ * keeps a hand edit of either side from drifting.  It reads --help's text,
+ * not cfg.c's internals, so that it checks what a user sees.  Likewise the
+ * operator's guide's table of /metrics series (doc/operations.md) against
+ * what metrics_render serves; the README's *Layout* against the folders
+ * and files of the tree; and every relative link of the README, doc/ and
+ * bench/README.md against the files and headings it points to.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cfg.h"
 #include "config.h"
@@ -99,7 +106,7 @@ static void plain(char *dst, size_t cap, const char *s, size_t len)
 	dst[j] = '\0';
 }
 
-/* The README's rows under the "| variable |" header of *Configuration*:
+/* The README's rows under the "| variable |" header of *Settings*:
  * cells split on unescaped '|'. */
 static int readme_rows(struct row *rows, int cap, char cells[][4][2048])
 {
@@ -233,7 +240,7 @@ Test(docs, readme_settings_table_is_generated_from_the_table)
 }
 
 /* The heap series are left out where glibc's mallinfo2 cannot say (the
- * README's row says so): under AddressSanitizer, or without it. */
+ * guide's row says so): under AddressSanitizer, or without it. */
 static bool heap_absent(const char *name)
 {
 #if INBOX_HAVE_MALLINFO2 && !defined(__SANITIZE_ADDRESS__)
@@ -244,11 +251,11 @@ static bool heap_absent(const char *name)
 #endif
 }
 
-/* The README's table of series (*Observability*) and what /metrics
+/* The operator's guide's table of series (*Monitoring*) and what /metrics
  * renders: every family the worker serves has a row, and every series a
  * row names is served.  (The DLQ gauge is rendered once the janitor read
  * the queue's depth; set here, as the janitor would.) */
-Test(docs, readme_series_table_is_what_metrics_serves)
+Test(docs, operations_series_table_is_what_metrics_serves)
 {
 	static char page[65536];
 	char path[4096], name[128];
@@ -258,10 +265,10 @@ Test(docs, readme_series_table_is_what_metrics_serves)
 	metrics_set_threads(1);
 	metrics_dlq_depth(0);
 	cr_assert_gt(metrics_render(page, sizeof page), 0);
-	snprintf(path, sizeof path, "%s/README.md", getenv("INBOX_SOURCE_ROOT"));
+	snprintf(path, sizeof path, "%s/doc/operations.md", getenv("INBOX_SOURCE_ROOT"));
 	doc = slurp(path);
 	p = strstr(doc, "\n| series | type | what |");
-	cr_assert_not_null(p, "README has no table of series");
+	cr_assert_not_null(p, "doc/operations.md has no table of series");
 	p = strchr(p + 1, '\n');
 	cr_assert_not_null(p);
 	p = strchr(p + 1, '\n'); /* |---| */
@@ -283,7 +290,7 @@ Test(docs, readme_series_table_is_what_metrics_serves)
 			        (hit[strlen(want)] == '`' || hit[strlen(want)] == '{');
 		}
 		if (!found) {
-			cr_log_error("README: no row for %s, which /metrics serves", name);
+			cr_log_error("doc/operations.md: no row for %s, which /metrics serves", name);
 			bad++;
 		}
 	}
@@ -300,7 +307,7 @@ Test(docs, readme_series_table_is_what_metrics_serves)
 			snprintf(name, sizeof name, "%.*s", (int)len, n + 1);
 			snprintf(served, sizeof served, "# TYPE %s ", name);
 			if (strstr(page, served) == NULL && !heap_absent(name)) {
-				cr_log_error("README names %s, which /metrics does not serve", name);
+				cr_log_error("doc/operations.md names %s, which /metrics does not serve", name);
 				bad++;
 			}
 			n = strchr(n + 1, '`'); /* the closing mark */
@@ -309,6 +316,337 @@ Test(docs, readme_series_table_is_what_metrics_serves)
 		}
 	}
 	cr_assert_gt(rows, 10);
-	cr_assert_eq(bad, 0, "%d differences between README.md's table of series and /metrics", bad);
+	cr_assert_eq(bad, 0, "%d differences between doc/operations.md's table of series and /metrics", bad);
 	free(doc);
+}
+
+/* Whether ROOT/REL exists; as a folder when want_dir. */
+static bool path_is(const char *root, const char *rel, bool want_dir)
+{
+	char path[4096];
+	struct stat st;
+
+	snprintf(path, sizeof path, "%s/%s", root, rel);
+	if (stat(path, &st) != 0)
+		return false;
+	return want_dir ? S_ISDIR(st.st_mode) : true;
+}
+
+/* The next `code` span of [p, end) into tok; NULL when there is none. */
+static const char *next_code(const char *p, const char *end, char *tok, size_t cap)
+{
+	const char *a = memchr(p, '`', (size_t)(end - p)), *b;
+
+	if (a == NULL)
+		return NULL;
+	b = memchr(a + 1, '`', (size_t)(end - a - 1));
+	if (b == NULL)
+		return NULL;
+	snprintf(tok, cap, "%.*s", (int)(b - a - 1), a + 1);
+	return b + 1;
+}
+
+/* A token that names no file: a command line, a setting, a pattern, a
+ * constant, an option. */
+static bool not_a_name(const char *t)
+{
+	if (t[0] == '\0' || t[0] == '-')
+		return true;
+	for (const char *c = t; *c != '\0'; c++)
+		if (*c == ' ' || *c == '=' || *c == ':' || *c == '*' || isupper((unsigned char)*c))
+			return true;
+	return false;
+}
+
+static bool has_ext(const char *t)
+{
+	static const char *const ext[] = {".c", ".h", ".py", ".md", ".sh", ".sql"};
+	size_t n = strlen(t);
+
+	for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++)
+		if (n > strlen(ext[i]) && strcmp(t + n - strlen(ext[i]), ext[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Folders whose layout row names every file: modules without their
+ * extension (common/, loadgen/, worker/), scripts without any. */
+static bool names_every_file(const char *folder)
+{
+	static const char *const all[] = {"common", "worker", "loadgen", "scripts", "bench"};
+
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		if (strcmp(folder, all[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Whether the row text [p, end) names FILE: as itself, by its stem (x for
+ * x.c and x.h), or by its sibling (x.c for x.h). */
+static bool row_names(const char *p, const char *end, const char *file)
+{
+	char tok[256], stem[256];
+	size_t n = strlen(file);
+
+	snprintf(stem, sizeof stem, "%s", file);
+	if (n > 2 && (strcmp(file + n - 2, ".c") == 0 || strcmp(file + n - 2, ".h") == 0))
+		stem[n - 2] = '\0';
+	for (const char *q = p; (q = next_code(q, end, tok, sizeof tok)) != NULL;) {
+		size_t m = strlen(tok);
+
+		if (strcmp(tok, file) == 0 || strcmp(tok, stem) == 0)
+			return true;
+		if (m > 2 && (strcmp(tok + m - 2, ".c") == 0 || strcmp(tok + m - 2, ".h") == 0) &&
+		    strlen(stem) == m - 2 && strncmp(tok, stem, m - 2) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* A build folder meson made inside the tree (build/, build-asan/, ...). */
+static bool is_build_dir(const char *root, const char *name)
+{
+	char rel[512];
+
+	snprintf(rel, sizeof rel, "%s/meson-private", name);
+	return path_is(root, rel, true);
+}
+
+/* The README's *Layout*: every folder of the tree has a row, every row's
+ * folder exists, every file a row names is there, and the rows of the
+ * code and script folders name every file in them. */
+Test(docs, readme_layout_is_the_tree)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char path[4096], folders[32][64], tok[256];
+	int nf = 0, bad = 0;
+	char *doc, *p;
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(path, sizeof path, "%s/README.md", root);
+	doc = slurp(path);
+	p = strstr(doc, "\n| folder | what it holds |\n|---|---|\n");
+	cr_assert_not_null(p, "README has no layout table");
+	p = strchr(p + 1, '\n');
+	p = strchr(p + 1, '\n') + 1;
+	for (char *end; *p == '|'; p = end + 1) {
+		const char *text;
+		char folder[64];
+
+		end = strchr(p, '\n');
+		cr_assert_not_null(end);
+		text = next_code(p, end, tok, sizeof tok);
+		cr_assert_not_null(text, "a layout row without a `folder/`: %.*s", (int)(end - p), p);
+		snprintf(folder, sizeof folder, "%.*s", (int)strcspn(tok, "/"), tok);
+		cr_assert_lt(nf, 32);
+		snprintf(folders[nf++], sizeof folders[0], "%s", folder);
+		if (!path_is(root, tok, false)) {
+			cr_log_error("README layout: %s is not in the tree", tok);
+			bad++;
+			continue;
+		}
+		if (!path_is(root, folder, true) || tok[strlen(tok) - 1] != '/')
+			continue; /* a file of its own: .ci/run */
+		for (const char *q = text; (q = next_code(q, end, tok, sizeof tok)) != NULL;) {
+			char rel[512];
+			bool ok;
+
+			if (not_a_name(tok))
+				continue;
+			if (strchr(tok, '/') != NULL && tok[strlen(tok) - 1] != '/') {
+				ok = path_is(root, tok, false); /* a path from the root */
+			} else if (tok[strlen(tok) - 1] == '/') {
+				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
+				ok = path_is(root, rel, true);
+			} else if (has_ext(tok)) {
+				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
+				ok = path_is(root, rel, false);
+			} else if (names_every_file(folder) && strcmp(folder, "worker") != 0 &&
+			           strcmp(folder, "loadgen") != 0) {
+				/* common/'s modules by stem; scripts without extension. */
+				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
+				ok = path_is(root, rel, false);
+				snprintf(rel, sizeof rel, "%s/%s.c", folder, tok);
+				ok = ok || path_is(root, rel, false);
+				snprintf(rel, sizeof rel, "%s/%s.h", folder, tok);
+				ok = ok || path_is(root, rel, false);
+			} else {
+				continue; /* a program's or command's name */
+			}
+			if (!ok) {
+				cr_log_error("README layout: %s/ names %s, which is not there", folder, tok);
+				bad++;
+			}
+		}
+		if (!names_every_file(folder))
+			continue;
+		snprintf(path, sizeof path, "%s/%s", root, folder);
+		d = opendir(path);
+		cr_assert_not_null(d, "cannot read %s", path);
+		while ((e = readdir(d)) != NULL) {
+			char rel[512];
+
+			snprintf(rel, sizeof rel, "%s/%s", folder, e->d_name);
+			if (e->d_name[0] == '.' || strcmp(e->d_name, "meson.build") == 0 || path_is(root, rel, true))
+				continue;
+			if (!row_names(text, end, e->d_name)) {
+				cr_log_error("README layout: the %s/ row does not name %s", folder, e->d_name);
+				bad++;
+			}
+		}
+		closedir(d);
+	}
+	d = opendir(root);
+	cr_assert_not_null(d);
+	while ((e = readdir(d)) != NULL) {
+		bool listed = false;
+
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || !path_is(root, e->d_name, true))
+			continue;
+		/* Hidden folders are the stacks' state and git's, but .ci. */
+		if ((e->d_name[0] == '.' && strcmp(e->d_name, ".ci") != 0) || is_build_dir(root, e->d_name))
+			continue;
+		for (int i = 0; i < nf; i++)
+			listed = listed || strcmp(folders[i], e->d_name) == 0;
+		if (!listed) {
+			cr_log_error("README layout: no row for the folder %s/", e->d_name);
+			bad++;
+		}
+	}
+	closedir(d);
+	cr_assert_gt(nf, 10);
+	cr_assert_eq(bad, 0, "%d differences between README.md's layout and the tree", bad);
+	free(doc);
+}
+
+/* GitHub's anchor of a heading: lower case, spaces to '-', everything but
+ * letters, digits, '-' and '_' dropped (bytes past ASCII too: no heading
+ * linked to has a letter there). */
+static void slug(char *dst, size_t cap, const char *h, size_t len)
+{
+	size_t j = 0;
+
+	for (size_t i = 0; i < len && j + 1 < cap; i++) {
+		unsigned char c = (unsigned char)h[i];
+
+		if (c == ' ')
+			dst[j++] = '-';
+		else if (c < 0x80 && (isalnum(c) || c == '-' || c == '_'))
+			dst[j++] = (char)tolower(c);
+	}
+	dst[j] = '\0';
+}
+
+/* Whether the markdown text has a heading whose anchor is frag (headings
+ * inside ``` blocks are not headings). */
+static bool has_anchor(const char *text, const char *frag)
+{
+	bool fence = false;
+	char s[512];
+
+	for (const char *l = text; *l != '\0'; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != '\0')) {
+		size_t len = strcspn(l, "\n");
+
+		if (strncmp(l, "```", 3) == 0)
+			fence = !fence;
+		if (fence || l[0] != '#')
+			continue;
+		size_t h = strspn(l, "#");
+		if (l[h] != ' ')
+			continue;
+		slug(s, sizeof s, l + h + 1, len - h - 1);
+		if (strcmp(s, frag) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Every relative link in one document (ROOT/rel) reaches a file of the
+ * tree and, with a #fragment, a heading of it.  Links that leave the tree
+ * (the project's SPEC.md beside it) and web addresses are not ours to
+ * check.  Returns the number of broken links. */
+static int check_links(const char *root, const char *rootreal, const char *rel)
+{
+	char path[4096], dir[4096], target[4096 + 1024 + 2], real[PATH_MAX];
+	char *doc = NULL;
+	const char *slash = strrchr(rel, '/');
+	bool fence = false;
+	int bad = 0, links = 0;
+
+	snprintf(path, sizeof path, "%s/%s", root, rel);
+	doc = slurp(path);
+	snprintf(dir, sizeof dir, "%s/%.*s", root, slash != NULL ? (int)(slash - rel) : 0, rel);
+	for (const char *l = doc; *l != '\0'; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != '\0')) {
+		size_t len = strcspn(l, "\n");
+
+		if (strncmp(l, "```", 3) == 0)
+			fence = !fence;
+		if (fence)
+			continue;
+		for (const char *m = l; (m = strstr(m, "](")) != NULL && m < l + len; m += 2) {
+			const char *t = m + 2;
+			size_t tl = strcspn(t, ")\n"), pl = strcspn(t, "#)\n");
+			char file[1024], frag[512] = "";
+
+			if (strncmp(t, "http://", 7) == 0 || strncmp(t, "https://", 8) == 0 || strncmp(t, "mailto:", 7) == 0)
+				continue;
+			links++;
+			snprintf(file, sizeof file, "%.*s", (int)pl, t);
+			if (pl < tl)
+				snprintf(frag, sizeof frag, "%.*s", (int)(tl - pl - 1), t + pl + 1);
+			if (file[0] == '\0')
+				snprintf(target, sizeof target, "%s", path);
+			else
+				snprintf(target, sizeof target, "%s/%s", dir, file);
+			if (realpath(target, real) == NULL) {
+				cr_log_error("%s: the link to %s leads nowhere", rel, file);
+				bad++;
+				continue;
+			}
+			if (strncmp(real, rootreal, strlen(rootreal)) != 0 || real[strlen(rootreal)] != '/')
+				if (strcmp(real, rootreal) != 0)
+					continue; /* outside the tree */
+			if (frag[0] != '\0') {
+				char *text = slurp(real);
+
+				if (!has_anchor(text, frag)) {
+					cr_log_error("%s: %s has no heading #%s", rel, file[0] != '\0' ? file : rel, frag);
+					bad++;
+				}
+				free(text);
+			}
+		}
+	}
+	free(doc);
+	cr_assert_gt(links, 0, "%s links to nothing", rel);
+	return bad;
+}
+
+Test(docs, links_in_the_documents_reach_their_files_and_headings)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char rootreal[PATH_MAX], path[4096], rel[512];
+	int bad = 0, docs = 0;
+	DIR *d;
+	struct dirent *e;
+
+	cr_assert_not_null(realpath(root, rootreal));
+	bad += check_links(root, rootreal, "README.md");
+	bad += check_links(root, rootreal, "bench/README.md");
+	snprintf(path, sizeof path, "%s/doc", root);
+	d = opendir(path);
+	cr_assert_not_null(d, "no doc/ folder");
+	while ((e = readdir(d)) != NULL) {
+		size_t n = strlen(e->d_name);
+
+		if (n < 4 || strcmp(e->d_name + n - 3, ".md") != 0)
+			continue;
+		snprintf(rel, sizeof rel, "doc/%s", e->d_name);
+		bad += check_links(root, rootreal, rel);
+		docs++;
+	}
+	closedir(d);
+	cr_assert_geq(docs, 3);
+	cr_assert_eq(bad, 0, "%d broken links in the documents", bad);
 }
