@@ -400,7 +400,7 @@ static int dlq_walk(struct dlq_run *r, dlq_visit_fn visit)
 			r->counted = true;
 			LOG(LOG_LEVEL_WARN, "the dead-letter queue counts deliveries (a quorum queue): every read adds one to"
 			    " each message's x-delivery-count, so it must have no delivery limit (RabbitMQ 3.x) or"
-			    " delivery-limit -1 (4.x; README, Dead letters), or reads would drop messages",
+			    " delivery-limit -1 (4.x; doc/operations.md, Dead letters), or reads would drop messages",
 			    LOG_S("queue", r->conf->dlq));
 		}
 		if (rc == ST_OK)

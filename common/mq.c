@@ -1074,14 +1074,14 @@ int mq_queue_declare_bind_type(struct mq *m, const char *queue, const char *exch
 		/* A queue declared before (by an older build) without the
 		 * argument would refuse it (406, inequivalent): then it keeps
 		 * what it has, and the operator is told how to lift its limit
-		 * with a policy (README, Dead letters). */
+		 * with a policy (doc/operations.md, Dead letters). */
 		rc = mq_queue_probe(m, queue, args, &refused);
 		if (rc != ST_OK)
 			return rc;
 		if (refused) {
 			LOG(LOG_LEVEL_WARN, "this quorum queue was declared without x-delivery-limit -1: on RabbitMQ 4.0-4.2"
 			    " each read of it counts toward the broker's default delivery limit (20) and would in the end"
-			    " drop messages; set a policy with delivery-limit -1 on it (README, Dead letters)",
+			    " drop messages; set a policy with delivery-limit -1 on it (doc/operations.md, Dead letters)",
 			    LOG_S("queue", queue), LOG_S("broker", version));
 			args.num_entries = 1;
 		}

@@ -103,8 +103,8 @@ static void help_settings(FILE *f)
 
 /* `send`: one message to INBOX_EXCHANGE, persistent and confirmed (the
  * topology declared first, as the worker declares it): what an operator
- * needs to try a fix or to stage an incident by hand (README, *Dead
- * letters*).  argv: "send" RK BODY [--message-id ID] [settings]. */
+ * needs to try a fix or to stage an incident by hand (doc/operations.md,
+ * *Dead letters*).  argv: "send" RK BODY [--message-id ID] [settings]. */
 static int lg_send(int argc, char **argv)
 {
 	struct cfg conf;

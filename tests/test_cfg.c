@@ -117,7 +117,7 @@ Test(cfg, defaults_match_the_spec)
 	cr_assert_eq(c.db.connect_timeout_s, 5);
 	cr_assert_str_eq(c.db.redacted, "mysql://inbox:***@127.0.0.1:3306/inbox");
 	cr_assert_eq(c.threads, 4);
-	cr_assert_eq(c.prefetch, 200); /* issue 10 (newer than SPEC.md: 32): chosen by measurement, README */
+	cr_assert_eq(c.prefetch, 200); /* issue 10 (newer than SPEC.md: 32): chosen by measurement, bench/README.md */
 	cr_assert_str_eq(c.consumer, "order-status");
 	cr_assert_str_eq(c.queue, "orders.inbox");
 	cr_assert_str_eq(c.exchange, "orders");

@@ -466,12 +466,12 @@ static void limit_policy(const struct cfg *c, int limit)
 	cr_assert_eq(system(cmd), 0, "set_policy failed");
 }
 
-/* The delivery limit of a running queue changes through a policy (README:
+/* The delivery limit of a running queue changes through a policy (doc/operations.md:
  * "Changing the delivery limit"): no 406, no queue deleted, and the
  * worker's declaration still passes afterwards.  A policy lowers the limit
  * the worker declared (x-delivery-limit, 5 here) and cannot raise it: the
  * broker takes the lower of argument and policy.  Both halves are what the
- * README tells operators. */
+ * operator's guide tells operators. */
 Test(faults, delivery_limit_policy_changes_a_running_queue, .timeout = 300)
 {
 	char body[512], root[4096], cmd[4600];
