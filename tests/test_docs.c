@@ -650,3 +650,30 @@ Test(docs, links_in_the_documents_reach_their_files_and_headings)
 	cr_assert_geq(docs, 3);
 	cr_assert_eq(bad, 0, "%d broken links in the documents", bad);
 }
+
+/* The README's test command (the first line of the code block under
+ * *Tests*) is the command CI runs: what .ci/run hands over to with exec. */
+Test(docs, readme_test_command_is_what_ci_runs)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char path[4096], readme_cmd[256] = "", ci_cmd[256] = "";
+	char *doc, *ci, *p;
+
+	snprintf(path, sizeof path, "%s/README.md", root);
+	doc = slurp(path);
+	p = strstr(doc, "\n## Tests\n");
+	cr_assert_not_null(p, "README has no Tests section");
+	p = strstr(p, "\n```sh\n");
+	cr_assert_not_null(p, "README's Tests section has no ```sh block");
+	p += strlen("\n```sh\n");
+	snprintf(readme_cmd, sizeof readme_cmd, "%.*s", (int)strcspn(p, " \n"), p);
+	snprintf(path, sizeof path, "%s/.ci/run", root);
+	ci = slurp(path);
+	p = strstr(ci, "\nexec ");
+	cr_assert_not_null(p, ".ci/run does not exec its test command");
+	p += strlen("\nexec ");
+	snprintf(ci_cmd, sizeof ci_cmd, "%.*s", (int)strcspn(p, " \n"), p);
+	cr_assert_str_eq(readme_cmd, ci_cmd, "the README's test command is %s, .ci/run runs %s", readme_cmd, ci_cmd);
+	free(ci);
+	free(doc);
+}
