@@ -677,3 +677,47 @@ Test(docs, readme_test_command_is_what_ci_runs)
 	free(ci);
 	free(doc);
 }
+
+/* doc/testing.md's list of suites names every test of tests/ (test NAME
+ * is tests/test_NAME.c), so a new suite is not left out of it. */
+Test(docs, testing_guide_names_every_test)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char path[4096], want[128];
+	char *doc, *p, *end;
+	int bad = 0, n = 0;
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(path, sizeof path, "%s/doc/testing.md", root);
+	doc = slurp(path);
+	p = strstr(doc, "Criterion suites registered with meson:");
+	cr_assert_not_null(p, "doc/testing.md does not list the suites");
+	end = strstr(p, "\n\n");
+	cr_assert_not_null(end);
+	*end = '\0';
+	snprintf(path, sizeof path, "%s/tests", root);
+	d = opendir(path);
+	cr_assert_not_null(d);
+	while ((e = readdir(d)) != NULL) {
+		size_t len = strlen(e->d_name);
+		const char *hit;
+		bool found = false;
+
+		if (strncmp(e->d_name, "test_", 5) != 0 || len < 8 || strcmp(e->d_name + len - 2, ".c") != 0)
+			continue;
+		snprintf(want, sizeof want, "%.*s", (int)(len - 7), e->d_name + 5);
+		n++;
+		/* As a word of the list (a suite's own name is in `marks`). */
+		for (hit = strstr(p, want); hit != NULL && !found; hit = strstr(hit + 1, want))
+			found = strchr("( `\n", hit[-1]) != NULL && strchr(", )`\n", hit[strlen(want)]) != NULL;
+		if (!found) {
+			cr_log_error("doc/testing.md: the list of suites does not name %s (tests/%s)", want, e->d_name);
+			bad++;
+		}
+	}
+	closedir(d);
+	cr_assert_gt(n, 20);
+	cr_assert_eq(bad, 0, "%d tests missing from doc/testing.md's list of suites", bad);
+	free(doc);
+}
