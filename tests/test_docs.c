@@ -515,6 +515,23 @@ Test(docs, readme_layout_is_the_tree)
 		}
 	}
 	closedir(d);
+	/* And the build: every folder meson.build descends into or installs. */
+	free(doc);
+	snprintf(path, sizeof path, "%s/meson.build", root);
+	doc = slurp(path);
+	for (const char *q = doc; (q = strstr(q, "subdir('")) != NULL; q++) {
+		char name[64];
+		bool listed = false;
+
+		q += strlen("subdir('");
+		snprintf(name, sizeof name, "%.*s", (int)strcspn(q, "'"), q);
+		for (int i = 0; i < nf; i++)
+			listed = listed || strcmp(folders[i], name) == 0;
+		if (!listed) {
+			cr_log_error("README layout: no row for %s/, which meson.build builds", name);
+			bad++;
+		}
+	}
 	cr_assert_gt(nf, 10);
 	cr_assert_eq(bad, 0, "%d differences between README.md's layout and the tree", bad);
 	free(doc);
