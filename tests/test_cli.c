@@ -124,6 +124,13 @@ Test(cli, dlq_usage_errors_exit_2_with_one_line)
 		{ "", "dlq list --since 5x", "inbox-worker: --since: bad duration: '5x' (use e.g. 30s, 10m, 7d)\n" },
 		{ "", "dlq list --reason", "inbox-worker: --reason: missing value\n" },
 		{ "", "dlq list --bogus", "inbox-worker: --bogus: unknown flag (see --help)\n" },
+		/* A dlq option of another subcommand is named as such, not
+		 * passed on to the settings as an unknown flag. */
+		{ "", "dlq list --yes", "inbox-worker: --yes: only for dlq purge\n" },
+		{ "", "dlq show ID --json", "inbox-worker: --json: only for dlq list\n" },
+		{ "", "dlq show ID --reason x", "inbox-worker: --reason: only for dlq list, replay, purge\n" },
+		{ "", "cleanup --dry-run=1", "inbox-worker: --dry-run: takes no value\n" },
+		{ "", "migrate --dry-run", "inbox-worker: --dry-run: unknown flag (see --help)\n" },
 	};
 	char err[1024];
 
@@ -175,7 +182,7 @@ Test(cli, help_and_version_win_in_every_command)
 		"verify --seed x --version",
 	};
 	static const char *const worker[] = {
-		"migrate --status --version", "cleanup --dry-run --version",
+		"dlq list --since 5x --version", "migrate --status --version", "cleanup --dry-run --version",
 	};
 	char out[65536];
 
