@@ -49,59 +49,14 @@ static const char *const lg_settings_used[] = {
 	"INBOX_SHARDS", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
 };
 
-/* cfg_print_doc's filter: a variable name of lg_settings_used. */
+/* cfg_print_help's and cfg_print_doc's filter: a variable name of
+ * lg_settings_used. */
 static bool lg_setting_used_name(const char *env)
 {
 	for (int i = 0; lg_settings_used[i] != NULL; i++)
 		if (strcmp(env, lg_settings_used[i]) == 0)
 			return true;
 	return false;
-}
-
-static bool lg_setting_used(const char *line)
-{
-	for (int i = 0; lg_settings_used[i] != NULL; i++) {
-		size_t n = strlen(lg_settings_used[i]);
-		if (strncmp(line, lg_settings_used[i], n) == 0 && (line[n] == ' ' || line[n] == '\0'))
-			return true;
-	}
-	return false;
-}
-
-/* cfg_print_help prints every setting of the worker and has no filter (and
- * cfg.c is not ours to change here): print it into memory and keep the
- * blocks of the settings above — a block is a line "  INBOX_X ..." and the
- * indented lines after it.  The text stays the worker's, defaults included. */
-static void help_settings(FILE *f)
-{
-	char *buf = NULL, *line, *save = NULL;
-	size_t len = 0;
-	FILE *mem = open_memstream(&buf, &len);
-	bool keep = true;
-
-	if (mem == NULL) {
-		cfg_print_help(f, "connection options (same as inbox-worker):");
-		return;
-	}
-	cfg_print_help(mem, "settings (as inbox-worker reads them; only those inbox-loadgen uses):");
-	if (fclose(mem) != 0 || buf == NULL) {
-		free(buf);
-		cfg_print_help(f, "connection options (same as inbox-worker):");
-		return;
-	}
-	for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-		/* The --help and --version lines after the last setting are
-		 * not that setting's (they were dropped with it). */
-		if (line[strspn(line, " ")] == '-')
-			keep = true;
-		else if (strncmp(line, "  INBOX_", 8) == 0)
-			keep = lg_setting_used(line + 2);
-		else if (strncmp(line, "      ", 6) != 0)
-			keep = true;
-		if (keep)
-			fprintf(f, "%s\n", line);
-	}
-	free(buf);
 }
 
 struct lg_args {
@@ -227,7 +182,7 @@ static void usage(FILE *f)
 	      "Durations as inbox-worker takes them: 90, 90s, 5m, 2h, 1d.\n"
 	      "\n",
 	      f);
-	help_settings(f);
+	cfg_print_help(f, "settings (as inbox-worker reads them; only those inbox-loadgen uses):", lg_setting_used_name);
 }
 
 /* What the options say together, beyond each one's own bounds.  0, or -1

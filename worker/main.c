@@ -30,7 +30,7 @@ static void usage(FILE *f)
 	for (size_t i = 0; i < ARRAY_LEN(commands); i++)
 		commands[i]->usage(f);
 	fputc('\n', f);
-	cfg_print_help(f, NULL);
+	cfg_print_help(f, NULL, NULL);
 }
 
 static int say_help(int argc, char **argv)
