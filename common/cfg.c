@@ -724,7 +724,7 @@ static void fmt_limits(const struct cfg_setting *s, char *dst, size_t n)
 	}
 }
 
-void cfg_print_help(FILE *f, const char *usage_line)
+void cfg_print_help(FILE *f, const char *usage_line, bool (*keep)(const char *env))
 {
 	char flag[64], lim[160];
 
@@ -736,6 +736,8 @@ void cfg_print_help(FILE *f, const char *usage_line)
 		const struct cfg_setting *s = &cfg_settings[i];
 		const char *def = default_value(s);
 
+		if (keep != NULL && !keep(s->env))
+			continue;
 		snprintf(flag, sizeof flag, "--%s %s", s->flag, kind_metavar(s));
 		fprintf(f, "  %-22s %-28s default: %s\n", s->env, flag,
 		        def[0] != '\0' ? def : "(empty)");

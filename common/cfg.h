@@ -148,8 +148,10 @@ const struct cfg_db *cfg_migrate_db(const struct cfg *c);
  */
 void cfg_scrub_argv(int argc, char **argv);
 
-/* Print every setting with its variable, flag, default and meaning. */
-void cfg_print_help(FILE *f, const char *usage_line);
+/* Print every setting with its variable, flag, default and meaning; keep
+ * (may be NULL: every setting) picks the rows by variable name, as in
+ * cfg_print_doc. */
+void cfg_print_help(FILE *f, const char *usage_line, bool (*keep)(const char *env));
 
 /*
  * The same table as documentation, so that --help, the man pages and the

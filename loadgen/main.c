@@ -6,15 +6,18 @@
  *   inbox-loadgen verify  --ledger FILE [--timeout S] [connection options]
  *   inbox-loadgen dlq unbind|bind [connection options]
  *
- * The command's own options are taken first; everything left over goes to
- * cfg_load, so the worker's environment (INBOX_AMQP_URL, INBOX_DB_URL,
- * INBOX_QUEUE, ...) and flags (--amqp-url, ...) mean the same here.
+ *   inbox-loadgen send ROUTING_KEY BODY [--message-id ID] [connection options]
+ *
+ * A table of commands (lg_commands) and one table of every command's
+ * options (lg_opt_table, read by args.h's parser, --help and the man
+ * page).  The command's own options are taken first; everything left over
+ * goes to cfg_load, so the worker's environment (INBOX_AMQP_URL,
+ * INBOX_DB_URL, INBOX_QUEUE, ...) and flags (--amqp-url, ...) mean the same
+ * here.
  * Exit codes follow SPEC.md: 2 for a usage or configuration error (one line
  * naming the setting), 1 for a runtime failure — and for verify, 1 when
  * anything is missing, doubled, wrong or unexpected.
  */
-#include <errno.h>
-#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +49,8 @@ static const char *const lg_settings_used[] = {
 	"INBOX_SHARDS", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
 };
 
-/* cfg_print_doc's filter: a variable name of lg_settings_used. */
+/* cfg_print_help's and cfg_print_doc's filter: a variable name of
+ * lg_settings_used. */
 static bool lg_setting_used_name(const char *env)
 {
 	for (int i = 0; lg_settings_used[i] != NULL; i++)
@@ -55,153 +59,13 @@ static bool lg_setting_used_name(const char *env)
 	return false;
 }
 
-static bool lg_setting_used(const char *line)
-{
-	for (int i = 0; lg_settings_used[i] != NULL; i++) {
-		size_t n = strlen(lg_settings_used[i]);
-		if (strncmp(line, lg_settings_used[i], n) == 0 && (line[n] == ' ' || line[n] == '\0'))
-			return true;
-	}
-	return false;
-}
-
-/* cfg_print_help prints every setting of the worker and has no filter (and
- * cfg.c is not ours to change here): print it into memory and keep the
- * blocks of the settings above — a block is a line "  INBOX_X ..." and the
- * indented lines after it.  The text stays the worker's, defaults included. */
-static void help_settings(FILE *f)
-{
-	char *buf = NULL, *line, *save = NULL;
-	size_t len = 0;
-	FILE *mem = open_memstream(&buf, &len);
-	bool keep = true;
-
-	if (mem == NULL) {
-		cfg_print_help(f, "connection options (same as inbox-worker):");
-		return;
-	}
-	cfg_print_help(mem, "settings (as inbox-worker reads them; only those inbox-loadgen uses):");
-	if (fclose(mem) != 0 || buf == NULL) {
-		free(buf);
-		cfg_print_help(f, "connection options (same as inbox-worker):");
-		return;
-	}
-	for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-		/* The --help and --version lines after the last setting are
-		 * not that setting's (they were dropped with it). */
-		if (line[strspn(line, " ")] == '-')
-			keep = true;
-		else if (strncmp(line, "  INBOX_", 8) == 0)
-			keep = lg_setting_used(line + 2);
-		else if (strncmp(line, "      ", 6) != 0)
-			keep = true;
-		if (keep)
-			fprintf(f, "%s\n", line);
-	}
-	free(buf);
-}
-
-/* `send`: one message to INBOX_EXCHANGE, persistent and confirmed (the
- * topology declared first, as the worker declares it): what an operator
- * needs to try a fix or to stage an incident by hand (doc/operations.md,
- * *Dead letters*).  argv: "send" RK BODY [--message-id ID] [settings]. */
-static int lg_send(int argc, char **argv)
-{
-	struct cfg conf;
-	char err[512];
-	const char *mid = NULL;
-	struct mq *m = NULL;
-	int j = 1, rc, code = 1;
-
-	if (argc < 3) {
-		fprintf(stderr, "inbox-loadgen: send: say ROUTING_KEY and BODY\n%s\n", USAGE);
-		return 2;
-	}
-	for (int i = 3; i < argc; i++) {
-		if (strcmp(argv[i], "--message-id") == 0 && i + 1 < argc)
-			mid = argv[++i];
-		else
-			argv[j++] = argv[i];
-	}
-	rc = cfg_load(&conf, j, argv, err, sizeof err);
-	cfg_scrub_argv(j, argv);
-	if (rc != CFG_OK) {
-		if (rc == CFG_ERROR)
-			fprintf(stderr, "inbox-loadgen: %s\n", err);
-		else
-			fprintf(stdout, "%s\n", USAGE);
-		return rc == CFG_ERROR ? 2 : 0;
-	}
-	log_setup(conf.log_level, conf.log_format);
-	rc = mq_open(&m, &conf.amqp, 0, "inbox-loadgen send");
-	if (rc == ST_OK)
-		rc = mq_declare_topology(m, &conf);
-	if (rc == ST_OK) {
-		struct mq_message msg = { .exchange = conf.exchange, .routing_key = argv[1], .body = argv[2],
-			                  .len = strlen(argv[2]), .message_id = mid, .mandatory = true };
-		rc = mq_publish_confirmed(m, &msg, 10000);
-	}
-	if (rc == ST_OK) {
-		printf("sent %s to %s\n", argv[1], conf.exchange);
-		code = 0;
-	} else {
-		fprintf(stderr, "inbox-loadgen: send: %s\n", m != NULL ? mq_errmsg(m) : st_strerror(rc));
-	}
-	mq_close(&m);
-	cfg_free(&conf);
-	return code;
-}
-
-static int parse_share(const char *name, const char *v, double *out, char *err, size_t errlen)
-{
-	char *end;
-	double d;
-
-	errno = 0;
-	d = strtod(v, &end);
-	if (errno != 0 || end == v || *end != '\0' || !isfinite(d) || d < 0.0 || d > 1.0) {
-		snprintf(err, errlen, "%s: not a share between 0 and 1: '%s'", name, v);
-		return -1;
-	}
-	*out = d;
-	return 0;
-}
-
-static int parse_num(const char *name, const char *v, long min, long max, long *out, char *err, size_t errlen)
-{
-	char why[128];
-
-	if (cfg_parse_long(v, min, max, out, why, sizeof why) != 0) {
-		snprintf(err, errlen, "%s: %s", name, why);
-		return -1;
-	}
-	return 0;
-}
-
-/* A duration as the worker takes it (cfg_parse_duration: 30, 30s, 5m, 2h,
- * 1d), bounded to [min, max] seconds. */
-static int parse_dur(const char *name, const char *v, long min, long max, int *out, char *err, size_t errlen)
-{
-	char why[128];
-	long s;
-
-	if (cfg_parse_duration(v, &s, why, sizeof why) != 0) {
-		snprintf(err, errlen, "%s: %s", name, why);
-		return -1;
-	}
-	if (s < min || s > max) {
-		snprintf(err, errlen, "%s: out of range [%lds, %lds]: '%s'", name, min, max, v);
-		return -1;
-	}
-	*out = (int)s;
-	return 0;
-}
-
 struct lg_args {
 	struct lg_opts sc;
 	long messages;
 	struct lg_publish_opts po;
 	struct lg_verify_opts vo;
+	const char *message_id; /* send */
+	const char *pos[2];     /* the words after the command: dlq unbind|bind; send ROUTING_KEY BODY */
 };
 
 /* What each option is when not given: --help and the man page print them
@@ -213,186 +77,91 @@ static const struct lg_args lg_defaults = {
 	.vo = { .timeout_s = 300, .list_max = 20 },
 };
 
-/* What an option's value is and where it goes. */
-enum lg_opt_kind {
-	LG_OPT_STR,   /* const char * */
-	LG_OPT_FLAG,  /* bool, no value */
-	LG_OPT_LONG,  /* long in [min, max] */
-	LG_OPT_INT,   /* int in [min, max] */
-	LG_OPT_U64,   /* uint64_t in [min, max] */
-	LG_OPT_RATE,  /* double, an integer in [min, max] */
-	LG_OPT_SHARE, /* double in [0, 1] */
-	LG_OPT_DUR,   /* int seconds in [min, max] */
-	LG_OPT_RUN,   /* the run tag: char[], 1..16 of [A-Za-z0-9] */
+/* The commands, in the order of the bits of the option table. */
+enum lg_cmd { LG_PUBLISH = 0, LG_VERIFY, LG_DLQ, LG_SEND, LG_NCMDS };
+static const char *const lg_cmd_names[] = {
+	[LG_PUBLISH] = "publish", [LG_VERIFY] = "verify", [LG_DLQ] = "dlq", [LG_SEND] = "send",
 };
+_Static_assert(ARRAY_LEN(lg_cmd_names) == LG_NCMDS, "one name per enum lg_cmd");
 
-#define LG_FOR_PUBLISH 0x1u
-#define LG_FOR_VERIFY 0x2u
-
-struct lg_opt {
-	const char *name;
-	unsigned cmds; /* LG_FOR_*: the commands that take it */
-	enum lg_opt_kind kind;
-	long min, max;
-	size_t off;          /* of the value in struct lg_args */
-	const char *metavar; /* NULL for a flag */
-	const char *help;    /* --help and inbox-loadgen(1); the default is added from lg_defaults */
-};
-
-#define P LG_FOR_PUBLISH
-#define V LG_FOR_VERIFY
+#define P ARGS_BIT(LG_PUBLISH)
+#define V ARGS_BIT(LG_VERIFY)
+#define S ARGS_BIT(LG_SEND)
 #define A(field) offsetof(struct lg_args, field)
 
-/* One table of options instead of one branch each (they were the same five
- * lines twenty times); parsing, --help and the man page read it. */
-static const struct lg_opt lg_opt_table[] = {
-	{ "--ledger", P | V, LG_OPT_STR, 0, 0, A(po.ledger), "FILE",
+_Static_assert(sizeof ((struct lg_opts *)NULL)->run > 16, "--run holds 16 characters and the NUL");
+
+/* Every option of every command: parsing (args_take), --help and the man
+ * page read this one table. */
+static const struct args_opt lg_opt_table[] = {
+	{ "--ledger", P | V, ARGS_STR, 0, 0, A(po.ledger), 0, "FILE",
 	  "the ledger: publish writes the expected outcomes there (JSON lines), verify reads them" },
-	{ "--timeout", V, LG_OPT_DUR, 1, 86400, A(vo.timeout_s), "D", "wait at most D for the worker to go idle" },
-	{ "--list", V, LG_OPT_INT, 1, 100000, A(vo.list_max), "N", "ids listed per problem kind" },
-	{ "--json", V, LG_OPT_FLAG, 0, 0, A(vo.json), NULL,
+	{ "--timeout", V, ARGS_DUR_INT, 1, 86400, A(vo.timeout_s), 0, "D", "wait at most D for the worker to go idle" },
+	{ "--list", V, ARGS_INT, 1, 100000, A(vo.list_max), 0, "N", "ids listed per problem kind" },
+	{ "--json", V, ARGS_FLAG, 0, 0, A(vo.json), 0, NULL,
 	  "the report as one JSON object with every figure (exit code as ever)" },
-	{ "--seed", P, LG_OPT_U64, 0, INT64_MAX, A(sc.seed), "N", "scenario seed" },
-	{ "--run", P, LG_OPT_RUN, 0, 0, A(sc.run), "TAG",
+	{ "--seed", P, ARGS_U64, 0, INT64_MAX, A(sc.seed), 0, "N", "scenario seed" },
+	{ "--run", P, ARGS_TAG, 0, 16, A(sc.run), 0, "TAG",
 	  "run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)" },
-	{ "--orders", P, LG_OPT_LONG, 0, 10000000, A(sc.orders), "N", "orders" },
-	{ "--messages", P, LG_OPT_LONG, 1, 40000000, A(messages), "N",
+	{ "--orders", P, ARGS_LONG, 0, 10000000, A(sc.orders), 0, "N", "orders" },
+	{ "--messages", P, ARGS_LONG, 1, 40000000, A(messages), 0, "N",
 	  "instead of --orders: about N published messages" },
-	{ "--cancel-share", P, LG_OPT_SHARE, 0, 0, A(sc.cancel_share), "F",
+	{ "--cancel-share", P, ARGS_SHARE, 0, 0, A(sc.cancel_share), 0, "F",
 	  "share of orders cancelled, split over the 3 cancel paths" },
-	{ "--invalid-share", P, LG_OPT_SHARE, 0, 0, A(sc.invalid_share), "F",
+	{ "--invalid-share", P, ARGS_SHARE, 0, 0, A(sc.invalid_share), 0, "F",
 	  "share of cancelled orders that also get a ShipmentCreated" },
-	{ "--dup-rate", P, LG_OPT_SHARE, 0, 0, A(sc.dup_rate), "F", "share of events published more than once" },
-	{ "--concurrent-dups", P, LG_OPT_SHARE, 0, 0, A(sc.concurrent_dups), "F",
+	{ "--dup-rate", P, ARGS_SHARE, 0, 0, A(sc.dup_rate), 0, "F", "share of events published more than once" },
+	{ "--concurrent-dups", P, ARGS_SHARE, 0, 0, A(sc.concurrent_dups), 0, "F",
 	  "of those, share sent at the same moment from several connections" },
-	{ "--delayed-dups", P, LG_OPT_SHARE, 0, 0, A(sc.delayed_dups), "F",
+	{ "--delayed-dups", P, ARGS_SHARE, 0, 0, A(sc.delayed_dups), 0, "F",
 	  "of those, share sent again after the originals were processed" },
-	{ "--reorder-window", P, LG_OPT_INT, 0, 8, A(sc.reorder_window), "W",
+	{ "--reorder-window", P, ARGS_INT, 0, 8, A(sc.reorder_window), 0, "W",
 	  "shuffle each order's events within W positions" },
-	{ "--interleave", P, LG_OPT_LONG, 1, 1000000, A(sc.interleave), "N",
+	{ "--interleave", P, ARGS_LONG, 1, 1000000, A(sc.interleave), 0, "N",
 	  "orders whose events are interleaved: an order's events lie about N messages apart in the queue" },
-	{ "--conflicts", P, LG_OPT_LONG, 0, 10000000, A(sc.conflicts), "N", "keys re-sent later with another payload" },
-	{ "--malformed", P, LG_OPT_LONG, 0, 1000000, A(sc.malformed), "N",
+	{ "--conflicts", P, ARGS_LONG, 0, 10000000, A(sc.conflicts), 0, "N", "keys re-sent later with another payload" },
+	{ "--malformed", P, ARGS_LONG, 0, 1000000, A(sc.malformed), 0, "N",
 	  "malformed messages spread over every SPEC.md class" },
-	{ "--connections", P, LG_OPT_INT, 1, 64, A(sc.connections), "C", "publisher connections, each a thread" },
-	{ "--rate", P, LG_OPT_RATE, 0, 10000000, A(po.rate), "R",
+	{ "--connections", P, ARGS_INT, 1, 64, A(sc.connections), 0, "C", "publisher connections, each a thread" },
+	{ "--rate", P, ARGS_RATE, 0, 10000000, A(po.rate), 0, "R",
 	  "messages per second over all connections, 0 = unlimited" },
-	{ "--progress", P, LG_OPT_FLAG, 0, 0, A(po.progress), NULL,
+	{ "--progress", P, ARGS_FLAG, 0, 0, A(po.progress), 0, NULL,
 	  "a progress line a second on stderr even when it is not a terminal" },
-	{ "--settle-timeout", P, LG_OPT_DUR, 1, 86400, A(po.settle_timeout_s), "D",
+	{ "--settle-timeout", P, ARGS_DUR_INT, 1, 86400, A(po.settle_timeout_s), 0, "D",
 	  "wait at most D for originals before the delayed phase" },
-	{ "--settle-stall", P, LG_OPT_DUR, 0, 86400, A(po.settle_stall_s), "D",
+	{ "--settle-stall", P, ARGS_DUR_INT, 0, 86400, A(po.settle_stall_s), 0, "D",
 	  "stop waiting for originals when none came for D, publish the delayed phase anyway and let "
 	  "verify name the missing; 0 = never" },
-	{ "--retry-timeout", P, LG_OPT_DUR, 1, 86400, A(po.retry_s), "D",
+	{ "--retry-timeout", P, ARGS_DUR_INT, 1, 86400, A(po.retry_s), 0, "D",
 	  "after a broker fault keep reconnecting and re-publishing what was not confirmed for at most D; "
 	  "a re-publish is a duplicate" },
+	{ "--message-id", S, ARGS_STR, 0, 0, A(message_id), 0, "ID", "the message id of the message sent" },
 };
 
 #undef P
 #undef V
+#undef S
 #undef A
 
-/* The default of option o as text ("" when it has none to show: a
- * string, a flag, or a number below the option's minimum, which means
- * unset, like --messages). */
-static void opt_default(const struct lg_opt *o, char *dst, size_t n)
-{
-	const void *v = (const char *)&lg_defaults + o->off;
-
-	dst[0] = '\0';
-	if ((o->kind == LG_OPT_LONG && *(const long *)v < o->min) || (o->kind == LG_OPT_INT && *(const int *)v < o->min))
-		return;
-	switch (o->kind) {
-	case LG_OPT_LONG: snprintf(dst, n, "%ld", *(const long *)v); break;
-	case LG_OPT_INT: snprintf(dst, n, "%d", *(const int *)v); break;
-	case LG_OPT_U64: snprintf(dst, n, "%llu", (unsigned long long)*(const uint64_t *)v); break;
-	case LG_OPT_RATE:
-	case LG_OPT_SHARE: snprintf(dst, n, "%g", *(const double *)v); break;
-	case LG_OPT_DUR: cfg_format_duration(dst, n, *(const int *)v); break;
-	case LG_OPT_STR:
-	case LG_OPT_FLAG:
-	case LG_OPT_RUN: break;
-	}
-}
-
-/* The options of the commands in cmds, one "  --name META  help (default)"
- * each, the help wrapped under itself. */
-static void print_opts(FILE *f, unsigned cmds)
-{
-	for (size_t i = 0; i < ARRAY_LEN(lg_opt_table); i++) {
-		const struct lg_opt *o = &lg_opt_table[i];
-		char left[64], def[32], text[512];
-		const char *p;
-		int col;
-
-		if (!(o->cmds & cmds))
-			continue;
-		opt_default(o, def, sizeof def);
-		snprintf(left, sizeof left, "%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
-		snprintf(text, sizeof text, "%s%s%s%s", o->help, def[0] ? " (" : "", def, def[0] ? ")" : "");
-		fprintf(f, "  %-22s", left);
-		col = 25;
-		for (p = text; *p != '\0';) {
-			size_t w = strcspn(p, " ");
-
-			if (col > 25 && col + 1 + (int)w > 100) {
-				fprintf(f, "\n%24s", "");
-				col = 24;
-			}
-			fputc(' ', f);
-			col++;
-			fprintf(f, "%.*s", (int)w, p);
-			col += (int)w;
-			p += w;
-			while (*p == ' ')
-				p++;
-		}
-		fputc('\n', f);
-	}
-}
-
-/* Text into pandoc markdown (as cfg.c's put_md). */
-static void put_md(FILE *f, const char *s)
-{
-	for (; *s != '\0'; s++) {
-		if (strchr("\\*_[]<>|#~^$@", *s) != NULL)
-			fputc('\\', f);
-		fputc(*s, f);
-	}
-}
+static const struct args_spec lg_spec = {
+	.prefix = "", .cmd_names = lg_cmd_names, .ncmds = LG_NCMDS,
+	.opts = lg_opt_table, .nopts = ARRAY_LEN(lg_opt_table), .defaults = &lg_defaults,
+};
 
 /* `inbox-loadgen --help-man publish|verify|settings`: the options of a
  * command, or the settings inbox-loadgen reads, as a pandoc definition
  * list for inbox-loadgen(1) (man/meson.build).  Not in --help. */
 static int help_man(const char *what)
 {
-	unsigned cmds = strcmp(what, "publish") == 0 ? LG_FOR_PUBLISH : strcmp(what, "verify") == 0 ? LG_FOR_VERIFY : 0;
+	int cmd = args_find(lg_cmd_names, LG_DLQ, what); /* publish or verify */
 
 	if (strcmp(what, "settings") == 0) {
 		cfg_print_doc(stdout, CFG_DOC_MAN, lg_setting_used_name);
-	} else if (cmds == 0) {
+	} else if (cmd < 0) {
 		fprintf(stderr, "inbox-loadgen: --help-man publish|verify|settings\n");
 		return 2;
-	}
-	for (size_t i = 0; cmds != 0 && i < ARRAY_LEN(lg_opt_table); i++) {
-		const struct lg_opt *o = &lg_opt_table[i];
-		char def[32];
-
-		if (!(o->cmds & cmds))
-			continue;
-		opt_default(o, def, sizeof def);
-		fputs("**\\-\\-", stdout);
-		put_md(stdout, o->name + 2);
-		fputs("**", stdout);
-		if (o->metavar != NULL)
-			fprintf(stdout, " *%s*", o->metavar);
-		fputs("\n:   ", stdout);
-		put_md(stdout, o->help);
-		fputs(".", stdout);
-		if (def[0] != '\0')
-			fprintf(stdout, " Default: %s.", def);
-		fputs("\n\n", stdout);
+	} else {
+		args_print_man(stdout, &lg_spec, (size_t)cmd);
 	}
 	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
@@ -401,10 +170,10 @@ static void usage(FILE *f)
 {
 	fputs(USAGE "\n\n"
 	      "publish: build a deterministic scenario from --seed, write its ledger, publish it.\n", f);
-	print_opts(f, LG_FOR_PUBLISH);
+	args_print_help(f, &lg_spec, LG_PUBLISH);
 	fputs("\n"
 	      "verify: wait for the worker to go idle, then check the database and queues against the ledger.\n", f);
-	print_opts(f, LG_FOR_VERIFY);
+	args_print_help(f, &lg_spec, LG_VERIFY);
 	fputs("\n"
 	      "dlq unbind|bind: remove or restore the binding of the dead-letter queue (INBOX_DLQ) to the\n"
 	      "  dead-letter exchange (INBOX_DLX), key '#'; a fault the chaos run injects.\n"
@@ -413,95 +182,15 @@ static void usage(FILE *f)
 	      "Durations as inbox-worker takes them: 90, 90s, 5m, 2h, 1d.\n"
 	      "\n",
 	      f);
-	help_settings(f);
+	cfg_print_help(f, "settings (as inbox-worker reads them; only those inbox-loadgen uses):", lg_setting_used_name);
 }
 
-/* Parse value v of option o into its place in a.  Returns 0 or -1 (err). */
-static int parse_opt(const struct lg_opt *o, struct lg_args *a, const char *v, char *err, size_t errlen)
+/* What the options say together, beyond each one's own bounds.  0, or -1
+ * with one line in err. */
+static int lg_args_check(enum lg_cmd cmd, struct lg_args *a, char *err, size_t errlen)
 {
-	void *dst = (char *)a + o->off;
-	long n;
-
-	switch (o->kind) {
-	case LG_OPT_STR:
-		*(const char **)dst = v;
-		return 0;
-	case LG_OPT_FLAG:
-		*(bool *)dst = true;
-		return 0;
-	case LG_OPT_SHARE:
-		return parse_share(o->name, v, dst, err, errlen);
-	case LG_OPT_DUR:
-		return parse_dur(o->name, v, o->min, o->max, dst, err, errlen);
-	case LG_OPT_RUN:
-		if (strlen(v) == 0 || strlen(v) > 16 ||
-		    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != strlen(v)) {
-			snprintf(err, errlen, "%s: 1..16 characters of [A-Za-z0-9]: '%s'", o->name, v);
-			return -1;
-		}
-		snprintf(dst, sizeof ((struct lg_opts *)NULL)->run, "%s", v);
-		return 0;
-	case LG_OPT_LONG:
-	case LG_OPT_INT:
-	case LG_OPT_U64:
-	case LG_OPT_RATE:
-		break;
-	}
-	if (parse_num(o->name, v, o->min, o->max, &n, err, errlen) != 0)
-		return -1;
-	if (o->kind == LG_OPT_LONG)
-		*(long *)dst = n;
-	else if (o->kind == LG_OPT_INT)
-		*(int *)dst = (int)n;
-	else if (o->kind == LG_OPT_U64)
-		*(uint64_t *)dst = (uint64_t)n;
-	else
-		*(double *)dst = (double)n;
-	return 0;
-}
-
-/* Take the options this program knows out of argv; the rest is copied to
- * rest (argv[0] first) for cfg_load.  Returns 0, 1 for --help, -1 on error. */
-static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_args *a, char **rest, int *nrest,
-                      char *err, size_t errlen)
-{
-	const unsigned cmd = publish ? LG_FOR_PUBLISH : LG_FOR_VERIFY;
-
-	*nrest = 0;
-	rest[(*nrest)++] = argv[0];
-	for (int i = 1; i < argc; i++) {
-		const struct lg_opt *o = NULL;
-		const char *v = NULL;
-		bool missing = false;
-
-		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-			return 1;
-		for (size_t k = 0; k < ARRAY_LEN(lg_opt_table) && o == NULL; k++) {
-			const struct lg_opt *t = &lg_opt_table[k];
-
-			if (!(t->cmds & cmd))
-				continue;
-			if (t->kind == LG_OPT_FLAG) {
-				if (strcmp(argv[i], t->name) == 0)
-					o = t;
-			} else if ((v = args_value(argc, argv, &i, t->name, &missing)) != NULL || missing) {
-				o = t;
-			}
-		}
-		if (o == NULL) {
-			rest[(*nrest)++] = argv[i];
-			continue;
-		}
-		if (missing) {
-			snprintf(err, errlen, "%s: needs a value", o->name);
-			return -1;
-		}
-		if (parse_opt(o, a, v, err, errlen) != 0)
-			return -1;
-	}
 	a->vo.ledger = a->po.ledger;
-	rest[*nrest] = NULL;
-	if (a->po.ledger == NULL && !dlq) {
+	if (a->po.ledger == NULL && (cmd == LG_PUBLISH || cmd == LG_VERIFY)) {
 		snprintf(err, errlen, "--ledger: required");
 		return -1;
 	}
@@ -516,14 +205,150 @@ static int parse_args(bool publish, bool dlq, int argc, char **argv, struct lg_a
 	return 0;
 }
 
+static int lg_publish_main(const struct cfg *conf, struct lg_args *a)
+{
+	struct lg_scenario s;
+	int code;
+
+	a->sc.max_body = conf->max_body;
+	if (a->messages > 0) {
+		a->sc.orders = (long)((double)a->messages / lg_messages_per_order(&a->sc) + 0.5);
+		if (a->sc.orders < 1)
+			a->sc.orders = 1;
+	}
+	if (lg_scenario_build(&s, &a->sc) != 0) {
+		fprintf(stderr, "inbox-loadgen: cannot build the scenario\n");
+		return 1;
+	}
+	code = lg_publish(conf, &s, &a->po);
+	lg_scenario_free(&s);
+	return code;
+}
+
+static int lg_verify_main(const struct cfg *conf, struct lg_args *a)
+{
+	return lg_verify(conf, &a->vo);
+}
+
+/* `dlq unbind|bind`: the chaos run's fault on the DLQ's binding. */
+static int lg_dlq_main(const struct cfg *conf, struct lg_args *a)
+{
+	bool bind = strcmp(a->pos[0], "bind") == 0;
+	char err[512];
+
+	if (lgx_queue_bind(&conf->amqp, conf->dlq, conf->dlx, "#", bind, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-loadgen: dlq %s: %s\n", a->pos[0], err);
+		return 1;
+	}
+	printf("%s %s %s '#'\n", conf->dlq, bind ? "bound to" : "unbound from", conf->dlx);
+	return 0;
+}
+
+/* `send`: one message to INBOX_EXCHANGE, persistent and confirmed (the
+ * topology declared first, as the worker declares it): what an operator
+ * needs to try a fix or to stage an incident by hand (doc/operations.md, *Dead
+ * letters*). */
+static int lg_send_main(const struct cfg *conf, struct lg_args *a)
+{
+	struct mq *m = NULL;
+	int rc, code = 1;
+
+	rc = mq_open(&m, &conf->amqp, 0, "inbox-loadgen send");
+	if (rc == ST_OK)
+		rc = mq_declare_topology(m, conf);
+	if (rc == ST_OK) {
+		struct mq_message msg = { .exchange = conf->exchange, .routing_key = a->pos[0], .body = a->pos[1],
+			                  .len = strlen(a->pos[1]), .message_id = a->message_id, .mandatory = true };
+		rc = mq_publish_confirmed(m, &msg, 10000);
+	}
+	if (rc == ST_OK) {
+		printf("sent %s to %s\n", a->pos[0], conf->exchange);
+		code = 0;
+	} else {
+		fprintf(stderr, "inbox-loadgen: send: %s\n", m != NULL ? mq_errmsg(m) : st_strerror(rc));
+	}
+	mq_close(&m);
+	return code;
+}
+
+static bool lg_dlq_word(const char *w)
+{
+	return strcmp(w, "unbind") == 0 || strcmp(w, "bind") == 0;
+}
+
+/* One row per command: the words it takes before its options (checked by
+ * pos_ok when given, else only counted) and what it runs once its options
+ * and the settings are read. */
+static const struct lg_command {
+	int npos;
+	bool (*pos_ok)(const char *word);
+	const char *pos_err; /* the line when the words are missing or wrong */
+	bool all_logs;       /* the settings' log level as given, not at least warn */
+	int (*run)(const struct cfg *conf, struct lg_args *a);
+} lg_commands[] = {
+	[LG_PUBLISH] = { 0, NULL, NULL, false, lg_publish_main },
+	[LG_VERIFY] = { 0, NULL, NULL, false, lg_verify_main },
+	[LG_DLQ] = { 1, lg_dlq_word, "dlq: say unbind or bind", false, lg_dlq_main },
+	[LG_SEND] = { 2, NULL, "send: say ROUTING_KEY and BODY", true, lg_send_main },
+};
+_Static_assert(ARRAY_LEN(lg_commands) == LG_NCMDS, "one row per enum lg_cmd");
+
+/* Everything between the command's name and running it: its words, its
+ * options, the settings.  Returns -1 with *conf loaded, or an exit code. */
+static int lg_prepare(enum lg_cmd cmd, int argc, char **argv, struct lg_args *a, struct cfg *conf)
+{
+	const struct lg_command *c = &lg_commands[cmd];
+	char err[512];
+	enum args_result asked = args_asks(argc, argv);
+
+	if (asked == ARGS_HELP || asked == ARGS_VERSION) {
+		if (asked == ARGS_HELP)
+			usage(stdout);
+		else
+			printf("inbox-loadgen %s\n", INBOX_VERSION);
+		return 0;
+	}
+	for (int k = 0; k < c->npos; k++) {
+		if (argc < 2 + k || (c->pos_ok != NULL && !c->pos_ok(argv[1 + k]))) {
+			fprintf(stderr, "inbox-loadgen: %s\n%s\n", c->pos_err, USAGE);
+			return 2;
+		}
+		a->pos[k] = argv[1 + k];
+	}
+	/* argv[0] for args_take and cfg_load: the last word taken. */
+	argc -= c->npos;
+	argv += c->npos;
+	if (args_take(&lg_spec, cmd, &argc, argv, a, err, sizeof err) != ARGS_OK ||
+	    lg_args_check(cmd, a, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-loadgen: %s\n", err);
+		return 2;
+	}
+	enum cfg_result loaded = cfg_load(conf, argc, argv, err, sizeof err);
+
+	/* The rest points into argv: mask the URLs' passwords in the process
+	 * list. */
+	cfg_scrub_argv(argc, argv);
+	switch (loaded) {
+	case CFG_OK:
+		return -1;
+	case CFG_HELP:
+		usage(stdout);
+		return 0;
+	case CFG_VERSION:
+		printf("inbox-loadgen %s\n", INBOX_VERSION);
+		return 0;
+	case CFG_ERROR:
+	default:
+		fprintf(stderr, "inbox-loadgen: %s\n", err);
+		return 2;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct lg_args a = lg_defaults;
 	struct cfg conf;
-	char err[512];
-	char **rest;
-	int nrest, rc, code = 1;
-	bool publish, dlq, bind = false;
+	int cmd, code;
 
 	if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
 		usage(argc < 2 ? stderr : stdout);
@@ -535,91 +360,25 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "--help-man") == 0)
 		return help_man(argc > 2 ? argv[2] : "");
-	if (strcmp(argv[1], "send") == 0)
-		return lg_send(argc - 1, argv + 1);
-	if (strcmp(argv[1], "publish") != 0 && strcmp(argv[1], "verify") != 0 && strcmp(argv[1], "dlq") != 0) {
+	cmd = args_find(lg_cmd_names, LG_NCMDS, argv[1]);
+	if (cmd < 0) {
 		fprintf(stderr, "inbox-loadgen: unknown command '%s'\n%s\n", argv[1], USAGE);
 		return 2;
 	}
-	publish = strcmp(argv[1], "publish") == 0;
-	dlq = strcmp(argv[1], "dlq") == 0;
-	if (dlq) {
-		if (argc < 3 || (strcmp(argv[2], "unbind") != 0 && strcmp(argv[2], "bind") != 0)) {
-			fprintf(stderr, "inbox-loadgen: dlq: say unbind or bind\n%s\n", USAGE);
-			return 2;
-		}
-		bind = strcmp(argv[2], "bind") == 0;
-		argv++;
-		argc--;
-	}
-	rest = calloc((size_t)argc + 1, sizeof *rest);
-	if (rest == NULL)
-		return 1;
-	rc = parse_args(publish, dlq, argc - 1, argv + 1, &a, rest, &nrest, err, sizeof err);
-	if (rc == 1) {
-		usage(stdout);
-		free(rest);
-		return 0;
-	}
-	if (rc != 0) {
-		fprintf(stderr, "inbox-loadgen: %s\n", err);
-		free(rest);
-		return 2;
-	}
-	rc = cfg_load(&conf, nrest, rest, err, sizeof err);
-	/* rest points into argv: mask the URLs' passwords in the process list. */
-	cfg_scrub_argv(nrest, rest);
-	switch (rc) {
-	case CFG_OK:
-		break;
-	case CFG_HELP:
-		usage(stdout);
-		free(rest);
-		return 0;
-	case CFG_VERSION:
-		printf("inbox-loadgen %s\n", INBOX_VERSION);
-		free(rest);
-		return 0;
-	default:
-		fprintf(stderr, "inbox-loadgen: %s\n", err);
-		free(rest);
-		return 2;
-	}
-	free(rest);
+	code = lg_prepare((enum lg_cmd)cmd, argc - 1, argv + 1, &a, &conf);
+	if (code >= 0)
+		return code;
 	/* Library logs (connect failures) at warn and above only: the report
 	 * is what this program is for. */
-	log_setup(conf.log_level < LOG_LEVEL_WARN ? conf.log_level : LOG_LEVEL_WARN, conf.log_format);
+	log_setup(lg_commands[cmd].all_logs || conf.log_level < LOG_LEVEL_WARN ? conf.log_level : LOG_LEVEL_WARN,
+	          conf.log_format);
 	if (db_global_init() != ST_OK) {
 		fprintf(stderr, "inbox-loadgen: cannot initialise the database client\n");
-		cfg_free(&conf);
-		return 1;
-	}
-	if (dlq) {
-		if (lgx_queue_bind(&conf.amqp, conf.dlq, conf.dlx, "#", bind, err, sizeof err) != 0) {
-			fprintf(stderr, "inbox-loadgen: dlq %s: %s\n", bind ? "bind" : "unbind", err);
-		} else {
-			printf("%s %s %s '#'\n", conf.dlq, bind ? "bound to" : "unbound from", conf.dlx);
-			code = 0;
-		}
-	} else if (publish) {
-		struct lg_scenario s;
-
-		a.sc.max_body = conf.max_body;
-		if (a.messages > 0) {
-			a.sc.orders = (long)((double)a.messages / lg_messages_per_order(&a.sc) + 0.5);
-			if (a.sc.orders < 1)
-				a.sc.orders = 1;
-		}
-		if (lg_scenario_build(&s, &a.sc) != 0) {
-			fprintf(stderr, "inbox-loadgen: cannot build the scenario\n");
-		} else {
-			code = lg_publish(&conf, &s, &a.po);
-			lg_scenario_free(&s);
-		}
+		code = 1;
 	} else {
-		code = lg_verify(&conf, &a.vo);
+		code = lg_commands[cmd].run(&conf, &a);
+		db_global_end();
 	}
-	db_global_end();
 	cfg_free(&conf);
 	return code;
 }

@@ -1057,13 +1057,40 @@ Test(cfg, help_lists_every_setting)
 	size_t n;
 
 	cr_assert_not_null(f);
-	cfg_print_help(f, "usage: inbox-worker [flags]");
+	cfg_print_help(f, "usage: inbox-worker [flags]", NULL);
 	rewind(f);
 	n = fread(buf, 1, sizeof buf - 1, f);
 	buf[n] = '\0';
 	fclose(f);
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
 		cr_assert_not_null(strstr(buf, want[i]), "help lacks %s:\n%s", want[i], buf);
+}
+
+static bool only_threads(const char *env)
+{
+	return strcmp(env, "INBOX_THREADS") == 0;
+}
+
+/* inbox-loadgen's --help shows only the settings it reads: the filter
+ * keeps a setting's whole block and drops the others', and the --help and
+ * --version lines stay. */
+Test(cfg, help_filter_keeps_the_chosen_settings_blocks)
+{
+	char buf[16384];
+	FILE *f = tmpfile();
+	size_t n;
+
+	cr_assert_not_null(f);
+	cfg_print_help(f, NULL, only_threads);
+	rewind(f);
+	n = fread(buf, 1, sizeof buf - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	cr_assert_not_null(strstr(buf, "INBOX_THREADS"), "%s", buf);
+	cr_assert_not_null(strstr(buf, "[1, 256]"), "the kept setting's help line: %s", buf);
+	cr_assert_not_null(strstr(buf, "--version"), "%s", buf);
+	cr_assert_null(strstr(buf, "INBOX_AMQP_URL"), "%s", buf);
+	cr_assert_null(strstr(buf, "INBOX_PREFETCH"), "%s", buf);
 }
 
 Test(cfg, scrub_argv_masks_the_password_of_every_url_flag)

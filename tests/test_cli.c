@@ -5,22 +5,24 @@
  * connection is made).
  */
 #include <criterion/criterion.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
-/* Run the worker with env assignments prefixed, capture stderr. */
-static int run(const char *env, const char *args, char *err, size_t cap)
+/* Run program bin with env assignments prefixed; capture stderr, or
+ * stdout when want_stdout. */
+static int run_program(const char *bin, const char *env, const char *args, bool want_stdout, char *err, size_t cap)
 {
-	const char *bin = getenv("INBOX_WORKER_BIN");
 	char cmd[2048];
 	FILE *p;
 	size_t n;
 	int st;
 
 	cr_assert_not_null(bin);
-	snprintf(cmd, sizeof cmd, "env -i PATH=/usr/bin:/bin %s %s %s 2>&1 >/dev/null", env, bin, args);
+	snprintf(cmd, sizeof cmd, "env -i PATH=/usr/bin:/bin %s %s %s %s", env, bin, args,
+	         want_stdout ? "2>/dev/null" : "2>&1 >/dev/null");
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
 	n = fread(err, 1, cap - 1, p);
@@ -28,6 +30,12 @@ static int run(const char *env, const char *args, char *err, size_t cap)
 	st = pclose(p);
 	cr_assert(WIFEXITED(st));
 	return WEXITSTATUS(st);
+}
+
+/* The worker, stderr captured. */
+static int run(const char *env, const char *args, char *err, size_t cap)
+{
+	return run_program(getenv("INBOX_WORKER_BIN"), env, args, false, err, cap);
 }
 
 struct bad {
@@ -116,6 +124,13 @@ Test(cli, dlq_usage_errors_exit_2_with_one_line)
 		{ "", "dlq list --since 5x", "inbox-worker: --since: bad duration: '5x' (use e.g. 30s, 10m, 7d)\n" },
 		{ "", "dlq list --reason", "inbox-worker: --reason: missing value\n" },
 		{ "", "dlq list --bogus", "inbox-worker: --bogus: unknown flag (see --help)\n" },
+		/* A dlq option of another subcommand is named as such, not
+		 * passed on to the settings as an unknown flag. */
+		{ "", "dlq list --yes", "inbox-worker: --yes: only for dlq purge\n" },
+		{ "", "dlq show ID --json", "inbox-worker: --json: only for dlq list\n" },
+		{ "", "dlq show ID --reason x", "inbox-worker: --reason: only for dlq list, replay, purge\n" },
+		{ "", "cleanup --dry-run=1", "inbox-worker: --dry-run: takes no value\n" },
+		{ "", "migrate --dry-run", "inbox-worker: --dry-run: unknown flag (see --help)\n" },
 	};
 	char err[1024];
 
@@ -124,4 +139,63 @@ Test(cli, dlq_usage_errors_exit_2_with_one_line)
 		cr_expect_eq(code, 2, "%s: exit %d, want 2", cases[i].args, code);
 		cr_expect_str_eq(err, cases[i].line);
 	}
+}
+
+/* inbox-loadgen reads its options from the same kind of table as the
+ * worker's dlq: a known option without its value, or one that another
+ * command takes, is named as such (not "unknown flag", and not silently
+ * taken: `dlq unbind --timeout 5` used to accept verify's option). */
+Test(cli, loadgen_usage_errors_exit_2_with_one_line)
+{
+	/* Nothing listens on port 1: a command that got past its arguments
+	 * fails with 1, not 2, and reaches no one's server. */
+#define NOWHERE "INBOX_AMQP_URL=amqp://u:p@127.0.0.1:1/ INBOX_DB_URL=mysql://u:p@127.0.0.1:1/db"
+	static const struct bad cases[] = {
+		{ NOWHERE, "send rk body --message-id", "inbox-loadgen: --message-id: missing value\n" },
+		{ NOWHERE, "dlq unbind --timeout 5", "inbox-loadgen: --timeout: only for verify\n" },
+		{ NOWHERE, "dlq bind --ledger /nonexistent/ledger", "inbox-loadgen: --ledger: only for publish, verify\n" },
+		{ NOWHERE, "publish --ledger /nonexistent/ledger --json", "inbox-loadgen: --json: only for verify\n" },
+		{ "", "verify --ledger", "inbox-loadgen: --ledger: missing value\n" },
+		{ "", "publish --ledger /nonexistent/ledger --seed abc", "inbox-loadgen: --seed: not a number: 'abc'\n" },
+		{ "", "publish --ledger /nonexistent/ledger --settle-timeout 2d",
+		  "inbox-loadgen: --settle-timeout: out of range [1s, 86400s]: '2d'\n" },
+		{ NOWHERE, "publish --ledger /nonexistent/ledger --progress=1", "inbox-loadgen: --progress: takes no value\n" },
+		{ "", "publish", "inbox-loadgen: --ledger: required\n" },
+		{ "", "publish --ledger /nonexistent/ledger --bogus", "inbox-loadgen: --bogus: unknown flag (see --help)\n" },
+	};
+	char err[1024];
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int code = run_program(getenv("INBOX_LOADGEN_BIN"), cases[i].env, cases[i].args, false, err, sizeof err);
+		cr_expect_eq(code, 2, "%s: exit %d, want 2", cases[i].args, code);
+		cr_expect_str_eq(err, cases[i].line);
+	}
+#undef NOWHERE
+}
+
+/* --help and --version are answered by every command, wherever they stand
+ * and whatever else is wrong (as cfg_load answers them). */
+Test(cli, help_and_version_win_in_every_command)
+{
+	static const char *const loadgen[] = {
+		"publish --version", "send rk body --version", "send --version", "dlq bind --version",
+		"verify --seed x --version",
+	};
+	static const char *const worker[] = {
+		"dlq list --since 5x --version", "migrate --status --version", "cleanup --dry-run --version",
+	};
+	char out[65536];
+
+	for (size_t i = 0; i < sizeof loadgen / sizeof loadgen[0]; i++) {
+		cr_expect_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", loadgen[i], true, out, sizeof out), 0, "%s",
+		             loadgen[i]);
+		cr_expect_eq(strncmp(out, "inbox-loadgen ", 14), 0, "%s: %s", loadgen[i], out);
+	}
+	for (size_t i = 0; i < sizeof worker / sizeof worker[0]; i++) {
+		cr_expect_eq(run_program(getenv("INBOX_WORKER_BIN"), "", worker[i], true, out, sizeof out), 0, "%s",
+		             worker[i]);
+		cr_expect_eq(strncmp(out, "inbox-worker ", 13), 0, "%s: %s", worker[i], out);
+	}
+	cr_expect_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", "send --help", true, out, sizeof out), 0);
+	cr_expect_not_null(strstr(out, "send ROUTING_KEY BODY"), "%s", out);
 }

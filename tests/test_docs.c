@@ -62,7 +62,7 @@ static int help_rows(struct row *rows, int cap)
 	bool want_help = false;
 
 	cr_assert_not_null(mem);
-	cfg_print_help(mem, NULL);
+	cfg_print_help(mem, NULL, NULL);
 	cr_assert_eq(fclose(mem), 0);
 	for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
 		if (strncmp(line, "  INBOX_", 8) == 0) {

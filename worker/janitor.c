@@ -1,5 +1,5 @@
 /*
- * janitor.c - the pool's housekeeping thread, and `inbox-worker cleanup`.
+ * janitor.c - the pool's housekeeping thread.
  *
  * One janitor per process publishes the outbox (woken by the workers, and
  * every JANITOR_RELAY_IDLE_MS for rows left by a crashed process), expires
@@ -8,9 +8,9 @@
  * database and publisher connections, so consuming threads never wait for
  * a publisher confirm of the outbox.
  *
- * cleanup_main is here, not in main.c, because it is the same retention
- * run with other limits: its wait for the cleanup lock is chosen to
- * outlast one janitor tick (JANITOR_CLEANUP_TICK_MS and _BUDGET_MS).
+ * `inbox-worker cleanup` (cmd_cleanup.c) is the same retention run with
+ * other limits: its wait for the cleanup lock outlasts one janitor tick
+ * (JANITOR_CLEANUP_BUDGET_MS, janitor.h), which the compiler checks there.
  */
 #include "janitor.h"
 
@@ -29,13 +29,6 @@
 
 #define JANITOR_HOUSEKEEPING_MS 1000  /* hold expiry and the gauges */
 #define JANITOR_RELAY_IDLE_MS 250     /* relay rows of crashed peers at least this often */
-/* A retention pass runs one tick per JANITOR_CLEANUP_TICK_MS until it has
- * caught up; a tick starts no slice after JANITOR_CLEANUP_BUDGET_MS (and
- * runs RETENTION_TICK_SLICES at most), so the relay and hold expiry wait
- * for one tick at most, and the deletes take about a tenth of one
- * connection. */
-#define JANITOR_CLEANUP_TICK_MS 1000
-#define JANITOR_CLEANUP_BUDGET_MS 100
 /* At most this often the janitor relays: each round ends in a COMMIT, and
  * on a busy database a commit (its fsync) per emitted row would cost the
  * consuming threads more than the few milliseconds of latency saved. */
@@ -260,44 +253,4 @@ void *janitor_main(void *arg)
 	pool_db_close(&j->d);
 	db_thread_end();
 	return NULL;
-}
-
-/* `inbox-worker cleanup`: slices until caught up, one process at a time.
- * It waits a moment for the lock, long enough for a janitor's tick to end,
- * so a cron job is not skipped because a pool happened to be mid-tick; a
- * real second cleanup holds it for longer, and then this one skips (exit 0:
- * the other run does the work). */
-int cleanup_main(const struct cfg *conf)
-{
-	static const struct retention_limits lim = {
-		.slice_rows = RETENTION_SLICE_ROWS,
-		.max_slices = 0,
-		.budget_ms = 0,
-		.lock_wait_s = 1,
-		.retries = 60, /* about a minute of conflicts in a row on one slice */
-	};
-	struct db *db = NULL;
-	struct retention *ret = NULL;
-	enum retention_state state = RETENTION_MORE;
-	uint64_t deleted = 0;
-	int rc;
-
-	rc = pool_db_open(&db, &conf->db);
-	if (rc != ST_OK)
-		return 1; /* said */
-	rc = retention_open(&ret, db, conf);
-	if (rc == ST_OK)
-		rc = retention_run(ret, &lim, &state, &deleted);
-	if (rc == ST_OK && state == RETENTION_MORE)
-		rc = ST_ERR_DB_LOCK_TIMEOUT; /* the retries ran out */
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cleanup failed", LOG_I("deleted", deleted),
-		    LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
-	else if (state == RETENTION_BUSY)
-		LOG0(LOG_LEVEL_INFO, "cleanup skipped: another process holds the cleanup lock");
-	else
-		LOG(LOG_LEVEL_INFO, "cleanup done", LOG_I("deleted", deleted), LOG_I("retention_s", conf->retention_s));
-	retention_close(&ret);
-	db_close(&db);
-	return rc == ST_OK ? 0 : 1;
 }

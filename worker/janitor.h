@@ -1,8 +1,8 @@
 /*
  * janitor.h - the pool's housekeeping thread, one per process: the outbox
  * relay, hold expiry, the outbox, held-events and DLQ gauges, and
- * retention cleanup in slices; and `inbox-worker cleanup`, the same
- * cleanup run to the end as a command.
+ * retention cleanup in slices (`inbox-worker cleanup`, cmd_cleanup.c, is
+ * the same cleanup run to the end as a command).
  *
  * Ownership: pool_main fills t; the thread opens and closes every
  * connection below itself.  It owns only what it uses: its database side
@@ -14,6 +14,14 @@
 #define INBOX_JANITOR_H
 
 #include "pool.h"
+
+/* A retention pass runs one tick per JANITOR_CLEANUP_TICK_MS until it has
+ * caught up; a tick starts no slice after JANITOR_CLEANUP_BUDGET_MS (and
+ * runs RETENTION_TICK_SLICES at most), so the relay and hold expiry wait
+ * for one tick at most, and the deletes take about a tenth of one
+ * connection. */
+#define JANITOR_CLEANUP_TICK_MS 1000
+#define JANITOR_CLEANUP_BUDGET_MS 100
 
 struct gauge;
 struct mq;
@@ -32,8 +40,5 @@ struct janitor {
 
 /* The thread, until the stop flag. */
 void *janitor_main(void *arg);
-
-/* `inbox-worker cleanup`: one retention pass; returns an exit code. */
-int cleanup_main(const struct cfg *conf);
 
 #endif

@@ -1,137 +1,118 @@
 /*
- * main.c - `inbox-worker run | migrate | cleanup | dlq ...`.
+ * main.c - `inbox-worker run | migrate | cleanup | dlq ...`: a table of
+ * commands (cmd.h, one file each) and the one path every command takes:
+ * its own words and options, the settings, logging and the database
+ * client, run, and everything released once.
  *
  * Exit codes (SPEC.md): 0 done, 1 runtime failure, 2 usage or configuration
  * error (one line naming the bad setting).
  */
-#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "args.h"
+#include "array.h"
 #include "cfg.h"
+#include "cmd.h"
 #include "config.h"
 #include "db.h"
-#include "dlq.h"
 #include "log.h"
-#include "janitor.h"
-#include "migrate.h"
-#include "pool.h"
-#include "retention.h"
 #include "status.h"
 
 #define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options]"
 
+/* In the order --help lists them. */
+static const struct cmd *const commands[] = { &cmd_run, &cmd_migrate, &cmd_cleanup, &cmd_dlq };
+
 static void usage(FILE *f)
 {
-	fprintf(f, "%s\n\n"
-	           "  run       consume the queue and apply each message exactly once\n"
-	           "  migrate   apply the SQL files of the migrations folder not yet applied\n"
-	           "            (--status: list applied, pending and changed files with their\n"
-	           "            checksums; applies nothing)\n"
-	           "  cleanup   delete inbox rows older than the retention window, then exit\n"
-	           "            (--dry-run: count what it would delete, delete nothing)\n",
-	        USAGE);
-	dlq_usage(f);
+	fprintf(f, "%s\n\n", USAGE);
+	for (size_t i = 0; i < ARRAY_LEN(commands); i++)
+		commands[i]->usage(f);
 	fputc('\n', f);
-	cfg_print_help(f, NULL);
+	cfg_print_help(f, NULL, NULL);
 }
 
-/* `cleanup --dry-run`: the counts a cleanup would delete now, nothing
- * deleted.  Exit 0, or 1 when the database cannot be read. */
-static int cleanup_dry_run(const struct cfg *conf)
+static int say_help(int argc, char **argv)
 {
-	struct db *db = NULL;
-	uint64_t inbox_rows = 0, outbox_rows = 0;
-	int rc;
-
-	rc = pool_db_open(&db, &conf->db);
-	if (rc != ST_OK)
-		return 1; /* said */
-	rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cleanup dry run failed", LOG_S("error", db ? db_errmsg(db) : st_strerror(rc)));
-	else
-		LOG(LOG_LEVEL_INFO, "cleanup dry run: would delete these rows, deleted nothing",
-		    LOG_I("processed_messages", inbox_rows), LOG_I("outbox", outbox_rows),
-		    LOG_I("retention_s", conf->retention_s));
-	db_close(&db);
-	return rc == ST_OK ? 0 : 1;
+	(void)argc;
+	(void)argv;
+	usage(stdout);
+	return 0;
 }
 
-int main(int argc, char **argv)
+static int say_version(int argc, char **argv)
 {
-	struct cfg conf;
-	char err[512];
-	const char *cmd;
-	bool dry_run = false, status = false;
-	struct dlq_opts dlq;
-	int code;
+	(void)argc;
+	(void)argv;
+	printf("inbox-worker %s\n", INBOX_VERSION);
+	return 0;
+}
 
-	if (argc < 2) {
-		fprintf(stderr, "inbox-worker: missing command\n%s\n", USAGE);
-		return 2;
-	}
-	cmd = argv[1];
-	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
-		usage(stdout);
-		return 0;
-	}
-	if (strcmp(cmd, "--version") == 0) {
-		printf("inbox-worker %s\n", INBOX_VERSION);
-		return 0;
-	}
-	/* Not in --help: the settings table as the SETTINGS section of
-	 * inbox-worker(1) (man/meson.build builds it from this) and as
-	 * README.md's table (tests/test_docs.c holds the README to it). */
-	if (strcmp(cmd, "--help-man") == 0 && (argc < 3 || strcmp(argv[2], "settings") != 0)) {
+/* Not in --help: the settings table as the SETTINGS section of
+ * inbox-worker(1) (man/meson.build builds it from this) and as README.md's
+ * table (tests/test_docs.c holds the README to it). */
+static int say_doc(enum cfg_doc_format fmt)
+{
+	cfg_print_doc(stdout, fmt, NULL);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
+static int say_man(int argc, char **argv)
+{
+	if (argc < 3 || strcmp(argv[2], "settings") != 0) {
 		fprintf(stderr, "inbox-worker: --help-man settings\n");
 		return 2;
 	}
-	if (strcmp(cmd, "--help-man") == 0 || strcmp(cmd, "--help-readme") == 0) {
-		cfg_print_doc(stdout, strcmp(cmd, "--help-man") == 0 ? CFG_DOC_MAN : CFG_DOC_README, NULL);
-		return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
-	}
-	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0 &&
-	    strcmp(cmd, "dlq") != 0) {
-		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
-		return 2;
-	}
-	/* cleanup's and migrate's own flags, taken out before the settings
-	 * are read. */
-	if (strcmp(cmd, "cleanup") == 0 || strcmp(cmd, "migrate") == 0) {
-		const char *own = cmd[0] == 'c' ? "--dry-run" : "--status";
-		int j = 2;
-		for (int i = 2; i < argc; i++) {
-			if (strcmp(argv[i], own) != 0)
-				argv[j++] = argv[i];
-			else if (cmd[0] == 'c')
-				dry_run = true;
-			else
-				status = true;
-		}
-		argc = j;
-		argv[argc] = NULL;
-	}
-	/* dlq's subcommand and its own flags, likewise; the settings are
-	 * run's. */
-	if (strcmp(cmd, "dlq") == 0 && dlq_take_args(&argc, argv, &dlq, err, sizeof err) != 0) {
+	return say_doc(CFG_DOC_MAN);
+}
+
+static int say_readme(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	return say_doc(CFG_DOC_README);
+}
+
+/* The words in the place of a command that are not one. */
+static const struct {
+	const char *name;
+	int (*say)(int argc, char **argv);
+} answers[] = {
+	{ "--help", say_help }, { "-h", say_help }, { "help", say_help }, { "--version", say_version },
+	{ "--help-man", say_man }, { "--help-readme", say_readme },
+};
+
+/* Command c with argv[0] its name: its own arguments, the settings,
+ * logging and the database client around c->run.  The exit code. */
+static int run_command(const struct cmd *c, int argc, char **argv)
+{
+	struct cmd_opts opts = { 0 };
+	struct cfg conf;
+	char err[512];
+	enum args_result asked = args_asks(argc, argv);
+	int code;
+
+	if (asked == ARGS_HELP)
+		return say_help(argc, argv);
+	if (asked == ARGS_VERSION)
+		return say_version(argc, argv);
+	if (c->take != NULL && c->take(&argc, argv, &opts, err, sizeof err) != ARGS_OK) {
 		fprintf(stderr, "inbox-worker: %s\n", err);
 		return 2;
 	}
 	/* cfg_load copies what it keeps, so the passwords in argv can go,
 	 * whatever the outcome: they are visible to every local user. */
-	enum cfg_result loaded = cfg_load(&conf, argc - 1, argv + 1, err, sizeof err);
+	enum cfg_result loaded = cfg_load(&conf, argc, argv, err, sizeof err);
 
-	cfg_scrub_argv(argc - 1, argv + 1);
+	cfg_scrub_argv(argc, argv);
 	switch (loaded) {
 	case CFG_OK:
 		break;
 	case CFG_HELP:
-		usage(stdout);
-		return 0;
+		return say_help(argc, argv);
 	case CFG_VERSION:
-		printf("inbox-worker %s\n", INBOX_VERSION);
-		return 0;
+		return say_version(argc, argv);
 	case CFG_ERROR:
 	default:
 		fprintf(stderr, "inbox-worker: %s\n", err);
@@ -140,21 +121,27 @@ int main(int argc, char **argv)
 	log_setup(conf.log_level, conf.log_format);
 	if (db_global_init() != 0) {
 		LOG0(LOG_LEVEL_ERROR, "mysql_library_init failed");
-		cfg_free(&conf);
-		return 1;
+		code = 1;
+	} else {
+		code = c->run(&conf, &opts);
+		db_global_end();
 	}
-	if (strcmp(cmd, "migrate") == 0)
-		code = status ? migrate_status(&conf) : migrate_main(&conf);
-	/* Every command that writes rows refuses a database that a newer
-	 * build migrated (migrate itself says so in migrate_main). */
-	else if (strcmp(cmd, "cleanup") == 0)
-		code = dry_run ? cleanup_dry_run(&conf) : migrate_check_known(&conf) != 0 ? 1 : cleanup_main(&conf);
-	else if (strcmp(cmd, "dlq") == 0)
-		code = dlq.cmd == DLQ_REPLAY && !dlq.dry_run && migrate_check_known(&conf) != 0 ? 1
-		                                                                              : dlq_main(&conf, &dlq, stdout);
-	else
-		code = migrate_check_known(&conf) != 0 ? 1 : pool_main(&conf);
-	db_global_end();
 	cfg_free(&conf);
 	return code;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "inbox-worker: missing command\n%s\n", USAGE);
+		return 2;
+	}
+	for (size_t i = 0; i < ARRAY_LEN(answers); i++)
+		if (strcmp(argv[1], answers[i].name) == 0)
+			return answers[i].say(argc, argv);
+	for (size_t i = 0; i < ARRAY_LEN(commands); i++)
+		if (strcmp(argv[1], commands[i]->name) == 0)
+			return run_command(commands[i], argc - 1, argv + 1);
+	fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", argv[1], USAGE);
+	return 2;
 }

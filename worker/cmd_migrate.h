@@ -1,9 +1,9 @@
 /*
- * migrate.h - `inbox-worker migrate`: apply migrations/NNNN_name.sql in name
+ * cmd_migrate.h - `inbox-worker migrate`: apply migrations/NNNN_name.sql in name
  * order, each once, recorded in schema_migrations with its SHA-256.
  */
-#ifndef INBOX_MIGRATE_H
-#define INBOX_MIGRATE_H
+#ifndef INBOX_CMD_MIGRATE_H
+#define INBOX_CMD_MIGRATE_H
 
 #include "cfg.h"
 

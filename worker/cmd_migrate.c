@@ -1,5 +1,7 @@
 /*
- * migrate.c - schema migrations.
+ * cmd_migrate.c - `inbox-worker migrate [--status]`: schema migrations;
+ * and migrate_check_known, which every command that writes rows asks
+ * first.
  *
  * Two processes may migrate at once (several workers starting together), so
  * the whole run holds a named lock (GET_LOCK): the second waits, then finds
@@ -23,16 +25,19 @@
  * compares each file's checksum with its record, so an operator sees what
  * a migrate would do (apply, re-apply, refuse) before running it.
  */
-#include "migrate.h"
+#include "cmd_migrate.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <openssl/evp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "array.h"
+#include "cmd.h"
 #include "db.h"
 #include "log.h"
 #include "msg.h"
@@ -585,3 +590,34 @@ cleanup:
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }
+
+/* ---- the command --------------------------------------------------------- */
+
+static int migrate_run(const struct cfg *conf, const struct cmd_opts *o)
+{
+	return o->status ? migrate_status(conf) : migrate_main(conf);
+}
+
+static const char *const migrate_names[] = { "migrate" };
+static const struct args_opt migrate_opts[] = {
+	{ "--status", ARGS_ALL, ARGS_FLAG, 0, 0, offsetof(struct cmd_opts, status), 0, NULL,
+	  "list applied, pending and changed files with their checksums; applies nothing" },
+};
+static const struct args_spec migrate_spec = {
+	.prefix = "", .cmd_names = migrate_names, .ncmds = ARRAY_LEN(migrate_names),
+	.opts = migrate_opts, .nopts = ARRAY_LEN(migrate_opts),
+};
+
+static enum args_result migrate_take(int *argc, char **argv, struct cmd_opts *o, char *err, size_t cap)
+{
+	return args_take(&migrate_spec, 0, argc, argv, o, err, cap);
+}
+
+static void migrate_usage(FILE *f)
+{
+	fputs("  migrate   apply the SQL files of the migrations folder not yet applied\n"
+	      "            (--status: list applied, pending and changed files with their\n"
+	      "            checksums; applies nothing)\n", f);
+}
+
+const struct cmd cmd_migrate = { "migrate", migrate_take, migrate_run, migrate_usage };

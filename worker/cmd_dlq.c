@@ -1,5 +1,6 @@
 /*
- * dlq.c - `inbox-worker dlq list | show | replay | purge` (see dlq.h).
+ * cmd_dlq.c - `inbox-worker dlq list | show | replay | purge` (see
+ * cmd_dlq.h).
  *
  * Every subcommand walks the queue the same way (dlq_walk): the message
  * count from a passive declare, then one consumer whose prefetch window is
@@ -12,10 +13,11 @@
  * visited, so a replayed message that the worker dead-letters again at
  * once is not taken a second time by the same run.
  */
-#include "dlq.h"
+#include "cmd_dlq.h"
 
 #include <jansson.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,8 @@
 
 #include "args.h"
 #include "array.h"
+#include "cmd.h"
+#include "cmd_migrate.h"
 #include "db.h"
 #include "fault.h"
 #include "log.h"
@@ -1024,7 +1028,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 			        conf->dlq);
 		code = rc == ST_OK ? 0 : 1;
 		break;
-	case DLQ_CMD_COUNT: /* not a command: dlq_take_args never sets it */
+	case DLQ_CMD_COUNT: /* not a command: cmd_dlq_take never sets it */
 		break;
 	}
 cleanup:
@@ -1052,104 +1056,98 @@ void dlq_usage(FILE *f)
 	           "            count (and with --yes remove) the chosen dead letters\n");
 }
 
-int dlq_take_args(int *argc, char **argv, struct dlq_opts *o, char *err, size_t cap)
+static const char *const dlq_cmd_names[] = {
+	[DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay", [DLQ_PURGE] = "purge",
+};
+_Static_assert(ARRAY_LEN(dlq_cmd_names) == DLQ_CMD_COUNT, "one name per enum dlq_cmd");
+
+#define L ARGS_BIT(DLQ_LIST)
+#define R ARGS_BIT(DLQ_REPLAY)
+#define P ARGS_BIT(DLQ_PURGE)
+#define O(field) offsetof(struct dlq_opts, field)
+
+/* The options of every dlq subcommand.  show takes none: its MESSAGE_ID
+ * says which one.  The help texts are dlq_usage's, which --help prints. */
+static const struct args_opt dlq_opt_table[] = {
+	{ "--reason", L | R | P, ARGS_STRS, 0, DLQ_MAX_REASONS, O(reasons), O(nreasons), "R", "any of these reasons" },
+	{ "--id", L | R | P, ARGS_STRS, 0, DLQ_MAX_IDS, O(ids), O(nids), "ID", "any of these message ids" },
+	{ "--order", L | R | P, ARGS_STR, 0, 0, O(order_id), 0, "ID", "this order's" },
+	{ "--since", L | R | P, ARGS_DUR, 1, ARGS_NO_MAX, O(since_s), 0, "DURATION", "dead-lettered within" },
+	{ "--limit", R, ARGS_LONG, 1, ARGS_NO_MAX, O(limit), 0, "N", "most messages replayed" },
+	{ "--json", L, ARGS_FLAG, 0, 0, O(json), 0, NULL, "one JSON document" },
+	{ "--dry-run", R, ARGS_FLAG, 0, 0, O(dry_run), 0, NULL, "judge, replay nothing" },
+	{ "--yes", P, ARGS_FLAG, 0, 0, O(yes), 0, NULL, "remove them" },
+};
+
+#undef L
+#undef R
+#undef P
+#undef O
+
+static const struct args_spec dlq_spec = {
+	.prefix = "dlq ", .cmd_names = dlq_cmd_names, .ncmds = DLQ_CMD_COUNT,
+	.opts = dlq_opt_table, .nopts = ARRAY_LEN(dlq_opt_table),
+};
+
+enum args_result cmd_dlq_take(int *argc, char **argv, struct dlq_opts *o, char *err, size_t cap)
 {
-	static const char *const cmds[] = { [DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay",
-		                            [DLQ_PURGE] = "purge" };
-	_Static_assert(ARRAY_LEN(cmds) == DLQ_CMD_COUNT, "one name per enum dlq_cmd");
-	int n = *argc, j, first;
-	bool found = false;
+	enum args_result r = args_asks(*argc, argv);
+	int cmd, words, n;
+	char **rest;
 
 	memset(o, 0, sizeof *o);
-	if (n < 3 || argv[2][0] == '-') {
-		/* --help alone is cfg_load's to answer. */
-		if (n >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))
-			return 0;
+	if (r != ARGS_OK)
+		return r;
+	if (*argc < 2 || argv[1][0] == '-') {
 		snprintf(err, cap, "dlq: missing subcommand (list, show, replay, purge)");
-		return -1;
+		return ARGS_ERROR;
 	}
-	for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
-		if (strcmp(argv[2], cmds[c]) == 0) {
-			o->cmd = (enum dlq_cmd)c;
-			found = true;
-		}
-	if (!found) {
-		snprintf(err, cap, "dlq: unknown subcommand '%s' (list, show, replay, purge)", argv[2]);
-		return -1;
+	cmd = args_find(dlq_cmd_names, DLQ_CMD_COUNT, argv[1]);
+	if (cmd < 0) {
+		snprintf(err, cap, "dlq: unknown subcommand '%s' (list, show, replay, purge)", argv[1]);
+		return ARGS_ERROR;
 	}
-	first = 3;
+	o->cmd = (enum dlq_cmd)cmd;
+	words = 1;
 	if (o->cmd == DLQ_SHOW) {
-		if (n < 4 || argv[3][0] == '-') {
+		if (*argc < 3 || argv[2][0] == '-') {
 			snprintf(err, cap, "dlq show: missing MESSAGE_ID");
-			return -1;
+			return ARGS_ERROR;
 		}
-		o->message_id = argv[3];
-		first = 4;
+		o->message_id = argv[2];
+		words = 2;
 	}
-	j = 2;
-	for (int i = first; i < n; i++) {
-		bool missing = false;
-		const char *v;
-		const char *a = argv[i];
-
-		if ((v = args_value(n, argv, &i, "--reason", &missing)) != NULL) {
-			if (o->nreasons >= DLQ_MAX_REASONS) {
-				snprintf(err, cap, "--reason: at most %d", DLQ_MAX_REASONS);
-				return -1;
-			}
-			o->reasons[o->nreasons++] = v;
-		} else if ((v = args_value(n, argv, &i, "--id", &missing)) != NULL) {
-			if (o->nids >= DLQ_MAX_IDS) {
-				snprintf(err, cap, "--id: at most %d", DLQ_MAX_IDS);
-				return -1;
-			}
-			o->ids[o->nids++] = v;
-		} else if ((v = args_value(n, argv, &i, "--order", &missing)) != NULL) {
-			o->order_id = v;
-		} else if ((v = args_value(n, argv, &i, "--since", &missing)) != NULL) {
-			char why[160];
-			if (cfg_parse_duration(v, &o->since_s, why, sizeof why) != 0) {
-				snprintf(err, cap, "--since: %s", why);
-				return -1;
-			}
-			if (o->since_s <= 0) {
-				snprintf(err, cap, "--since: must be positive: '%s'", v);
-				return -1;
-			}
-		} else if ((v = args_value(n, argv, &i, "--limit", &missing)) != NULL) {
-			char *end;
-			o->limit = strtol(v, &end, 10);
-			if (*v == '\0' || *end != '\0' || o->limit < 1) {
-				snprintf(err, cap, "--limit: not a positive number: '%s'", v);
-				return -1;
-			}
-		} else if (missing) {
-			snprintf(err, cap, "%s: missing value", a);
-			return -1;
-		} else if (strcmp(a, "--json") == 0 && o->cmd == DLQ_LIST) {
-			o->json = true;
-		} else if (strcmp(a, "--dry-run") == 0 && o->cmd == DLQ_REPLAY) {
-			o->dry_run = true;
-		} else if (strcmp(a, "--yes") == 0 && o->cmd == DLQ_PURGE) {
-			o->yes = true;
-		} else {
-			argv[j++] = argv[i]; /* a setting's flag, for cfg_load */
-			continue;
-		}
-		if ((o->cmd == DLQ_SHOW) && strncmp(a, "--", 2) == 0) {
-			snprintf(err, cap, "dlq show: %s does not apply (show takes a MESSAGE_ID)", a);
-			return -1;
-		}
-	}
+	/* The options after the words; rest[0] is the last word, as args_take
+	 * and cfg_load skip their argv[0]. */
+	n = *argc - words;
+	rest = argv + words;
+	r = args_take(&dlq_spec, (size_t)cmd, &n, rest, o, err, cap);
+	if (r != ARGS_OK)
+		return r;
 	if (o->cmd == DLQ_PURGE && o->nreasons == 0) {
 		snprintf(err, cap, "dlq purge: --reason is required (rabbitmqctl purge_queue empties it all)");
-		return -1;
+		return ARGS_ERROR;
 	}
-	if (o->limit > 0 && o->cmd != DLQ_REPLAY) {
-		snprintf(err, cap, "--limit: only for dlq replay");
-		return -1;
-	}
-	argv[j] = NULL;
-	*argc = j;
-	return 0;
+	for (int i = 1; i <= n; i++) /* the settings' flags, and the NULL after them */
+		argv[i] = rest[i];
+	*argc = n;
+	return ARGS_OK;
 }
+
+/* ---- the command --------------------------------------------------------- */
+
+static enum args_result dlq_take(int *argc, char **argv, struct cmd_opts *o, char *err, size_t cap)
+{
+	return cmd_dlq_take(argc, argv, &o->dlq, err, cap);
+}
+
+/* A replay writes rows (it reopens keys): it refuses a database a newer
+ * build migrated, as every command that writes does; the others read. */
+static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
+{
+	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && migrate_check_known(conf) != 0)
+		return 1;
+	return dlq_main(conf, &o->dlq, stdout);
+}
+
+const struct cmd cmd_dlq = { "dlq", dlq_take, dlq_run, dlq_usage };

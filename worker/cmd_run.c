@@ -1,0 +1,22 @@
+/*
+ * cmd_run.c - `inbox-worker run`: the pool (pool.h) until SIGTERM.  It has
+ * no options of its own: every one is a setting (cfg.h).
+ */
+#include "cmd.h"
+#include "cmd_migrate.h"
+#include "pool.h"
+
+/* A database that a newer build migrated is refused before the pool
+ * starts: this build's statements may not fit it. */
+static int run_main(const struct cfg *conf, const struct cmd_opts *o)
+{
+	(void)o;
+	return migrate_check_known(conf) != 0 ? 1 : pool_main(conf);
+}
+
+static void run_usage(FILE *f)
+{
+	fputs("  run       consume the queue and apply each message exactly once\n", f);
+}
+
+const struct cmd cmd_run = { "run", NULL, run_main, run_usage };
