@@ -27,14 +27,8 @@
 #define DLQ_MAX_REASONS 16
 #define DLQ_MAX_IDS 256
 
-/* The header a replayed copy carries: how often it was replayed.  Not an
- * x-inbox-* name, so that a worker's dead-letter copy keeps it. */
-#define DLQ_HEADER_REPLAYS "x-replay-count"
-/* Headers the worker adds to its own dead-letter copies besides
- * x-inbox-reason and x-inbox-detail (removed again on replay, as every
- * x-inbox-* header is). */
-#define DLQ_HEADER_AT "x-inbox-dead-lettered-at"
-#define DLQ_HEADER_DELIVERIES "x-inbox-delivery-count"
+/* The header names it reads and the one it writes (x-replay-count) are
+ * the dead-letter format's: common/deadletter.h. */
 
 enum dlq_cmd { DLQ_LIST = 0, DLQ_SHOW, DLQ_REPLAY, DLQ_PURGE, DLQ_CMD_COUNT /* not a command */ };
 

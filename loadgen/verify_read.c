@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "deadletter.h"
 #include "mq.h"
 #include "publish.h"
 #include "status.h"
@@ -85,7 +86,7 @@ static void v_on_dead_probe(struct v_state *st, const struct mq_delivery *d)
 	long i;
 
 	v_delivery_id(d, id, sizeof id);
-	if (!v_ours(st, id, strlen(id)) || mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (!v_ours(st, id, strlen(id)) || mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		return;
 	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
 	if (i < 0)
@@ -506,7 +507,7 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		st->foreign++;
 		return;
 	}
-	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		snprintf(reason, sizeof reason, "(none)");
 	v_tally_reason(st, reason);
 	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
@@ -515,7 +516,7 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		return;
 	}
 	m = &st->msgs[i];
-	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		m->bare_hits++;
 	if (!m->effect && strcmp(reason, m->reason) == 0)
 		m->dlq_hits++;

@@ -901,3 +901,89 @@ Test(dlq, an_existing_quorum_dlq_without_the_limit_is_kept_with_a_warning)
 	(void)mq_queue_delete(m, q);
 	mq_close(&m);
 }
+
+/* The headers of one dead letter, as the broker delivered it: whether each
+ * of ours is there.  Read with basic.get and acked. */
+static const char *const dead_letter_headers[] = { "x-inbox-reason", "x-inbox-detail", "x-inbox-dead-lettered-at",
+	                                           "x-inbox-delivery-count" };
+enum { DEAD_LETTER_HEADERS = sizeof dead_letter_headers / sizeof dead_letter_headers[0] };
+
+struct dead_headers {
+	char message_id[64];
+	char value[DEAD_LETTER_HEADERS][256];
+	bool has[DEAD_LETTER_HEADERS];
+};
+
+static int drain_headers(struct dead_headers *got, int cap)
+{
+	struct mq *m = NULL;
+	int n = 0;
+
+	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq-headers"), ST_OK);
+	while (n < cap) {
+		struct mq_delivery d;
+		int rc = mq_get(m, itest_cfg()->dlq, &d);
+		if (rc == ST_ERR_NOT_FOUND)
+			break;
+		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
+		memset(&got[n], 0, sizeof got[n]);
+		snprintf(got[n].message_id, sizeof got[n].message_id, "%.*s", (int)d.props.message_id_len,
+		         d.props.message_id != NULL ? d.props.message_id : "");
+		for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
+			got[n].has[h] = mq_delivery_header(&d, dead_letter_headers[h], got[n].value[h],
+			                                   sizeof got[n].value[h]) == ST_OK;
+		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
+		mq_delivery_release(m, &d);
+		n++;
+	}
+	mq_close(&m);
+	return n;
+}
+
+/* One dead-letter format whichever path wrote it (issue 24.3): the copy
+ * the worker publishes itself (a body that is not JSON) and the copy it
+ * writes into the outbox in the event's transaction (an invalid
+ * transition) carry the same headers, and `dlq list` reads the same
+ * fields from both — the delivery count included. */
+Test(dlq, the_direct_and_the_outbox_dead_letter_carry_the_same_headers)
+{
+	struct dead_headers got[4];
+	char body[512];
+	struct mq *m;
+	json_t *doc, *e;
+	size_t i;
+	pid_t w;
+	int n;
+
+	itest_fresh();
+	w = itest_worker_logged(1, NULL, dlq_worker_log(0));
+	m = itest_mq();
+	itest_publish(m, "OrderCreated", "{not json", "bad-1");
+	itest_event(body, sizeof body, "hdr-1", "OrderCreated", "o-hdr");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_event(body, sizeof body, "hdr-2", "OrderCancelled", "o-hdr");
+	itest_publish(m, "OrderCancelled", body, NULL);
+	itest_event(body, sizeof body, "hdr-3", "ShipmentCreated", "o-hdr"); /* on a cancelled order */
+	itest_publish(m, "ShipmentCreated", body, NULL);
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 2, 60), 2, "both dead letters in the DLQ");
+	itest_stop_ok(w);
+
+	doc = list_json(NULL, NULL);
+	cr_assert_eq(json_array_size(json_object_get(doc, "dead_letters")), 2);
+	json_array_foreach(json_object_get(doc, "dead_letters"), i, e) {
+		const char *id = json_string_value(json_object_get(e, "message_id"));
+		cr_expect(json_is_string(json_object_get(e, "dead_lettered_at")), "%s: no dead-letter time", id);
+		cr_expect_eq(json_integer_value(json_object_get(e, "deliveries")), 1,
+		             "%s: deliveries %s, want 1 (it was delivered once)", id,
+		             json_is_null(json_object_get(e, "deliveries")) ? "unknown" : "other");
+	}
+	json_decref(doc);
+
+	n = drain_headers(got, 4);
+	cr_assert_eq(n, 2);
+	for (int k = 0; k < n; k++)
+		for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
+			cr_expect(got[k].has[h], "%s has no %s", got[k].message_id, dead_letter_headers[h]);
+	cr_expect_str_eq(got[0].value[3], got[1].value[3], "the delivery counts differ");
+}
