@@ -13,8 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
 #include "deadletter.h"
+#include "log.h"
 #include "mq.h"
 #include "publish.h"
 #include "status.h"
