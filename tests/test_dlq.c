@@ -117,14 +117,15 @@ static void expect_ids(json_t *doc, const char *const *want, int n)
 		                 "position %d", i + 1);
 }
 
-/* Take every message of queue with basic.get + ack, in order: ids,
- * reasons, and the largest x-delivery-count seen. */
-static int drain_counted(const char *queue, struct itest_dead *out, int cap, int64_t *max_count)
+/* Take every message of queue with basic.get + ack, in order, at most cap
+ * of them, each shown to fn (n: its position) before it is acked. */
+typedef void drain_fn(const struct mq_delivery *d, int n, void *arg);
+
+static int drain_each(const char *queue, int cap, drain_fn *fn, void *arg)
 {
 	struct mq *m = NULL;
 	int n = 0;
 
-	*max_count = 0;
 	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq-drain"), ST_OK);
 	while (n < cap) {
 		struct mq_delivery d;
@@ -132,18 +133,41 @@ static int drain_counted(const char *queue, struct itest_dead *out, int cap, int
 		if (rc == ST_ERR_NOT_FOUND)
 			break;
 		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
-		memset(&out[n], 0, sizeof out[n]);
-		snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
-		         d.props.message_id != NULL ? d.props.message_id : "");
-		if (mq_delivery_header(&d, "x-inbox-reason", out[n].reason, sizeof out[n].reason) != ST_OK)
-			snprintf(out[n].reason, sizeof out[n].reason, "(none)");
-		if (d.delivery_count > *max_count)
-			*max_count = d.delivery_count;
+		fn(&d, n, arg);
 		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
 		mq_delivery_release(m, &d);
 		n++;
 	}
 	mq_close(&m);
+	return n;
+}
+
+struct counted {
+	struct itest_dead *out;
+	int64_t max_count;
+};
+
+static void drain_counted_one(const struct mq_delivery *d, int n, void *arg)
+{
+	struct counted *c = arg;
+	struct itest_dead *e = &c->out[n];
+
+	memset(e, 0, sizeof *e);
+	snprintf(e->message_id, sizeof e->message_id, "%.*s", (int)d->props.message_id_len,
+	         d->props.message_id != NULL ? d->props.message_id : "");
+	if (mq_delivery_header(d, "x-inbox-reason", e->reason, sizeof e->reason) != ST_OK)
+		snprintf(e->reason, sizeof e->reason, "(none)");
+	if (d->delivery_count > c->max_count)
+		c->max_count = d->delivery_count;
+}
+
+/* Ids, reasons, and the largest x-delivery-count seen. */
+static int drain_counted(const char *queue, struct itest_dead *out, int cap, int64_t *max_count)
+{
+	struct counted c = { out, 0 };
+	int n = drain_each(queue, cap, drain_counted_one, &c);
+
+	*max_count = c.max_count;
 	return n;
 }
 
@@ -903,7 +927,7 @@ Test(dlq, an_existing_quorum_dlq_without_the_limit_is_kept_with_a_warning)
 }
 
 /* The headers of one dead letter, as the broker delivered it: whether each
- * of ours is there.  Read with basic.get and acked. */
+ * of ours is there. */
 static const char *const dead_letter_headers[] = { "x-inbox-reason", "x-inbox-detail", "x-inbox-dead-lettered-at",
 	                                           "x-inbox-delivery-count" };
 enum { DEAD_LETTER_HEADERS = sizeof dead_letter_headers / sizeof dead_letter_headers[0] };
@@ -914,30 +938,15 @@ struct dead_headers {
 	bool has[DEAD_LETTER_HEADERS];
 };
 
-static int drain_headers(struct dead_headers *got, int cap)
+static void drain_headers_one(const struct mq_delivery *d, int n, void *arg)
 {
-	struct mq *m = NULL;
-	int n = 0;
+	struct dead_headers *e = &((struct dead_headers *)arg)[n];
 
-	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq-headers"), ST_OK);
-	while (n < cap) {
-		struct mq_delivery d;
-		int rc = mq_get(m, itest_cfg()->dlq, &d);
-		if (rc == ST_ERR_NOT_FOUND)
-			break;
-		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
-		memset(&got[n], 0, sizeof got[n]);
-		snprintf(got[n].message_id, sizeof got[n].message_id, "%.*s", (int)d.props.message_id_len,
-		         d.props.message_id != NULL ? d.props.message_id : "");
-		for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
-			got[n].has[h] = mq_delivery_header(&d, dead_letter_headers[h], got[n].value[h],
-			                                   sizeof got[n].value[h]) == ST_OK;
-		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
-		mq_delivery_release(m, &d);
-		n++;
-	}
-	mq_close(&m);
-	return n;
+	memset(e, 0, sizeof *e);
+	snprintf(e->message_id, sizeof e->message_id, "%.*s", (int)d->props.message_id_len,
+	         d->props.message_id != NULL ? d->props.message_id : "");
+	for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
+		e->has[h] = mq_delivery_header(d, dead_letter_headers[h], e->value[h], sizeof e->value[h]) == ST_OK;
 }
 
 /* One dead-letter format whichever path wrote it (issue 24.3): the copy
@@ -980,7 +989,7 @@ Test(dlq, the_direct_and_the_outbox_dead_letter_carry_the_same_headers)
 	}
 	json_decref(doc);
 
-	n = drain_headers(got, 4);
+	n = drain_each(itest_cfg()->dlq, 4, drain_headers_one, got);
 	cr_assert_eq(n, 2);
 	for (int k = 0; k < n; k++)
 		for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
