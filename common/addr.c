@@ -166,6 +166,57 @@ int addr_url_scheme(const char *url, const char *const *schemes, const char *wan
 	return -1;
 }
 
+/* The host of the authority [hp, end): "[v6]" or a name, and *colon the
+ * ':' before a port (NULL: none).  0, or -1 with err set. */
+static int addr_split_host(const char *hp, const char *end, struct addr_url *v, const char **colon, char *err,
+                           size_t errlen)
+{
+	if (*hp == '[') {
+		const char *close = memchr(hp, ']', (size_t)(end - hp));
+
+		if (close == NULL) {
+			addr_errf(err, errlen, "bad URL: missing ']' after IPv6 address");
+			return -1;
+		}
+		v->host = hp + 1;
+		v->host_len = (size_t)(close - hp - 1);
+		for (size_t i = 0; i < v->host_len; i++) {
+			if (!(hex_value(v->host[i]) >= 0 || v->host[i] == ':' || v->host[i] == '.')) {
+				addr_errf(err, errlen, "bad URL: bad IPv6 address");
+				return -1;
+			}
+		}
+		if (v->host_len == 0) {
+			addr_errf(err, errlen, "bad URL: missing host");
+			return -1;
+		}
+		if (close + 1 != end && close[1] != ':') {
+			addr_errf(err, errlen, "bad URL: expected ':' or '/' after ']'");
+			return -1;
+		}
+		*colon = close + 1 != end ? close + 1 : NULL;
+	} else {
+		const char *c = memchr(hp, ':', (size_t)(end - hp));
+
+		*colon = c;
+		v->host = hp;
+		v->host_len = (size_t)((c != NULL ? c : end) - hp);
+		if (c != NULL && memchr(c + 1, ':', (size_t)(end - c - 1)) != NULL) {
+			addr_errf(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
+			return -1;
+		}
+		for (size_t i = 0; i < v->host_len; i++) {
+			char h = v->host[i];
+
+			if (!(is_alnum(h) || h == '.' || h == '-' || h == '_')) {
+				addr_errf(err, errlen, "bad URL: bad character in host");
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
 int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char *err, size_t errlen)
 {
 	const char *p = url + scheme_len;
@@ -212,47 +263,8 @@ int addr_url_split(const char *url, size_t scheme_len, struct addr_url *v, char 
 		}
 		hp = at + 1;
 	}
-	if (*hp == '[') {
-		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
-
-		if (close == NULL) {
-			addr_errf(err, errlen, "bad URL: missing ']' after IPv6 address");
-			return -1;
-		}
-		v->host = hp + 1;
-		v->host_len = (size_t)(close - hp - 1);
-		for (size_t i = 0; i < v->host_len; i++) {
-			if (!(hex_value(v->host[i]) >= 0 || v->host[i] == ':' || v->host[i] == '.')) {
-				addr_errf(err, errlen, "bad URL: bad IPv6 address");
-				return -1;
-			}
-		}
-		if (v->host_len == 0) {
-			addr_errf(err, errlen, "bad URL: missing host");
-			return -1;
-		}
-		if (close + 1 != auth_end && close[1] != ':') {
-			addr_errf(err, errlen, "bad URL: expected ':' or '/' after ']'");
-			return -1;
-		}
-		colon = close + 1 != auth_end ? close + 1 : NULL;
-	} else {
-		colon = memchr(hp, ':', (size_t)(auth_end - hp));
-		v->host = hp;
-		v->host_len = (size_t)((colon != NULL ? colon : auth_end) - hp);
-		if (colon != NULL && memchr(colon + 1, ':', (size_t)(auth_end - colon - 1)) != NULL) {
-			addr_errf(err, errlen, "bad URL: an IPv6 address must be in brackets: [::1]");
-			return -1;
-		}
-		for (size_t i = 0; i < v->host_len; i++) {
-			char c = v->host[i];
-
-			if (!(is_alnum(c) || c == '.' || c == '-' || c == '_')) {
-				addr_errf(err, errlen, "bad URL: bad character in host");
-				return -1;
-			}
-		}
-	}
+	if (addr_split_host(hp, auth_end, v, &colon, err, errlen) != 0)
+		return -1;
 	if (colon != NULL) {
 		v->has_port = true;
 		v->port = colon + 1;

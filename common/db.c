@@ -798,6 +798,61 @@ static int db_fetch_grow(struct db_stmt *s, MYSQL_BIND *b, const my_bool *errs, 
 	return ST_OK;
 }
 
+/* Bind column c of a fetch to its caller's storage (a growing buffer
+ * gets its first allocation here).  ST_OK or out of memory. */
+static int db_bind_col(struct db_stmt *s, struct db_col *c, MYSQL_BIND *b)
+{
+	b->length = &c->len;
+	switch (c->type) {
+	case DB_I64:
+	case DB_NULL:
+		b->buffer_type = MYSQL_TYPE_LONGLONG;
+		b->buffer = &c->i64;
+		break;
+	case DB_DOUBLE:
+		b->buffer_type = MYSQL_TYPE_DOUBLE;
+		b->buffer = &c->dbl;
+		break;
+	case DB_STR:
+	case DB_BLOB:
+		if (c->grow != NULL && *c->grow == NULL) {
+			*c->grow = malloc(DB_GROW_FIRST);
+			if (*c->grow == NULL)
+				return db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
+			*c->grow_cap = DB_GROW_FIRST;
+		}
+		if (c->grow != NULL) {
+			c->buf = *c->grow;
+			c->cap = *c->grow_cap;
+		}
+		b->buffer_type = c->type == DB_STR ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
+		b->buffer = c->buf;
+		b->buffer_length = c->cap > 0 ? (unsigned long)c->cap - 1 : 0;
+		break;
+	}
+	return ST_OK;
+}
+
+/* A fetched row into the caller's columns: NULLs, the limit of a grown
+ * buffer, text NUL-terminated.  1 (a row) or an error. */
+static int db_fetch_finish(struct db_stmt *s, struct db_col *cols, int ncols, const my_bool *nulls)
+{
+	for (int i = 0; i < ncols; i++) {
+		struct db_col *c = &cols[i];
+		c->is_null = nulls[i] != 0;
+		if (c->grow != NULL && !c->is_null && c->len > c->max) {
+			/* It fitted a buffer grown for an earlier row. */
+			char msg[120];
+			snprintf(msg, sizeof msg, "stored value of %lu bytes is over the limit of %zu", c->len, c->max);
+			db_stmt_done(s);
+			return db_fail(s->db, DB_ERRNO_TOO_LONG, msg);
+		}
+		if ((c->type == DB_STR || c->type == DB_BLOB) && c->cap > 0)
+			((char *)c->buf)[c->is_null ? 0 : c->len] = '\0';
+	}
+	return 1;
+}
+
 int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 {
 	MYSQL_BIND b[DB_MAX_COLS];
@@ -805,7 +860,8 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 	 * truncates that column, so a flag left from the stack read as
 	 * "truncated" and failed the fetch of a column that fitted (seen
 	 * as "column value longer than its buffer" once the caller's stack
-	 * changed). */
+	 * changed, an integer column taken for a truncated one, a relay
+	 * round failing after its publishes). */
 	my_bool nulls[DB_MAX_COLS] = { 0 };
 	my_bool errs[DB_MAX_COLS] = { 0 };
 	int r;
@@ -818,44 +874,12 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 	if (ncols < 0 || (unsigned)ncols != mysql_stmt_field_count(s->st))
 		return db_fail(s->db, 0xffff, "column count mismatch");
 	memset(b, 0, sizeof b);
-	/* The connector sets a column's error flag only when it cuts the
-	 * value: the others must read 0, not what the stack held (seen: an
-	 * integer column taken for a truncated one, a relay round failing
-	 * with "column value longer than its buffer" after its publishes). */
-	memset(errs, 0, sizeof errs);
-	memset(nulls, 0, sizeof nulls);
 	for (int i = 0; i < ncols; i++) {
-		struct db_col *c = &cols[i];
 		b[i].is_null = &nulls[i];
 		b[i].error = &errs[i];
-		b[i].length = &c->len;
-		switch (c->type) {
-		case DB_I64:
-		case DB_NULL:
-			b[i].buffer_type = MYSQL_TYPE_LONGLONG;
-			b[i].buffer = &c->i64;
-			break;
-		case DB_DOUBLE:
-			b[i].buffer_type = MYSQL_TYPE_DOUBLE;
-			b[i].buffer = &c->dbl;
-			break;
-		case DB_STR:
-		case DB_BLOB:
-			if (c->grow != NULL && *c->grow == NULL) {
-				*c->grow = malloc(DB_GROW_FIRST);
-				if (*c->grow == NULL)
-					return db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
-				*c->grow_cap = DB_GROW_FIRST;
-			}
-			if (c->grow != NULL) {
-				c->buf = *c->grow;
-				c->cap = *c->grow_cap;
-			}
-			b[i].buffer_type = c->type == DB_STR ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
-			b[i].buffer = c->buf;
-			b[i].buffer_length = c->cap > 0 ? (unsigned long)c->cap - 1 : 0;
-			break;
-		}
+		r = db_bind_col(s, &cols[i], &b[i]);
+		if (r != ST_OK)
+			return r;
 	}
 	if (mysql_stmt_bind_result(s->st, b) != 0)
 		return db_fail_stmt(s);
@@ -873,20 +897,7 @@ int db_stmt_fetch(struct db_stmt *s, struct db_col *cols, int ncols)
 			return r;
 		}
 	}
-	for (int i = 0; i < ncols; i++) {
-		struct db_col *c = &cols[i];
-		c->is_null = nulls[i] != 0;
-		if (c->grow != NULL && !c->is_null && c->len > c->max) {
-			/* It fitted a buffer grown for an earlier row. */
-			char msg[120];
-			snprintf(msg, sizeof msg, "stored value of %lu bytes is over the limit of %zu", c->len, c->max);
-			db_stmt_done(s);
-			return db_fail(s->db, DB_ERRNO_TOO_LONG, msg);
-		}
-		if ((c->type == DB_STR || c->type == DB_BLOB) && c->cap > 0)
-			((char *)c->buf)[c->is_null ? 0 : c->len] = '\0';
-	}
-	return 1;
+	return db_fetch_finish(s, cols, ncols, nulls);
 }
 
 void db_stmt_done(struct db_stmt *s)

@@ -176,6 +176,7 @@ struct inbox_event {
 	size_t len;
 	const char *routing_key;
 	const char *props;        /* JSON or NULL */
+	int64_t deliveries;       /* for the dead-letter copy; 0 when unknown (a held row) */
 	int64_t amount_cents;
 	bool has_amount;
 	char sha[65];             /* the payload hash, hex: the ledger keeps it */
@@ -648,7 +649,7 @@ static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, c
 	const struct outbox_dead_letter d = {
 		.message_id = ev->message_id, .routing_key = ev->routing_key, .type = ev->type_name,
 		.order_id = ev->order_id, .props = ev->props, .body = ev->body, .len = ev->len, .reason = reason,
-		.detail = detail,
+		.detail = detail, .deliveries = ev->deliveries,
 	};
 
 	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, &d);
@@ -940,6 +941,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
 		if (v.decision == ORDER_HOLD)
 			continue;
 		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
+		ev.deliveries = in->deliveries;
 		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
@@ -1389,6 +1391,7 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	if (o == NULL)
 		return ST_ERR_DB; /* the claim locks the order of every key it inserted */
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
+	ev.deliveries = in->deliveries;
 	v = order_decide(o->state, o->flags, m->type);
 	if (v.decision == ORDER_HOLD) {
 		inbox_hold(ib, in, o);

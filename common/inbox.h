@@ -51,6 +51,7 @@ struct inbox_in {
 	char *(*props_json)(const void *arg); /* malloc'd JSON of the AMQP properties */
 	const void *props_arg;
 	int64_t published_us; /* 0 when unknown */
+	int64_t deliveries;   /* how often delivered, this time counted (x-delivery-count + 1); 0 when unknown */
 };
 
 struct inbox_result {

@@ -378,39 +378,63 @@ static void metrics_process(struct metrics_buf *b)
 		            metrics_start_time(ticks));
 }
 
-int metrics_render(char *buf, size_t cap)
+/* Every delivery's decision, and the dead letters by reason. */
+static void metrics_outcomes(struct metrics_buf *b)
 {
-	struct metrics_buf b = { .p = buf, .cap = cap };
-	uint64_t cum = 0;
-
-	metrics_put(&b, "# HELP inbox_build_info The worker's version.\n"
-	                "# TYPE inbox_build_info gauge\n"
-	                "inbox_build_info{version=\"%s\"} 1\n",
-	            INBOX_VERSION);
-	metrics_put(&b, "# HELP inbox_messages_total Deliveries by final decision; a held event is counted when"
-	                " it is settled (released or expired).\n"
-	                "# TYPE inbox_messages_total counter\n");
+	metrics_put(b, "# HELP inbox_messages_total Deliveries by final decision; a held event is counted when"
+	               " it is settled (released or expired).\n"
+	               "# TYPE inbox_messages_total counter\n");
 	for (int i = 0; i < METRICS_OUTCOME_COUNT; i++)
-		metrics_put(&b, "inbox_messages_total{outcome=\"%s\"} %llu\n", metrics_outcome_names[i],
+		metrics_put(b, "inbox_messages_total{outcome=\"%s\"} %llu\n", metrics_outcome_names[i],
 		            (unsigned long long)metrics_outcome_count((enum metrics_outcome)i));
 	/* The same count as outcome="duplicate", under the name SPEC.md
 	 * promises to the dashboards built against it. */
-	metrics_put(&b, "# HELP inbox_duplicates_total Deliveries recognised as duplicates (the same count as"
-	                " inbox_messages_total{outcome=\"duplicate\"}).\n"
-	                "# TYPE inbox_duplicates_total counter\n"
-	                "inbox_duplicates_total %llu\n",
+	metrics_put(b, "# HELP inbox_duplicates_total Deliveries recognised as duplicates (the same count as"
+	               " inbox_messages_total{outcome=\"duplicate\"}).\n"
+	               "# TYPE inbox_duplicates_total counter\n"
+	               "inbox_duplicates_total %llu\n",
 	            (unsigned long long)metrics_outcome_count(METRICS_DUPLICATE));
-	metrics_put(&b, "# HELP inbox_dead_letters_total Dead letters the worker sent, by x-inbox-reason"
-	                " (their sum is outcome=\"dead_lettered\").\n"
-	                "# TYPE inbox_dead_letters_total counter\n");
+	metrics_put(b, "# HELP inbox_dead_letters_total Dead letters the worker sent, by x-inbox-reason"
+	               " (their sum is outcome=\"dead_lettered\").\n"
+	               "# TYPE inbox_dead_letters_total counter\n");
 	for (int r = 1; r <= MSG_REASON_COUNT; r++) {
 		enum msg_reason why = r < MSG_REASON_COUNT ? (enum msg_reason)r : MSG_REASON_NONE;
 		uint64_t n = metrics_dead_letter_count(why);
 		if (why == MSG_REASON_NONE && n == 0)
 			continue; /* "other" only when something unexpected happened */
-		metrics_put(&b, "inbox_dead_letters_total{reason=\"%s\"} %llu\n",
+		metrics_put(b, "inbox_dead_letters_total{reason=\"%s\"} %llu\n",
 		            why == MSG_REASON_NONE ? "other" : msg_reason_name(why), (unsigned long long)n);
 	}
+}
+
+/* inbox_processing_seconds, cumulative as Prometheus wants it. */
+static void metrics_histogram(struct metrics_buf *b)
+{
+	uint64_t cum = 0;
+
+	metrics_put(b, "# HELP inbox_processing_seconds Time from delivery to settlement (commit, or dead-letter confirm).\n"
+	               "# TYPE inbox_processing_seconds histogram\n");
+	for (size_t i = 0; i <= METRICS_NBUCKETS; i++) {
+		cum += atomic_load(&metrics.hist[i]);
+		if (i < METRICS_NBUCKETS)
+			metrics_put(b, "inbox_processing_seconds_bucket{le=\"%g\"} %llu\n", metrics_buckets[i],
+			            (unsigned long long)cum);
+		else
+			metrics_put(b, "inbox_processing_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+	}
+	metrics_put(b, "inbox_processing_seconds_sum %.6f\ninbox_processing_seconds_count %llu\n",
+	            (double)atomic_load(&metrics.hist_sum_us) / 1e6, (unsigned long long)cum);
+}
+
+int metrics_render(char *buf, size_t cap)
+{
+	struct metrics_buf b = { .p = buf, .cap = cap };
+
+	metrics_put(&b, "# HELP inbox_build_info The worker's version.\n"
+	                "# TYPE inbox_build_info gauge\n"
+	                "inbox_build_info{version=\"%s\"} 1\n",
+	            INBOX_VERSION);
+	metrics_outcomes(&b);
 	metrics_put(&b, "# HELP inbox_held_total Events held on arrival to wait for their prerequisite (each is"
 	                " counted again in inbox_messages_total once settled).\n"
 	                "# TYPE inbox_held_total counter\n"
@@ -437,18 +461,7 @@ int metrics_render(char *buf, size_t cap)
 	                "inbox_reconnects_total{peer=\"db\"} %llu\n",
 	            (unsigned long long)atomic_load(&metrics.reconnects[METRICS_PEER_AMQP]),
 	            (unsigned long long)atomic_load(&metrics.reconnects[METRICS_PEER_DB]));
-	metrics_put(&b, "# HELP inbox_processing_seconds Time from delivery to settlement (commit, or dead-letter confirm).\n"
-	                "# TYPE inbox_processing_seconds histogram\n");
-	for (size_t i = 0; i <= METRICS_NBUCKETS; i++) {
-		cum += atomic_load(&metrics.hist[i]);
-		if (i < METRICS_NBUCKETS)
-			metrics_put(&b, "inbox_processing_seconds_bucket{le=\"%g\"} %llu\n", metrics_buckets[i],
-			            (unsigned long long)cum);
-		else
-			metrics_put(&b, "inbox_processing_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
-	}
-	metrics_put(&b, "inbox_processing_seconds_sum %.6f\ninbox_processing_seconds_count %llu\n",
-	            (double)atomic_load(&metrics.hist_sum_us) / 1e6, (unsigned long long)cum);
+	metrics_histogram(&b);
 	metrics_put(&b, "# HELP inbox_redelivered_total Deliveries the broker marked as redelivered.\n"
 	                "# TYPE inbox_redelivered_total counter\n"
 	                "inbox_redelivered_total %llu\n",

@@ -278,36 +278,20 @@ static int mq_tls_fail(struct mq *m, int status)
 }
 
 
-int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
-                size_t why_cap)
+/* The socket, TLS when configured, and the TCP (and TLS) connect, each
+ * failure said as the cause the user can act on. */
+static int mq_connect_socket(struct mq *m, const struct cfg_amqp *conf)
 {
-	struct mq *m = calloc(1, sizeof *m);
-	amqp_socket_t *sock;
+	amqp_socket_t *sock = conf->tls ? amqp_ssl_socket_new(m->conn) : amqp_tcp_socket_new(m->conn);
 	struct timeval tv = { .tv_sec = 10 };
-	amqp_table_entry_t prop[2], cap;
-	amqp_table_t props;
 	int rc, status;
 
-	*out = NULL;
-	if (why != NULL && why_cap > 0)
-		snprintf(why, why_cap, "out of memory");
-	if (m == NULL)
-		return ST_ERR_NOMEM;
-	pub_state_init(&m->pub);
-	m->conn = amqp_new_connection();
-	if (m->conn == NULL) {
-		free(m);
-		return ST_ERR_NOMEM;
-	}
-	sock = conf->tls ? amqp_ssl_socket_new(m->conn) : amqp_tcp_socket_new(m->conn);
-	if (sock == NULL) {
-		rc = mq_fail(m, ST_ERR_NOMEM, "socket", "cannot create socket");
-		goto fail;
-	}
+	if (sock == NULL)
+		return mq_fail(m, ST_ERR_NOMEM, "socket", "cannot create socket");
 	if (conf->tls) {
 		rc = mq_tls_setup(m, sock, conf);
 		if (rc != ST_OK)
-			goto fail;
+			return rc;
 		/* rabbitmq-c leaves OpenSSL's reason in this thread's error
 		 * queue: start it empty so what is found there is this
 		 * handshake's. */
@@ -320,21 +304,22 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
 		char reason[64];
 
 		addr_probe(conf->host, conf->port, NULL, 1000, reason, sizeof reason);
-		if (strcmp(reason, "accepted") != 0) {
-			rc = mq_fail(m, ST_ERR_MQ_CONN, "connect", reason);
-			goto fail;
-		}
+		if (strcmp(reason, "accepted") != 0)
+			return mq_fail(m, ST_ERR_MQ_CONN, "connect", reason);
 	}
-	if (conf->tls && status != AMQP_STATUS_OK && status != AMQP_STATUS_TIMEOUT) {
-		rc = mq_tls_fail(m, status);
-		goto fail;
-	}
+	if (conf->tls && status != AMQP_STATUS_OK && status != AMQP_STATUS_TIMEOUT)
+		return mq_tls_fail(m, status);
 	rc = mq_status(m, status, "connect");
-	if (rc != ST_OK) {
-		if (rc == ST_ERR_TIMEOUT)
-			rc = ST_ERR_MQ_CONN;
-		goto fail;
-	}
+	return rc == ST_ERR_TIMEOUT ? ST_ERR_MQ_CONN : rc;
+}
+
+/* Log in under the connection name and open the one channel. */
+static int mq_login(struct mq *m, const struct cfg_amqp *conf, int heartbeat_s, const char *name)
+{
+	amqp_table_entry_t prop[2], cap;
+	amqp_table_t props;
+	int rc;
+
 	prop[0].key = amqp_cstring_bytes("connection_name");
 	prop[0].value.kind = AMQP_FIELD_KIND_UTF8;
 	prop[0].value.value.bytes = amqp_cstring_bytes(name != NULL ? name : "inbox-worker");
@@ -355,18 +340,42 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
 	                                            &props, AMQP_SASL_METHOD_PLAIN, conf->user,
 	                                            conf->password), "login");
 	if (rc != ST_OK)
-		goto fail;
+		return rc;
 	if (amqp_channel_open(m->conn, MQ_CHANNEL) == NULL) {
 		rc = mq_rpc(m, "channel.open");
-		goto fail;
+		return rc != ST_OK ? rc : ST_ERR_MQ_CONN; /* no channel whatever the reply said */
 	}
-	*out = m;
 	return ST_OK;
-fail:
+}
+
+int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, char *why,
+                size_t why_cap)
+{
+	struct mq *m = calloc(1, sizeof *m);
+	int rc;
+
+	*out = NULL;
+	if (why != NULL && why_cap > 0)
+		snprintf(why, why_cap, "out of memory");
+	if (m == NULL)
+		return ST_ERR_NOMEM;
+	pub_state_init(&m->pub);
+	m->conn = amqp_new_connection();
+	if (m->conn == NULL) {
+		free(m);
+		return ST_ERR_NOMEM;
+	}
+	rc = mq_connect_socket(m, conf);
+	if (rc == ST_OK)
+		rc = mq_login(m, conf, heartbeat_s, name);
+	if (rc == ST_OK) {
+		*out = m;
+		return ST_OK;
+	}
 	if (why != NULL && why_cap > 0)
 		snprintf(why, why_cap, "%s", m->err);
 	mq_close(&m);
-	return rc != ST_OK ? rc : ST_ERR_MQ_CONN;
+	return rc;
 }
 
 int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node,

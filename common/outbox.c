@@ -54,7 +54,7 @@
 #include <time.h>
 
 #include "array.h"
-#include "dlq.h"
+#include "deadletter.h"
 #include "log.h"
 #include "msg.h"
 #include "status.h"
@@ -186,21 +186,15 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type,
 
 int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d)
 {
-	char note[400], full[640], at[32];
-	char *headers = NULL;
-	json_t *h;
+	struct deadletter_headers dh;
+	char note[400];
+	char *headers;
 
 	/* What the saved properties had to escape or drop, said where the
 	 * DLQ reader looks (props.c keeps the note ASCII). */
 	mq_props_json_note(d->props, note, sizeof note);
-	snprintf(full, sizeof full, "%s%s%s", d->detail, note[0] ? "; properties: " : "", note);
-	/* When, for `inbox-worker dlq list` (common/dlq.h). */
-	if (outbox_now(at, sizeof at) != ST_OK)
-		snprintf(at, sizeof at, "unknown");
-	h = json_pack("{s:s, s:s, s:s}", "x-inbox-reason", d->reason, "x-inbox-detail", full, DLQ_HEADER_AT, at);
-	if (h != NULL)
-		headers = json_dumps(h, JSON_COMPACT);
-	json_decref(h);
+	deadletter_headers(&dh, d->reason, d->detail, note, d->deliveries);
+	headers = deadletter_headers_json(&dh);
 	if (headers == NULL)
 		return ST_ERR_NOMEM;
 	outbox_row_sql(b, d->message_id, conf->dlx, d->routing_key, d->type, d->order_id, d->props, headers, d->body,

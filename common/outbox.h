@@ -61,8 +61,9 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type,
 /* The dead-letter copy of an event (its transition is impossible, its
  * hold expired, its stored body cannot be applied): its own body,
  * properties, routing key and message id, to conf->dlx, with the headers
- * x-inbox-reason, x-inbox-detail (detail, plus what the saved properties
- * had to escape or drop) and DLQ_HEADER_AT. */
+ * deadletter_headers builds (common/deadletter.h), as the worker's own
+ * dead-letter copies have them: detail gets what the saved properties had
+ * to escape or drop. */
 struct outbox_dead_letter {
 	const char *message_id;
 	const char *routing_key;
@@ -73,6 +74,7 @@ struct outbox_dead_letter {
 	size_t len;
 	const char *reason; /* x-inbox-reason */
 	const char *detail; /* x-inbox-detail */
+	int64_t deliveries; /* x-inbox-delivery-count; 0 when unknown */
 };
 int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d);
 

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deadletter.h"
 #include "mq.h"
 #include "status.h"
 
@@ -643,8 +644,9 @@ int props_build(struct props_out *o, const struct mq_message *msg)
 			if (n >= keep)
 				break;
 			/* Broker bookkeeping of the original delivery is not ours to
-			 * copy into a new message. */
-			if (strcmp(k, "x-delivery-count") == 0 || strncmp(k, "x-inbox-", 8) == 0)
+			 * copy into a new message, nor our headers of an earlier
+			 * dead-lettering (deadletter.h). */
+			if (strcmp(k, "x-delivery-count") == 0 || strncmp(k, DEADLETTER_PREFIX, sizeof DEADLETTER_PREFIX - 1) == 0)
 				continue;
 			e->key = amqp_cstring_bytes(k);
 			if (props_dec_value(&o->pool, v, &e->value, 0))

@@ -366,59 +366,21 @@ void lg_progress_line(char *buf, size_t cap, const char *label, unsigned long lo
 	         total, pct, confirmed, el, have_rate ? rate : 0.0, eta);
 }
 
-/* Publish one phase; shows progress on a terminal (or with --progress).
- * Returns 0 or -1. */
-static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s, const struct lg_phase *ph,
-                            const struct lg_publish_opts *po, const char *label, unsigned long long *republished,
-                            unsigned long long *reconnects)
+/* Until every started publisher has finished: progress on a terminal (or
+ * with --progress). */
+static void lg_phase_progress(struct lg_run *r, int started, bool show, const char *label, double t0)
 {
-	double rate = po->rate;
-	struct lg_run r;
-	struct lg_pub *pubs;
-	int cols = s->opts.connections;
 	bool tty = isatty(2) != 0;
-	double t0 = lg_mono(), last_t = t0;
+	double last_t = t0, shown_rate = 0;
 	unsigned long long last_c = 0;
-	double shown_rate = 0;
 	bool have_rate = false;
-	int started = 0;
 
-	if (ph->items == 0)
-		return 0;
-	memset(&r, 0, sizeof r);
-	r.conf = conf;
-	r.s = s;
-	r.ph = ph;
-	r.cols = cols;
-	r.rate = rate > 0 ? rate / cols : 0;
-	r.retry_s = po->retry_s;
-	pthread_mutex_init(&r.err_mu, NULL);
-	pthread_mutex_init(&r.barrier.mu, NULL);
-	pthread_cond_init(&r.barrier.cv, NULL);
-	r.barrier.parties = cols;
-	pubs = calloc((size_t)cols, sizeof *pubs);
-	if (pubs == NULL)
-		return -1;
-	for (int i = 0; i < cols; i++) {
-		pubs[i].run = &r;
-		pubs[i].col = i;
-		if (pthread_create(&pubs[i].thread, NULL, lg_pub_main, &pubs[i]) != 0) {
-			lg_run_fail(&r, "pthread_create", strerror(errno));
-			break;
-		}
-		started++;
-	}
-	if (started < cols) {
-		/* The barrier counts every column: without them all it
-		 * could never open, so abort it. */
-		lg_barrier_abort(&r.barrier);
-	}
-	while (atomic_load(&r.finished) < started) {
+	while (atomic_load(&r->finished) < started) {
 		lg_sleep_ms(200);
-		if (tty || po->progress) {
+		if (tty || show) {
 			double now = lg_mono();
-			unsigned long long c = atomic_load(&r.confirmed);
-			unsigned long long sent = atomic_load(&r.sent);
+			unsigned long long c = atomic_load(&r->confirmed);
+			unsigned long long sent = atomic_load(&r->sent);
 			char line[200];
 
 			/* The rate is smoothed over one-second samples (EWMA,
@@ -433,18 +395,93 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 			} else if (!tty && have_rate) {
 				continue; /* to a log: one line a second */
 			}
-			lg_progress_line(line, sizeof line, label, sent, c, ph->items, now - t0, have_rate, shown_rate);
+			lg_progress_line(line, sizeof line, label, sent, c, r->ph->items, now - t0, have_rate, shown_rate);
 			fprintf(stderr, tty ? "\r%s   " : "%s\n", line);
 		}
 	}
-	for (int i = 0; i < started; i++)
-		pthread_join(pubs[i].thread, NULL);
 	if (tty)
 		fprintf(stderr, "\r%-130s\r", "");
+}
+
+/* The run's locks and barrier: all of them or none (-1). */
+static int lg_run_sync_init(struct lg_run *r)
+{
+	if (pthread_mutex_init(&r->err_mu, NULL) != 0)
+		return -1;
+	if (pthread_mutex_init(&r->barrier.mu, NULL) != 0)
+		goto err_mu;
+	if (pthread_cond_init(&r->barrier.cv, NULL) != 0)
+		goto barrier_mu;
+	return 0;
+barrier_mu:
+	pthread_mutex_destroy(&r->barrier.mu);
+err_mu:
+	pthread_mutex_destroy(&r->err_mu);
+	return -1;
+}
+
+static void lg_run_sync_fini(struct lg_run *r)
+{
+	pthread_cond_destroy(&r->barrier.cv);
+	pthread_mutex_destroy(&r->barrier.mu);
+	pthread_mutex_destroy(&r->err_mu);
+}
+
+/* Start a publisher per column; returns how many started.  One that
+ * cannot start fails the run, and the barrier, which counts every column
+ * and so could never open, is aborted. */
+static int lg_start_publishers(struct lg_run *r, struct lg_pub *pubs)
+{
+	int started = 0;
+
+	for (int i = 0; i < r->cols; i++) {
+		pubs[i].run = r;
+		pubs[i].col = i;
+		if (pthread_create(&pubs[i].thread, NULL, lg_pub_main, &pubs[i]) != 0) {
+			lg_run_fail(r, "pthread_create", strerror(errno));
+			break;
+		}
+		started++;
+	}
+	if (started < r->cols)
+		lg_barrier_abort(&r->barrier);
+	return started;
+}
+
+/* Publish one phase; shows progress on a terminal (or with --progress).
+ * Returns 0 or -1. */
+static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s, const struct lg_phase *ph,
+                            const struct lg_publish_opts *po, const char *label, unsigned long long *republished,
+                            unsigned long long *reconnects)
+{
+	struct lg_run r;
+	struct lg_pub *pubs;
+	int cols = s->opts.connections;
+	double t0 = lg_mono(), dt;
+	int started;
+
+	if (ph->items == 0)
+		return 0;
+	memset(&r, 0, sizeof r);
+	r.conf = conf;
+	r.s = s;
+	r.ph = ph;
+	r.cols = cols;
+	r.rate = po->rate > 0 ? po->rate / cols : 0;
+	r.retry_s = po->retry_s;
+	r.barrier.parties = cols;
+	pubs = calloc((size_t)cols, sizeof *pubs);
+	if (pubs == NULL || lg_run_sync_init(&r) != 0) {
+		free(pubs);
+		fprintf(stderr, "inbox-loadgen: %s phase: out of memory\n", label);
+		return -1;
+	}
+	started = lg_start_publishers(&r, pubs);
+	lg_phase_progress(&r, started, po->progress, label, t0);
+	for (int i = 0; i < started; i++)
+		pthread_join(pubs[i].thread, NULL);
 	free(pubs);
-	pthread_cond_destroy(&r.barrier.cv);
-	pthread_mutex_destroy(&r.barrier.mu);
-	pthread_mutex_destroy(&r.err_mu);
+	lg_run_sync_fini(&r);
 	*republished += atomic_load(&r.republished);
 	*reconnects += atomic_load(&r.reconnects);
 	if (atomic_load(&r.failed)) {
@@ -452,11 +489,9 @@ static int lg_publish_phase(const struct cfg *conf, const struct lg_scenario *s,
 		        (unsigned long long)atomic_load(&r.confirmed), r.err);
 		return -1;
 	}
-	{
-		double dt = lg_mono() - t0;
-		fprintf(stderr, "inbox-loadgen: %s: %zu messages confirmed in %.1f s (%.0f msg/s)\n", label, ph->items,
-		        dt, dt > 0 ? (double)ph->items / dt : 0.0);
-	}
+	dt = lg_mono() - t0;
+	fprintf(stderr, "inbox-loadgen: %s: %zu messages confirmed in %.1f s (%.0f msg/s)\n", label, ph->items, dt,
+	        dt > 0 ? (double)ph->items / dt : 0.0);
 	return 0;
 }
 

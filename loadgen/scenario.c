@@ -135,15 +135,23 @@ static int lg_entry_cmp(const void *a, const void *b)
 	return (int)x->variant - (int)y->variant;
 }
 
-/* Lay entries out in rows of `cols` slots; a group stays in one row. */
+/* A copy published beside or shortly after its original: the same bytes or
+ * the same event re-serialised (a half each). */
+static uint8_t lg_copy_variant(struct lg_rng *r)
+{
+	return (uint8_t)(lg_below(r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED);
+}
+
+/* Lay entries out in rows of `cols` slots; a group (an original and its
+ * concurrent copies) stays in one row, starting a new one if it must. */
 static int lg_layout(struct lg_phase *ph, const struct lg_entry *e, size_t n, int cols, struct lg_rng *r)
 {
-	size_t cap = n * 2 + 16, row = 0, col = 0, total = 0;
+	size_t cap, row = 0, col = 0, total = 0, width = (size_t)cols;
 	struct lg_item hole = { UINT32_MAX, 0, 0 };
 
 	for (size_t i = 0; i < n; i++)
 		total += e[i].group;
-	cap = total * 2 + (size_t)cols;
+	cap = total * 2 + width;
 	ph->slots = malloc(cap * sizeof *ph->slots);
 	if (ph->slots == NULL)
 		return -1;
@@ -152,33 +160,18 @@ static int lg_layout(struct lg_phase *ph, const struct lg_entry *e, size_t n, in
 	ph->items = 0;
 	for (size_t i = 0; i < n; i++) {
 		unsigned g = e[i].group;
-		if (cols == 1 || g <= 1) {
-			for (unsigned k = 0; k < g; k++) {
-				struct lg_item it = { e[i].msg, k == 0 ? e[i].variant :
-				                      (uint8_t)(lg_below(r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 0 };
-				ph->slots[row * (size_t)cols + col] = it;
-				ph->items++;
-				if (++col == (size_t)cols) {
-					col = 0;
-					row++;
-				}
-			}
-			continue;
-		}
-		if (col + g > (size_t)cols) {
+
+		if (width > 1 && g > 1 && col + g > width) {
 			col = 0;
 			row++;
 		}
 		for (unsigned k = 0; k < g; k++) {
-			struct lg_item it = { e[i].msg, k == 0 ? e[i].variant :
-			                      (uint8_t)(lg_below(r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 0 };
-			ph->slots[row * (size_t)cols + col + k] = it;
+			ph->slots[row * width + col] = (struct lg_item){ e[i].msg, k == 0 ? e[i].variant : lg_copy_variant(r), 0 };
 			ph->items++;
-		}
-		col += g;
-		if (col == (size_t)cols) {
-			col = 0;
-			row++;
+			if (++col == width) {
+				col = 0;
+				row++;
+			}
 		}
 	}
 	ph->rows = row + (col > 0 ? 1 : 0);
@@ -256,82 +249,81 @@ static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 	return 0;
 }
 
-int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
+/* Every message and order id of the run starts with the prefix: the seed,
+ * and the run tag or else the clock (two runs of one seed stay apart). */
+static int lg_prefix(struct lg_scenario *s, const struct lg_opts *o)
 {
-	struct lg_rng r = { o->seed };
-	struct lg_entry *ent = NULL, *late = NULL;
-	size_t nent = 0, nlate = 0, cap;
-	size_t nvalid = 0;
-	int cols = o->connections;
-	int rc = -1;
+	struct timespec ts;
 
-	memset(s, 0, sizeof *s);
-	s->opts = *o;
 	if (o->run[0] != '\0') {
 		snprintf(s->prefix, sizeof s->prefix, "lg%llu-%s", (unsigned long long)(o->seed % 1000000), o->run);
-	} else {
-		struct timespec ts;
-		if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return 0;
+	}
+	if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return -1;
+	snprintf(s->prefix, sizeof s->prefix, "lg%llu-%llx", (unsigned long long)(o->seed % 1000000),
+	         (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL);
+	return 0;
+}
+
+static enum lg_path lg_pick_path(const struct lg_opts *o, struct lg_rng *r)
+{
+	double u = lg_unit(r);
+	enum lg_path p = LG_PATH_HAPPY;
+
+	if (u < o->cancel_share)
+		p = (enum lg_path)(LG_PATH_CANCEL_NEW + (int)(u / o->cancel_share * 3.0));
+	else if (u < o->cancel_share + o->invalid_share)
+		p = LG_PATH_INVALID_SHIP;
+	return p > LG_PATH_INVALID_SHIP ? LG_PATH_CANCEL_RESERVED : p;
+}
+
+/* Order i, its path and its messages in canonical order, each expected as
+ * SPEC's table decides it there.  -1 when the path does something the
+ * ledger cannot predict (a path table that disagrees with SPEC). */
+static int lg_build_order(struct lg_scenario *s, size_t i, struct lg_rng *r)
+{
+	struct lg_order *od = &s->orders[i];
+	struct spec_order st = { SPEC_NONE, false, false };
+
+	od->path = lg_pick_path(&s->opts, r);
+	snprintf(od->id, sizeof od->id, "%s-o%zu", s->prefix, i);
+	od->amount_cents = 100 + (int64_t)lg_below(r, 100000);
+	od->first_msg = (uint32_t)s->nmsgs;
+	od->nmsg = lg_path_len[od->path];
+	for (unsigned k = 0; k < od->nmsg; k++) {
+		struct lg_msg *m = &s->msgs[s->nmsgs++];
+		const struct spec_cell *c;
+
+		snprintf(m->id, sizeof m->id, "%s-%zu-%u", s->prefix, i, k);
+		m->order = (int32_t)i;
+		m->type = lg_paths[od->path][k];
+		m->confirmed_alias = m->type == MSG_PAYMENT_AUTHORIZED && lg_below(r, 10) == 0;
+		m->source = lg_source_of(m->type);
+		c = spec_decide(&st, m->type);
+		if (c != NULL && spec_takes_effect(c->outcome)) {
+			m->expect = LG_EXPECT_EFFECT;
+			od->final_version++;
+			od->emits |= c->emits;
+			st = spec_after(c);
+		} else if (c != NULL && c->outcome == SPEC_DEAD_LETTERED) {
+			m->expect = LG_EXPECT_DEAD;
+			m->reason = MSG_REASON_INVALID_TRANSITION;
+		} else {
+			fprintf(stderr, "inbox-loadgen: path %d step %u is %s in canonical order\n", od->path, k,
+			        c != NULL ? spec_outcome_name(c->outcome) : "unknown to SPEC");
 			return -1;
-		snprintf(s->prefix, sizeof s->prefix, "lg%llu-%llx", (unsigned long long)(o->seed % 1000000),
-		         (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL);
-	}
-	s->norders = (size_t)o->orders;
-	s->orders = calloc(s->norders > 0 ? s->norders : 1, sizeof *s->orders);
-	cap = s->norders * 4 + (size_t)o->malformed + 1;
-	s->msgs = calloc(cap, sizeof *s->msgs);
-	if (s->orders == NULL || s->msgs == NULL)
-		goto out;
-
-	/* Orders and their canonical sequences. */
-	for (size_t i = 0; i < s->norders; i++) {
-		struct lg_order *od = &s->orders[i];
-		double u = lg_unit(&r);
-		struct spec_order st = { SPEC_NONE, false, false };
-
-		if (u < o->cancel_share)
-			od->path = (enum lg_path)(LG_PATH_CANCEL_NEW + (int)(u / o->cancel_share * 3.0));
-		else if (u < o->cancel_share + o->invalid_share)
-			od->path = LG_PATH_INVALID_SHIP;
-		else
-			od->path = LG_PATH_HAPPY;
-		if (od->path > LG_PATH_INVALID_SHIP)
-			od->path = LG_PATH_CANCEL_RESERVED;
-		snprintf(od->id, sizeof od->id, "%s-o%zu", s->prefix, i);
-		od->amount_cents = 100 + (int64_t)lg_below(&r, 100000);
-		od->first_msg = (uint32_t)s->nmsgs;
-		od->nmsg = lg_path_len[od->path];
-		for (unsigned k = 0; k < od->nmsg; k++) {
-			struct lg_msg *m = &s->msgs[s->nmsgs++];
-			const struct spec_cell *c;
-
-			snprintf(m->id, sizeof m->id, "%s-%zu-%u", s->prefix, i, k);
-			m->order = (int32_t)i;
-			m->type = lg_paths[od->path][k];
-			m->confirmed_alias = m->type == MSG_PAYMENT_AUTHORIZED && lg_below(&r, 10) == 0;
-			m->source = lg_source_of(m->type);
-			c = spec_decide(&st, m->type);
-			if (c != NULL && spec_takes_effect(c->outcome)) {
-				m->expect = LG_EXPECT_EFFECT;
-				od->final_version++;
-				od->emits |= c->emits;
-				st = spec_after(c);
-			} else if (c != NULL && c->outcome == SPEC_DEAD_LETTERED) {
-				m->expect = LG_EXPECT_DEAD;
-				m->reason = MSG_REASON_INVALID_TRANSITION;
-			} else {
-				fprintf(stderr, "inbox-loadgen: path %d step %u is %s in canonical order\n", od->path, k,
-				        c != NULL ? spec_outcome_name(c->outcome) : "unknown to SPEC");
-				goto out;
-			}
-			nvalid++;
 		}
-		od->final_state = st.status;
 	}
-	s->originals = nvalid;
+	od->final_state = st.status;
+	return 0;
+}
 
-	/* Malformed messages, an even spread over the classes. */
-	for (long i = 0; i < o->malformed; i++) {
+/* Malformed messages, an even spread over the classes, after the valid
+ * originals. */
+static int lg_build_malformed(struct lg_scenario *s)
+{
+	for (long i = 0; i < s->opts.malformed; i++) {
 		struct lg_msg *m = &s->msgs[s->nmsgs];
 		snprintf(m->id, sizeof m->id, "%s-bad-%ld", s->prefix, i);
 		m->order = -1;
@@ -342,22 +334,30 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 		m->reason = lg_bad_reason[m->bad];
 		m->nominal = "dead_lettered";
 		if (lg_check_bad(s, m, (uint32_t)s->nmsgs) != 0)
-			goto out;
+			return -1;
 		s->nmsgs++;
 		s->malformed++;
 	}
+	return 0;
+}
 
-	/* Duplicates and conflicts. */
-	for (size_t i = 0; i < nvalid; i++) {
+/* Which valid originals are published more than once, and how: concurrent
+ * copies need another connection to go out beside the original. */
+static void lg_build_dups(struct lg_scenario *s, struct lg_rng *r)
+{
+	const struct lg_opts *o = &s->opts;
+	int cols = o->connections;
+
+	for (size_t i = 0; i < s->originals; i++) {
 		struct lg_msg *m = &s->msgs[i];
 		double u;
 
-		if (lg_unit(&r) >= o->dup_rate)
+		if (lg_unit(r) >= o->dup_rate)
 			continue;
-		u = lg_unit(&r);
+		u = lg_unit(r);
 		if (u < o->concurrent_dups && cols > 1) {
 			unsigned most = cols - 1 < 2 ? (unsigned)cols - 1 : 2;
-			m->dup_concurrent = (uint16_t)(1 + lg_below(&r, most));
+			m->dup_concurrent = (uint16_t)(1 + lg_below(r, most));
 			s->copies_concurrent += m->dup_concurrent;
 		} else if (u < o->concurrent_dups + o->delayed_dups) {
 			m->dup_delayed = 1;
@@ -367,11 +367,19 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 			s->copies_immediate++;
 		}
 	}
-	for (long c = 0; c < o->conflicts && nvalid > 0; c++) {
+}
+
+/* Keys re-sent later with another payload: each conflicted message needs
+ * its canonical hash for the ledger. */
+static int lg_build_conflicts(struct lg_scenario *s, struct lg_rng *r)
+{
+	size_t nvalid = s->originals;
+
+	for (long c = 0; c < s->opts.conflicts && nvalid > 0; c++) {
 		/* Pick a message without a conflict yet; a bounded search keeps
 		 * this deterministic and finite. */
 		for (int tries = 0; tries < 64; tries++) {
-			struct lg_msg *m = &s->msgs[lg_below(&r, (uint32_t)nvalid)];
+			struct lg_msg *m = &s->msgs[lg_below(r, (uint32_t)nvalid)];
 			if (m->conflicts == 0 && m->expect == LG_EXPECT_EFFECT) {
 				m->conflicts = 1;
 				s->conflict_copies++;
@@ -381,70 +389,131 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 	}
 	for (size_t i = 0; i < nvalid; i++) {
 		if (s->msgs[i].conflicts > 0 && lg_hash(s, &s->msgs[i], (uint32_t)i) != 0)
-			goto out;
+			return -1;
 	}
+	return 0;
+}
 
-	/* Main phase: keys, then rows. */
-	ent = malloc((nvalid + s->copies_immediate + s->malformed + 1) * sizeof *ent);
-	late = malloc((s->copies_delayed + s->conflict_copies + 1) * sizeof *late);
+/* A message of one order and its shuffle key. */
+struct lg_shuffled {
+	double key;
+	uint32_t msg;
+};
+
+static int lg_shuffled_cmp(const void *a, const void *b)
+{
+	const struct lg_shuffled *x = a, *y = b;
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	return x->msg < y->msg ? -1 : x->msg > y->msg; /* ties keep canonical order */
+}
+
+/* Order od's messages in publication order, into seq: sorted by position
+ * plus a random offset below window+1, so no event moves further than
+ * that. */
+static void lg_shuffle_order(const struct lg_order *od, int window, struct lg_rng *r, uint32_t *seq)
+{
+	struct lg_shuffled e[LG_PATH_MAX];
+	unsigned n = od->nmsg;
+
+	for (unsigned k = 0; k < n; k++)
+		e[k] = (struct lg_shuffled){ (double)k + (window > 0 ? lg_unit(r) * (window + 1) : 0.0),
+			                     od->first_msg + k };
+	qsort(e, n, sizeof *e, lg_shuffled_cmp);
+	for (unsigned k = 0; k < n; k++)
+		seq[k] = e[k].msg;
+}
+
+/* Order i's entries: each event at its place among the interleaved
+ * orders, its immediate copy a little behind it (main), its delayed copy
+ * and its conflict anywhere in the late phase. */
+static void lg_order_entries(struct lg_scenario *s, size_t i, struct lg_rng *r, struct lg_entry *ent, size_t *nent,
+                             struct lg_entry *late, size_t *nlate)
+{
+	const struct lg_opts *o = &s->opts;
+	const struct lg_order *od = &s->orders[i];
+	double chunk = (double)o->interleave;
+	double chunk_base = (double)(i / (size_t)o->interleave) * chunk * LG_SLOTS_PER_ORDER;
+	uint32_t seq[LG_PATH_MAX];
+	unsigned n = od->nmsg;
+
+	lg_shuffle_order(od, o->reorder_window, r, seq);
+	lg_nominal(s, seq, n);
+	for (unsigned p = 0; p < n; p++) {
+		struct lg_msg *m = &s->msgs[seq[p]];
+		double key = chunk_base + (double)p * chunk + (double)(i % (size_t)o->interleave);
+		ent[(*nent)++] = (struct lg_entry){ key, seq[p], LG_VAR_ORIGINAL, (uint8_t)(1 + m->dup_concurrent) };
+		if (m->dup_immediate > 0) {
+			double behind = key + 1.0 + lg_unit(r) * LG_IMMEDIATE_SPREAD;
+			ent[(*nent)++] = (struct lg_entry){ behind, seq[p], lg_copy_variant(r), 1 };
+		}
+		if (m->dup_delayed > 0)
+			late[(*nlate)++] = (struct lg_entry){ lg_unit(r), seq[p], LG_VAR_DUP_SAME, 1 };
+		if (m->conflicts > 0)
+			late[(*nlate)++] = (struct lg_entry){ lg_unit(r), seq[p], LG_VAR_CONFLICT, 1 };
+	}
+}
+
+/* The two phases: keys for every entry, sorted, then laid out in rows.
+ * Malformed messages are spread at random over the main phase's span. */
+static int lg_build_phases(struct lg_scenario *s, struct lg_rng *r)
+{
+	const struct lg_opts *o = &s->opts;
+	size_t il = (size_t)o->interleave, nent = 0, nlate = 0;
+	double span = (double)((s->norders + il - 1) / il) * (double)il * LG_SLOTS_PER_ORDER;
+	struct lg_entry *ent = malloc((s->originals + s->copies_immediate + s->malformed + 1) * sizeof *ent);
+	struct lg_entry *late = malloc((s->copies_delayed + s->conflict_copies + 1) * sizeof *late);
+	int rc = -1;
+
 	if (ent == NULL || late == NULL)
 		goto out;
-	for (size_t i = 0; i < s->norders; i++) {
-		struct lg_order *od = &s->orders[i];
-		double chunk = (double)o->interleave;
-		double chunk_base = (double)(i / (size_t)o->interleave) * chunk * LG_SLOTS_PER_ORDER;
-		double jkey[8];
-		uint32_t seq[8];
-		unsigned n = od->nmsg;
-
-		/* Shuffle within the window: sort by position plus a random
-		 * offset below window+1, so no event moves further than that. */
-		for (unsigned k = 0; k < n; k++) {
-			seq[k] = od->first_msg + k;
-			jkey[k] = (double)k + (o->reorder_window > 0 ? lg_unit(&r) * (o->reorder_window + 1) : 0.0);
-		}
-		for (unsigned a = 1; a < n; a++) {
-			for (unsigned b = a; b > 0 && jkey[b - 1] > jkey[b]; b--) {
-				double tk = jkey[b];
-				uint32_t ts = seq[b];
-				jkey[b] = jkey[b - 1];
-				seq[b] = seq[b - 1];
-				jkey[b - 1] = tk;
-				seq[b - 1] = ts;
-			}
-		}
-		lg_nominal(s, seq, n);
-		for (unsigned p = 0; p < n; p++) {
-			struct lg_msg *m = &s->msgs[seq[p]];
-			double key = chunk_base + (double)p * chunk + (double)(i % (size_t)o->interleave);
-			ent[nent++] = (struct lg_entry){ key, seq[p], LG_VAR_ORIGINAL, (uint8_t)(1 + m->dup_concurrent) };
-			if (m->dup_immediate > 0)
-				ent[nent++] = (struct lg_entry){ key + 1.0 + lg_unit(&r) * LG_IMMEDIATE_SPREAD, seq[p],
-				                                 (uint8_t)(lg_below(&r, 2) ? LG_VAR_DUP_SAME : LG_VAR_DUP_RESHAPED), 1 };
-			if (m->dup_delayed > 0)
-				late[nlate++] = (struct lg_entry){ lg_unit(&r), seq[p], LG_VAR_DUP_SAME, 1 };
-			if (m->conflicts > 0)
-				late[nlate++] = (struct lg_entry){ lg_unit(&r), seq[p], LG_VAR_CONFLICT, 1 };
-		}
-	}
-	{
-		size_t il = (size_t)o->interleave;
-		double span = (double)((s->norders + il - 1) / il) * (double)il * LG_SLOTS_PER_ORDER;
-		for (size_t i = nvalid; i < s->nmsgs; i++)
-			ent[nent++] = (struct lg_entry){ lg_unit(&r) * (span > 0 ? span : 1.0), (uint32_t)i,
-			                                 LG_VAR_ORIGINAL, 1 };
-	}
+	for (size_t i = 0; i < s->norders; i++)
+		lg_order_entries(s, i, r, ent, &nent, late, &nlate);
+	for (size_t i = s->originals; i < s->nmsgs; i++)
+		ent[nent++] = (struct lg_entry){ lg_unit(r) * (span > 0 ? span : 1.0), (uint32_t)i, LG_VAR_ORIGINAL, 1 };
 	qsort(ent, nent, sizeof *ent, lg_entry_cmp);
 	qsort(late, nlate, sizeof *late, lg_entry_cmp);
-	if (lg_layout(&s->main, ent, nent, cols, &r) != 0 || lg_layout(&s->late, late, nlate, cols, &r) != 0)
+	if (lg_layout(&s->main, ent, nent, o->connections, r) != 0 ||
+	    lg_layout(&s->late, late, nlate, o->connections, r) != 0)
 		goto out;
 	rc = 0;
 out:
 	free(ent);
 	free(late);
-	if (rc != 0)
-		lg_scenario_free(s);
 	return rc;
+}
+
+/* The phases in the order their comments name, each drawing from the one
+ * random sequence in turn: the same seed gives the same scenario. */
+int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
+{
+	struct lg_rng r = { o->seed };
+	size_t cap;
+
+	memset(s, 0, sizeof *s);
+	s->opts = *o;
+	if (lg_prefix(s, o) != 0)
+		return -1;
+	s->norders = (size_t)o->orders;
+	s->orders = calloc(s->norders > 0 ? s->norders : 1, sizeof *s->orders);
+	cap = s->norders * 4 + (size_t)o->malformed + 1;
+	s->msgs = calloc(cap, sizeof *s->msgs);
+	if (s->orders == NULL || s->msgs == NULL)
+		goto fail;
+	for (size_t i = 0; i < s->norders; i++)
+		if (lg_build_order(s, i, &r) != 0)
+			goto fail;
+	s->originals = s->nmsgs;
+	if (lg_build_malformed(s) != 0)
+		goto fail;
+	lg_build_dups(s, &r);
+	if (lg_build_conflicts(s, &r) != 0 || lg_build_phases(s, &r) != 0)
+		goto fail;
+	return 0;
+fail:
+	lg_scenario_free(s);
+	return -1;
 }
 
 void lg_scenario_free(struct lg_scenario *s)
@@ -481,6 +550,56 @@ static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, 
 
 const unsigned char lg_binary_trace[8] = { 0xff, 0xfe, 0x00, 0x01, 0xc3, 0x28, 0x80, 0xbf };
 
+/* A body written by hand (n from snprintf into buf): a copy, malloc'd. */
+static char *lg_body_text(const char *buf, size_t cap, int n, size_t *len)
+{
+	char *body;
+
+	if (n < 0 || (size_t)n >= cap)
+		return NULL;
+	body = strdup(buf);
+	if (body != NULL)
+		*len = (size_t)n;
+	return body;
+}
+
+/* The bodies jansson cannot write: NULL for every other message. */
+static char *lg_body_raw(const struct lg_msg *m, const char *order_id, size_t *len)
+{
+	char buf[512];
+
+	if (m->bad == LG_BAD_BINARY_HEADER)
+		/* Not JSON at all: what matters is the header publish adds, whose
+		 * value does not serialise to JSON when the worker copies the
+		 * properties into the dead-letter. */
+		return lg_body_text(buf, 160,
+		                    snprintf(buf, 160, "binary-header poison %s: this body is not JSON", m->id), len);
+	if (m->bad == LG_BAD_UTF8)
+		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
+		return lg_body_text(buf, sizeof buf,
+		                    snprintf(buf, sizeof buf,
+		                             "{\"message_id\":\"%s\",\"source\":\"orders\",\"type\":\"OrderCreated\","
+		                             "\"order_id\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}",
+		                             m->id, order_id),
+		                    len);
+	return NULL;
+}
+
+/* data.padding: n bytes of 'x' (a body past INBOX_MAX_BODY). */
+static int lg_pad(json_t *data, size_t n)
+{
+	char *pad = malloc(n + 1);
+	int rc;
+
+	if (pad == NULL)
+		return -1;
+	memset(pad, 'x', n);
+	pad[n] = '\0';
+	rc = json_object_set_new(data, "padding", json_string(pad));
+	free(pad);
+	return rc;
+}
+
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
@@ -492,37 +611,13 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 	json_t *o, *data;
 	char *body = NULL;
 
+	if (m->bad == LG_BAD_BINARY_HEADER || m->bad == LG_BAD_UTF8)
+		return lg_body_raw(m, order_id, len);
 	if (it->variant == LG_VAR_CONFLICT)
 		amount += 1 + it->copy;
 	if (it->variant == LG_VAR_DUP_RESHAPED)
 		flags = JSON_INDENT(2) | JSON_SORT_KEYS;
 	lg_occurred_at(s, m, when, sizeof when);
-	if (m->bad == LG_BAD_BINARY_HEADER) {
-		/* Not JSON at all: what matters is the header publish adds, whose
-		 * value does not serialise to JSON when the worker copies the
-		 * properties into the dead-letter. */
-		char buf[160];
-		int n = snprintf(buf, sizeof buf, "binary-header poison %s: this body is not JSON", m->id);
-		if (n < 0 || (size_t)n >= sizeof buf)
-			return NULL;
-		body = strdup(buf);
-		if (body != NULL)
-			*len = (size_t)n;
-		return body;
-	}
-	if (m->bad == LG_BAD_UTF8) {
-		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
-		char buf[512];
-		int n = snprintf(buf, sizeof buf,
-		                 "{\"message_id\":\"%s\",\"source\":\"orders\",\"type\":\"OrderCreated\","
-		                 "\"order_id\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}", m->id, order_id);
-		if (n < 0 || (size_t)n >= sizeof buf)
-			return NULL;
-		body = strdup(buf);
-		if (body != NULL)
-			*len = (size_t)n;
-		return body;
-	}
 	if (m->bad == LG_BAD_INVALID)
 		order_id = "not a valid id!";
 	if (m->bad == LG_BAD_UNKNOWN_TYPE)
@@ -537,19 +632,8 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 		goto out;
 	if (json_object_set_new(o, "occurred_at", json_string(when)) != 0)
 		goto out;
-	if (m->bad == LG_BAD_TOO_LARGE) {
-		size_t n = (size_t)s->opts.max_body + 64;
-		char *pad = malloc(n + 1);
-		if (pad == NULL)
-			goto out;
-		memset(pad, 'x', n);
-		pad[n] = '\0';
-		if (json_object_set_new(data, "padding", json_string(pad)) != 0) {
-			free(pad);
-			goto out;
-		}
-		free(pad);
-	}
+	if (m->bad == LG_BAD_TOO_LARGE && lg_pad(data, (size_t)s->opts.max_body + 64) != 0)
+		goto out;
 	if (json_object_set(o, "data", data) != 0)
 		goto out;
 	body = json_dumps(o, flags);

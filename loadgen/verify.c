@@ -121,6 +121,60 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	return 0;
 }
 
+/* The report for a reader (the figures, then each problem's ids). */
+static void v_report_text(const struct v_state *st, const struct lg_verify_opts *vo, const struct v_figures *fig,
+                          bool ok)
+{
+	printf("inbox-loadgen verify: run %s, ledger %s\n", st->prefix, vo->ledger);
+	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
+	       " %lld conflicts, %lld malformed; %lld orders\n",
+	       (long long)json_integer_value(json_object_get(st->run, "published")),
+	       (long long)json_integer_value(json_object_get(st->run, "originals")),
+	       (long long)json_integer_value(json_object_get(st->run, "copies_immediate")),
+	       (long long)json_integer_value(json_object_get(st->run, "copies_concurrent")),
+	       (long long)json_integer_value(json_object_get(st->run, "copies_delayed")),
+	       (long long)json_integer_value(json_object_get(st->run, "conflicts")),
+	       (long long)json_integer_value(json_object_get(st->run, "malformed")), (long long)st->norders);
+	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
+	       st->outcome_count[0], st->outcome_count[1], st->outcome_count[2], st->outcome_count[3], st->outcome_count[4]);
+	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", fig->eff_exp, fig->eff_found,
+	       st->miss_effects, st->doubled.count);
+	/* Scripts read this line (scripts/chaos): keep its words. */
+	printf("missing     %ld in all: effects %ld, dead-letters %ld (%ld of them reached the DLQ only without"
+	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
+	       st->missing.count, st->miss_effects, st->miss_dead, st->miss_dead_bare, st->miss_conflicts, st->miss_orders,
+	       st->miss_emits);
+	printf("orders      %zu checked, wrong state or version %ld\n", st->norders, st->wrong.count - st->wrong_ids);
+	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld, without the"
+	       " stable id %ld)\n", fig->dead_exp, fig->dead_seen, fig->emit_exp, fig->emits_seen, st->republished,
+	       st->wrong_ids);
+	/* Copies, not messages: a message delivered again after a crash may be
+	 * dead-lettered twice (the DLQ is at-least-once too). */
+	printf("dead-letter copies by reason:");
+	if (st->ndead_reasons == 0)
+		printf(" none");
+	for (int i = 0; i < st->ndead_reasons; i++)
+		printf("%s %s %ld", i ? "," : "", st->dead_by_reason[i].reason, st->dead_by_reason[i].n);
+	printf("\n");
+	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", fig->dups_published,
+	       fig->dups_absorbed, st->doubled.count);
+	printf("holds       held %ld, released %ld (applied %ld, compensated %ld, ignored %ld, dead_lettered %ld),"
+	       " expired %ld, still held %ld\n",
+	       st->held_total, v_released(st), st->held_released[0], st->held_released[1], st->held_released[2],
+	       st->held_released[3], st->held_expired, st->held_still);
+	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st->unexpected.count, st->foreign);
+	if (fig->span > 0) {
+		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n", fig->tput,
+		       fig->rows, fig->span);
+		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", fig->p50, fig->p99, fig->pmax);
+	}
+	v_print_list(&st->missing);
+	v_print_list(&st->doubled);
+	v_print_list(&st->wrong);
+	v_print_list(&st->unexpected);
+	printf("result      %s\n", ok ? "OK: every effect exactly once" : "FAIL");
+}
+
 int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 {
 	struct v_state st;
@@ -156,54 +210,7 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 		                    : 1;
 		goto out;
 	}
-	printf("inbox-loadgen verify: run %s, ledger %s\n", st.prefix, vo->ledger);
-	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
-	       " %lld conflicts, %lld malformed; %lld orders\n",
-	       (long long)json_integer_value(json_object_get(st.run, "published")),
-	       (long long)json_integer_value(json_object_get(st.run, "originals")),
-	       (long long)json_integer_value(json_object_get(st.run, "copies_immediate")),
-	       (long long)json_integer_value(json_object_get(st.run, "copies_concurrent")),
-	       (long long)json_integer_value(json_object_get(st.run, "copies_delayed")),
-	       (long long)json_integer_value(json_object_get(st.run, "conflicts")),
-	       (long long)json_integer_value(json_object_get(st.run, "malformed")), (long long)st.norders);
-	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
-	       st.outcome_count[0], st.outcome_count[1], st.outcome_count[2], st.outcome_count[3], st.outcome_count[4]);
-	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", fig.eff_exp, fig.eff_found,
-	       st.miss_effects, st.doubled.count);
-	/* Scripts read this line (scripts/chaos): keep its words. */
-	printf("missing     %ld in all: effects %ld, dead-letters %ld (%ld of them reached the DLQ only without"
-	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
-	       st.missing.count, st.miss_effects, st.miss_dead, st.miss_dead_bare, st.miss_conflicts, st.miss_orders,
-	       st.miss_emits);
-	printf("orders      %zu checked, wrong state or version %ld\n", st.norders, st.wrong.count - st.wrong_ids);
-	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld, without the"
-	       " stable id %ld)\n", fig.dead_exp, fig.dead_seen, fig.emit_exp, fig.emits_seen, st.republished,
-	       st.wrong_ids);
-	/* Copies, not messages: a message delivered again after a crash may be
-	 * dead-lettered twice (the DLQ is at-least-once too). */
-	printf("dead-letter copies by reason:");
-	if (st.ndead_reasons == 0)
-		printf(" none");
-	for (int i = 0; i < st.ndead_reasons; i++)
-		printf("%s %s %ld", i ? "," : "", st.dead_by_reason[i].reason, st.dead_by_reason[i].n);
-	printf("\n");
-	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", fig.dups_published,
-	       fig.dups_absorbed, st.doubled.count);
-	printf("holds       held %ld, released %ld (applied %ld, compensated %ld, ignored %ld, dead_lettered %ld),"
-	       " expired %ld, still held %ld\n",
-	       st.held_total, v_released(&st), st.held_released[0], st.held_released[1], st.held_released[2],
-	       st.held_released[3], st.held_expired, st.held_still);
-	printf("unexpected  %ld (other runs' queue messages left in place: %ld)\n", st.unexpected.count, st.foreign);
-	if (fig.span > 0) {
-		printf("throughput  %.0f msg/s (%zu inbox rows in %.2f s, first publish -> last commit)\n", fig.tput,
-		       fig.rows, fig.span);
-		printf("latency     publish -> commit p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", fig.p50, fig.p99, fig.pmax);
-	}
-	v_print_list(&st.missing);
-	v_print_list(&st.doubled);
-	v_print_list(&st.wrong);
-	v_print_list(&st.unexpected);
-	printf("result      %s\n", exit_code == 0 ? "OK: every effect exactly once" : "FAIL");
+	v_report_text(&st, vo, &fig, exit_code == 0);
 out:
 	v_state_free(&st);
 	free(lines);

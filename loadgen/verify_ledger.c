@@ -84,6 +84,55 @@ void v_copy(char *dst, size_t cap, json_t *v)
 	snprintf(dst, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
 }
 
+/* The run line: the prefix, and room for the orders and messages it
+ * announces (*ocap, *mcap).  -1 when out of memory. */
+static int v_load_run(struct v_state *st, json_t *o, size_t *ocap, size_t *mcap)
+{
+	st->run = json_incref(o);
+	v_copy(st->prefix, sizeof st->prefix, json_object_get(o, "prefix"));
+	*ocap = (size_t)json_integer_value(json_object_get(o, "orders")) + 1;
+	*mcap = (size_t)json_integer_value(json_object_get(o, "messages")) + 1;
+	st->orders = calloc(*ocap, sizeof *st->orders);
+	st->msgs = calloc(*mcap, sizeof *st->msgs);
+	if (st->orders == NULL || st->msgs == NULL || v_map_init(&st->omap, *ocap) != 0 ||
+	    v_map_init(&st->mmap, *mcap) != 0)
+		return -1;
+	return 0;
+}
+
+static void v_load_order(struct v_state *st, json_t *o)
+{
+	struct v_order *od = &st->orders[st->norders];
+	json_t *e;
+	size_t i;
+
+	v_copy(od->id, sizeof od->id, json_object_get(o, "id"));
+	v_copy(od->status, sizeof od->status, json_object_get(o, "status"));
+	od->version = (unsigned)json_integer_value(json_object_get(o, "version"));
+	json_array_foreach(json_object_get(o, "emits"), i, e) {
+		if (json_is_string(e))
+			od->emits |= v_emit_bit(json_string_value(e));
+	}
+	v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
+	st->norders++;
+}
+
+static void v_load_msg(struct v_state *st, json_t *o)
+{
+	struct v_msg *m = &st->msgs[st->nmsgs];
+	const char *ex = json_string_value(json_object_get(o, "expect"));
+
+	v_copy(m->id, sizeof m->id, json_object_get(o, "id"));
+	v_copy(m->order, sizeof m->order, json_object_get(o, "order"));
+	v_copy(m->reason, sizeof m->reason, json_object_get(o, "reason"));
+	v_copy(m->sha, sizeof m->sha, json_object_get(o, "sha256"));
+	m->effect = ex != NULL && strcmp(ex, "effect") == 0;
+	m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
+	m->copies = (int)json_integer_value(json_object_get(o, "copies"));
+	v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
+	st->nmsgs++;
+}
+
 int v_load(struct v_state *st, const char *path)
 {
 	FILE *f = fopen(path, "r");
@@ -101,6 +150,7 @@ int v_load(struct v_state *st, const char *path)
 		json_error_t jerr;
 		json_t *o = json_loadb(line, (size_t)n, 0, &jerr);
 		const char *k;
+		bool bad = false;
 
 		lineno++;
 		if (o == NULL || !json_is_object(o)) {
@@ -110,53 +160,20 @@ int v_load(struct v_state *st, const char *path)
 		}
 		k = json_string_value(json_object_get(o, "k"));
 		if (k == NULL) {
-			json_decref(o);
-			continue;
-		}
-		if (strcmp(k, "run") == 0) {
-			json_t *a = json_object_get(o, "orders"), *b = json_object_get(o, "messages");
-			st->run = json_incref(o);
-			v_copy(st->prefix, sizeof st->prefix, json_object_get(o, "prefix"));
-			ocap = (size_t)json_integer_value(a) + 1;
-			mcap = (size_t)json_integer_value(b) + 1;
-			st->orders = calloc(ocap, sizeof *st->orders);
-			st->msgs = calloc(mcap, sizeof *st->msgs);
-			if (st->orders == NULL || st->msgs == NULL || v_map_init(&st->omap, ocap) != 0 ||
-			    v_map_init(&st->mmap, mcap) != 0) {
-				json_decref(o);
-				goto out;
-			}
+			/* not a line of ours: skipped */
+		} else if (strcmp(k, "run") == 0) {
+			bad = v_load_run(st, o, &ocap, &mcap) != 0;
 		} else if (st->run == NULL) {
 			fprintf(stderr, "inbox-loadgen: %s: the first line must be the run line\n", path);
-			json_decref(o);
-			goto out;
+			bad = true;
 		} else if (strcmp(k, "order") == 0 && st->norders < ocap) {
-			struct v_order *od = &st->orders[st->norders];
-			json_t *e;
-			size_t i;
-			v_copy(od->id, sizeof od->id, json_object_get(o, "id"));
-			v_copy(od->status, sizeof od->status, json_object_get(o, "status"));
-			od->version = (unsigned)json_integer_value(json_object_get(o, "version"));
-			json_array_foreach(json_object_get(o, "emits"), i, e) {
-				if (json_is_string(e))
-					od->emits |= v_emit_bit(json_string_value(e));
-			}
-			v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
-			st->norders++;
+			v_load_order(st, o);
 		} else if (strcmp(k, "msg") == 0 && st->nmsgs < mcap) {
-			struct v_msg *m = &st->msgs[st->nmsgs];
-			const char *ex = json_string_value(json_object_get(o, "expect"));
-			v_copy(m->id, sizeof m->id, json_object_get(o, "id"));
-			v_copy(m->order, sizeof m->order, json_object_get(o, "order"));
-			v_copy(m->reason, sizeof m->reason, json_object_get(o, "reason"));
-			v_copy(m->sha, sizeof m->sha, json_object_get(o, "sha256"));
-			m->effect = ex != NULL && strcmp(ex, "effect") == 0;
-			m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
-			m->copies = (int)json_integer_value(json_object_get(o, "copies"));
-			v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
-			st->nmsgs++;
+			v_load_msg(st, o);
 		}
 		json_decref(o);
+		if (bad)
+			goto out;
 	}
 	if (st->run == NULL) {
 		fprintf(stderr, "inbox-loadgen: %s holds no run line\n", path);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "deadletter.h"
 #include "log.h"
 #include "mq.h"
 #include "publish.h"
@@ -85,7 +86,7 @@ static void v_on_dead_probe(struct v_state *st, const struct mq_delivery *d)
 	long i;
 
 	v_delivery_id(d, id, sizeof id);
-	if (!v_ours(st, id, strlen(id)) || mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (!v_ours(st, id, strlen(id)) || mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		return;
 	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
 	if (i < 0)
@@ -151,6 +152,61 @@ static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *
  * for within the same bound; the last error is reported if it never
  * comes back.
  */
+/* What v_wait_idle counts each round. */
+struct v_traces {
+	uint32_t ready, dead;
+	int64_t held, pending, rows;
+};
+
+/* Connect what is not connected.  ST_OK, a fault to wait out (last_err
+ * says it), or a refusal (logged): the caller gives up. */
+static int v_connect(struct v_state *st, struct mq **m, char *last_err, size_t cap)
+{
+	int rc = ST_OK;
+
+	if (*m == NULL) {
+		rc = mq_open_why(m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, cap);
+		if (st_refusal(rc)) {
+			log_refused(rc, "amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
+			return rc;
+		}
+	}
+	if (st->db == NULL && rc == ST_OK) {
+		rc = db_open_why(&st->db, &st->conf->db, last_err, cap);
+		if (st_refusal(rc)) {
+			mq_close(m);
+			log_refused(rc, "db", st->conf->db.user, st->conf->db.redacted, last_err);
+		}
+	}
+	return rc;
+}
+
+/* The queues' and the tables' counts; a link that fails is closed, to be
+ * connected again next round (last_err says why). */
+static int v_count_traces(struct v_state *st, struct mq **m, struct v_traces *t, char *last_err, size_t cap)
+{
+	int rc = v_ready_messages(st, *m, &t->ready);
+
+	if (rc == ST_OK)
+		rc = mq_queue_counts(*m, st->conf->dlq, &t->dead, NULL);
+	if (rc != ST_OK) {
+		snprintf(last_err, cap, "queue counts: %s", mq_errmsg(*m));
+		mq_close(m);
+		return rc;
+	}
+	rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true, &t->held);
+	if (rc == ST_OK)
+		rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false, &t->pending);
+	if (rc == ST_OK)
+		rc = v_count(st, "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?", true,
+		             &t->rows);
+	if (rc != ST_OK) {
+		snprintf(last_err, cap, "database: %s", db_errmsg(st->db));
+		db_close(&st->db);
+	}
+	return rc;
+}
+
 int v_wait_idle(struct v_state *st, int timeout_s)
 {
 	struct mq *m = NULL;
@@ -163,58 +219,23 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 
 	v_expected_traces(st, &expected, &dead_expected);
 	for (;;) {
-		uint32_t ready = 0, dead = 0;
-		int64_t held = 0, pending = 0, rows = 0;
+		struct v_traces t = { 0, 0, 0, 0, 0 };
 		double now;
 
-		if (m == NULL) {
-			rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, sizeof last_err);
-			if (st_refusal(rc)) {
-				log_refused(rc, "amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
-				return rc;
-			}
-		}
-		if (st->db == NULL && rc == ST_OK) {
-			rc = db_open_why(&st->db, &st->conf->db, last_err, sizeof last_err);
-			if (st_refusal(rc)) {
-				mq_close(&m);
-				log_refused(rc, "db", st->conf->db.user, st->conf->db.redacted, last_err);
-				return rc;
-			}
-		}
-		if (rc == ST_OK) {
-			rc = v_ready_messages(st, m, &ready);
-			if (rc == ST_OK)
-				rc = mq_queue_counts(m, st->conf->dlq, &dead, NULL);
-			if (rc != ST_OK) {
-				snprintf(last_err, sizeof last_err, "queue counts: %s", mq_errmsg(m));
-				mq_close(&m);
-			}
-		}
-		if (rc == ST_OK) {
-			rc = v_count(st, "SELECT COUNT(*) FROM held_events WHERE consumer = ? AND message_id LIKE ?", true,
-			             &held);
-			if (rc == ST_OK)
-				rc = v_count(st, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND order_id LIKE ?", false,
-				             &pending);
-			if (rc == ST_OK)
-				rc = v_count(st,
-				             "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id LIKE ?",
-				             true, &rows);
-			if (rc != ST_OK) {
-				snprintf(last_err, sizeof last_err, "database: %s", db_errmsg(st->db));
-				db_close(&st->db);
-			}
-		}
+		rc = v_connect(st, &m, last_err, sizeof last_err);
+		if (st_refusal(rc))
+			return rc;
+		if (rc == ST_OK)
+			rc = v_count_traces(st, &m, &t, last_err, sizeof last_err);
 		now = lg_mono();
 		if (rc == ST_OK) {
-			if (rows != last_rows) {
-				last_rows = rows;
+			if (t.rows != last_rows) {
+				last_rows = t.rows;
 				stable_since = now;
 			}
 			/* The DLQ is read by id only once the counts say it can
 			 * be complete, and then at most every two seconds. */
-			if (ready == 0 && held == 0 && pending == 0 && rows >= expected && dead >= dead_expected &&
+			if (t.ready == 0 && t.held == 0 && t.pending == 0 && t.rows >= expected && t.dead >= dead_expected &&
 			    now - stable_since >= 1.0 && now - last_probe >= 2.0) {
 				bool there = false;
 
@@ -234,14 +255,14 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 			}
 			fprintf(stderr,
 			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld,"
-			        " dead letters %u/%lld%s); verifying anyway\n", tty ? "\n" : "", timeout_s, ready, (long long)held,
-			        (long long)pending, (long long)rows, (long long)expected, dead, (long long)dead_expected,
-			        probed ? ", but not every one the run needs" : "");
+			        " dead letters %u/%lld%s); verifying anyway\n", tty ? "\n" : "", timeout_s, t.ready,
+			        (long long)t.held, (long long)t.pending, (long long)t.rows, (long long)expected, t.dead,
+			        (long long)dead_expected, probed ? ", but not every one the run needs" : "");
 			break;
 		}
 		if (tty && rc == ST_OK)
 			fprintf(stderr, "\rwaiting for the worker: ready %u, held %lld, outbox %lld, inbox rows %lld/%lld   ",
-			        ready, (long long)held, (long long)pending, (long long)rows, (long long)expected);
+			        t.ready, (long long)t.held, (long long)t.pending, (long long)t.rows, (long long)expected);
 		rc = ST_OK;
 		lg_sleep_ms(500);
 	}
@@ -506,7 +527,7 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		st->foreign++;
 		return;
 	}
-	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		snprintf(reason, sizeof reason, "(none)");
 	v_tally_reason(st, reason);
 	i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
@@ -515,7 +536,7 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 		return;
 	}
 	m = &st->msgs[i];
-	if (mq_delivery_header(d, "x-inbox-reason", reason, sizeof reason) != ST_OK)
+	if (mq_delivery_header(d, DEADLETTER_REASON, reason, sizeof reason) != ST_OK)
 		m->bare_hits++;
 	if (!m->effect && strcmp(reason, m->reason) == 0)
 		m->dlq_hits++;

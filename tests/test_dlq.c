@@ -117,14 +117,15 @@ static void expect_ids(json_t *doc, const char *const *want, int n)
 		                 "position %d", i + 1);
 }
 
-/* Take every message of queue with basic.get + ack, in order: ids,
- * reasons, and the largest x-delivery-count seen. */
-static int drain_counted(const char *queue, struct itest_dead *out, int cap, int64_t *max_count)
+/* Take every message of queue with basic.get + ack, in order, at most cap
+ * of them, each shown to fn (n: its position) before it is acked. */
+typedef void drain_fn(const struct mq_delivery *d, int n, void *arg);
+
+static int drain_each(const char *queue, int cap, drain_fn *fn, void *arg)
 {
 	struct mq *m = NULL;
 	int n = 0;
 
-	*max_count = 0;
 	cr_assert_eq(mq_open(&m, &itest_cfg()->amqp, 0, "itest-dlq-drain"), ST_OK);
 	while (n < cap) {
 		struct mq_delivery d;
@@ -132,18 +133,41 @@ static int drain_counted(const char *queue, struct itest_dead *out, int cap, int
 		if (rc == ST_ERR_NOT_FOUND)
 			break;
 		cr_assert_eq(rc, ST_OK, "basic.get: %s", mq_errmsg(m));
-		memset(&out[n], 0, sizeof out[n]);
-		snprintf(out[n].message_id, sizeof out[n].message_id, "%.*s", (int)d.props.message_id_len,
-		         d.props.message_id != NULL ? d.props.message_id : "");
-		if (mq_delivery_header(&d, "x-inbox-reason", out[n].reason, sizeof out[n].reason) != ST_OK)
-			snprintf(out[n].reason, sizeof out[n].reason, "(none)");
-		if (d.delivery_count > *max_count)
-			*max_count = d.delivery_count;
+		fn(&d, n, arg);
 		cr_assert_eq(mq_ack(m, d.tag, false), ST_OK);
 		mq_delivery_release(m, &d);
 		n++;
 	}
 	mq_close(&m);
+	return n;
+}
+
+struct counted {
+	struct itest_dead *out;
+	int64_t max_count;
+};
+
+static void drain_counted_one(const struct mq_delivery *d, int n, void *arg)
+{
+	struct counted *c = arg;
+	struct itest_dead *e = &c->out[n];
+
+	memset(e, 0, sizeof *e);
+	snprintf(e->message_id, sizeof e->message_id, "%.*s", (int)d->props.message_id_len,
+	         d->props.message_id != NULL ? d->props.message_id : "");
+	if (mq_delivery_header(d, "x-inbox-reason", e->reason, sizeof e->reason) != ST_OK)
+		snprintf(e->reason, sizeof e->reason, "(none)");
+	if (d->delivery_count > c->max_count)
+		c->max_count = d->delivery_count;
+}
+
+/* Ids, reasons, and the largest x-delivery-count seen. */
+static int drain_counted(const char *queue, struct itest_dead *out, int cap, int64_t *max_count)
+{
+	struct counted c = { out, 0 };
+	int n = drain_each(queue, cap, drain_counted_one, &c);
+
+	*max_count = c.max_count;
 	return n;
 }
 
@@ -900,4 +924,75 @@ Test(dlq, an_existing_quorum_dlq_without_the_limit_is_kept_with_a_warning)
 	m = itest_mq();
 	(void)mq_queue_delete(m, q);
 	mq_close(&m);
+}
+
+/* The headers of one dead letter, as the broker delivered it: whether each
+ * of ours is there. */
+static const char *const dead_letter_headers[] = { "x-inbox-reason", "x-inbox-detail", "x-inbox-dead-lettered-at",
+	                                           "x-inbox-delivery-count" };
+enum { DEAD_LETTER_HEADERS = sizeof dead_letter_headers / sizeof dead_letter_headers[0] };
+
+struct dead_headers {
+	char message_id[64];
+	char value[DEAD_LETTER_HEADERS][256];
+	bool has[DEAD_LETTER_HEADERS];
+};
+
+static void drain_headers_one(const struct mq_delivery *d, int n, void *arg)
+{
+	struct dead_headers *e = &((struct dead_headers *)arg)[n];
+
+	memset(e, 0, sizeof *e);
+	snprintf(e->message_id, sizeof e->message_id, "%.*s", (int)d->props.message_id_len,
+	         d->props.message_id != NULL ? d->props.message_id : "");
+	for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
+		e->has[h] = mq_delivery_header(d, dead_letter_headers[h], e->value[h], sizeof e->value[h]) == ST_OK;
+}
+
+/* One dead-letter format whichever path wrote it (issue 24.3): the copy
+ * the worker publishes itself (a body that is not JSON) and the copy it
+ * writes into the outbox in the event's transaction (an invalid
+ * transition) carry the same headers, and `dlq list` reads the same
+ * fields from both — the delivery count included. */
+Test(dlq, the_direct_and_the_outbox_dead_letter_carry_the_same_headers)
+{
+	struct dead_headers got[4];
+	char body[512];
+	struct mq *m;
+	json_t *doc, *e;
+	size_t i;
+	pid_t w;
+	int n;
+
+	itest_fresh();
+	w = itest_worker_logged(1, NULL, dlq_worker_log(0));
+	m = itest_mq();
+	itest_publish(m, "OrderCreated", "{not json", "bad-1");
+	itest_event(body, sizeof body, "hdr-1", "OrderCreated", "o-hdr");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_event(body, sizeof body, "hdr-2", "OrderCancelled", "o-hdr");
+	itest_publish(m, "OrderCancelled", body, NULL);
+	itest_event(body, sizeof body, "hdr-3", "ShipmentCreated", "o-hdr"); /* on a cancelled order */
+	itest_publish(m, "ShipmentCreated", body, NULL);
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 2, 60), 2, "both dead letters in the DLQ");
+	itest_stop_ok(w);
+
+	doc = list_json(NULL, NULL);
+	cr_assert_eq(json_array_size(json_object_get(doc, "dead_letters")), 2);
+	json_array_foreach(json_object_get(doc, "dead_letters"), i, e) {
+		const char *id = json_string_value(json_object_get(e, "message_id"));
+		cr_expect(json_is_string(json_object_get(e, "dead_lettered_at")), "%s: no dead-letter time", id);
+		cr_expect_eq(json_integer_value(json_object_get(e, "deliveries")), 1,
+		             "%s: deliveries %s, want 1 (it was delivered once)", id,
+		             json_is_null(json_object_get(e, "deliveries")) ? "unknown" : "other");
+	}
+	json_decref(doc);
+
+	n = drain_each(itest_cfg()->dlq, 4, drain_headers_one, got);
+	cr_assert_eq(n, 2);
+	for (int k = 0; k < n; k++)
+		for (int h = 0; h < DEAD_LETTER_HEADERS; h++)
+			cr_expect(got[k].has[h], "%s has no %s", got[k].message_id, dead_letter_headers[h]);
+	cr_expect_str_eq(got[0].value[3], got[1].value[3], "the delivery counts differ");
 }

@@ -28,6 +28,7 @@
 #include "cmd.h"
 #include "cmd_migrate.h"
 #include "db.h"
+#include "deadletter.h"
 #include "fault.h"
 #include "log.h"
 #include "mq.h"
@@ -239,7 +240,7 @@ static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, l
 	if (e->message_id[0] == '\0')
 		snprintf(e->message_id, sizeof e->message_id, "-");
 	xd = dlq_xdeath(h);
-	s = dlq_hstr(h, "x-inbox-reason");
+	s = dlq_hstr(h, DEADLETTER_REASON);
 	if (s != NULL) {
 		dlq_text(e->reason, sizeof e->reason, s, strlen(s));
 	} else if (json_is_string(json_object_get(xd, "reason"))) {
@@ -253,14 +254,14 @@ static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, l
 	} else {
 		snprintf(e->reason, sizeof e->reason, "none");
 	}
-	s = dlq_hstr(h, "x-inbox-detail");
+	s = dlq_hstr(h, DEADLETTER_DETAIL);
 	if (s != NULL) {
 		dlq_text(e->detail, sizeof e->detail, s, strlen(s));
 	} else if (xd != NULL) {
 		const char *q = json_string_value(json_object_get(xd, "queue"));
 		snprintf(e->detail, sizeof e->detail, "dead-lettered by the broker from %s", q != NULL ? q : "?");
 	}
-	s = dlq_hstr(h, DLQ_HEADER_AT);
+	s = dlq_hstr(h, DEADLETTER_AT);
 	if (s != NULL && (e->at_s = dlq_parse_time(s)) != 0) {
 		dlq_fmt_time(e->at_s, e->at, sizeof e->at);
 	} else {
@@ -270,7 +271,7 @@ static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, l
 			dlq_fmt_time(e->at_s, e->at, sizeof e->at);
 		}
 	}
-	if (!dlq_hint(h, DLQ_HEADER_DELIVERIES, &e->deliveries)) {
+	if (!dlq_hint(h, DEADLETTER_DELIVERIES, &e->deliveries)) {
 		json_t *c = json_object_get(xd, "count");
 		if (json_is_integer(c) && json_is_string(json_object_get(xd, "reason")) &&
 		    strcmp(json_string_value(json_object_get(xd, "reason")), "delivery_limit") == 0)
@@ -278,7 +279,7 @@ static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, l
 		else if (json_is_integer(c))
 			e->deliveries = json_integer_value(c);
 	}
-	if (!dlq_hint(h, DLQ_HEADER_REPLAYS, &e->replays))
+	if (!dlq_hint(h, DEADLETTER_REPLAYS, &e->replays))
 		e->replays = 0;
 	if (!dlq_hint(h, "x-delivery-count", &e->dlq_count))
 		e->dlq_count = 0;
@@ -791,7 +792,7 @@ static char *dlq_replay_props(const struct dlq_entry *e)
 
 	if (copy == NULL)
 		return NULL;
-	json_object_del(json_object_get(copy, "headers"), DLQ_HEADER_REPLAYS);
+	json_object_del(json_object_get(copy, "headers"), DEADLETTER_REPLAYS);
 	out = json_dumps(copy, JSON_COMPACT);
 	json_decref(copy);
 	return out;
@@ -801,7 +802,7 @@ static int dlq_publish_copy(struct dlq_run *r, const struct mq_delivery *d, cons
 {
 	char replays[24], rk[300];
 	char *props = dlq_replay_props(e);
-	struct mq_header h[1] = { { DLQ_HEADER_REPLAYS, replays } };
+	struct mq_header h[1] = { { DEADLETTER_REPLAYS, replays } };
 	struct mq_message msg = {
 		.exchange = r->conf->exchange, .routing_key = rk, .body = d->body, .len = d->len,
 		.props_json = props, .headers = h, .nheaders = 1,

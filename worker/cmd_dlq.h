@@ -24,7 +24,7 @@
 
 #include "args.h"
 #include "cfg.h"
-#include "dlq.h" /* the header names */
+#include "deadletter.h" /* the header names */
 
 #define DLQ_MAX_REASONS 16
 #define DLQ_MAX_IDS 256

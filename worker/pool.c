@@ -242,6 +242,63 @@ bool pool_thread_ends(struct pool_thread *t, int rc)
 	return true;
 }
 
+/* After the stop flag: whether to give the database up now.  A thread
+ * that holds nothing (wait NULL) gives up at once, one holding deliveries
+ * after POOL_STOP_DB_MS (*give_up: when, 0 before the first call). */
+static bool pool_db_give_up(pool_wait_fn *wait, int64_t *give_up)
+{
+	if (wait == NULL)
+		return true;
+	if (*give_up == 0) {
+		*give_up = pool_now_ms() + POOL_STOP_DB_MS;
+		return false;
+	}
+	return pool_now_ms() >= *give_up;
+}
+
+/* A new connection and the inbox's and outbox's statements on it.  ST_OK;
+ * else d is closed again and why says what failed.  *final: the failure
+ * is a refusal to report and stop on (the return value is then
+ * pool_refused's), not one to retry. */
+static int pool_db_open_all(struct pool_thread *t, struct pool_db *d, char *why, size_t cap, bool *final)
+{
+	int rc = db_open_from_why(&d->db, &t->conf->db, &d->node, why, cap);
+
+	*final = false;
+	if (rc == ST_OK)
+		rc = inbox_open(&d->inbox, d->db, t->conf);
+	if (rc == ST_OK)
+		rc = outbox_open(&d->outbox, d->db, t->conf);
+	if (rc == ST_OK) {
+		atomic_store(&pool_schema_seen, true);
+		return ST_OK;
+	}
+	if (d->db != NULL && rc != ST_ERR_DB_CONN && !atomic_load(&pool_schema_seen)) {
+		/* A prepare failing at start-up means the schema is missing or
+		 * wrong, or a grant: waiting will not fix it.  Once any thread
+		 * of the process has prepared its statements, the same failure
+		 * is a table renamed or dropped under a running pool (the
+		 * janitor may first connect only then): what is held is kept
+		 * and the link retried (pool_db_up) until the schema is back,
+		 * as for an outage. */
+		char err[POOL_WHY_MAX];
+		snprintf(err, sizeof err, "%u %s", db_errno(d->db), db_errmsg(d->db));
+		pool_db_close(d);
+		*final = true;
+		return pool_refused(t, POOL_LINK_DB, "database not usable: run `inbox-worker migrate`"
+		                      " (a table or procedure is missing), or grant the account what it lacks",
+		                      err, rc);
+	}
+	if (d->db != NULL) {
+		snprintf(why, cap, "%u %s", db_errno(d->db), db_errmsg(d->db));
+		/* The node took the connection but not the statements (a Galera
+		 * node answering 1047): start from the next node of the list. */
+		d->node++;
+	}
+	pool_db_close(d);
+	return rc;
+}
+
 /*
  * A stop finishes what the thread holds (SPEC): once the stop flag is up, a
  * thread that may hold deliveries (wait set: a consuming thread, between
@@ -257,57 +314,21 @@ int pool_db_up(struct pool_thread *t, struct pool_db *d, pool_wait_fn *wait, voi
 	int64_t give_up = 0;
 
 	for (;;) {
+		bool final = false;
 		int rc;
 
 		if (d->db != NULL && db_connected(d->db))
 			return ST_OK;
-		if (atomic_load(&pool_stop)) {
-			if (wait == NULL)
-				break;
-			if (give_up == 0)
-				give_up = pool_now_ms() + POOL_STOP_DB_MS;
-			else if (pool_now_ms() >= give_up)
-				break;
-		}
+		if (atomic_load(&pool_stop) && pool_db_give_up(wait, &give_up))
+			break;
 		if (d->db != NULL) {
 			rc = db_reconnect(d->db);
 			if (rc != ST_OK)
 				snprintf(why, sizeof why, "%u %s", db_errno(d->db), db_errmsg(d->db));
 		} else {
-			rc = db_open_from_why(&d->db, &t->conf->db, &d->node, why, sizeof why);
-			if (rc == ST_OK)
-				rc = inbox_open(&d->inbox, d->db, t->conf);
-			if (rc == ST_OK)
-				rc = outbox_open(&d->outbox, d->db, t->conf);
-			if (rc == ST_OK)
-				atomic_store(&pool_schema_seen, true);
-			if (rc != ST_OK && d->db != NULL && rc != ST_ERR_DB_CONN &&
-			    !atomic_load(&pool_schema_seen)) {
-				/* A prepare failing at start-up means the schema is
-				 * missing or wrong, or a grant: waiting will not fix
-				 * it.  Once any thread of the process has prepared
-				 * its statements, the same failure is a table
-				 * renamed or dropped under a running pool (the
-				 * janitor may first connect only then): what is
-				 * held is kept and the link retried (below) until
-				 * the schema is back, as for an outage. */
-				char err[POOL_WHY_MAX];
-				snprintf(err, sizeof err, "%u %s", db_errno(d->db), db_errmsg(d->db));
-				pool_db_close(d);
-				return pool_refused(t, POOL_LINK_DB, "database not usable: run `inbox-worker migrate`"
-				                      " (a table or procedure is missing), or grant the account what it lacks",
-				                      err, rc);
-			}
-			if (rc != ST_OK && d->db != NULL) {
-				snprintf(why, sizeof why, "%u %s", db_errno(d->db), db_errmsg(d->db));
-				/* The node took the connection but not the
-				 * statements (a Galera node answering 1047):
-				 * start from the next node of the list. */
-				d->node++;
-			}
-			if (rc != ST_OK) {
-				pool_db_close(d);
-			}
+			rc = pool_db_open_all(t, d, why, sizeof why, &final);
+			if (final)
+				return rc;
 		}
 		/* Each connection reads the server's max_allowed_packet: a
 		 * body the configuration accepts must fit it (inbox_limits). */
@@ -483,92 +504,129 @@ static void pool_watch_tick(struct pool_watch *pw, struct pool_thread **threads,
 	pool_watch_status(pw, "", status, true);
 }
 
-int pool_main(const struct cfg *conf)
+/* What pool_main holds while it runs, released by pool_release whatever
+ * was reached: every path out of pool_main goes through it. */
+struct pool {
+	const struct cfg *conf;
+	int nthreads;                 /* the workers and the janitor */
+	struct worker *workers;
+	struct janitor *janitor;
+	struct pool_thread **threads; /* workers, then the janitor */
+	int started;                  /* threads created, each to be joined */
+	struct pool_shared shared;
+	bool have_cv, have_mu;
+	struct pool_watch watch;
+};
+
+/* Only the signal loop sees SIGINT/SIGTERM: blocked before any thread
+ * starts, so every thread inherits the mask. */
+static int pool_block_signals(sigset_t *set)
 {
-	struct worker *workers = NULL;
-	struct janitor *janitor = NULL;
-	struct pool_thread **threads = NULL; /* workers, then the janitor */
-	struct pool_shared shared = { .pending = false };
-	struct pool_watch watch = { .n = { .fd = -1 }, .last = NULL, .stale = NULL };
-	pthread_condattr_t ca;
-	sigset_t set;
-	int started = 0, code = 0;
-	const int nthreads = conf->threads + 1; /* the workers and the janitor */
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
+	sigemptyset(set);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGTERM);
+	if (pthread_sigmask(SIG_BLOCK, set, NULL) != 0) {
 		LOG0(LOG_LEVEL_ERROR, "cannot block signals");
-		return 1;
+		return -1;
 	}
-	/* The janitor's timed wait runs on the monotonic clock: a wall clock
-	 * step must not stall the outbox. */
-	if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
-	    pthread_cond_init(&shared.cv, &ca) != 0 || pthread_mutex_init(&shared.mu, NULL) != 0) {
-		LOG0(LOG_LEVEL_ERROR, "cannot initialise the janitor's condition variable");
-		return 1;
-	}
-	pthread_condattr_destroy(&ca);
-	workers = calloc((size_t)conf->threads, sizeof *workers);
-	janitor = calloc(1, sizeof *janitor);
-	threads = calloc((size_t)nthreads, sizeof *threads);
-	watch.last = calloc((size_t)nthreads, sizeof *watch.last);
-	watch.stale = calloc((size_t)nthreads, sizeof *watch.stale);
-	if (workers == NULL || janitor == NULL || threads == NULL || watch.last == NULL || watch.stale == NULL ||
-	    (conf->threads > 1 && conf->ordering == CFG_ORDERING_SHARED &&
-	     inflight_open(&shared.inflight, conf->threads, conf->batch) != ST_OK)) {
-		LOG0(LOG_LEVEL_ERROR, "out of memory");
-		code = 1;
-		goto done;
-	}
-	/* Before anything starts: a manager waiting for READY=1 that cannot
-	 * come must learn it from our exit, not from its start time-out. */
-	if (notify_open(&watch.n) != 0) {
-		code = 1;
-		goto done;
-	}
-	if (notify_enabled(&watch.n))
-		LOG(LOG_LEVEL_INFO, "notifying the service manager", LOG_I("watchdog_ms", watch.n.watchdog_ms));
-	watch.next_slot_ms = pool_now_ms() + watch.n.watchdog_ms / 4;
-	if (metrics_start(conf->metrics_addr) != 0) {
-		code = 1;
-		goto done;
-	}
-	metrics_set_threads(conf->threads);
-	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
-	LOG(LOG_LEVEL_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
-	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
-	for (int i = 0; i < nthreads; i++) {
-		bool is_janitor = i == conf->threads;
-		struct pool_thread *t = is_janitor ? &janitor->t : &workers[i].t;
+	return 0;
+}
 
-		threads[i] = t;
-		pool_thread_init(t, i, conf, &shared);
+/* The janitor's timed wait runs on the monotonic clock: a wall clock step
+ * must not stall the outbox. */
+static int pool_shared_init(struct pool *p)
+{
+	pthread_condattr_t ca;
+	bool attr = pthread_condattr_init(&ca) == 0;
+
+	p->have_cv = attr && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+	             pthread_cond_init(&p->shared.cv, &ca) == 0;
+	if (attr)
+		pthread_condattr_destroy(&ca);
+	p->have_mu = p->have_cv && pthread_mutex_init(&p->shared.mu, NULL) == 0;
+	if (!p->have_mu) {
+		LOG0(LOG_LEVEL_ERROR, "cannot initialise the janitor's condition variable");
+		return -1;
+	}
+	return 0;
+}
+
+static int pool_alloc(struct pool *p)
+{
+	const struct cfg *conf = p->conf;
+
+	p->workers = calloc((size_t)conf->threads, sizeof *p->workers);
+	p->janitor = calloc(1, sizeof *p->janitor);
+	p->threads = calloc((size_t)p->nthreads, sizeof *p->threads);
+	p->watch.last = calloc((size_t)p->nthreads, sizeof *p->watch.last);
+	p->watch.stale = calloc((size_t)p->nthreads, sizeof *p->watch.stale);
+	if (p->workers == NULL || p->janitor == NULL || p->threads == NULL || p->watch.last == NULL ||
+	    p->watch.stale == NULL ||
+	    (conf->threads > 1 && conf->ordering == CFG_ORDERING_SHARED &&
+	     inflight_open(&p->shared.inflight, conf->threads, conf->batch) != ST_OK)) {
+		LOG0(LOG_LEVEL_ERROR, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* Start every thread, the janitor last.  A thread that cannot be prepared
+ * or started stops the pool: the ones started are joined by the signal
+ * loop.  Returns 0, or 1 when one could not be started. */
+static int pool_start(struct pool *p)
+{
+	const struct cfg *conf = p->conf;
+
+	for (int i = 0; i < p->nthreads; i++) {
+		bool is_janitor = i == conf->threads;
+		struct pool_thread *t = is_janitor ? &p->janitor->t : &p->workers[i].t;
+
+		p->threads[i] = t;
+		pool_thread_init(t, i, conf, &p->shared);
 		if (!is_janitor) {
-			pool_assign_shards(conf, &workers[i]);
-			if (worker_alloc(&workers[i]) != ST_OK) {
+			pool_assign_shards(conf, &p->workers[i]);
+			if (worker_alloc(&p->workers[i]) != ST_OK) {
 				LOG(LOG_LEVEL_ERROR, "cannot prepare worker thread", LOG_I("worker", i));
 				atomic_store(&pool_stop, true);
-				code = 1;
-				break;
+				return 1;
 			}
 		}
 		if (pthread_create(&t->thread, NULL, is_janitor ? janitor_main : worker_main,
-		                   is_janitor ? (void *)janitor : (void *)&workers[i]) != 0) {
+		                   is_janitor ? (void *)p->janitor : (void *)&p->workers[i]) != 0) {
 			LOG(LOG_LEVEL_ERROR, "cannot start worker thread", LOG_I("worker", i));
 			atomic_store(&pool_stop, true);
-			code = 1;
-			break;
+			return 1;
 		}
-		started++;
+		p->started++;
 	}
-	/* The signal loop: the first signal asks for a graceful stop, the
-	 * second ends the process now. */
+	return 0;
+}
+
+/* Join what has ended; true when every started thread has. */
+static bool pool_join_ended(struct pool *p)
+{
+	bool all_done = true;
+
+	for (int i = 0; i < p->started; i++) {
+		if (p->threads[i]->joined)
+			continue;
+		/* A joined thread must not be joined again. */
+		if (pthread_tryjoin_np(p->threads[i]->thread, NULL) == 0)
+			p->threads[i]->joined = true;
+		else
+			all_done = false;
+	}
+	return all_done;
+}
+
+/* The signal loop, until every started thread has ended: the first
+ * signal asks for a graceful stop, the second ends the process now; a
+ * thread that ended with an exit code stops the others. */
+static void pool_wait(struct pool *p, const sigset_t *set)
+{
 	for (;;) {
 		struct timespec ts = { .tv_sec = 0, .tv_nsec = 200 * 1000000L };
-		int sig = sigtimedwait(&set, NULL, &ts);
-		bool all_done = true;
+		int sig = sigtimedwait(set, NULL, &ts);
 
 		if (sig == SIGINT || sig == SIGTERM) {
 			if (atomic_load(&pool_stop)) {
@@ -578,28 +636,17 @@ int pool_main(const struct cfg *conf)
 			LOG(LOG_LEVEL_INFO, "stopping: finishing messages in hand", LOG_S("signal", sig == SIGINT ? "SIGINT" : "SIGTERM"));
 			atomic_store(&pool_stop, true);
 		}
-		for (int i = 0; i < started; i++)
-			if (atomic_load(&threads[i]->exit_code) != 0)
+		for (int i = 0; i < p->started; i++)
+			if (atomic_load(&p->threads[i]->exit_code) != 0)
 				atomic_store(&pool_stop, true);
-		pool_watch_tick(&watch, threads, started, nthreads);
-		if (!atomic_load(&pool_stop))
-			continue;
-		for (int i = 0; i < started; i++) {
-			if (threads[i]->joined)
-				continue;
-			/* A joined thread must not be joined again. */
-			if (pthread_tryjoin_np(threads[i]->thread, NULL) == 0)
-				threads[i]->joined = true;
-			else
-				all_done = false;
-		}
-		if (all_done)
-			break;
+		pool_watch_tick(&p->watch, p->threads, p->started, p->nthreads);
+		if (atomic_load(&pool_stop) && pool_join_ended(p))
+			return;
 	}
-	for (int i = 0; i < started; i++)
-		if (atomic_load(&threads[i]->exit_code) != 0)
-			code = atomic_load(&threads[i]->exit_code);
-	metrics_stop();
+}
+
+static void pool_log_stopped(void)
+{
 	LOG(LOG_LEVEL_INFO, "stopped", LOG_I("applied", metrics_outcome_count(METRICS_APPLIED)),
 	    LOG_I("redelivered", metrics_redelivered_count()),
 	    LOG_I("held", metrics_held_count()), LOG_I("released", metrics_released_count()),
@@ -607,20 +654,57 @@ int pool_main(const struct cfg *conf)
 	    LOG_I("compensated", metrics_outcome_count(METRICS_COMPENSATED)),
 	    LOG_I("duplicates", metrics_outcome_count(METRICS_DUPLICATE)),
 	    LOG_I("dead_lettered", metrics_outcome_count(METRICS_DEAD_LETTERED)));
-done:
-	/* The exit code is decided above; nothing reads workers after this. */
-	if (workers != NULL)
-		for (int i = 0; i < conf->threads; i++)
-			worker_free(&workers[i]);
-	free(workers);
-	free(janitor);
-	free(threads);
-	free(watch.last);
-	free(watch.stale);
-	notify_close(&watch.n);
-	pthread_cond_destroy(&shared.cv);
-	pthread_mutex_destroy(&shared.mu);
-	inflight_close(&shared.inflight);
-	return code;
 }
 
+/* In reverse order of acquisition; anything not reached is NULL or
+ * flagged off.  Nothing reads the workers after this. */
+static void pool_release(struct pool *p)
+{
+	notify_close(&p->watch.n);
+	if (p->workers != NULL)
+		for (int i = 0; i < p->conf->threads; i++)
+			worker_free(&p->workers[i]);
+	inflight_close(&p->shared.inflight);
+	free(p->workers);
+	free(p->janitor);
+	free(p->threads);
+	free(p->watch.last);
+	free(p->watch.stale);
+	if (p->have_mu)
+		pthread_mutex_destroy(&p->shared.mu);
+	if (p->have_cv)
+		pthread_cond_destroy(&p->shared.cv);
+}
+
+int pool_main(const struct cfg *conf)
+{
+	struct pool p = { .conf = conf, .nthreads = conf->threads + 1, .watch = { .n = { .fd = -1 } } };
+	sigset_t set;
+	int code = 1;
+
+	if (pool_block_signals(&set) != 0 || pool_shared_init(&p) != 0 || pool_alloc(&p) != 0)
+		goto done;
+	/* Before anything starts: a manager waiting for READY=1 that cannot
+	 * come must learn it from our exit, not from its start time-out. */
+	if (notify_open(&p.watch.n) != 0)
+		goto done;
+	if (notify_enabled(&p.watch.n))
+		LOG(LOG_LEVEL_INFO, "notifying the service manager", LOG_I("watchdog_ms", p.watch.n.watchdog_ms));
+	p.watch.next_slot_ms = pool_now_ms() + p.watch.n.watchdog_ms / 4;
+	if (metrics_start(conf->metrics_addr) != 0)
+		goto done;
+	metrics_set_threads(conf->threads);
+	metrics_set_shards(conf->ordering == CFG_ORDERING_SHARDED ? conf->shards : 0);
+	LOG(LOG_LEVEL_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
+	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
+	code = pool_start(&p);
+	pool_wait(&p, &set);
+	for (int i = 0; i < p.started; i++)
+		if (atomic_load(&p.threads[i]->exit_code) != 0)
+			code = atomic_load(&p.threads[i]->exit_code);
+	metrics_stop();
+	pool_log_stopped();
+done:
+	pool_release(&p);
+	return code;
+}

@@ -37,7 +37,7 @@
 #include <time.h>
 
 #include "db.h"
-#include "dlq.h"
+#include "deadletter.h"
 #include "fault.h"
 #include "inbox.h"
 #include "inflight.h"
@@ -320,26 +320,19 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, const char *rk,
                               const char *reason, const char *detail)
 {
-	char note[400], full[640], last[POOL_WHY_MAX] = "", at[32], deliveries[24];
+	char note[400], last[POOL_WHY_MAX] = "";
 	char *props = mq_delivery_props_json_note(d, note, sizeof note);
-	/* When, and after how many deliveries: what `inbox-worker dlq list`
-	 * shows (the quorum queue counts earlier deliveries). */
-	struct mq_header h[4] = { { "x-inbox-reason", reason }, { "x-inbox-detail", full },
-		                  { DLQ_HEADER_AT, at }, { DLQ_HEADER_DELIVERIES, deliveries } };
+	struct deadletter_headers dh;
 	struct mq_message m = {
 		.exchange = w->t.conf->dlx, .routing_key = rk, .body = d->body, .len = d->len,
-		.props_json = props, .headers = h, .nheaders = 4, .mandatory = true,
+		.props_json = props, .headers = dh.h, .mandatory = true,
 	};
-	time_t now = time(NULL);
-	struct tm tm;
 	int rc;
 
-	if (gmtime_r(&now, &tm) == NULL || strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-		snprintf(at, sizeof at, "unknown");
-	snprintf(deliveries, sizeof deliveries, "%lld", (long long)d->delivery_count + 1);
 	if (props == NULL)
 		snprintf(note, sizeof note, "not kept (out of memory)");
-	snprintf(full, sizeof full, "%s%s%s", detail, note[0] ? "; properties: " : "", note);
+	deadletter_headers(&dh, reason, detail, note, d->delivery_count + 1);
+	m.nheaders = dh.n;
 	for (int attempt = 0;; attempt++) {
 		char why[POOL_WHY_MAX];
 		enum log_level level;
@@ -406,7 +399,7 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 			w->ins[i] = (struct inbox_in){
 				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
 				.props_json = worker_props_json, .props_arg = &v[i]->d,
-				.published_us = v[i]->d.published_us,
+				.published_us = v[i]->d.published_us, .deliveries = v[i]->d.delivery_count + 1,
 			};
 		rc = inbox_run(w->d.inbox, w->ins, n, w->res);
 		for (i = 0; rc == ST_OK && i < n; i++)
