@@ -9,8 +9,10 @@
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "lifecycle.h"
 #include "order.h"
 
 struct cell {
@@ -169,4 +171,158 @@ Test(lifecycle, order_decide_reproduces_the_recorded_table_cell_for_cell)
 		}
 	}
 	cr_assert_eq(wrong, 0, "%d cells differ from the recorded table", wrong);
+}
+
+/* ---- the definition file -------------------------------------------------- */
+
+static struct lc_def *load_builtin(void)
+{
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(lc_builtin_order, lc_builtin_order_len, &errs);
+
+	if (d == NULL)
+		lc_errors_print(&errs, "lifecycles/order.json", stderr);
+	cr_assert_not_null(d, "the built-in order lifecycle loads");
+	return d;
+}
+
+/* The order file, read by the generic engine, gives the recorded table:
+ * states, events, marks and emits bound by name, not by position. */
+Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
+{
+	static const char *const emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+	static const char *const mark_events[] = { "PaymentAuthorized", "InventoryReserved" };
+	struct lc_def *d = load_builtin();
+	int wrong = 0;
+
+	for (size_t i = 0; i < sizeof today_table / sizeof today_table[0]; i++) {
+		const struct cell *c = &today_table[i];
+		int s = c->state == ORDER_NONE ? 0 : lc_state_find(d, order_state_name(c->state));
+		int e = lc_event_find(d, msg_type_name(c->ev));
+		uint32_t marks = 0, flags = 0, emits = 0;
+		struct lc_verdict v;
+
+		cr_assert_geq(s, 0);
+		cr_assert_geq(e, 0);
+		for (int m = 0; m < d->nmarks; m++) {
+			for (unsigned b = 0; b < 2; b++) {
+				if ((c->flags & (1u << b)) && strcmp(d->events[d->marks[m]].type, mark_events[b]) == 0)
+					marks |= 1u << m;
+			}
+		}
+		v = lc_decide(d, s, marks, e);
+		for (int m = 0; m < d->nmarks; m++) {
+			for (unsigned b = 0; b < 2; b++) {
+				if ((v.marks & (1u << m)) && strcmp(d->events[d->marks[m]].type, mark_events[b]) == 0)
+					flags |= 1u << b;
+			}
+		}
+		for (int k = 0; k < d->nemits; k++) {
+			for (unsigned b = 0; b < 3; b++) {
+				if ((v.emits & (1u << k)) && strcmp(d->emits[k], emit_names[b]) == 0)
+					emits |= 1u << b;
+			}
+		}
+		if ((int)v.decision != (int)c->decision ||
+		    strcmp(v.next == 0 ? "" : d->states[v.next], order_state_name(c->next)) != 0 ||
+		    flags != c->next_flags || emits != c->emits) {
+			cr_log_error("%s flags %u + %s: file says %s -> %s flags %u emits %#x; recorded %s -> %s flags %u emits %#x",
+			             order_state_name(c->state), c->flags, msg_type_name(c->ev),
+			             decision_names[v.decision], d->states[v.next], flags, emits,
+			             decision_names[c->decision], order_state_name(c->next), c->next_flags, c->emits);
+			wrong++;
+		}
+	}
+	lc_free(d);
+	cr_assert_eq(wrong, 0, "%d cells of lifecycles/order.json differ from the recorded table", wrong);
+}
+
+Test(lifecycle, builtin_is_the_shipped_file)
+{
+	char path[4096];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	FILE *f;
+	static char buf[1 << 16];
+	size_t n;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(path, sizeof path, "%s/lifecycles/order.json", root);
+	f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	n = fread(buf, 1, sizeof buf, f);
+	fclose(f);
+	cr_assert_eq(n, lc_builtin_order_len);
+	cr_assert(memcmp(buf, lc_builtin_order, n) == 0, "the compiled-in definition is lifecycles/order.json");
+}
+
+Test(lifecycle, builtin_order_is_order_independent)
+{
+	struct lc_def *d = load_builtin();
+	struct lc_check chk;
+	bool ok = lc_check_order_independence(d, &chk);
+
+	cr_expect(ok, "%s", chk.why);
+	/* 2^5 - 1 sets, of which those with ShipmentCreated and OrderCancelled
+	 * (2^3 = 8) are conflicts between two terminal states. */
+	cr_expect_eq(chk.conflicts, 8);
+	cr_expect_eq(chk.sets, 23);
+	cr_expect_gt(chk.runs, 1000);
+	lc_free(d);
+}
+
+/* One error, expected at line:column, its text containing want. */
+static void expect_error(const char *text, int line, int col, const char *want)
+{
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	bool found = false;
+
+	cr_assert_null(d, "refused: %s", want);
+	for (int i = 0; i < errs.n; i++) {
+		if (strstr(errs.e[i].text, want) != NULL) {
+			found = true;
+			cr_expect_eq(errs.e[i].line, line, "'%s' at line %d, want %d", errs.e[i].text, errs.e[i].line, line);
+			if (col > 0)
+				cr_expect_eq(errs.e[i].column, col, "'%s' at column %d, want %d", errs.e[i].text,
+				             errs.e[i].column, col);
+		}
+	}
+	if (!found)
+		lc_errors_print(&errs, "test", stderr);
+	cr_expect(found, "an error saying '%s'", want);
+}
+
+#define HEAD "{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t\", \"key\": \"k\",\n"
+
+Test(lifecycle, errors_say_where_and_what_to_write)
+{
+	expect_error("{\"lifecycle\": 1,\n  \"states\": [\"A\",]\n}", 2, 18, "not valid JSON");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"C\"}]}",
+	             6, 38, "\"C\" is not a declared state: write one of the names in \"states\"");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\", \"emit\": []}]}",
+	             5, 50, "unknown key \"emit\" in an event: write one of");
+	expect_error(HEAD "\"states\": [\"A\", \"B\", \"C\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"}]}",
+	             2, 22, "\"C\" is neither on the main path nor terminal: add it to \"main_path\" or to \"terminal\"");
+	/* An event that can arrive after a terminal state and says nothing. */
+	expect_error(HEAD "\"states\": [\"A\", \"B\", \"X\"],\n\"main_path\": [\"A\", \"B\"],\n\"terminal\": [\"B\", \"X\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"B\"},\n"
+	             "  {\"type\": \"G\", \"from\": [\"A\"], \"to\": \"X\"}]}",
+	             7, 0, "write \"after\": {\"B\": \"ignore\"}");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\",\n"
+	             "  \"sets\": {\"Bad-Col\": {\"from\": \"occurred_at\", \"type\": \"datetime\"}}}]}",
+	             6, 23, "must be a lower-case SQL name");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"B\"], \"to\": \"A\"}]}",
+	             6, 25, "\"B\" is terminal: an event does not move out of it");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"from\": [\"A\"], \"to\": \"B\"}]}",
+	             1, 1, "no event creates the aggregate: give one event \"creates\": \"A\"");
+	expect_error("{\"lifecycle\": 1, \"lifecycle\": 1}", 1, 0, "duplicate object key");
 }
