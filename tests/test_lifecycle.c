@@ -326,3 +326,80 @@ Test(lifecycle, errors_say_where_and_what_to_write)
 	             1, 1, "no event creates the aggregate: give one event \"creates\": \"A\"");
 	expect_error("{\"lifecycle\": 1, \"lifecycle\": 1}", 1, 0, "duplicate object key");
 }
+
+/* ---- the order engine bound to another definition ------------------------ */
+
+static char *builtin_with(const char *from, const char *to)
+{
+	const char *at = strstr(lc_builtin_order, from);
+	size_t flen = strlen(from), tlen = strlen(to);
+	char *out;
+
+	cr_assert_not_null(at, "the built-in file contains %s", from);
+	out = malloc(lc_builtin_order_len - flen + tlen + 1);
+	cr_assert_not_null(out);
+	memcpy(out, lc_builtin_order, (size_t)(at - lc_builtin_order));
+	memcpy(out + (at - lc_builtin_order), to, tlen);
+	strcpy(out + (at - lc_builtin_order) + tlen, at + flen);
+	return out;
+}
+
+Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
+{
+	char *text = builtin_with("\"aliases\": [\"PaymentConfirmed\"]", "\"aliases\": [\"PaymentCaptured\"]");
+	char *text2;
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs), *d2;
+	struct order_binding b, b2;
+	char why[512];
+
+	cr_assert_not_null(d);
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), MSG_PAYMENT_AUTHORIZED, "built-in alias");
+	order_use(&b);
+	cr_expect_eq(msg_type_from_name("PaymentCaptured", 15), MSG_PAYMENT_AUTHORIZED, "the file's alias");
+	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), -1, "no longer an alias");
+
+	/* A decision changed in the file is the worker's decision. */
+	text2 = builtin_with("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": \"ignore\"");
+	d2 = lc_load(text2, strlen(text2), &errs);
+	cr_assert_not_null(d2);
+	cr_assert_eq(order_bind(d2, &b2, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
+	order_use(&b2);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_IGNORE);
+	order_use(NULL);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
+	lc_free(d);
+	lc_free(d2);
+	free(text);
+	free(text2);
+}
+
+static void expect_refused(const char *from, const char *to, const char *want)
+{
+	char *text = builtin_with(from, to);
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	struct order_binding b;
+	char why[512] = "";
+
+	if (d == NULL)
+		lc_errors_print(&errs, "test", stderr);
+	cr_assert_not_null(d, "%s loads", to);
+	cr_expect_eq(order_bind(d, &b, why, sizeof why), -1, "%s is refused", to);
+	cr_expect(strstr(why, want) != NULL, "'%s' says '%s'", why, want);
+	lc_free(d);
+	free(text);
+}
+
+Test(lifecycle, a_definition_needing_another_schema_is_refused_with_why)
+{
+	expect_refused("\"table\": \"orders\"", "\"table\": \"shipments\"", "needs a schema change");
+	expect_refused("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"",
+	               "what PaymentAuthorized sets needs a schema change");
+	expect_refused("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]",
+	               "emitting StockReturned needs a code change");
+	expect_refused("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}",
+	               "remembering whether ShipmentCreated took effect needs a schema change");
+}

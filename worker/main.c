@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cfg.h"
+#include "cmd_lifecycle.h"
 #include "config.h"
 #include "db.h"
 #include "dlq.h"
@@ -19,7 +20,7 @@
 #include "retention.h"
 #include "status.h"
 
-#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options]"
+#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check FILE"
 
 static void usage(FILE *f)
 {
@@ -29,7 +30,10 @@ static void usage(FILE *f)
 	           "            (--status: list applied, pending and changed files with their\n"
 	           "            checksums; applies nothing)\n"
 	           "  cleanup   delete inbox rows older than the retention window, then exit\n"
-	           "            (--dry-run: count what it would delete, delete nothing)\n",
+	           "            (--dry-run: count what it would delete, delete nothing)\n"
+	           "  lifecycle check FILE\n"
+	           "            validate a lifecycle definition, print its decision table and check\n"
+	           "            that it is arrival-order independent (doc/lifecycle.md)\n",
 	        USAGE);
 	dlq_usage(f);
 	fputc('\n', f);
@@ -91,6 +95,9 @@ int main(int argc, char **argv)
 		cfg_print_doc(stdout, strcmp(cmd, "--help-man") == 0 ? CFG_DOC_MAN : CFG_DOC_README, NULL);
 		return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 	}
+	/* Reads a file, no settings. */
+	if (strcmp(cmd, "lifecycle") == 0)
+		return lifecycle_main(argc - 1, argv + 1, stdout, stderr);
 	if (strcmp(cmd, "run") != 0 && strcmp(cmd, "migrate") != 0 && strcmp(cmd, "cleanup") != 0 &&
 	    strcmp(cmd, "dlq") != 0) {
 		fprintf(stderr, "inbox-worker: unknown command '%s'\n%s\n", cmd, USAGE);
@@ -152,6 +159,8 @@ int main(int argc, char **argv)
 	else if (strcmp(cmd, "dlq") == 0)
 		code = dlq.cmd == DLQ_REPLAY && !dlq.dry_run && migrate_check_known(&conf) != 0 ? 1
 		                                                                              : dlq_main(&conf, &dlq, stdout);
+	else if (lifecycle_setup(&conf) != 0)
+		code = 2; /* said */
 	else
 		code = migrate_check_known(&conf) != 0 ? 1 : pool_main(&conf);
 	db_global_end();

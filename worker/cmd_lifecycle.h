@@ -1,0 +1,24 @@
+/*
+ * cmd_lifecycle.h - `inbox-worker lifecycle check FILE`, and the start-up
+ * step of `run` that loads, checks and binds the lifecycle definition.
+ */
+#ifndef INBOX_CMD_LIFECYCLE_H
+#define INBOX_CMD_LIFECYCLE_H
+
+#include <stdio.h>
+
+#include "cfg.h"
+
+/* `lifecycle check FILE` (argv[0] is "lifecycle"): validate FILE, print its
+ * decision table and the arrival-order check on out, errors on err.
+ * Returns 0 when the definition is valid and order-independent, 1 when it
+ * is refused (each reason printed), 2 on a usage error. */
+int lifecycle_main(int argc, char **argv, FILE *out, FILE *err);
+
+/* `run`: load conf->lifecycle (the built-in file when empty), check it and
+ * bind it as the order engine (order_use) before any thread starts.
+ * Returns 0, or 2 after one line on stderr saying why it cannot run.  The
+ * definition stays loaded until the process exits. */
+int lifecycle_setup(const struct cfg *conf);
+
+#endif
