@@ -403,3 +403,169 @@ Test(lifecycle, a_definition_needing_another_schema_is_refused_with_why)
 	expect_refused("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}",
 	               "remembering whether ShipmentCreated took effect needs a schema change");
 }
+
+/* ---- the example: lifecycles/shipment.json -------------------------------- */
+
+static struct lc_def *load_source_file(const char *rel)
+{
+	char path[4096];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	struct lc_errors errs;
+	struct lc_def *d;
+
+	cr_assert_not_null(root);
+	snprintf(path, sizeof path, "%s/%s", root, rel);
+	d = lc_load_file(path, &errs);
+	if (d == NULL)
+		lc_errors_print(&errs, path, stderr);
+	cr_assert_not_null(d, "%s loads", rel);
+	return d;
+}
+
+struct ship_cell {
+	const char *state; /* "" = no shipment yet */
+	const char *event;
+	const char *decision;
+	const char *next;
+	const char *emits; /* space-separated, in the file's order of first mention */
+};
+
+/* Typed in by hand from lifecycles/shipment.json and the rules of
+ * doc/lifecycle.md, with no ParcelInTransit taken effect (marks 0). */
+static const struct ship_cell ship_table[] = {
+	{ "", "ShipmentLabelled", "applied", "Labelled", "" },
+	{ "", "ParcelPickedUp", "held", "", "" },
+	{ "", "ParcelInTransit", "held", "", "" },
+	{ "", "ParcelDelivered", "held", "", "" },
+	{ "", "ParcelLost", "held", "", "" },
+	{ "", "ParcelReturned", "held", "", "" },
+	{ "Labelled", "ShipmentLabelled", "ignored", "Labelled", "" },
+	{ "Labelled", "ParcelPickedUp", "applied", "PickedUp", "ShipmentDispatched" },
+	{ "Labelled", "ParcelInTransit", "held", "Labelled", "" },
+	{ "Labelled", "ParcelDelivered", "held", "Labelled", "" },
+	{ "Labelled", "ParcelLost", "held", "Labelled", "" },
+	{ "Labelled", "ParcelReturned", "held", "Labelled", "" },
+	{ "PickedUp", "ShipmentLabelled", "ignored", "PickedUp", "" },
+	{ "PickedUp", "ParcelPickedUp", "ignored", "PickedUp", "" },
+	{ "PickedUp", "ParcelInTransit", "applied", "InTransit", "" },
+	{ "PickedUp", "ParcelDelivered", "held", "PickedUp", "" },
+	{ "PickedUp", "ParcelLost", "applied", "Lost", "CustomerRefundRequested" },
+	{ "PickedUp", "ParcelReturned", "held", "PickedUp", "" },
+	{ "InTransit", "ShipmentLabelled", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelPickedUp", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelInTransit", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelDelivered", "applied", "Delivered", "DeliveryConfirmed" },
+	{ "InTransit", "ParcelLost", "applied", "Lost", "CustomerRefundRequested" },
+	{ "InTransit", "ParcelReturned", "applied", "Returned", "ReturnReceived" },
+	{ "Delivered", "ShipmentLabelled", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelPickedUp", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelInTransit", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelDelivered", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelLost", "dead_lettered", "Delivered", "" },
+	{ "Delivered", "ParcelReturned", "dead_lettered", "Delivered", "" },
+	{ "Lost", "ShipmentLabelled", "ignored", "Lost", "" },
+	{ "Lost", "ParcelPickedUp", "ignored", "Lost", "" },
+	{ "Lost", "ParcelInTransit", "compensated", "Lost", "CarrierClaimFiled" },
+	{ "Lost", "ParcelDelivered", "dead_lettered", "Lost", "" },
+	{ "Lost", "ParcelLost", "ignored", "Lost", "" },
+	{ "Lost", "ParcelReturned", "dead_lettered", "Lost", "" },
+	{ "Returned", "ShipmentLabelled", "ignored", "Returned", "" },
+	{ "Returned", "ParcelPickedUp", "ignored", "Returned", "" },
+	{ "Returned", "ParcelInTransit", "ignored", "Returned", "" },
+	{ "Returned", "ParcelDelivered", "dead_lettered", "Returned", "" },
+	{ "Returned", "ParcelLost", "dead_lettered", "Returned", "" },
+	{ "Returned", "ParcelReturned", "ignored", "Returned", "" },
+};
+
+static void emits_text(const struct lc_def *d, uint32_t emits, char *buf, size_t cap)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < d->nemits && used < cap; k++) {
+		if (emits & (1u << k)) {
+			int w = snprintf(buf + used, cap - used, "%s%s", used ? " " : "", d->emits[k]);
+			if (w > 0)
+				used += (size_t)w;
+		}
+	}
+}
+
+static void expect_ship_cell(const struct lc_def *d, const struct ship_cell *c, uint32_t marks)
+{
+	int s = c->state[0] == '\0' ? 0 : lc_state_find(d, c->state);
+	int e = lc_event_find(d, c->event);
+	struct lc_verdict v;
+	char emits[256];
+
+	cr_assert_geq(s, 0, "%s", c->state);
+	cr_assert_geq(e, 0, "%s", c->event);
+	v = lc_decide(d, s, marks, e);
+	emits_text(d, v.emits, emits, sizeof emits);
+	cr_expect_str_eq(lc_decision_outcome(v.decision), c->decision, "%s + %s", c->state, c->event);
+	cr_expect_str_eq(d->states[v.next], c->next, "%s + %s: next", c->state, c->event);
+	cr_expect_str_eq(emits, c->emits, "%s + %s: emits", c->state, c->event);
+}
+
+Test(lifecycle, shipment_table_as_typed_in_by_hand)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	int transit = lc_event_find(d, "ParcelInTransit");
+	static const struct ship_cell marked[] = {
+		/* ParcelInTransit took effect: the loss owes the carrier claim,
+		 * and a late ParcelInTransit is stale, not compensated again. */
+		{ "InTransit", "ParcelLost", "applied", "Lost", "CarrierClaimFiled CustomerRefundRequested" },
+		{ "Lost", "ParcelInTransit", "ignored", "Lost", "" },
+	};
+
+	cr_assert_eq(d->nstates * d->nevents, (int)(sizeof ship_table / sizeof ship_table[0]), "every cell typed");
+	cr_assert_eq(d->nmarks, 1, "only ParcelInTransit is remembered");
+	cr_assert_eq(d->marks[0], transit);
+	cr_expect_eq(lc_event_find(d, "PickedUp"), lc_event_find(d, "ParcelPickedUp"), "the alias");
+	for (size_t i = 0; i < sizeof ship_table / sizeof ship_table[0]; i++)
+		expect_ship_cell(d, &ship_table[i], 0);
+	for (size_t i = 0; i < sizeof marked / sizeof marked[0]; i++)
+		expect_ship_cell(d, &marked[i], 1u);
+	cr_expect_eq(d->events[0].nsets, 2);
+	cr_expect_str_eq(d->events[0].sets[0].column, "tracking_number");
+	cr_expect_eq(d->events[0].sets[0].max_length, 64);
+	cr_expect(d->events[0].sets[0].required);
+	lc_free(d);
+}
+
+Test(lifecycle, shipment_is_order_independent)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	struct lc_check chk;
+
+	cr_expect(lc_check_order_independence(d, &chk), "%s", chk.why);
+	/* 2^6 - 1 sets; those with two or three of ParcelDelivered, ParcelLost,
+	 * ParcelReturned (4 such choices) conflict, whatever the other three
+	 * events (2^3): 32. */
+	cr_expect_eq(chk.sets + chk.conflicts, 63);
+	cr_expect_eq(chk.conflicts, 32);
+	lc_free(d);
+}
+
+Test(lifecycle, order_dependent_definitions_are_refused_with_the_two_orders)
+{
+	static const struct {
+		const char *file, *why;
+	} bad[] = {
+		{ "tests/lifecycles/bad_payment_after_cancel_ignored.json",
+		  "arrival order [OrderCreated, PaymentAuthorized, OrderCancelled] and "
+		  "[OrderCreated, OrderCancelled, PaymentAuthorized] end differently: version 3 vs 2" },
+		{ "tests/lifecycles/bad_cancel_forgets_refund.json",
+		  "arrival order [OrderCreated, PaymentAuthorized, OrderCancelled] and "
+		  "[OrderCreated, OrderCancelled, PaymentAuthorized] end differently: 0 vs 1 RefundRequested emitted" },
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct lc_def *d = load_source_file(bad[i].file);
+		struct lc_check chk;
+
+		cr_expect_not(lc_check_order_independence(d, &chk), "%s is refused", bad[i].file);
+		cr_expect_str_eq(chk.why, bad[i].why);
+		lc_free(d);
+	}
+}
