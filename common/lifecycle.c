@@ -852,9 +852,37 @@ static void parse_top(struct ctx *c, json_t *root)
 		if (v != NULL)
 			pop(c);
 	}
-	get_name(c, root, "aggregate", d->aggregate, true, "order");
-	get_name(c, root, "table", d->table, true, "orders");
-	get_name(c, root, "key", d->key, true, "order_id");
+	if (get_name(c, root, "aggregate", d->aggregate, true, "order") && strlen(d->aggregate) > LC_NAME_MAX - 7) {
+		push_key(c, "aggregate");
+		err(c, "\"aggregate\" is at most %d characters, so that its ledger %s_events is a SQL name: shorten it",
+		    LC_NAME_MAX - 7, d->aggregate);
+		pop(c);
+	}
+	if (get_name(c, root, "table", d->table, true, "orders") && d->aggregate[0] != '\0') {
+		char ledger[LC_NAME_MAX + 16], locks[LC_NAME_MAX + 16];
+
+		snprintf(ledger, sizeof ledger, "%s_events", d->aggregate);
+		snprintf(locks, sizeof locks, "%s_locks", d->aggregate);
+		if (strcmp(d->table, ledger) == 0 || strcmp(d->table, locks) == 0) {
+			push_key(c, "table");
+			err(c, "\"%s\" is the name of the aggregate's ledger or lock table: name the table otherwise, "
+			       "like \"%ss\"", d->table, d->aggregate);
+			pop(c);
+		}
+	}
+	if (get_name(c, root, "key", d->key, true, "order_id")) {
+		static const char *const taken[] = { "id", "consumer", "source", "message_id", "type", "outcome",
+			                             "from_status", "to_status", "version", "applied_at",
+			                             "payload_sha256", "held", NULL };
+		for (int k = 0; taken[k] != NULL; k++) {
+			if (strcmp(d->key, taken[k]) == 0) {
+				push_key(c, "key");
+				err(c, "\"%s\" is a column of the ledger already: name the key otherwise, like \"%s_id\"",
+				    d->key, d->aggregate[0] ? d->aggregate : "order");
+				pop(c);
+			}
+		}
+	}
 
 	d->nstates = 1;
 	d->states[0][0] = '\0';

@@ -21,4 +21,18 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err);
  * definition stays loaded until the process exits. */
 int lifecycle_setup(const struct cfg *conf);
 
+/* `migrate` with INBOX_LIFECYCLE set, after the migrations: create the
+ * definition's tables where they are missing (CREATE TABLE IF NOT EXISTS,
+ * the schema owner's account) and say what an existing one lacks.
+ * Returns 0 when the schema matches the definition, 1 otherwise (each
+ * difference logged with the statement that fixes it). */
+int lifecycle_migrate(const struct cfg *conf);
+
+/* `run`, after lifecycle_setup: 2 (one line on stderr, the first
+ * difference and the remedy) when the database's tables differ from what
+ * the bound definition needs, else 0.  A database that cannot be read now
+ * is the pool's to wait for, and a schema never migrated is the worker's
+ * first statement's to report: both are 0 here. */
+int lifecycle_schema_check(const struct cfg *conf);
+
 #endif

@@ -150,8 +150,12 @@ int main(int argc, char **argv)
 		cfg_free(&conf);
 		return 1;
 	}
-	if (strcmp(cmd, "migrate") == 0)
+	if (strcmp(cmd, "migrate") == 0) {
 		code = status ? migrate_status(&conf) : migrate_main(&conf);
+		/* A lifecycle of the user's own: its tables after the migrations. */
+		if (code == 0 && !status && conf.lifecycle != NULL && conf.lifecycle[0] != '\0')
+			code = lifecycle_migrate(&conf);
+	}
 	/* Every command that writes rows refuses a database that a newer
 	 * build migrated (migrate itself says so in migrate_main). */
 	else if (strcmp(cmd, "cleanup") == 0)
@@ -159,7 +163,7 @@ int main(int argc, char **argv)
 	else if (strcmp(cmd, "dlq") == 0)
 		code = dlq.cmd == DLQ_REPLAY && !dlq.dry_run && migrate_check_known(&conf) != 0 ? 1
 		                                                                              : dlq_main(&conf, &dlq, stdout);
-	else if (lifecycle_setup(&conf) != 0)
+	else if (lifecycle_setup(&conf) != 0 || lifecycle_schema_check(&conf) != 0)
 		code = 2; /* said */
 	else
 		code = migrate_check_known(&conf) != 0 ? 1 : pool_main(&conf);
