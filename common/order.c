@@ -57,6 +57,33 @@ static bool set_is(const struct lc_set *st, const char *column, enum lc_source s
 	       st->type == type && (type != LC_TYPE_INTEGER || (st->min == min && st->max == INT64_MAX));
 }
 
+/* The definition's verdict, through the name mapping. */
+static struct order_verdict decide_bound(const struct order_binding *b, enum order_state state, unsigned flags,
+                                         enum msg_type ev)
+{
+	struct order_verdict v = { ORDER_INVALID, state, flags, 0 };
+	struct lc_verdict lv;
+	uint32_t marks = 0;
+
+	for (int m = 0; m < b->def->nmarks; m++) {
+		if (flags & b->mark_to_flag[m])
+			marks |= 1u << m;
+	}
+	lv = lc_decide(b->def, b->state_to_lc[state], marks, b->type_to_lc[ev]);
+	v.decision = (enum order_decision)lv.decision;
+	v.next = (enum order_state)b->lc_to_state[lv.next];
+	/* flags the definition does not remember pass through unchanged */
+	for (int m = 0; m < b->def->nmarks; m++) {
+		if (lv.marks & (1u << m))
+			v.flags |= b->mark_to_flag[m];
+	}
+	for (int k = 0; k < b->def->nemits; k++) {
+		if (lv.emits & (1u << k))
+			v.emits |= b->emit_to_order[k];
+	}
+	return v;
+}
+
 int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_t why_size)
 {
 	static const char remedy[] = "the worker's schema (migrations/) is the order schema; a lifecycle "
@@ -152,6 +179,12 @@ int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_
 			b->naliases++;
 		}
 	}
+	for (int s = 0; s < ORDER_STATE_COUNT; s++) {
+		for (unsigned f = 0; f <= ORDER_FLAGS_ALL; f++) {
+			for (int t = 0; t < MSG_TYPE_COUNT; t++)
+				b->cells[s][f][t] = decide_bound(b, (enum order_state)s, f, (enum msg_type)t);
+		}
+	}
 	return 0;
 }
 
@@ -202,31 +235,18 @@ int order_alias_type(const char *name, size_t len)
 	return -1;
 }
 
+/* A verdict is a lookup in the cells order_bind filled from the
+ * definition: the same cost as the C table it replaces.  Flags outside
+ * ORDER_FLAG_* (none are written) are carried through. */
 struct order_verdict order_decide(enum order_state state, unsigned flags, enum msg_type ev)
 {
 	const struct order_binding *b = binding();
 	struct order_verdict v = { ORDER_INVALID, state, flags, 0 };
-	struct lc_verdict lv;
-	uint32_t marks = 0;
 
 	if ((unsigned)state >= ORDER_STATE_COUNT || (unsigned)ev >= MSG_TYPE_COUNT)
 		return v;
-	for (int m = 0; m < b->def->nmarks; m++) {
-		if (flags & b->mark_to_flag[m])
-			marks |= 1u << m;
-	}
-	lv = lc_decide(b->def, b->state_to_lc[state], marks, b->type_to_lc[ev]);
-	v.decision = (enum order_decision)lv.decision;
-	v.next = (enum order_state)b->lc_to_state[lv.next];
-	/* flags the definition does not remember pass through unchanged */
-	for (int m = 0; m < b->def->nmarks; m++) {
-		if (lv.marks & (1u << m))
-			v.flags |= b->mark_to_flag[m];
-	}
-	for (int k = 0; k < b->def->nemits; k++) {
-		if (lv.emits & (1u << k))
-			v.emits |= b->emit_to_order[k];
-	}
+	v = b->cells[state][flags & ORDER_FLAGS_ALL][ev];
+	v.flags |= flags & ~ORDER_FLAGS_ALL;
 	return v;
 }
 

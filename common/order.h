@@ -40,6 +40,7 @@ enum order_decision {
 /* What the order already went through; kept on the order row. */
 #define ORDER_FLAG_PAID 0x1u
 #define ORDER_FLAG_RESERVED 0x2u
+#define ORDER_FLAGS_ALL 0x3u
 
 /* Messages emitted through the outbox. */
 #define ORDER_EMIT_REFUND 0x1u   /* RefundRequested */
@@ -69,6 +70,8 @@ struct order_binding {
 		int type;         /* enum msg_type */
 	} aliases[ORDER_ALIAS_MAX];
 	int naliases;
+	/* Every verdict, filled by order_bind from the definition. */
+	struct order_verdict cells[ORDER_STATE_COUNT][ORDER_FLAGS_ALL + 1][MSG_TYPE_COUNT];
 };
 
 /* Bind d to the order schema: 0, or -1 with why saying what would need a

@@ -325,6 +325,16 @@ Test(lifecycle, errors_say_where_and_what_to_write)
 	             "\"events\": [{\"type\": \"E\", \"from\": [\"A\"], \"to\": \"B\"}]}",
 	             1, 1, "no event creates the aggregate: give one event \"creates\": \"A\"");
 	expect_error("{\"lifecycle\": 1, \"lifecycle\": 1}", 1, 0, "duplicate object key");
+	/* SQL names: a strict alphabet, and none that the ledger already has. */
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t; DROP TABLE x\", \"key\": \"k\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 45, "\"table\" must be a lower-case SQL name");
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"a_events\", \"key\": \"version\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 45, "is the name of the aggregate's ledger or lock table");
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"a_events\", \"key\": \"version\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 64, "\"version\" is a column of the ledger already: name the key otherwise, like \"a_id\"");
 }
 
 /* ---- the order engine bound to another definition ------------------------ */

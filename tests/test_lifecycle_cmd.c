@@ -97,7 +97,18 @@ Test(lifecycle_cmd, usage_errors_exit_2)
 	cr_expect_eq(run("", "lifecycle", out, sizeof out, err, sizeof err), 2);
 	cr_expect_eq(run("", "lifecycle check", out, sizeof out, err, sizeof err), 2);
 	cr_expect_eq(run("", "lifecycle verify x.json", out, sizeof out, err, sizeof err), 2);
-	cr_expect(strstr(err, "usage: inbox-worker lifecycle check FILE") != NULL, "%s", err);
+	cr_expect(strstr(err, "usage: inbox-worker lifecycle check|schema FILE") != NULL, "%s", err);
+}
+
+Test(lifecycle_cmd, schema_prints_the_tables_with_quoted_identifiers)
+{
+	cr_assert_eq(run("", "lifecycle schema lifecycles/shipment.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipments` (\n  `id` VARCHAR(64)") != NULL, "%s", out);
+	cr_expect(strstr(out, "  `tracking_number` VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,\n") != NULL,
+	          "%s", out);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipment_events` (") != NULL, "%s", out);
+	cr_expect(strstr(out, "UNIQUE KEY `uq_shipment_events_version` (`shipment_id`, `version`)") != NULL, "%s", out);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipment_locks` (") != NULL, "%s", out);
 }
 
 /* run refuses, before connecting anywhere, with exit 2 and one line. */

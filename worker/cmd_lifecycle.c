@@ -16,7 +16,30 @@
 #include "order.h"
 #include "status.h"
 
-#define LC_USAGE "usage: inbox-worker lifecycle check FILE"
+#define LC_USAGE "usage: inbox-worker lifecycle check|schema FILE"
+
+/* `lifecycle schema FILE`: the DDL migrate would run, nothing connected. */
+static int print_schema(const char *path, FILE *out, FILE *err)
+{
+	static char ddl[16384];
+	struct lc_errors errs;
+	struct lc_def *d = lc_load_file(path, &errs);
+	int code = 0;
+
+	if (d == NULL) {
+		lc_errors_print(&errs, path, err);
+		return 1;
+	}
+	if (lc_schema_ddl(d, ddl, sizeof ddl) != 0) {
+		fprintf(err, "%s: its tables cannot be written as DDL (a column named like one the worker keeps, "
+		             "or too many columns)\n", path);
+		code = 1;
+	} else {
+		fputs(ddl, out);
+	}
+	lc_free(d);
+	return code;
+}
 
 int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 {
@@ -32,10 +55,14 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 		             "  check FILE  validate a lifecycle definition (see doc/lifecycle.md), print its\n"
 		             "              decision table, and check exhaustively that any arrival order of\n"
 		             "              its events, with duplicates, ends the same; exit 0 when it does,\n"
-		             "              1 when the definition is refused, 2 on a usage error\n",
+		             "              1 when the definition is refused, 2 on a usage error\n"
+		             "  schema FILE the tables the definition needs, as the CREATE TABLE statements\n"
+		             "              `migrate` runs with INBOX_LIFECYCLE=FILE\n",
 		        LC_USAGE);
 		return 0;
 	}
+	if (argc == 3 && strcmp(argv[1], "schema") == 0)
+		return print_schema(argv[2], out, err);
 	if (argc != 3 || strcmp(argv[1], "check") != 0) {
 		fprintf(err, "inbox-worker: %s\n", LC_USAGE);
 		return 2;

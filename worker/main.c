@@ -20,7 +20,7 @@
 #include "retention.h"
 #include "status.h"
 
-#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check FILE"
+#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check|schema FILE"
 
 static void usage(FILE *f)
 {
@@ -33,7 +33,10 @@ static void usage(FILE *f)
 	           "            (--dry-run: count what it would delete, delete nothing)\n"
 	           "  lifecycle check FILE\n"
 	           "            validate a lifecycle definition, print its decision table and check\n"
-	           "            that it is arrival-order independent (doc/lifecycle.md)\n",
+	           "            that it is arrival-order independent (doc/lifecycle.md)\n"
+	           "  lifecycle schema FILE\n"
+	           "            print the tables the definition needs (what migrate creates with\n"
+	           "            INBOX_LIFECYCLE=FILE)\n",
 	        USAGE);
 	dlq_usage(f);
 	fputc('\n', f);
