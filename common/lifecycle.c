@@ -304,6 +304,13 @@ static bool ident_ok(const char *s)
 	return true;
 }
 
+/* Into a name field (LC_NAME_MAX + 1 bytes); the *_ok checks bound the
+ * length before every call, the cut is a second guard. */
+static void copy_name(char *dst, const char *src)
+{
+	snprintf(dst, LC_NAME_MAX + 1, "%s", src);
+}
+
 /* Check obj's keys against the allowed list. */
 static void known_keys(struct ctx *c, json_t *obj, const char *const *allowed, const char *what)
 {
@@ -350,7 +357,7 @@ static bool get_name(struct ctx *c, json_t *obj, const char *key, char *out, boo
 		pop(c);
 		return false;
 	}
-	strcpy(out, json_string_value(v)); /* length checked by *_ok */
+	copy_name(out, json_string_value(v));
 	pop(c);
 	return true;
 }
@@ -424,7 +431,7 @@ static int emit_ref(struct ctx *c, json_t *v)
 		err(c, "more than %d distinct emitted types: emit fewer", LC_MAX_EMITS);
 		return -1;
 	}
-	strcpy(d->emits[d->nemits], name);
+	copy_name(d->emits[d->nemits], name);
 	return d->nemits++;
 }
 
@@ -483,7 +490,7 @@ static void parse_sets(struct ctx *c, struct lc_event *ev, json_t *obj)
 			if (strcmp(ev->sets[k].column, col) == 0)
 				err(c, "column \"%s\" is set twice: set it once", col);
 		}
-		strcpy(st->column, col);
+		copy_name(st->column, col);
 		if (!json_is_object(spec)) {
 			err(c, "say where \"%s\" comes from, like {\"from\": \"occurred_at\", \"type\": \"datetime\"}", col);
 			pop(c);
@@ -502,7 +509,7 @@ static void parse_sets(struct ctx *c, struct lc_event *ev, json_t *obj)
 			st->src = LC_SRC_MESSAGE_ID;
 		} else if (strncmp(f, "data.", 5) == 0 && ident_ok(f + 5)) {
 			st->src = LC_SRC_DATA;
-			strcpy(st->field, f + 5);
+			copy_name(st->field, f + 5);
 		} else {
 			push_key(c, "from");
 			err(c, "\"from\" must be \"applied_at\", \"occurred_at\", \"message_id\" or \"data.<field>\" "
@@ -630,7 +637,7 @@ static void parse_event(struct ctx *c, struct lc_event *ev, json_t *obj)
 				if (!json_is_string(a) || !name_ok(json_string_value(a)))
 					err(c, "an alias is a name (a letter, then letters, digits or _), like \"PaymentConfirmed\"");
 				else
-					strcpy(ev->aliases[ev->naliases++], json_string_value(a));
+					copy_name(ev->aliases[ev->naliases++], json_string_value(a));
 				pop(c);
 			}
 		pop(c);
@@ -901,7 +908,7 @@ static void parse_top(struct ctx *c, json_t *root)
 		else if (state_index(d, json_string_value(x)) > 0)
 			err(c, "state \"%s\" is declared twice: declare it once", json_string_value(x));
 		else
-			strcpy(d->states[d->nstates++], json_string_value(x));
+			copy_name(d->states[d->nstates++], json_string_value(x));
 		pop(c);
 	}
 	pop(c);

@@ -350,7 +350,7 @@ static char *builtin_with(const char *from, const char *to)
 	cr_assert_not_null(out);
 	memcpy(out, lc_builtin_order, (size_t)(at - lc_builtin_order));
 	memcpy(out + (at - lc_builtin_order), to, tlen);
-	strcpy(out + (at - lc_builtin_order) + tlen, at + flen);
+	memcpy(out + (at - lc_builtin_order) + tlen, at + flen, strlen(at + flen) + 1);
 	return out;
 }
 
