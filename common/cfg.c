@@ -135,6 +135,7 @@ enum cfg_kind {
 	K_NAME,     /* char *, 1..max characters of [A-Za-z0-9._:-] */
 	K_PATH,     /* char *, not empty */
 	K_ADDR,     /* char *, host:port, or "" for off */
+	K_FILE,     /* char *, a file's path, or "" for the built-in */
 	K_ENUM,     /* int-sized enum field, index into choices */
 	K_AMQP_URL, /* struct cfg_amqp */
 	K_DB_URL,   /* struct cfg_db */
@@ -252,6 +253,11 @@ static const struct cfg_setting cfg_settings[] = {
 	  "Left unset, a smaller INBOX_PREFETCH lowers it." },
 	{ "INBOX_MIGRATIONS_DIR", "migrations-dir", NULL, NULL, NULL, K_PATH,
 	  F(migrations_dir), 0, 0, NULL, "directory of the SQL migrations", NULL },
+	{ "INBOX_LIFECYCLE", "lifecycle", NULL, NULL, "", K_FILE, F(lifecycle), 0, 0, NULL,
+	  "the lifecycle definition file the worker decides by; empty: the built-in order lifecycle "
+	  "(lifecycles/order.json)",
+	  "`run` loads and checks it at start-up (see doc/lifecycle.md) and refuses, exit 2 with one "
+	  "line, a definition that is invalid, arrival-order dependent or needs a schema change." },
 };
 
 #define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])
@@ -327,6 +333,7 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 	case K_NAME:
 	case K_PATH:
 	case K_ADDR:
+	case K_FILE:
 		if (s->kind == K_NAME && check_name(raw, s->max, reason, n) != 0)
 			return -1;
 		if (s->kind == K_ADDR && check_addr(raw, reason, n) != 0)
@@ -673,6 +680,7 @@ void cfg_free(struct cfg *c)
 	free(c->out_exchange);
 	free(c->metrics_addr);
 	free(c->migrations_dir);
+	free(c->lifecycle);
 	memset(c, 0, sizeof *c);
 }
 
@@ -684,6 +692,7 @@ static const char *kind_metavar(const struct cfg_setting *s)
 	case K_DURATION: return "DURATION";
 	case K_NAME: return "NAME";
 	case K_PATH: return "DIR";
+	case K_FILE: return "FILE";
 	case K_ADDR: return "HOST:PORT";
 	case K_ENUM: return "WORD";
 	case K_AMQP_URL:

@@ -117,6 +117,7 @@ struct cfg {
 	int shards;                 /* INBOX_SHARDS 4 [1,64] */
 	char *migrations_dir;       /* INBOX_MIGRATIONS_DIR, default: the installed/source dir */
 	int batch;                  /* INBOX_BATCH 100 [1,CFG_BATCH_MAX], <= prefetch: messages per transaction */
+	char *lifecycle;            /* INBOX_LIFECYCLE "", a definition file; "": the built-in one */
 };
 
 enum cfg_result {

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "order.h"
 
 /* Untrusted strings quoted in a detail line are cut to this many bytes. */
 #define QUOTE_MAX 48
@@ -73,9 +74,8 @@ int msg_type_from_name(const char *name, size_t len)
 		if (strlen(type_names[t]) == len && memcmp(type_names[t], name, len) == 0)
 			return t;
 	}
-	if (len == sizeof("PaymentConfirmed") - 1 && memcmp(name, "PaymentConfirmed", len) == 0)
-		return MSG_PAYMENT_AUTHORIZED;
-	return -1;
+	/* Aliases (PaymentConfirmed) are the lifecycle definition's. */
+	return order_alias_type(name, len);
 }
 
 const char *msg_reason_name(enum msg_reason r)

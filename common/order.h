@@ -1,7 +1,9 @@
 /*
  * order.h - the order state machine as a pure table: (state, flags, event)
  * -> one decision.  No I/O; the worker reads the order row, asks
- * order_decide, and carries the verdict out in the same transaction.
+ * order_decide, and carries the verdict out in the same transaction.  The
+ * table is the lifecycle definition (lifecycle.h): lifecycles/order.json
+ * compiled in, or the file of INBOX_LIFECYCLE bound by order_bind.
  *
  * The table is built so that any arrival order of a valid event sequence,
  * with duplicates, ends in the same state, version, ledger rows and
@@ -14,6 +16,7 @@
 
 #include <stdbool.h>
 
+#include "lifecycle.h"
 #include "msg.h"
 
 enum order_state {
@@ -37,6 +40,7 @@ enum order_decision {
 /* What the order already went through; kept on the order row. */
 #define ORDER_FLAG_PAID 0x1u
 #define ORDER_FLAG_RESERVED 0x2u
+#define ORDER_FLAGS_ALL 0x3u
 
 /* Messages emitted through the outbox. */
 #define ORDER_EMIT_REFUND 0x1u   /* RefundRequested */
@@ -49,6 +53,37 @@ struct order_verdict {
 	unsigned flags;          /* flags after the event */
 	unsigned emits;          /* ORDER_EMIT_* to write to the outbox */
 };
+
+#define ORDER_ALIAS_MAX 16
+
+/* A definition bound to the worker's order schema (see order.c). */
+struct order_binding {
+	const struct lc_def *def;  /* not owned */
+	int state_to_lc[ORDER_STATE_COUNT];
+	int lc_to_state[LC_MAX_STATES];
+	int type_to_lc[MSG_TYPE_COUNT];
+	int lc_to_type[LC_MAX_EVENTS];
+	unsigned mark_to_flag[LC_MAX_EVENTS]; /* lc mark bit -> ORDER_FLAG_* */
+	unsigned emit_to_order[LC_MAX_EMITS]; /* lc emit index -> ORDER_EMIT_* */
+	struct {
+		const char *name; /* into def */
+		int type;         /* enum msg_type */
+	} aliases[ORDER_ALIAS_MAX];
+	int naliases;
+	/* Every verdict, filled by order_bind from the definition. */
+	struct order_verdict cells[ORDER_STATE_COUNT][ORDER_FLAGS_ALL + 1][MSG_TYPE_COUNT];
+};
+
+/* Bind d to the order schema: 0, or -1 with why saying what would need a
+ * schema or code change.  b keeps pointers into d. */
+int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_t why_size);
+/* Decide with b from now on (NULL: the built-in file).  Call before any
+ * thread decides; b and its definition must outlive them. */
+void order_use(const struct order_binding *b);
+/* The binding in use (the built-in one unless order_use set another). */
+const struct order_binding *order_binding_current(void);
+/* The event type an alias of the definition names, or -1. */
+int order_alias_type(const char *name, size_t len);
 
 struct order_verdict order_decide(enum order_state state, unsigned flags, enum msg_type ev);
 

@@ -25,6 +25,7 @@
  * compares each file's checksum with its record, so an operator sees what
  * a migrate would do (apply, re-apply, refuse) before running it.
  */
+#include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
 
 #include <dirent.h>
@@ -595,7 +596,15 @@ cleanup:
 
 static int migrate_run(const struct cfg *conf, const struct cmd_opts *o)
 {
-	return o->status ? migrate_status(conf) : migrate_main(conf);
+	int code;
+
+	if (o->status)
+		return migrate_status(conf);
+	code = migrate_main(conf);
+	/* A lifecycle of the user's own: its tables after the migrations. */
+	if (code == 0 && conf->lifecycle != NULL && conf->lifecycle[0] != '\0')
+		code = lifecycle_migrate(conf);
+	return code;
 }
 
 static const char *const migrate_names[] = { "migrate" };

@@ -3,14 +3,18 @@
  * no options of its own: every one is a setting (cfg.h).
  */
 #include "cmd.h"
+#include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
 #include "pool.h"
 
-/* A database that a newer build migrated is refused before the pool
- * starts: this build's statements may not fit it. */
+/* The lifecycle definition is loaded, checked and bound before any thread
+ * starts (exit 2: it cannot run), and a database that a newer build
+ * migrated is refused: this build's statements may not fit it. */
 static int run_main(const struct cfg *conf, const struct cmd_opts *o)
 {
 	(void)o;
+	if (lifecycle_setup(conf) != 0 || lifecycle_schema_check(conf) != 0)
+		return 2; /* said */
 	return migrate_check_known(conf) != 0 ? 1 : pool_main(conf);
 }
 

@@ -14,12 +14,13 @@
 #include "array.h"
 #include "cfg.h"
 #include "cmd.h"
+#include "cmd_lifecycle.h"
 #include "config.h"
 #include "db.h"
 #include "log.h"
 #include "status.h"
 
-#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options]"
+#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check|schema FILE"
 
 /* In the order --help lists them. */
 static const struct cmd *const commands[] = { &cmd_run, &cmd_migrate, &cmd_cleanup, &cmd_dlq };
@@ -29,6 +30,7 @@ static void usage(FILE *f)
 	fprintf(f, "%s\n\n", USAGE);
 	for (size_t i = 0; i < ARRAY_LEN(commands); i++)
 		commands[i]->usage(f);
+	lifecycle_usage(f);
 	fputc('\n', f);
 	cfg_print_help(f, NULL, NULL);
 }
@@ -74,13 +76,19 @@ static int say_readme(int argc, char **argv)
 	return say_doc(CFG_DOC_README);
 }
 
+/* `lifecycle check|schema FILE` reads a file and no settings. */
+static int say_lifecycle(int argc, char **argv)
+{
+	return lifecycle_main(argc - 1, argv + 1, stdout, stderr);
+}
+
 /* The words in the place of a command that are not one. */
 static const struct {
 	const char *name;
 	int (*say)(int argc, char **argv);
 } answers[] = {
 	{ "--help", say_help }, { "-h", say_help }, { "help", say_help }, { "--version", say_version },
-	{ "--help-man", say_man }, { "--help-readme", say_readme },
+	{ "--help-man", say_man }, { "--help-readme", say_readme }, { "lifecycle", say_lifecycle },
 };
 
 /* Command c with argv[0] its name: its own arguments, the settings,

@@ -1,0 +1,1489 @@
+/*
+ * lifecycle.c - read a lifecycle definition, compile its decision table,
+ * check that the table does not depend on arrival order.
+ *
+ * Why JSON through jansson: jansson is already what parses every message, so
+ * the definition costs no new library, and its parse errors carry a line and
+ * a column.  jansson keeps no positions for values, so an error about a value
+ * (an unknown state, a misspelt key) is located by lc_locate, a small scanner
+ * that walks the already-valid text along the value's path.
+ *
+ * The table is derived, not spelled out cell by cell: a person declares each
+ * event's from/to states and what it does after a terminal state, and the
+ * rules below fill in the rest the same way for every lifecycle:
+ *
+ *  - no aggregate yet: a creation event applies, anything else is held;
+ *  - in a state an event moves from: applied;
+ *  - a creation event once the aggregate exists: ignored;
+ *  - before a terminal state: an event whose target is on the main path at
+ *    or before the current state is stale (ignored); one that can still
+ *    apply later (a from state at or after the current one) is held;
+ *  - after a terminal state: what the event's "after" says; without it,
+ *    stale events are ignored and anything else is an error in the file,
+ *    so no cell is left to a default nobody chose.
+ *
+ * Compensation is once per event type: an event that can be compensated is
+ * remembered (a mark) when it takes effect, and a second one is stale.  A
+ * transition into a terminal state emits its compensations from the marks,
+ * so a cancellation owes exactly what took effect before it.  That is what
+ * makes a well-formed table order-independent, and lc_check_order_independence
+ * proves it for the file at hand instead of trusting it.
+ */
+#include "lifecycle.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#define LC_FILE_MAX (1024 * 1024) /* a definition is a page, not a data set */
+#define LC_PATH_MAX 8
+
+/* ---- locating a value in the text ---------------------------------------- */
+
+struct lc_step {
+	const char *key; /* object member, or NULL for ... */
+	int index;       /* ... an array element */
+};
+
+struct lc_path {
+	int n;
+	struct lc_step s[LC_PATH_MAX];
+};
+
+struct scan {
+	const char *p, *end;
+	int line, col;
+};
+
+static void sc_adv(struct scan *s)
+{
+	if (*s->p == '\n') {
+		s->line++;
+		s->col = 1;
+	} else {
+		s->col++;
+	}
+	s->p++;
+}
+
+static void sc_ws(struct scan *s)
+{
+	while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+		sc_adv(s);
+}
+
+/* Past a string; key (when not NULL) gets its raw bytes, escapes kept. */
+static bool sc_string(struct scan *s, char *key, size_t cap)
+{
+	size_t n = 0;
+
+	if (s->p >= s->end || *s->p != '"')
+		return false;
+	sc_adv(s);
+	while (s->p < s->end && *s->p != '"') {
+		if (*s->p == '\\' && s->p + 1 < s->end) {
+			if (key != NULL && n + 1 < cap)
+				key[n++] = *s->p;
+			sc_adv(s);
+		}
+		if (key != NULL && n + 1 < cap)
+			key[n++] = *s->p;
+		sc_adv(s);
+	}
+	if (key != NULL)
+		key[n] = '\0';
+	if (s->p >= s->end)
+		return false;
+	sc_adv(s);
+	return true;
+}
+
+static bool sc_value(struct scan *s, int depth)
+{
+	char open, close;
+
+	if (depth > 64 || s->p >= s->end)
+		return false;
+	if (*s->p == '"')
+		return sc_string(s, NULL, 0);
+	if (*s->p != '{' && *s->p != '[') {
+		while (s->p < s->end && strchr(",]} \t\r\n", *s->p) == NULL)
+			sc_adv(s);
+		return true;
+	}
+	open = *s->p;
+	close = open == '{' ? '}' : ']';
+	sc_adv(s);
+	sc_ws(s);
+	if (s->p < s->end && *s->p == close) {
+		sc_adv(s);
+		return true;
+	}
+	for (;;) {
+		sc_ws(s);
+		if (open == '{') {
+			if (!sc_string(s, NULL, 0))
+				return false;
+			sc_ws(s);
+			if (s->p >= s->end || *s->p != ':')
+				return false;
+			sc_adv(s);
+			sc_ws(s);
+		}
+		if (!sc_value(s, depth + 1))
+			return false;
+		sc_ws(s);
+		if (s->p >= s->end)
+			return false;
+		if (*s->p == close) {
+			sc_adv(s);
+			return true;
+		}
+		if (*s->p != ',')
+			return false;
+		sc_adv(s);
+	}
+}
+
+/* Line and column of the value at path (of the deepest part found). */
+static void lc_locate(const char *text, size_t len, const struct lc_path *path, int *line, int *col)
+{
+	struct scan s = { text, text + len, 1, 1 };
+	char key[LC_NAME_MAX * 2];
+
+	sc_ws(&s);
+	*line = s.line;
+	*col = s.col;
+	for (int d = 0; d < path->n; d++) {
+		const struct lc_step *st = &path->s[d];
+		bool found = false;
+
+		if (s.p >= s.end || *s.p != (st->key != NULL ? '{' : '['))
+			return;
+		sc_adv(&s);
+		for (int i = 0;; i++) {
+			sc_ws(&s);
+			if (s.p >= s.end || *s.p == '}' || *s.p == ']')
+				return;
+			if (st->key != NULL) {
+				if (!sc_string(&s, key, sizeof key))
+					return;
+				sc_ws(&s);
+				if (s.p >= s.end || *s.p != ':')
+					return;
+				sc_adv(&s);
+				sc_ws(&s);
+				found = strcmp(key, st->key) == 0;
+			} else {
+				found = i == st->index;
+			}
+			if (found)
+				break;
+			if (!sc_value(&s, 0))
+				return;
+			sc_ws(&s);
+			if (s.p >= s.end || *s.p != ',')
+				return;
+			sc_adv(&s);
+		}
+		*line = s.line;
+		*col = s.col;
+	}
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+struct ctx {
+	const char *text;
+	size_t len;
+	struct lc_errors *errs;
+	struct lc_path path;
+	struct lc_def *def;
+};
+
+static void push_key(struct ctx *c, const char *key)
+{
+	if (c->path.n < LC_PATH_MAX)
+		c->path.s[c->path.n] = (struct lc_step){ key, 0 };
+	c->path.n++;
+}
+
+static void push_index(struct ctx *c, int index)
+{
+	if (c->path.n < LC_PATH_MAX)
+		c->path.s[c->path.n] = (struct lc_step){ NULL, index };
+	c->path.n++;
+}
+
+static void pop(struct ctx *c)
+{
+	c->path.n--;
+}
+
+static void add_error(struct lc_errors *errs, int line, int col, const char *fmt, va_list ap)
+{
+	if (errs->n >= LC_MAX_ERRORS) {
+		errs->more = true;
+		return;
+	}
+	errs->e[errs->n].line = line;
+	errs->e[errs->n].column = col;
+	vsnprintf(errs->e[errs->n].text, sizeof errs->e[errs->n].text, fmt, ap);
+	errs->n++;
+}
+
+static void err_line(struct lc_errors *errs, int line, int col, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void err_line(struct lc_errors *errs, int line, int col, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	add_error(errs, line, col, fmt, ap);
+	va_end(ap);
+}
+
+/* An error about the value at the current path. */
+static void err(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void err(struct ctx *c, const char *fmt, ...)
+{
+	struct lc_path p = c->path;
+	int line, col;
+	va_list ap;
+
+	if (p.n > LC_PATH_MAX)
+		p.n = LC_PATH_MAX;
+	lc_locate(c->text, c->len, &p, &line, &col);
+	va_start(ap, fmt);
+	add_error(c->errs, line, col, fmt, ap);
+	va_end(ap);
+}
+
+static int here_line(struct ctx *c)
+{
+	int line, col;
+	struct lc_path p = c->path;
+
+	if (p.n > LC_PATH_MAX)
+		p.n = LC_PATH_MAX;
+	lc_locate(c->text, c->len, &p, &line, &col);
+	return line;
+}
+
+/* Names people choose: states, event and emitted types. */
+static bool name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > LC_NAME_MAX || !((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z')))
+		return false;
+	for (size_t i = 1; i < n; i++) {
+		char ch = s[i];
+		if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'))
+			return false;
+	}
+	return true;
+}
+
+/* SQL identifiers (table, key, columns): a strict alphabet, so that they can
+ * be quoted into DDL without escaping and never carry anything else. */
+static bool ident_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > LC_NAME_MAX || !(s[0] >= 'a' && s[0] <= 'z'))
+		return false;
+	for (size_t i = 1; i < n; i++) {
+		char ch = s[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'))
+			return false;
+	}
+	return true;
+}
+
+/* Into a name field (LC_NAME_MAX + 1 bytes); the *_ok checks bound the
+ * length before every call, the cut is a second guard. */
+static void copy_name(char *dst, const char *src)
+{
+	snprintf(dst, LC_NAME_MAX + 1, "%s", src);
+}
+
+/* Check obj's keys against the allowed list. */
+static void known_keys(struct ctx *c, json_t *obj, const char *const *allowed, const char *what)
+{
+	const char *key;
+	json_t *v;
+
+	json_object_foreach(obj, key, v) {
+		bool ok = false;
+		char list[256] = "";
+		size_t used = 0;
+
+		for (int i = 0; allowed[i] != NULL; i++) {
+			if (strcmp(key, allowed[i]) == 0)
+				ok = true;
+			if (used < sizeof list) {
+				int w = snprintf(list + used, sizeof list - used, "%s\"%s\"", i ? ", " : "", allowed[i]);
+				if (w > 0)
+					used += (size_t)w;
+			}
+		}
+		if (!ok) {
+			push_key(c, key);
+			err(c, "unknown key \"%s\" in %s: write one of %s", key, what, list);
+			pop(c);
+		}
+	}
+}
+
+/* A member that must be a name string; copies it to out. */
+static bool get_name(struct ctx *c, json_t *obj, const char *key, char *out, bool ident, const char *example)
+{
+	json_t *v = json_object_get(obj, key);
+
+	if (v == NULL) {
+		err(c, "missing \"%s\": write \"%s\": \"%s\"", key, key, example);
+		return false;
+	}
+	push_key(c, key);
+	if (!json_is_string(v) || !(ident ? ident_ok(json_string_value(v)) : name_ok(json_string_value(v)))) {
+		err(c, "\"%s\" must be %s, like \"%s\"", key,
+		    ident ? "a lower-case SQL name ([a-z][a-z0-9_]*, at most 64)"
+		          : "a name (a letter, then letters, digits or _, at most 64)",
+		    example);
+		pop(c);
+		return false;
+	}
+	copy_name(out, json_string_value(v));
+	pop(c);
+	return true;
+}
+
+static int state_index(const struct lc_def *d, const char *name)
+{
+	for (int s = 1; s < d->nstates; s++) {
+		if (strcmp(d->states[s], name) == 0)
+			return s;
+	}
+	return -1;
+}
+
+/* A state name at the current path; -1 (said) when it is not declared. */
+static int state_ref(struct ctx *c, json_t *v)
+{
+	int s;
+
+	if (!json_is_string(v)) {
+		err(c, "a state name is a string: write one of the names in \"states\"");
+		return -1;
+	}
+	s = state_index(c->def, json_string_value(v));
+	if (s < 0)
+		err(c, "\"%s\" is not a declared state: write one of the names in \"states\", or add it there",
+		    json_string_value(v));
+	return s;
+}
+
+/* A list of states as a bitmask. */
+static uint32_t state_list(struct ctx *c, json_t *arr, const char *key)
+{
+	uint32_t bits = 0;
+	size_t i;
+	json_t *v;
+
+	if (!json_is_array(arr) || json_array_size(arr) == 0) {
+		err(c, "\"%s\" is a non-empty list of state names, like [\"%s\"]", key, c->def->states[1]);
+		return 0;
+	}
+	json_array_foreach(arr, i, v) {
+		int s;
+
+		push_index(c, (int)i);
+		s = state_ref(c, v);
+		if (s > 0) {
+			if (bits & (1u << s))
+				err(c, "\"%s\" is listed twice: write it once", c->def->states[s]);
+			bits |= 1u << s;
+		}
+		pop(c);
+	}
+	return bits;
+}
+
+static int emit_ref(struct ctx *c, json_t *v)
+{
+	struct lc_def *d = c->def;
+	const char *name;
+
+	if (!json_is_string(v) || !name_ok(json_string_value(v))) {
+		err(c, "an emitted event is a type name (a letter, then letters, digits or _), like \"RefundRequested\"");
+		return -1;
+	}
+	name = json_string_value(v);
+	for (int i = 0; i < d->nemits; i++) {
+		if (strcmp(d->emits[i], name) == 0)
+			return i;
+	}
+	if (d->nemits >= LC_MAX_EMITS) {
+		err(c, "more than %d distinct emitted types: emit fewer", LC_MAX_EMITS);
+		return -1;
+	}
+	copy_name(d->emits[d->nemits], name);
+	return d->nemits++;
+}
+
+static uint32_t emit_list(struct ctx *c, json_t *arr, const char *key)
+{
+	uint32_t bits = 0;
+	size_t i;
+	json_t *v;
+
+	if (!json_is_array(arr)) {
+		err(c, "\"%s\" is a list of event types to emit, like [\"RefundRequested\"]", key);
+		return 0;
+	}
+	json_array_foreach(arr, i, v) {
+		int e;
+
+		push_index(c, (int)i);
+		e = emit_ref(c, v);
+		if (e >= 0)
+			bits |= 1u << e;
+		pop(c);
+	}
+	return bits;
+}
+
+static void parse_sets(struct ctx *c, struct lc_event *ev, json_t *obj)
+{
+	static const char *const keys[] = { "from", "type", "min", "max", "max_length", "required", NULL };
+	const char *col;
+	json_t *spec;
+
+	if (!json_is_object(obj)) {
+		err(c, "\"sets\" maps a column to where its value comes from, like "
+		       "{\"paid_at\": {\"from\": \"applied_at\", \"type\": \"datetime\"}}");
+		return;
+	}
+	json_object_foreach(obj, col, spec) {
+		struct lc_set *st;
+		json_t *from, *type, *v;
+		const char *f, *t;
+
+		push_key(c, col);
+		if (ev->nsets >= LC_MAX_SETS) {
+			err(c, "more than %d columns set by one event: set fewer", LC_MAX_SETS);
+			pop(c);
+			continue;
+		}
+		st = &ev->sets[ev->nsets];
+		memset(st, 0, sizeof *st);
+		if (!ident_ok(col)) {
+			err(c, "column \"%s\" must be a lower-case SQL name ([a-z][a-z0-9_]*, at most 64), like \"paid_at\"", col);
+			pop(c);
+			continue;
+		}
+		for (int k = 0; k < ev->nsets; k++) {
+			if (strcmp(ev->sets[k].column, col) == 0)
+				err(c, "column \"%s\" is set twice: set it once", col);
+		}
+		copy_name(st->column, col);
+		if (!json_is_object(spec)) {
+			err(c, "say where \"%s\" comes from, like {\"from\": \"occurred_at\", \"type\": \"datetime\"}", col);
+			pop(c);
+			continue;
+		}
+		known_keys(c, spec, keys, "a column");
+		from = json_object_get(spec, "from");
+		type = json_object_get(spec, "type");
+		f = json_is_string(from) ? json_string_value(from) : "";
+		t = json_is_string(type) ? json_string_value(type) : "";
+		if (strcmp(f, "applied_at") == 0) {
+			st->src = LC_SRC_APPLIED_AT;
+		} else if (strcmp(f, "occurred_at") == 0) {
+			st->src = LC_SRC_OCCURRED_AT;
+		} else if (strcmp(f, "message_id") == 0) {
+			st->src = LC_SRC_MESSAGE_ID;
+		} else if (strncmp(f, "data.", 5) == 0 && ident_ok(f + 5)) {
+			st->src = LC_SRC_DATA;
+			copy_name(st->field, f + 5);
+		} else {
+			push_key(c, "from");
+			err(c, "\"from\" must be \"applied_at\", \"occurred_at\", \"message_id\" or \"data.<field>\" "
+			       "(a lower-case field name), like \"data.amount_cents\"");
+			pop(c);
+		}
+		if (strcmp(t, "datetime") == 0) {
+			st->type = LC_TYPE_DATETIME;
+		} else if (strcmp(t, "integer") == 0) {
+			st->type = LC_TYPE_INTEGER;
+		} else if (strcmp(t, "string") == 0) {
+			st->type = LC_TYPE_STRING;
+		} else {
+			push_key(c, "type");
+			err(c, "\"type\" must be \"datetime\", \"integer\" or \"string\"");
+			pop(c);
+			pop(c);
+			continue;
+		}
+		if ((st->src == LC_SRC_APPLIED_AT || st->src == LC_SRC_OCCURRED_AT) && st->type != LC_TYPE_DATETIME)
+			err(c, "\"%s\" comes from a time: write \"type\": \"datetime\"", col);
+		if (st->src == LC_SRC_MESSAGE_ID && st->type != LC_TYPE_STRING)
+			err(c, "\"%s\" comes from the message id: write \"type\": \"string\"", col);
+		st->min = INT64_MIN;
+		st->max = INT64_MAX;
+		st->max_length = 255;
+		v = json_object_get(spec, "min");
+		if (v != NULL) {
+			if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
+				err(c, "\"min\" is an integer bound of an \"integer\" column, like \"min\": 0");
+			else
+				st->min = json_integer_value(v);
+		}
+		v = json_object_get(spec, "max");
+		if (v != NULL) {
+			if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
+				err(c, "\"max\" is an integer bound of an \"integer\" column, like \"max\": 100000000");
+			else
+				st->max = json_integer_value(v);
+		}
+		if (st->min > st->max)
+			err(c, "\"min\" is above \"max\": swap them");
+		v = json_object_get(spec, "max_length");
+		if (v != NULL) {
+			if (!json_is_integer(v) || st->type != LC_TYPE_STRING || json_integer_value(v) < 1 ||
+			    json_integer_value(v) > 4096)
+				err(c, "\"max_length\" is the length bound of a \"string\" column, 1..4096, like \"max_length\": 64");
+			else
+				st->max_length = json_integer_value(v);
+		}
+		v = json_object_get(spec, "required");
+		if (v != NULL) {
+			if (!json_is_boolean(v) || st->src != LC_SRC_DATA)
+				err(c, "\"required\" (true or false) says whether a data field must be present; "
+				       "only a \"data.<field>\" column has it");
+			else
+				st->required = json_is_true(v);
+		}
+		ev->nsets++;
+		pop(c);
+	}
+}
+
+static void parse_after(struct ctx *c, struct lc_event *ev, json_t *obj)
+{
+	const char *sname;
+	json_t *v;
+
+	if (!json_is_object(obj)) {
+		err(c, "\"after\" maps a terminal state to what the event does there, like "
+		       "{\"Cancelled\": \"ignore\"}");
+		return;
+	}
+	json_object_foreach(obj, sname, v) {
+		int s = state_index(c->def, sname);
+
+		push_key(c, sname);
+		if (s < 0 || !(c->def->terminal & (1u << s))) {
+			err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\"", sname);
+			pop(c);
+			continue;
+		}
+		if (json_is_string(v) && strcmp(json_string_value(v), "ignore") == 0) {
+			ev->after[s] = LC_AFTER_IGNORE;
+		} else if (json_is_string(v) && strcmp(json_string_value(v), "invalid-transition") == 0) {
+			ev->after[s] = LC_AFTER_INVALID;
+		} else if (json_is_object(v) && json_object_size(v) == 1 && json_object_get(v, "compensate") != NULL) {
+			ev->after[s] = LC_AFTER_COMPENSATE;
+			push_key(c, "compensate");
+			ev->after_emits[s] = emit_list(c, json_object_get(v, "compensate"), "compensate");
+			pop(c);
+		} else {
+			err(c, "write \"ignore\", \"invalid-transition\" or {\"compensate\": [event types to emit]}");
+		}
+		pop(c);
+	}
+}
+
+static void parse_event(struct ctx *c, struct lc_event *ev, json_t *obj)
+{
+	static const char *const keys[] = { "type", "aliases", "creates", "from", "to", "emits",
+		                                "compensations", "after", "sets", NULL };
+	json_t *v;
+
+	ev->mark = -1;
+	ev->line = here_line(c);
+	if (!json_is_object(obj)) {
+		err(c, "an event is an object, like {\"type\": \"OrderPaid\", \"from\": [\"Created\"], \"to\": \"Paid\"}");
+		return;
+	}
+	known_keys(c, obj, keys, "an event");
+	get_name(c, obj, "type", ev->type, false, "PaymentAuthorized");
+	v = json_object_get(obj, "aliases");
+	if (v != NULL) {
+		size_t i;
+		json_t *a;
+
+		push_key(c, "aliases");
+		if (!json_is_array(v) || json_array_size(v) > LC_MAX_ALIASES)
+			err(c, "\"aliases\" is a list of at most %d other names of this event, like [\"PaymentConfirmed\"]",
+			    LC_MAX_ALIASES);
+		else
+			json_array_foreach(v, i, a) {
+				push_index(c, (int)i);
+				if (!json_is_string(a) || !name_ok(json_string_value(a)))
+					err(c, "an alias is a name (a letter, then letters, digits or _), like \"PaymentConfirmed\"");
+				else
+					copy_name(ev->aliases[ev->naliases++], json_string_value(a));
+				pop(c);
+			}
+		pop(c);
+	}
+	v = json_object_get(obj, "creates");
+	if (v != NULL) {
+		push_key(c, "creates");
+		ev->creates = state_ref(c, v);
+		if (ev->creates > 0 && (c->def->terminal & (1u << ev->creates)))
+			err(c, "an aggregate cannot be created in the terminal state \"%s\": create it in the first "
+			       "state of \"main_path\"", c->def->states[ev->creates]);
+		if (ev->creates < 0)
+			ev->creates = 0;
+		ev->to = ev->creates;
+		pop(c);
+		if (json_object_get(obj, "from") != NULL || json_object_get(obj, "to") != NULL)
+			err(c, "a creation event (\"creates\") has no \"from\" or \"to\": remove them, or remove \"creates\"");
+	} else {
+		v = json_object_get(obj, "from");
+		if (v == NULL) {
+			err(c, "missing \"from\": write the states it moves from, like \"from\": [\"%s\"] "
+			       "(or \"creates\": \"%s\" for the event that creates the aggregate)",
+			    c->def->states[1], c->def->states[1]);
+		} else {
+			push_key(c, "from");
+			ev->from = state_list(c, v, "from");
+			for (int s = 1; s < c->def->nstates; s++) {
+				if ((ev->from & (1u << s)) && (c->def->terminal & (1u << s))) {
+					err(c, "\"%s\" is terminal: an event does not move out of it; to say what \"%s\" does "
+					       "there, write \"after\": {\"%s\": \"ignore\" | \"invalid-transition\" | "
+					       "{\"compensate\": [...]}}", c->def->states[s], ev->type, c->def->states[s]);
+					ev->from &= ~(1u << s);
+				}
+			}
+			pop(c);
+		}
+		v = json_object_get(obj, "to");
+		if (v == NULL) {
+			err(c, "missing \"to\": write the state it moves to, like \"to\": \"%s\"", c->def->states[1]);
+		} else {
+			push_key(c, "to");
+			ev->to = state_ref(c, v);
+			if (ev->to < 0)
+				ev->to = 0;
+			pop(c);
+		}
+	}
+	v = json_object_get(obj, "emits");
+	if (v != NULL) {
+		push_key(c, "emits");
+		ev->emits = emit_list(c, v, "emits");
+		pop(c);
+	}
+	v = json_object_get(obj, "after");
+	if (v != NULL) {
+		push_key(c, "after");
+		parse_after(c, ev, v);
+		pop(c);
+	}
+	v = json_object_get(obj, "sets");
+	if (v != NULL) {
+		push_key(c, "sets");
+		parse_sets(c, ev, v);
+		pop(c);
+	}
+}
+
+/* "compensations" name other events, so they are read once all are known. */
+static void parse_compensations(struct ctx *c, int evi, json_t *obj)
+{
+	struct lc_def *d = c->def;
+	struct lc_event *ev = &d->events[evi];
+	json_t *arr = json_object_get(obj, "compensations"), *v;
+	size_t i;
+
+	if (arr == NULL)
+		return;
+	push_key(c, "compensations");
+	if (ev->to <= 0 || !(d->terminal & (1u << ev->to))) {
+		err(c, "only a transition into a terminal state owes compensations: remove \"compensations\", "
+		       "or make \"to\" a terminal state");
+		pop(c);
+		return;
+	}
+	if (!json_is_array(arr)) {
+		err(c, "\"compensations\" is a list like [{\"if_took_effect\": \"PaymentAuthorized\", "
+		       "\"emit\": \"RefundRequested\"}]");
+		pop(c);
+		return;
+	}
+	json_array_foreach(arr, i, v) {
+		static const char *const keys[] = { "if_took_effect", "emit", NULL };
+		json_t *iff = json_object_get(v, "if_took_effect"), *em = json_object_get(v, "emit");
+		int target = -1, e;
+
+		push_index(c, (int)i);
+		if (!json_is_object(v) || iff == NULL || em == NULL) {
+			err(c, "a compensation is {\"if_took_effect\": \"<event type>\", \"emit\": \"<event type to emit>\"}");
+			pop(c);
+			continue;
+		}
+		known_keys(c, v, keys, "a compensation");
+		push_key(c, "if_took_effect");
+		if (json_is_string(iff))
+			target = lc_event_find(d, json_string_value(iff));
+		if (target < 0 || target == evi)
+			err(c, "\"if_took_effect\" names another event type of this file, like \"%s\"",
+			    d->events[evi == 0 ? (d->nevents > 1 ? 1 : 0) : 0].type);
+		pop(c);
+		push_key(c, "emit");
+		e = emit_ref(c, em);
+		pop(c);
+		if (target >= 0 && target != evi && e >= 0 && ev->ncomp < LC_MAX_EMITS) {
+			ev->comp[ev->ncomp].mark = target; /* an event index until marks are numbered */
+			ev->comp[ev->ncomp].emit = e;
+			ev->ncomp++;
+		}
+		pop(c);
+	}
+	pop(c);
+}
+
+static int path_pos(const struct lc_def *d, int s)
+{
+	for (int i = 0; i < d->npath; i++) {
+		if (d->path[i] == s)
+			return i;
+	}
+	return -1;
+}
+
+/* Fill rules[s][e] by the rules in the header comment. */
+static void compile(struct ctx *c)
+{
+	struct lc_def *d = c->def;
+
+	for (int e = 0; e < d->nevents; e++) {
+		const struct lc_event *ev = &d->events[e];
+		int to_pos = path_pos(d, ev->to);
+
+		for (int s = 0; s < d->nstates; s++) {
+			struct lc_rule *r = &d->rules[s][e];
+			int s_pos = path_pos(d, s);
+
+			r->next = s;
+			r->emits = 0;
+			if (s == 0) {
+				r->decision = ev->creates > 0 ? LC_APPLY : LC_HOLD;
+				r->next = ev->creates > 0 ? ev->creates : 0;
+			} else if (d->terminal & (1u << s)) {
+				switch (ev->after[s]) {
+				case LC_AFTER_IGNORE:
+					r->decision = LC_IGNORE;
+					break;
+				case LC_AFTER_INVALID:
+					r->decision = LC_INVALID;
+					break;
+				case LC_AFTER_COMPENSATE:
+					r->decision = LC_COMPENSATE;
+					r->emits = ev->after_emits[s];
+					break;
+				case LC_AFTER_AUTO:
+					if (ev->creates > 0 || ev->to == s || (s_pos >= 0 && to_pos >= 0 && to_pos <= s_pos)) {
+						r->decision = LC_IGNORE;
+						break;
+					}
+					r->decision = LC_INVALID;
+					err_line(c->errs, ev->line, 0,
+					         "\"%s\" can arrive after the terminal state \"%s\" and nothing says what it "
+					         "does there: write \"after\": {\"%s\": \"ignore\"} (or \"invalid-transition\", or "
+					         "{\"compensate\": [event types to emit]})",
+					         ev->type, d->states[s], d->states[s]);
+					break;
+				}
+			} else if (ev->creates > 0) {
+				r->decision = LC_IGNORE;
+			} else if (ev->from & (1u << s)) {
+				r->decision = LC_APPLY;
+				r->next = ev->to;
+			} else if (to_pos >= 0 && s_pos >= 0 && to_pos <= s_pos) {
+				r->decision = LC_IGNORE;
+			} else {
+				bool later = false;
+
+				for (int f = 1; f < d->nstates; f++) {
+					if ((ev->from & (1u << f)) && path_pos(d, f) >= s_pos)
+						later = true;
+				}
+				r->decision = LC_HOLD;
+				if (!later && ev->from != 0)
+					err_line(c->errs, ev->line, 0,
+					         "\"%s\" arriving in \"%s\" could never apply (its \"from\" states all come "
+					         "before \"%s\" on the main path) and would be held until it expires: "
+					         "add \"%s\" to its \"from\", or move its target",
+					         ev->type, d->states[s], d->states[s], d->states[s]);
+			}
+		}
+	}
+}
+
+static void parse_top(struct ctx *c, json_t *root)
+{
+	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
+		                                "terminal", "events", NULL };
+	struct lc_def *d = c->def;
+	json_t *v, *x;
+	size_t i;
+
+	if (!json_is_object(root)) {
+		err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
+		return;
+	}
+	known_keys(c, root, keys, "the definition");
+	v = json_object_get(root, "lifecycle");
+	if (!json_is_integer(v) || json_integer_value(v) != 1) {
+		if (v != NULL)
+			push_key(c, "lifecycle");
+		err(c, "the format version is 1: write \"lifecycle\": 1");
+		if (v != NULL)
+			pop(c);
+	}
+	if (get_name(c, root, "aggregate", d->aggregate, true, "order") && strlen(d->aggregate) > LC_NAME_MAX - 7) {
+		push_key(c, "aggregate");
+		err(c, "\"aggregate\" is at most %d characters, so that its ledger %s_events is a SQL name: shorten it",
+		    LC_NAME_MAX - 7, d->aggregate);
+		pop(c);
+	}
+	if (get_name(c, root, "table", d->table, true, "orders") && d->aggregate[0] != '\0') {
+		char ledger[LC_NAME_MAX + 16], locks[LC_NAME_MAX + 16];
+
+		snprintf(ledger, sizeof ledger, "%s_events", d->aggregate);
+		snprintf(locks, sizeof locks, "%s_locks", d->aggregate);
+		if (strcmp(d->table, ledger) == 0 || strcmp(d->table, locks) == 0) {
+			push_key(c, "table");
+			err(c, "\"%s\" is the name of the aggregate's ledger or lock table: name the table otherwise, "
+			       "like \"%ss\"", d->table, d->aggregate);
+			pop(c);
+		}
+	}
+	if (get_name(c, root, "key", d->key, true, "order_id")) {
+		static const char *const taken[] = { "id", "consumer", "source", "message_id", "type", "outcome",
+			                             "from_status", "to_status", "version", "applied_at",
+			                             "payload_sha256", "held", NULL };
+		for (int k = 0; taken[k] != NULL; k++) {
+			if (strcmp(d->key, taken[k]) == 0) {
+				push_key(c, "key");
+				err(c, "\"%s\" is a column of the ledger already: name the key otherwise, like \"%s_id\"",
+				    d->key, d->aggregate[0] ? d->aggregate : "order");
+				pop(c);
+			}
+		}
+	}
+
+	d->nstates = 1;
+	d->states[0][0] = '\0';
+	v = json_object_get(root, "states");
+	push_key(c, "states");
+	if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) >= LC_MAX_STATES) {
+		err(c, "\"states\" is a list of 1 to %d state names, like [\"Created\", \"Paid\", \"Cancelled\"]",
+		    LC_MAX_STATES - 1);
+		pop(c);
+		return; /* everything else names states */
+	}
+	json_array_foreach(v, i, x) {
+		push_index(c, (int)i);
+		if (!json_is_string(x) || !name_ok(json_string_value(x)))
+			err(c, "a state is a name (a letter, then letters, digits or _, at most 64), like \"Created\"");
+		else if (state_index(d, json_string_value(x)) > 0)
+			err(c, "state \"%s\" is declared twice: declare it once", json_string_value(x));
+		else
+			copy_name(d->states[d->nstates++], json_string_value(x));
+		pop(c);
+	}
+	pop(c);
+	if (d->nstates < 2)
+		return;
+
+	v = json_object_get(root, "terminal");
+	push_key(c, "terminal");
+	if (v == NULL)
+		err(c, "missing \"terminal\": write the states the lifecycle ends in, like \"terminal\": [\"%s\"]",
+		    d->states[d->nstates - 1]);
+	else
+		d->terminal = state_list(c, v, "terminal");
+	pop(c);
+
+	v = json_object_get(root, "main_path");
+	push_key(c, "main_path");
+	if (!json_is_array(v) || json_array_size(v) == 0) {
+		err(c, "\"main_path\" is the states in the order the lifecycle normally goes through, like [\"%s\"]",
+		    d->states[1]);
+	} else {
+		json_array_foreach(v, i, x) {
+			int s;
+
+			push_index(c, (int)i);
+			s = state_ref(c, x);
+			if (s > 0 && path_pos(d, s) >= 0)
+				err(c, "\"%s\" is on the main path twice: list it once", d->states[s]);
+			else if (s > 0 && (d->terminal & (1u << s)) && i + 1 != json_array_size(v))
+				err(c, "the terminal state \"%s\" can only end the main path: move it last, or out of "
+				       "\"terminal\"", d->states[s]);
+			else if (s > 0)
+				d->path[d->npath++] = s;
+			pop(c);
+		}
+	}
+	pop(c);
+	push_key(c, "states");
+	for (int s = 1; s < d->nstates; s++) {
+		if (!(d->terminal & (1u << s)) && path_pos(d, s) < 0) {
+			push_index(c, s - 1);
+			err(c, "\"%s\" is neither on the main path nor terminal: add it to \"main_path\" or to \"terminal\"",
+			    d->states[s]);
+			pop(c);
+		}
+	}
+	pop(c);
+
+	v = json_object_get(root, "events");
+	push_key(c, "events");
+	if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > LC_MAX_EVENTS) {
+		err(c, "\"events\" is a list of 1 to %d event types, like [{\"type\": \"OrderCreated\", "
+		       "\"creates\": \"%s\"}, ...]", LC_MAX_EVENTS, d->states[1]);
+		pop(c);
+		return;
+	}
+	d->nevents = (int)json_array_size(v);
+	json_array_foreach(v, i, x) {
+		push_index(c, (int)i);
+		parse_event(c, &d->events[i], x);
+		pop(c);
+	}
+	/* Names are unique across types and aliases: a message's type picks one. */
+	for (int e = 0; e < d->nevents; e++) {
+		for (int a = -1; a < d->events[e].naliases; a++) {
+			const char *n = a < 0 ? d->events[e].type : d->events[e].aliases[a];
+
+			for (int f = 0; f <= e && n[0] != '\0'; f++) {
+				for (int b = -1; b < d->events[f].naliases; b++) {
+					const char *m = b < 0 ? d->events[f].type : d->events[f].aliases[b];
+
+					if ((f < e || b < a) && strcmp(n, m) == 0)
+						err_line(c->errs, d->events[e].line, 0,
+						         "the event name \"%s\" is used twice: each type and alias names one event",
+						         n);
+				}
+			}
+		}
+	}
+	json_array_foreach(v, i, x) {
+		push_index(c, (int)i);
+		if (json_is_object(x))
+			parse_compensations(c, (int)i, x);
+		pop(c);
+	}
+	pop(c);
+	{
+		bool creator = false;
+
+		for (int e = 0; e < d->nevents; e++)
+			creator |= d->events[e].creates > 0;
+		if (!creator)
+			err(c, "no event creates the aggregate: give one event \"creates\": \"%s\"",
+			    d->npath > 0 ? d->states[d->path[0]] : d->states[1]);
+	}
+
+	/* Marks: the events a compensation depends on, and those compensated
+	 * themselves (so that the second one is stale), in file order. */
+	for (int e = 0; e < d->nevents; e++) {
+		bool needed = false;
+
+		for (int s = 1; s < d->nstates; s++)
+			needed |= d->events[e].after[s] == LC_AFTER_COMPENSATE;
+		for (int f = 0; f < d->nevents; f++) {
+			for (int k = 0; k < d->events[f].ncomp; k++)
+				needed |= d->events[f].comp[k].mark == e;
+		}
+		if (needed) {
+			d->events[e].mark = d->nmarks;
+			d->marks[d->nmarks++] = e;
+		}
+	}
+	for (int f = 0; f < d->nevents; f++) {
+		for (int k = 0; k < d->events[f].ncomp; k++)
+			d->events[f].comp[k].mark = d->events[d->events[f].comp[k].mark].mark;
+	}
+}
+
+struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs)
+{
+	struct ctx c = { text, len, errs, { 0, { { NULL, 0 } } }, NULL };
+	json_error_t jerr;
+	json_t *root = NULL;
+
+	memset(errs, 0, sizeof *errs);
+	if (len > LC_FILE_MAX) {
+		err_line(errs, 0, 0, "the definition is %zu bytes, more than %d: a definition is a page", len, LC_FILE_MAX);
+		return NULL;
+	}
+	root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (root == NULL) {
+		err_line(errs, jerr.line, jerr.column, "not valid JSON: %s", jerr.text);
+		return NULL;
+	}
+	c.def = calloc(1, sizeof *c.def);
+	if (c.def == NULL) {
+		err_line(errs, 0, 0, "out of memory reading the definition");
+		goto cleanup;
+	}
+	parse_top(&c, root);
+	if (errs->n == 0)
+		compile(&c);
+cleanup:
+	json_decref(root);
+	if (errs->n > 0) {
+		free(c.def);
+		return NULL;
+	}
+	return c.def;
+}
+
+struct lc_def *lc_load_file(const char *path, struct lc_errors *errs)
+{
+	struct lc_def *def = NULL;
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f;
+
+	memset(errs, 0, sizeof *errs);
+	f = fopen(path, "rb");
+	if (f == NULL) {
+		err_line(errs, 0, 0, "cannot open: %s", strerror(errno));
+		return NULL;
+	}
+	buf = malloc(LC_FILE_MAX + 1);
+	if (buf == NULL) {
+		err_line(errs, 0, 0, "out of memory reading the definition");
+		goto cleanup;
+	}
+	n = fread(buf, 1, LC_FILE_MAX + 1, f);
+	if (ferror(f)) {
+		err_line(errs, 0, 0, "cannot read: %s", strerror(errno));
+		goto cleanup;
+	}
+	def = lc_load(buf, n, errs);
+cleanup:
+	free(buf);
+	fclose(f);
+	return def;
+}
+
+void lc_free(struct lc_def *def)
+{
+	free(def);
+}
+
+void lc_errors_print(const struct lc_errors *errs, const char *name, FILE *f)
+{
+	for (int i = 0; i < errs->n; i++) {
+		if (errs->e[i].line > 0 && errs->e[i].column > 0)
+			fprintf(f, "%s:%d:%d: %s\n", name, errs->e[i].line, errs->e[i].column, errs->e[i].text);
+		else if (errs->e[i].line > 0)
+			fprintf(f, "%s:%d: %s\n", name, errs->e[i].line, errs->e[i].text);
+		else
+			fprintf(f, "%s: %s\n", name, errs->e[i].text);
+	}
+	if (errs->more)
+		fprintf(f, "%s: more errors not shown: fix these first\n", name);
+}
+
+/* ---- deciding ------------------------------------------------------------- */
+
+struct lc_verdict lc_decide(const struct lc_def *def, int state, uint32_t marks, int ev)
+{
+	struct lc_verdict v = { LC_INVALID, state, marks, 0 };
+	const struct lc_event *e;
+	const struct lc_rule *r;
+	uint32_t bit;
+
+	if (state < 0 || state >= def->nstates || ev < 0 || ev >= def->nevents)
+		return v;
+	e = &def->events[ev];
+	r = &def->rules[state][ev];
+	bit = e->mark >= 0 ? 1u << e->mark : 0;
+	v.decision = r->decision;
+	switch (r->decision) {
+	case LC_APPLY:
+		v.next = r->next;
+		v.marks = marks | bit;
+		v.emits = e->emits;
+		for (int k = 0; k < e->ncomp; k++) {
+			if (marks & (1u << e->comp[k].mark))
+				v.emits |= 1u << e->comp[k].emit;
+		}
+		break;
+	case LC_COMPENSATE:
+		/* Once per event type: the second one is stale. */
+		if (marks & bit) {
+			v.decision = LC_IGNORE;
+			break;
+		}
+		v.marks = marks | bit;
+		v.emits = r->emits;
+		break;
+	case LC_HOLD:
+	case LC_IGNORE:
+	case LC_INVALID:
+		break;
+	}
+	return v;
+}
+
+int lc_event_find(const struct lc_def *def, const char *name)
+{
+	for (int e = 0; e < def->nevents; e++) {
+		if (strcmp(def->events[e].type, name) == 0)
+			return e;
+		for (int a = 0; a < def->events[e].naliases; a++) {
+			if (strcmp(def->events[e].aliases[a], name) == 0)
+				return e;
+		}
+	}
+	return -1;
+}
+
+int lc_state_find(const struct lc_def *def, const char *name)
+{
+	return name[0] == '\0' ? -1 : state_index(def, name);
+}
+
+const char *lc_decision_outcome(enum lc_decision d)
+{
+	switch (d) {
+	case LC_APPLY:
+		return "applied";
+	case LC_HOLD:
+		return "held";
+	case LC_IGNORE:
+		return "ignored";
+	case LC_COMPENSATE:
+		return "compensated";
+	case LC_INVALID:
+		return "dead_lettered";
+	}
+	return "";
+}
+
+/* ---- the table as text ---------------------------------------------------- */
+
+static void cell_text(const struct lc_def *d, int s, int e, char *buf, size_t cap)
+{
+	const struct lc_rule *r = &d->rules[s][e];
+	const struct lc_event *ev = &d->events[e];
+	size_t used = 0;
+	uint32_t emits = 0;
+	int w;
+
+	switch (r->decision) {
+	case LC_APPLY:
+		w = snprintf(buf, cap, "-> %s", d->states[r->next]);
+		emits = ev->emits;
+		break;
+	case LC_HOLD:
+		w = snprintf(buf, cap, "hold");
+		break;
+	case LC_IGNORE:
+		w = snprintf(buf, cap, "ignore");
+		break;
+	case LC_COMPENSATE:
+		w = snprintf(buf, cap, "compensate");
+		emits = r->emits;
+		break;
+	default:
+		w = snprintf(buf, cap, "invalid");
+		break;
+	}
+	if (w < 0)
+		return;
+	used = (size_t)w;
+	for (int k = 0; k < d->nemits && used < cap; k++) {
+		if (emits & (1u << k)) {
+			w = snprintf(buf + used, cap - used, " +%s", d->emits[k]);
+			if (w > 0)
+				used += (size_t)w;
+		}
+	}
+	if (r->decision == LC_APPLY) {
+		for (int k = 0; k < ev->ncomp && used < cap; k++) {
+			w = snprintf(buf + used, cap - used, " +%s if %s took effect", d->emits[ev->comp[k].emit],
+			             d->events[d->marks[ev->comp[k].mark]].type);
+			if (w > 0)
+				used += (size_t)w;
+		}
+	}
+}
+
+void lc_print_table(const struct lc_def *d, FILE *f)
+{
+	char cell[512];
+
+	fprintf(f, "aggregate %s: table %s, key %s\n", d->aggregate, d->table, d->key);
+	for (int s = 0; s < d->nstates; s++) {
+		fprintf(f, "\nin %s%s:\n", s == 0 ? "(no aggregate yet)" : d->states[s],
+		        (d->terminal & (1u << s)) ? " (terminal)" : "");
+		for (int e = 0; e < d->nevents; e++) {
+			cell_text(d, s, e, cell, sizeof cell);
+			fprintf(f, "  %-24s %s\n", d->events[e].type, cell);
+		}
+	}
+	fprintf(f, "\nonce per aggregate (a second one is ignored once compensated):");
+	for (int m = 0; m < d->nmarks; m++)
+		fprintf(f, " %s", d->events[d->marks[m]].type);
+	fprintf(f, "%s\n", d->nmarks == 0 ? " none" : "");
+}
+
+/* ---- the arrival-order property ------------------------------------------- */
+
+#define SIM_MAX (LC_CHECK_MAX_EVENTS + 1)
+
+struct sim {
+	int state;
+	uint32_t marks;
+	int version;
+	int ledger[LC_MAX_EVENTS]; /* applied + compensated rows per event type */
+	int emitted[LC_MAX_EMITS];
+	int held[SIM_MAX];
+	int nheld;
+	bool lifo;
+};
+
+static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_verdict v)
+{
+	switch (v.decision) {
+	case LC_APPLY:
+	case LC_COMPENSATE:
+		s->state = v.next;
+		s->marks = v.marks;
+		s->version++;
+		s->ledger[ev]++;
+		for (int k = 0; k < d->nemits; k++)
+			s->emitted[k] += (v.emits >> k) & 1u;
+		break;
+	case LC_HOLD:
+		if (s->nheld < SIM_MAX)
+			s->held[s->nheld++] = ev;
+		break;
+	case LC_IGNORE:
+	case LC_INVALID:
+		break;
+	}
+}
+
+/* The worker re-evaluates held events whenever the aggregate changes. */
+static void sim_deliver(const struct lc_def *d, struct sim *s, int ev)
+{
+	struct lc_verdict v = lc_decide(d, s->state, s->marks, ev);
+	bool moved;
+
+	sim_record(d, s, ev, v);
+	if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
+		return;
+	do {
+		moved = false;
+		for (int k = 0; k < s->nheld && !moved; k++) {
+			int i = s->lifo ? s->nheld - 1 - k : k;
+			int h = s->held[i];
+
+			v = lc_decide(d, s->state, s->marks, h);
+			if (v.decision == LC_HOLD)
+				continue;
+			memmove(&s->held[i], &s->held[i + 1], (size_t)(s->nheld - i - 1) * sizeof s->held[0]);
+			s->nheld--;
+			sim_record(d, s, h, v);
+			moved = true;
+		}
+	} while (moved);
+}
+
+static void sim_run(const struct lc_def *d, const int *seq, int n, bool lifo, struct sim *s)
+{
+	memset(s, 0, sizeof *s);
+	s->lifo = lifo;
+	for (int i = 0; i < n; i++)
+		sim_deliver(d, s, seq[i]);
+}
+
+/* What differs between two end states, in words; false when nothing. */
+static bool sim_differs(const struct lc_def *d, const struct sim *a, const struct sim *b, char *buf, size_t cap)
+{
+	int ha[LC_MAX_EVENTS] = { 0 }, hb[LC_MAX_EVENTS] = { 0 };
+
+	if (a->state != b->state) {
+		snprintf(buf, cap, "state %s vs %s", a->state ? d->states[a->state] : "(none)",
+		         b->state ? d->states[b->state] : "(none)");
+		return true;
+	}
+	if (a->version != b->version) {
+		snprintf(buf, cap, "version %d vs %d", a->version, b->version);
+		return true;
+	}
+	for (int e = 0; e < d->nevents; e++) {
+		if (a->ledger[e] != b->ledger[e]) {
+			snprintf(buf, cap, "%d vs %d ledger rows for %s", a->ledger[e], b->ledger[e], d->events[e].type);
+			return true;
+		}
+	}
+	for (int k = 0; k < d->nemits; k++) {
+		if (a->emitted[k] != b->emitted[k]) {
+			snprintf(buf, cap, "%d vs %d %s emitted", a->emitted[k], b->emitted[k], d->emits[k]);
+			return true;
+		}
+	}
+	for (int i = 0; i < a->nheld; i++)
+		ha[a->held[i]]++;
+	for (int i = 0; i < b->nheld; i++)
+		hb[b->held[i]]++;
+	for (int e = 0; e < d->nevents; e++) {
+		if (ha[e] != hb[e]) {
+			snprintf(buf, cap, "%d vs %d %s still held", ha[e], hb[e], d->events[e].type);
+			return true;
+		}
+	}
+	if (a->marks != b->marks) {
+		snprintf(buf, cap, "what took effect (marks %#x vs %#x)", (unsigned)a->marks, (unsigned)b->marks);
+		return true;
+	}
+	return false;
+}
+
+static void describe(const struct lc_def *d, const int *seq, int n, char *buf, size_t cap)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < n && used < cap; i++) {
+		int w = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", d->events[seq[i]].type);
+		if (w < 0)
+			break;
+		used += (size_t)w;
+	}
+}
+
+struct check {
+	const struct lc_def *d;
+	struct lc_check *out;
+	bool failed;
+};
+
+/* Every distinct permutation of seq[0..n) (sorted on entry) against the
+ * first, each played oldest-first and newest-first. */
+static void check_sequence(struct check *k, int *seq, int n)
+{
+	int first[SIM_MAX];
+	struct sim want, got;
+	char how[160], a[300], b[300];
+
+	memcpy(first, seq, (size_t)n * sizeof seq[0]);
+	sim_run(k->d, first, n, false, &want);
+	for (;;) {
+		for (int lifo = 0; lifo < 2 && !k->failed; lifo++) {
+			sim_run(k->d, seq, n, lifo, &got);
+			k->out->runs++;
+			if (sim_differs(k->d, &want, &got, how, sizeof how)) {
+				describe(k->d, first, n, a, sizeof a);
+				describe(k->d, seq, n, b, sizeof b);
+				snprintf(k->out->why, sizeof k->out->why, "arrival order [%s] and [%s]%s end differently: %s", a, b,
+				         lifo ? " (held events re-evaluated newest first)" : "", how);
+				k->failed = true;
+			}
+		}
+		if (k->failed)
+			return;
+		/* next lexicographic permutation (duplicates give each order once) */
+		int i = n - 2;
+		while (i >= 0 && seq[i] >= seq[i + 1])
+			i--;
+		if (i < 0)
+			return;
+		int j = n - 1;
+		while (seq[j] <= seq[i])
+			j--;
+		int t = seq[i];
+		seq[i] = seq[j];
+		seq[j] = t;
+		for (int l = i + 1, r = n - 1; l < r; l++, r--) {
+			t = seq[l];
+			seq[l] = seq[r];
+			seq[r] = t;
+		}
+	}
+}
+
+/* Two events of the set lead into different terminal states. */
+static bool conflicting(const struct lc_def *d, uint32_t set)
+{
+	uint32_t ends = 0;
+
+	for (int e = 0; e < d->nevents; e++) {
+		int to = d->events[e].to;
+
+		if ((set & (1u << e)) && d->events[e].creates == 0 && to > 0 && (d->terminal & (1u << to)))
+			ends |= 1u << to;
+	}
+	return (ends & (ends - 1)) != 0;
+}
+
+bool lc_check_order_independence(const struct lc_def *d, struct lc_check *out)
+{
+	struct check k = { d, out, false };
+	int n = d->nevents;
+
+	memset(out, 0, sizeof *out);
+	if (n > LC_CHECK_MAX_EVENTS) {
+		snprintf(out->why, sizeof out->why, "%d event types: the exhaustive check covers at most %d", n,
+		         LC_CHECK_MAX_EVENTS);
+		return false;
+	}
+	/* Each non-empty set of event types, alone and with one type twice
+	 * (two messages of one type, as a retried publish with a new id). */
+	for (uint32_t set = 1; set < (1u << n) && !k.failed; set++) {
+		int seq[SIM_MAX], m = 0;
+
+		if (conflicting(d, set)) {
+			out->conflicts++;
+			continue;
+		}
+		out->sets++;
+		for (int e = 0; e < n; e++) {
+			if (set & (1u << e))
+				seq[m++] = e;
+		}
+		check_sequence(&k, seq, m);
+		for (int dup = 0; dup < n && !k.failed; dup++) {
+			int s2[SIM_MAX], m2 = 0;
+
+			if (!(set & (1u << dup)))
+				continue;
+			for (int e = 0; e < n; e++) {
+				if (set & (1u << e))
+					s2[m2++] = e;
+				if (e == dup)
+					s2[m2++] = e;
+			}
+			check_sequence(&k, s2, m2);
+		}
+	}
+	return !k.failed;
+}

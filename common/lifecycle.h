@@ -1,0 +1,175 @@
+/*
+ * lifecycle.h - an aggregate's lifecycle read from a definition (JSON, see
+ * doc/lifecycle.md): its states, its event types and what each does in each
+ * state, compiled into a decision table, and the check that the table is
+ * arrival-order independent.
+ *
+ * No I/O but reading the file; no database.  The worker's order engine
+ * (order.h) is this table read from lifecycles/order.json, which is also
+ * compiled in (lc_builtin_order) so that a worker without INBOX_LIFECYCLE
+ * reads the same definition the same way.
+ *
+ * State index 0 is "the aggregate does not exist yet" (no name); declared
+ * states are 1..nstates-1 in the order the file lists them.  Event indexes
+ * follow the file's order.  A verdict's marks are the events that took
+ * effect and are remembered (bit i = def->marks[i]); its emits are bits
+ * into def->emits, the event types written to the outbox.
+ */
+#ifndef INBOX_LIFECYCLE_H
+#define INBOX_LIFECYCLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define LC_NAME_MAX 64
+#define LC_MAX_STATES 32
+#define LC_MAX_EVENTS 16
+#define LC_MAX_ALIASES 8
+#define LC_MAX_EMITS 32
+#define LC_MAX_SETS 8
+#define LC_MAX_ERRORS 16
+#define LC_CHECK_MAX_EVENTS 8 /* the exhaustive check grows as n! */
+
+enum lc_decision {
+	LC_APPLY = 0,  /* transition: version + 1, one ledger row, emits */
+	LC_HOLD,       /* prerequisite missing: keep it, re-evaluate later */
+	LC_IGNORE,     /* stale: no effect */
+	LC_COMPENSATE, /* after a terminal state: version + 1, ledger row, emits */
+	LC_INVALID,    /* dead-letter as invalid-transition */
+};
+
+/* Where a column's value comes from when the event takes effect. */
+enum lc_source { LC_SRC_APPLIED_AT = 0, LC_SRC_OCCURRED_AT, LC_SRC_MESSAGE_ID, LC_SRC_DATA };
+enum lc_type { LC_TYPE_DATETIME = 0, LC_TYPE_INTEGER, LC_TYPE_STRING };
+
+struct lc_set {
+	char column[LC_NAME_MAX + 1];
+	enum lc_source src;
+	char field[LC_NAME_MAX + 1]; /* data.<field> for LC_SRC_DATA */
+	enum lc_type type;
+	bool required;               /* a data field the event must carry */
+	int64_t min, max;            /* LC_TYPE_INTEGER bounds */
+	int64_t max_length;          /* LC_TYPE_STRING bound */
+};
+
+/* One event type arriving after a terminal state. */
+enum lc_after { LC_AFTER_AUTO = 0, LC_AFTER_IGNORE, LC_AFTER_INVALID, LC_AFTER_COMPENSATE };
+
+struct lc_event {
+	char type[LC_NAME_MAX + 1];
+	char aliases[LC_MAX_ALIASES][LC_NAME_MAX + 1];
+	int naliases;
+	int creates;      /* state it creates the aggregate in, or 0 */
+	uint32_t from;    /* bit s: applies in state s */
+	int to;           /* state it moves to (== creates for a creation) */
+	uint32_t emits;   /* emitted when applied */
+	int mark;         /* bit in marks when remembered, else -1 */
+	struct {
+		int mark;     /* ... if this mark is set */
+		int emit;     /* ... emit this */
+	} comp[LC_MAX_EMITS]; /* the compensations a terminal transition owes */
+	int ncomp;
+	enum lc_after after[LC_MAX_STATES];
+	uint32_t after_emits[LC_MAX_STATES]; /* LC_AFTER_COMPENSATE */
+	struct lc_set sets[LC_MAX_SETS];
+	int nsets;
+	int line;
+};
+
+struct lc_rule {
+	enum lc_decision decision;
+	int next;
+	uint32_t emits; /* for COMPENSATE; APPLY adds the event's own */
+};
+
+struct lc_def {
+	char aggregate[LC_NAME_MAX + 1];
+	char table[LC_NAME_MAX + 1];
+	char key[LC_NAME_MAX + 1];
+	char states[LC_MAX_STATES][LC_NAME_MAX + 1]; /* [0] = "" */
+	int nstates;
+	int path[LC_MAX_STATES]; /* the main path, as state indexes */
+	int npath;
+	uint32_t terminal;       /* bit s: state s is terminal */
+	struct lc_event events[LC_MAX_EVENTS];
+	int nevents;
+	char emits[LC_MAX_EMITS][LC_NAME_MAX + 1];
+	int nemits;
+	int marks[LC_MAX_EVENTS]; /* mark bit -> event index */
+	int nmarks;
+	struct lc_rule rules[LC_MAX_STATES][LC_MAX_EVENTS];
+};
+
+struct lc_verdict {
+	enum lc_decision decision;
+	int next;
+	uint32_t marks;
+	uint32_t emits;
+};
+
+/* What is wrong with a definition: each error with its line and column
+ * (1-based; 0 when it concerns the file as a whole) and what to write
+ * instead. */
+struct lc_errors {
+	int n;
+	struct {
+		int line, column;
+		char text[320];
+	} e[LC_MAX_ERRORS];
+	bool more; /* errors beyond LC_MAX_ERRORS were dropped */
+};
+
+/*
+ * Read and validate a definition (text of len bytes; name is for messages).
+ * Returns a new definition (lc_free it), or NULL with errs filled.  Allocation
+ * failure is reported as an error at line 0.
+ */
+struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs);
+/* lc_load of a file; a file that cannot be read is one error at line 0. */
+struct lc_def *lc_load_file(const char *path, struct lc_errors *errs);
+void lc_free(struct lc_def *def);
+
+/* The built-in order lifecycle: lifecycles/order.json as compiled in. */
+extern const char lc_builtin_order[];
+extern const size_t lc_builtin_order_len;
+
+/* Print errs one per line as "name:line:column: text". */
+void lc_errors_print(const struct lc_errors *errs, const char *name, FILE *f);
+
+struct lc_verdict lc_decide(const struct lc_def *def, int state, uint32_t marks, int ev);
+
+/* Event index of a type name or alias; -1 when unknown. */
+int lc_event_find(const struct lc_def *def, const char *name);
+/* State index of a name; -1 when unknown ("" is not a name). */
+int lc_state_find(const struct lc_def *def, const char *name);
+/* "applied", "held", "ignored", "compensated", "dead_lettered" */
+const char *lc_decision_outcome(enum lc_decision d);
+
+/* The decision table as text, one row per state, one column per event. */
+void lc_print_table(const struct lc_def *def, FILE *f);
+
+/*
+ * The arrival-order property, exhaustively: for every set of one event per
+ * type (and each set with one of its types arriving twice, as two messages),
+ * every arrival order, with held events re-evaluated oldest-first and
+ * newest-first, must end in the same state, marks, version, ledger rows,
+ * emitted events and held events as the set in file order.
+ *
+ * A set with two events that lead into different terminal states (an order
+ * both shipped and cancelled) is a conflict, not an arrival order: whichever
+ * comes first wins and the other is dead-lettered as invalid-transition, as
+ * SPEC says; such sets are counted in conflicts and not compared.
+ */
+struct lc_check {
+	long runs;      /* arrival orders simulated (each twice: FIFO, LIFO) */
+	long sets;      /* sets compared */
+	long conflicts; /* sets skipped as conflicts */
+	char why[1024]; /* when it fails: the two arrival orders and what differs */
+};
+
+/* true when the property holds; false with out->why set. */
+bool lc_check_order_independence(const struct lc_def *def, struct lc_check *out);
+
+#endif

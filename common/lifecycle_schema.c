@@ -1,0 +1,300 @@
+/*
+ * lifecycle_schema.c - DDL and schema differences from a definition.
+ *
+ * Why one list of required columns drives both: what migrate creates is
+ * then by construction what run checks, and the order definition's list is
+ * held to migrations/ by test_lifecycle_schema against the real database.
+ * Widths are lower bounds: a wider varchar or a larger integer type passes
+ * (the order schema's status is VARCHAR(24), more than its longest state).
+ */
+#include "lifecycle_schema.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+enum family { F_VARCHAR, F_INT, F_DATETIME, F_CHAR };
+
+struct need {
+	int table;          /* 0 aggregate, 1 ledger, 2 locks */
+	char column[LC_NAME_MAX + 1];
+	enum family family;
+	long long length;   /* F_VARCHAR/F_CHAR: at least this */
+	const char *ddl;    /* the column's type and nullability */
+	char ddl_buf[96];
+};
+
+#define NEED_MAX (32 + LC_MAX_EVENTS * LC_MAX_SETS)
+
+static int name_width(const char names[][LC_NAME_MAX + 1], int from, int n)
+{
+	int w = 1;
+
+	for (int i = from; i < n; i++) {
+		int l = (int)strlen(names[i]);
+		if (l > w)
+			w = l;
+	}
+	return w;
+}
+
+static int event_width(const struct lc_def *d)
+{
+	int w = 1;
+
+	for (int e = 0; e < d->nevents; e++) {
+		int l = (int)strlen(d->events[e].type);
+		if (l > w)
+			w = l;
+		for (int a = 0; a < d->events[e].naliases; a++) {
+			l = (int)strlen(d->events[e].aliases[a]);
+			if (l > w)
+				w = l;
+		}
+	}
+	return w;
+}
+
+static void add(struct need *nd, int *n, int table, const char *column, enum family f, long long len, const char *ddl)
+{
+	struct need *x = &nd[*n];
+
+	x->table = table;
+	snprintf(x->column, sizeof x->column, "%s", column);
+	x->family = f;
+	x->length = len;
+	x->ddl = ddl;
+	(*n)++;
+}
+
+static void add_fmt(struct need *nd, int *n, int table, const char *column, enum family f, long long len,
+                    const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void add_fmt(struct need *nd, int *n, int table, const char *column, enum family f, long long len,
+                    const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(nd[*n].ddl_buf, sizeof nd[*n].ddl_buf, fmt, ap);
+	va_end(ap);
+	add(nd, n, table, column, f, len, nd[*n].ddl_buf);
+}
+
+#define ID "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL"
+
+/* The required columns, in table order; a set column appears once even if
+ * several events set it (the first one's type stands: lc_load does not
+ * compare them, so they are compared here). */
+static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap, int *ndiff)
+{
+	int n = 0, sw = name_width(d->states, 1, d->nstates), ew = event_width(d);
+
+	add(nd, &n, 0, "id", F_VARCHAR, 64, ID);
+	add_fmt(nd, &n, 0, "status", F_VARCHAR, sw, "VARCHAR(%d) CHARACTER SET ascii NOT NULL", sw < 24 ? 24 : sw);
+	add(nd, &n, 0, "version", F_INT, 0, "INT UNSIGNED NOT NULL");
+	add(nd, &n, 0, "flags", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
+	for (int e = 0; e < d->nevents; e++) {
+		for (int k = 0; k < d->events[e].nsets; k++) {
+			const struct lc_set *st = &d->events[e].sets[k];
+			bool seen = false;
+
+			for (int i = 0; i < n; i++) {
+				if (nd[i].table == 0 && strcmp(nd[i].column, st->column) == 0)
+					seen = true;
+			}
+			if (seen)
+				continue;
+			if (strcmp(st->column, "id") == 0 || strcmp(st->column, "status") == 0 ||
+			    strcmp(st->column, "version") == 0 || strcmp(st->column, "flags") == 0 ||
+			    strcmp(st->column, "created_at") == 0 || strcmp(st->column, "updated_at") == 0) {
+				snprintf(diff, cap, "%s sets \"%s\", a column the worker keeps itself: name it otherwise\n",
+				         d->events[e].type, st->column);
+				(*ndiff)++;
+				continue;
+			}
+			switch (st->type) {
+			case LC_TYPE_DATETIME:
+				add(nd, &n, 0, st->column, F_DATETIME, 0, "DATETIME(6) NULL");
+				break;
+			case LC_TYPE_INTEGER:
+				add(nd, &n, 0, st->column, F_INT, 0, "BIGINT NULL");
+				break;
+			case LC_TYPE_STRING:
+				add_fmt(nd, &n, 0, st->column, F_VARCHAR, st->max_length,
+				        "VARCHAR(%lld) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL", (long long)st->max_length);
+				break;
+			}
+		}
+	}
+	add(nd, &n, 0, "created_at", F_DATETIME, 0, "DATETIME(6) NOT NULL");
+	add(nd, &n, 0, "updated_at", F_DATETIME, 0, "DATETIME(6) NOT NULL");
+
+	add(nd, &n, 1, "id", F_INT, 0, "BIGINT UNSIGNED NOT NULL AUTO_INCREMENT");
+	add(nd, &n, 1, d->key, F_VARCHAR, 64, ID);
+	add(nd, &n, 1, "consumer", F_VARCHAR, 64, ID);
+	add(nd, &n, 1, "source", F_VARCHAR, 64, ID);
+	add(nd, &n, 1, "message_id", F_VARCHAR, 128, "VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL");
+	add_fmt(nd, &n, 1, "type", F_VARCHAR, ew, "VARCHAR(%d) CHARACTER SET ascii NOT NULL", ew < 32 ? 32 : ew);
+	add(nd, &n, 1, "outcome", F_VARCHAR, 16, "VARCHAR(16) CHARACTER SET ascii NOT NULL");
+	/* "None" is the from_status of a creation */
+	add_fmt(nd, &n, 1, "from_status", F_VARCHAR, sw < 4 ? 4 : sw, "VARCHAR(%d) CHARACTER SET ascii NOT NULL",
+	        sw < 24 ? 24 : sw);
+	add_fmt(nd, &n, 1, "to_status", F_VARCHAR, sw, "VARCHAR(%d) CHARACTER SET ascii NOT NULL", sw < 24 ? 24 : sw);
+	add(nd, &n, 1, "version", F_INT, 0, "INT UNSIGNED NOT NULL");
+	add(nd, &n, 1, "applied_at", F_DATETIME, 0, "DATETIME(6) NOT NULL");
+	add(nd, &n, 1, "payload_sha256", F_CHAR, 64, "CHAR(64) CHARACTER SET ascii NULL");
+
+	add(nd, &n, 2, d->key, F_VARCHAR, 64, ID);
+	add(nd, &n, 2, "held", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
+	return n;
+}
+
+void lc_schema_tables(const struct lc_def *d, char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16])
+{
+	snprintf(names[0], LC_NAME_MAX + 16, "%s", d->table);
+	snprintf(names[1], LC_NAME_MAX + 16, "%s_events", d->aggregate);
+	snprintf(names[2], LC_NAME_MAX + 16, "%s_locks", d->aggregate);
+}
+
+struct out {
+	char *p;
+	size_t cap, used;
+	bool full;
+};
+
+static void put(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct out *o, const char *fmt, ...)
+{
+	va_list ap;
+	int w;
+
+	if (o->full)
+		return;
+	va_start(ap, fmt);
+	w = vsnprintf(o->p + o->used, o->cap - o->used, fmt, ap);
+	va_end(ap);
+	if (w < 0 || (size_t)w >= o->cap - o->used) {
+		o->full = true;
+		return;
+	}
+	o->used += (size_t)w;
+}
+
+int lc_schema_ddl(const struct lc_def *d, char *buf, size_t cap)
+{
+	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16], ignored[256];
+	struct out o = { buf, cap, 0, false };
+	int ndiff = 0, n;
+
+	if (cap == 0)
+		return -1;
+	buf[0] = '\0';
+	n = needs(d, nd, ignored, sizeof ignored, &ndiff);
+	if (ndiff > 0)
+		return -1;
+	lc_schema_tables(d, names);
+	for (int t = 0; t < LC_SCHEMA_TABLES; t++) {
+		put(&o, "CREATE TABLE IF NOT EXISTS `%s` (\n", names[t]);
+		for (int i = 0; i < n; i++) {
+			if (nd[i].table == t)
+				put(&o, "  `%s` %s,\n", nd[i].column, nd[i].ddl);
+		}
+		if (t == 0)
+			put(&o, "  PRIMARY KEY (`id`)\n");
+		else if (t == 1)
+			put(&o, "  PRIMARY KEY (`id`),\n  UNIQUE KEY `uq_%s_message` (`consumer`, `source`, `message_id`),\n"
+			        "  UNIQUE KEY `uq_%s_version` (`%s`, `version`)\n",
+			    names[1], names[1], d->key);
+		else
+			put(&o, "  PRIMARY KEY (`%s`)\n", d->key);
+		put(&o, ") ENGINE=InnoDB DEFAULT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;\n");
+	}
+	return o.full ? -1 : 0;
+}
+
+static enum family family_of(const char *t, bool *known)
+{
+	*known = true;
+	if (strcmp(t, "varchar") == 0)
+		return F_VARCHAR;
+	if (strcmp(t, "char") == 0)
+		return F_CHAR;
+	if (strcmp(t, "datetime") == 0 || strcmp(t, "timestamp") == 0)
+		return F_DATETIME;
+	if (strcmp(t, "tinyint") == 0 || strcmp(t, "smallint") == 0 || strcmp(t, "mediumint") == 0 ||
+	    strcmp(t, "int") == 0 || strcmp(t, "bigint") == 0)
+		return F_INT;
+	*known = false;
+	return F_VARCHAR;
+}
+
+static const char *family_name(enum family f)
+{
+	switch (f) {
+	case F_VARCHAR: return "varchar";
+	case F_INT: return "an integer type";
+	case F_DATETIME: return "datetime";
+	case F_CHAR: return "char";
+	}
+	return "";
+}
+
+int lc_schema_compare(const struct lc_def *d, const struct lc_column *cols, int n, char *diff, size_t cap)
+{
+	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
+	struct out o = { diff, cap, 0, false };
+	int ndiff = 0, nn;
+	bool present[LC_SCHEMA_TABLES] = { false, false, false };
+
+	if (cap == 0)
+		return -1;
+	diff[0] = '\0';
+	nn = needs(d, nd, diff, cap, &ndiff);
+	if (ndiff > 0)
+		return ndiff;
+	lc_schema_tables(d, names);
+	for (int i = 0; i < n; i++) {
+		for (int t = 0; t < LC_SCHEMA_TABLES; t++)
+			present[t] |= strcmp(cols[i].table, names[t]) == 0;
+	}
+	for (int t = 0; t < LC_SCHEMA_TABLES; t++) {
+		if (!present[t]) {
+			put(&o, "table %s is missing: run `inbox-worker migrate` with this INBOX_LIFECYCLE to create it\n",
+			    names[t]);
+			ndiff++;
+		}
+	}
+	for (int i = 0; i < nn; i++) {
+		const struct lc_column *have = NULL;
+		bool known;
+		enum family f;
+
+		if (!present[nd[i].table])
+			continue;
+		for (int k = 0; k < n && have == NULL; k++) {
+			if (strcmp(cols[k].table, names[nd[i].table]) == 0 && strcmp(cols[k].column, nd[i].column) == 0)
+				have = &cols[k];
+		}
+		if (have == NULL) {
+			put(&o, "%s.%s is missing: ALTER TABLE `%s` ADD COLUMN `%s` %s\n", names[nd[i].table], nd[i].column,
+			    names[nd[i].table], nd[i].column, nd[i].ddl);
+			ndiff++;
+			continue;
+		}
+		f = family_of(have->data_type, &known);
+		if (!known || f != nd[i].family) {
+			put(&o, "%s.%s is %s, the definition needs %s: ALTER TABLE `%s` MODIFY COLUMN `%s` %s\n",
+			    names[nd[i].table], nd[i].column, have->data_type, family_name(nd[i].family),
+			    names[nd[i].table], nd[i].column, nd[i].ddl);
+			ndiff++;
+		} else if ((f == F_VARCHAR || f == F_CHAR) && have->length < nd[i].length) {
+			put(&o, "%s.%s holds %lld characters, the definition needs %lld: ALTER TABLE `%s` MODIFY COLUMN `%s` %s\n",
+			    names[nd[i].table], nd[i].column, have->length, nd[i].length, names[nd[i].table],
+			    nd[i].column, nd[i].ddl);
+			ndiff++;
+		}
+	}
+	return ndiff;
+}

@@ -1,0 +1,48 @@
+/*
+ * lifecycle_schema.h - the tables a lifecycle definition needs, as DDL, and
+ * what an existing schema lacks of them.  Pure: the caller runs the DDL and
+ * reads information_schema (worker/cmd_lifecycle.c).
+ *
+ * Three tables per aggregate, named from the definition: its table
+ * (def->table: id, status, version, flags, created_at, updated_at and the
+ * columns its events set), its ledger <aggregate>_events (one row per
+ * applied or compensated effect, keyed by def->key) and its lock rows
+ * <aggregate>_locks (def->key, held).  For the order definition these are
+ * exactly orders, order_events and order_locks of migrations/.
+ *
+ * Identifiers come from the definition only (never from message text),
+ * are checked against [a-z][a-z0-9_]* by lc_load and backtick-quoted.
+ */
+#ifndef INBOX_LIFECYCLE_SCHEMA_H
+#define INBOX_LIFECYCLE_SCHEMA_H
+
+#include <stddef.h>
+
+#include "lifecycle.h"
+
+#define LC_SCHEMA_TABLES 3
+
+/* The three table names: [0] def->table, [1] ledger, [2] locks. */
+void lc_schema_tables(const struct lc_def *def, char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16]);
+
+/* CREATE TABLE IF NOT EXISTS for the three tables, ';'-separated, into
+ * buf.  Returns 0, or -1 when cap is too small. */
+int lc_schema_ddl(const struct lc_def *def, char *buf, size_t cap);
+
+/* One column as information_schema.columns has it. */
+struct lc_column {
+	char table[LC_NAME_MAX + 16];
+	char column[LC_NAME_MAX + 1];
+	char data_type[32];   /* "varchar", "datetime", "bigint", ... */
+	long long length;     /* character_maximum_length; 0 when none */
+};
+
+/*
+ * What the existing columns (cols, n; every column of the three tables)
+ * lack for def: one line per difference, each saying what to do, into
+ * diff (cut at cap).  Returns the number of differences.  A table of which
+ * no column is listed is missing.
+ */
+int lc_schema_compare(const struct lc_def *def, const struct lc_column *cols, int n, char *diff, size_t cap);
+
+#endif

@@ -1,0 +1,581 @@
+/*
+ * test_lifecycle.c - the lifecycle definition (common/lifecycle.h) and the
+ * order engine it drives.
+ *
+ * today_table below is the order table as the C table in common/order.c
+ * decided it before the definition file existed: every (state, flags,
+ * event) cell, 6 x 4 x 5 = 120, recorded by running that code.  It is the
+ * record the file-driven engine must reproduce cell for cell.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lifecycle.h"
+#include "order.h"
+
+struct cell {
+	enum order_state state;
+	unsigned flags;
+	enum msg_type ev;
+	enum order_decision decision;
+	enum order_state next;
+	unsigned next_flags;
+	unsigned emits;
+};
+
+/* Recorded from common/order.c's C table (commit 5bfff4a). */
+static const struct cell today_table[] = {
+	{ ORDER_NONE, 0u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 1u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 2u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 3u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_CREATED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_PAID, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_PAID, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_PAID, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_RESERVED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_SHIPPED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 5u },
+	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CANCELLED, 0u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 2u },
+	{ ORDER_CANCELLED, 1u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 5u },
+	{ ORDER_CANCELLED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
+};
+
+static const char *const decision_names[] = { "APPLY", "HOLD", "IGNORE", "COMPENSATE", "INVALID" };
+
+Test(lifecycle, order_decide_reproduces_the_recorded_table_cell_for_cell)
+{
+	int wrong = 0;
+
+	cr_assert_eq(sizeof today_table / sizeof today_table[0],
+	             (size_t)ORDER_STATE_COUNT * 4u * MSG_TYPE_COUNT, "every cell recorded");
+	for (size_t i = 0; i < sizeof today_table / sizeof today_table[0]; i++) {
+		const struct cell *c = &today_table[i];
+		struct order_verdict v = order_decide(c->state, c->flags, c->ev);
+
+		if (v.decision != c->decision || v.next != c->next || v.flags != c->next_flags ||
+		    v.emits != c->emits) {
+			cr_log_error("%s flags %u + %s: got %s -> %s flags %u emits %#x; recorded %s -> %s flags %u emits %#x",
+			             order_state_name(c->state), c->flags, msg_type_name(c->ev),
+			             decision_names[v.decision], order_state_name(v.next), v.flags, v.emits,
+			             decision_names[c->decision], order_state_name(c->next), c->next_flags, c->emits);
+			wrong++;
+		}
+	}
+	cr_assert_eq(wrong, 0, "%d cells differ from the recorded table", wrong);
+}
+
+/* ---- the definition file -------------------------------------------------- */
+
+static struct lc_def *load_builtin(void)
+{
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(lc_builtin_order, lc_builtin_order_len, &errs);
+
+	if (d == NULL)
+		lc_errors_print(&errs, "lifecycles/order.json", stderr);
+	cr_assert_not_null(d, "the built-in order lifecycle loads");
+	return d;
+}
+
+/* The order file, read by the generic engine, gives the recorded table:
+ * states, events, marks and emits bound by name, not by position. */
+Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
+{
+	static const char *const emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+	static const char *const mark_events[] = { "PaymentAuthorized", "InventoryReserved" };
+	struct lc_def *d = load_builtin();
+	int wrong = 0;
+
+	for (size_t i = 0; i < sizeof today_table / sizeof today_table[0]; i++) {
+		const struct cell *c = &today_table[i];
+		int s = c->state == ORDER_NONE ? 0 : lc_state_find(d, order_state_name(c->state));
+		int e = lc_event_find(d, msg_type_name(c->ev));
+		uint32_t marks = 0, flags = 0, emits = 0;
+		struct lc_verdict v;
+
+		cr_assert_geq(s, 0);
+		cr_assert_geq(e, 0);
+		for (int m = 0; m < d->nmarks; m++) {
+			for (unsigned b = 0; b < 2; b++) {
+				if ((c->flags & (1u << b)) && strcmp(d->events[d->marks[m]].type, mark_events[b]) == 0)
+					marks |= 1u << m;
+			}
+		}
+		v = lc_decide(d, s, marks, e);
+		for (int m = 0; m < d->nmarks; m++) {
+			for (unsigned b = 0; b < 2; b++) {
+				if ((v.marks & (1u << m)) && strcmp(d->events[d->marks[m]].type, mark_events[b]) == 0)
+					flags |= 1u << b;
+			}
+		}
+		for (int k = 0; k < d->nemits; k++) {
+			for (unsigned b = 0; b < 3; b++) {
+				if ((v.emits & (1u << k)) && strcmp(d->emits[k], emit_names[b]) == 0)
+					emits |= 1u << b;
+			}
+		}
+		if ((int)v.decision != (int)c->decision ||
+		    strcmp(v.next == 0 ? "" : d->states[v.next], order_state_name(c->next)) != 0 ||
+		    flags != c->next_flags || emits != c->emits) {
+			cr_log_error("%s flags %u + %s: file says %s -> %s flags %u emits %#x; recorded %s -> %s flags %u emits %#x",
+			             order_state_name(c->state), c->flags, msg_type_name(c->ev),
+			             decision_names[v.decision], d->states[v.next], flags, emits,
+			             decision_names[c->decision], order_state_name(c->next), c->next_flags, c->emits);
+			wrong++;
+		}
+	}
+	lc_free(d);
+	cr_assert_eq(wrong, 0, "%d cells of lifecycles/order.json differ from the recorded table", wrong);
+}
+
+Test(lifecycle, builtin_is_the_shipped_file)
+{
+	char path[4096];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	FILE *f;
+	static char buf[1 << 16];
+	size_t n;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(path, sizeof path, "%s/lifecycles/order.json", root);
+	f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	n = fread(buf, 1, sizeof buf, f);
+	fclose(f);
+	cr_assert_eq(n, lc_builtin_order_len);
+	cr_assert(memcmp(buf, lc_builtin_order, n) == 0, "the compiled-in definition is lifecycles/order.json");
+}
+
+Test(lifecycle, builtin_order_is_order_independent)
+{
+	struct lc_def *d = load_builtin();
+	struct lc_check chk;
+	bool ok = lc_check_order_independence(d, &chk);
+
+	cr_expect(ok, "%s", chk.why);
+	/* 2^5 - 1 sets, of which those with ShipmentCreated and OrderCancelled
+	 * (2^3 = 8) are conflicts between two terminal states. */
+	cr_expect_eq(chk.conflicts, 8);
+	cr_expect_eq(chk.sets, 23);
+	cr_expect_gt(chk.runs, 1000);
+	lc_free(d);
+}
+
+/* One error, expected at line:column, its text containing want. */
+static void expect_error(const char *text, int line, int col, const char *want)
+{
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	bool found = false;
+
+	cr_assert_null(d, "refused: %s", want);
+	for (int i = 0; i < errs.n; i++) {
+		if (strstr(errs.e[i].text, want) != NULL) {
+			found = true;
+			cr_expect_eq(errs.e[i].line, line, "'%s' at line %d, want %d", errs.e[i].text, errs.e[i].line, line);
+			if (col > 0)
+				cr_expect_eq(errs.e[i].column, col, "'%s' at column %d, want %d", errs.e[i].text,
+				             errs.e[i].column, col);
+		}
+	}
+	if (!found)
+		lc_errors_print(&errs, "test", stderr);
+	cr_expect(found, "an error saying '%s'", want);
+}
+
+#define HEAD "{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t\", \"key\": \"k\",\n"
+
+Test(lifecycle, errors_say_where_and_what_to_write)
+{
+	expect_error("{\"lifecycle\": 1,\n  \"states\": [\"A\",]\n}", 2, 18, "not valid JSON");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"C\"}]}",
+	             6, 38, "\"C\" is not a declared state: write one of the names in \"states\"");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\", \"emit\": []}]}",
+	             5, 50, "unknown key \"emit\" in an event: write one of");
+	expect_error(HEAD "\"states\": [\"A\", \"B\", \"C\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"}]}",
+	             2, 22, "\"C\" is neither on the main path nor terminal: add it to \"main_path\" or to \"terminal\"");
+	/* An event that can arrive after a terminal state and says nothing. */
+	expect_error(HEAD "\"states\": [\"A\", \"B\", \"X\"],\n\"main_path\": [\"A\", \"B\"],\n\"terminal\": [\"B\", \"X\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"B\"},\n"
+	             "  {\"type\": \"G\", \"from\": [\"A\"], \"to\": \"X\"}]}",
+	             7, 0, "write \"after\": {\"B\": \"ignore\"}");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\",\n"
+	             "  \"sets\": {\"Bad-Col\": {\"from\": \"occurred_at\", \"type\": \"datetime\"}}}]}",
+	             6, 23, "must be a lower-case SQL name");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             "  {\"type\": \"F\", \"from\": [\"B\"], \"to\": \"A\"}]}",
+	             6, 25, "\"B\" is terminal: an event does not move out of it");
+	expect_error(HEAD "\"states\": [\"A\", \"B\"],\n\"main_path\": [\"A\"],\n\"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"from\": [\"A\"], \"to\": \"B\"}]}",
+	             1, 1, "no event creates the aggregate: give one event \"creates\": \"A\"");
+	expect_error("{\"lifecycle\": 1, \"lifecycle\": 1}", 1, 0, "duplicate object key");
+	/* SQL names: a strict alphabet, and none that the ledger already has. */
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t; DROP TABLE x\", \"key\": \"k\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 45, "\"table\" must be a lower-case SQL name");
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"a_events\", \"key\": \"version\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 45, "is the name of the aggregate's ledger or lock table");
+	expect_error("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"a_events\", \"key\": \"version\",\n"
+	             "\"states\": [\"A\"], \"main_path\": [\"A\"], \"terminal\": [\"A\"], \"events\": []}",
+	             1, 64, "\"version\" is a column of the ledger already: name the key otherwise, like \"a_id\"");
+}
+
+/* ---- the order engine bound to another definition ------------------------ */
+
+static char *builtin_with(const char *from, const char *to)
+{
+	const char *at = strstr(lc_builtin_order, from);
+	size_t flen = strlen(from), tlen = strlen(to);
+	char *out;
+
+	cr_assert_not_null(at, "the built-in file contains %s", from);
+	out = malloc(lc_builtin_order_len - flen + tlen + 1);
+	cr_assert_not_null(out);
+	memcpy(out, lc_builtin_order, (size_t)(at - lc_builtin_order));
+	memcpy(out + (at - lc_builtin_order), to, tlen);
+	memcpy(out + (at - lc_builtin_order) + tlen, at + flen, strlen(at + flen) + 1);
+	return out;
+}
+
+Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
+{
+	char *text = builtin_with("\"aliases\": [\"PaymentConfirmed\"]", "\"aliases\": [\"PaymentCaptured\"]");
+	char *text2;
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs), *d2;
+	struct order_binding b, b2;
+	char why[512];
+
+	cr_assert_not_null(d);
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), MSG_PAYMENT_AUTHORIZED, "built-in alias");
+	order_use(&b);
+	cr_expect_eq(msg_type_from_name("PaymentCaptured", 15), MSG_PAYMENT_AUTHORIZED, "the file's alias");
+	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), -1, "no longer an alias");
+
+	/* A decision changed in the file is the worker's decision. */
+	text2 = builtin_with("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": \"ignore\"");
+	d2 = lc_load(text2, strlen(text2), &errs);
+	cr_assert_not_null(d2);
+	cr_assert_eq(order_bind(d2, &b2, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
+	order_use(&b2);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_IGNORE);
+	order_use(NULL);
+	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
+	lc_free(d);
+	lc_free(d2);
+	free(text);
+	free(text2);
+}
+
+static void expect_refused(const char *from, const char *to, const char *want)
+{
+	char *text = builtin_with(from, to);
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	struct order_binding b;
+	char why[512] = "";
+
+	if (d == NULL)
+		lc_errors_print(&errs, "test", stderr);
+	cr_assert_not_null(d, "%s loads", to);
+	cr_expect_eq(order_bind(d, &b, why, sizeof why), -1, "%s is refused", to);
+	cr_expect(strstr(why, want) != NULL, "'%s' says '%s'", why, want);
+	lc_free(d);
+	free(text);
+}
+
+Test(lifecycle, a_definition_needing_another_schema_is_refused_with_why)
+{
+	expect_refused("\"table\": \"orders\"", "\"table\": \"shipments\"", "needs a schema change");
+	expect_refused("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"",
+	               "what PaymentAuthorized sets needs a schema change");
+	expect_refused("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]",
+	               "emitting StockReturned needs a code change");
+	expect_refused("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}",
+	               "remembering whether ShipmentCreated took effect needs a schema change");
+}
+
+/* ---- the example: lifecycles/shipment.json -------------------------------- */
+
+static struct lc_def *load_source_file(const char *rel)
+{
+	char path[4096];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	struct lc_errors errs;
+	struct lc_def *d;
+
+	cr_assert_not_null(root);
+	snprintf(path, sizeof path, "%s/%s", root, rel);
+	d = lc_load_file(path, &errs);
+	if (d == NULL)
+		lc_errors_print(&errs, path, stderr);
+	cr_assert_not_null(d, "%s loads", rel);
+	return d;
+}
+
+struct ship_cell {
+	const char *state; /* "" = no shipment yet */
+	const char *event;
+	const char *decision;
+	const char *next;
+	const char *emits; /* space-separated, in the file's order of first mention */
+};
+
+/* Typed in by hand from lifecycles/shipment.json and the rules of
+ * doc/lifecycle.md, with no ParcelInTransit taken effect (marks 0). */
+static const struct ship_cell ship_table[] = {
+	{ "", "ShipmentLabelled", "applied", "Labelled", "" },
+	{ "", "ParcelPickedUp", "held", "", "" },
+	{ "", "ParcelInTransit", "held", "", "" },
+	{ "", "ParcelDelivered", "held", "", "" },
+	{ "", "ParcelLost", "held", "", "" },
+	{ "", "ParcelReturned", "held", "", "" },
+	{ "Labelled", "ShipmentLabelled", "ignored", "Labelled", "" },
+	{ "Labelled", "ParcelPickedUp", "applied", "PickedUp", "ShipmentDispatched" },
+	{ "Labelled", "ParcelInTransit", "held", "Labelled", "" },
+	{ "Labelled", "ParcelDelivered", "held", "Labelled", "" },
+	{ "Labelled", "ParcelLost", "held", "Labelled", "" },
+	{ "Labelled", "ParcelReturned", "held", "Labelled", "" },
+	{ "PickedUp", "ShipmentLabelled", "ignored", "PickedUp", "" },
+	{ "PickedUp", "ParcelPickedUp", "ignored", "PickedUp", "" },
+	{ "PickedUp", "ParcelInTransit", "applied", "InTransit", "" },
+	{ "PickedUp", "ParcelDelivered", "held", "PickedUp", "" },
+	{ "PickedUp", "ParcelLost", "applied", "Lost", "CustomerRefundRequested" },
+	{ "PickedUp", "ParcelReturned", "held", "PickedUp", "" },
+	{ "InTransit", "ShipmentLabelled", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelPickedUp", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelInTransit", "ignored", "InTransit", "" },
+	{ "InTransit", "ParcelDelivered", "applied", "Delivered", "DeliveryConfirmed" },
+	{ "InTransit", "ParcelLost", "applied", "Lost", "CustomerRefundRequested" },
+	{ "InTransit", "ParcelReturned", "applied", "Returned", "ReturnReceived" },
+	{ "Delivered", "ShipmentLabelled", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelPickedUp", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelInTransit", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelDelivered", "ignored", "Delivered", "" },
+	{ "Delivered", "ParcelLost", "dead_lettered", "Delivered", "" },
+	{ "Delivered", "ParcelReturned", "dead_lettered", "Delivered", "" },
+	{ "Lost", "ShipmentLabelled", "ignored", "Lost", "" },
+	{ "Lost", "ParcelPickedUp", "ignored", "Lost", "" },
+	{ "Lost", "ParcelInTransit", "compensated", "Lost", "CarrierClaimFiled" },
+	{ "Lost", "ParcelDelivered", "dead_lettered", "Lost", "" },
+	{ "Lost", "ParcelLost", "ignored", "Lost", "" },
+	{ "Lost", "ParcelReturned", "dead_lettered", "Lost", "" },
+	{ "Returned", "ShipmentLabelled", "ignored", "Returned", "" },
+	{ "Returned", "ParcelPickedUp", "ignored", "Returned", "" },
+	{ "Returned", "ParcelInTransit", "ignored", "Returned", "" },
+	{ "Returned", "ParcelDelivered", "dead_lettered", "Returned", "" },
+	{ "Returned", "ParcelLost", "dead_lettered", "Returned", "" },
+	{ "Returned", "ParcelReturned", "ignored", "Returned", "" },
+};
+
+static void emits_text(const struct lc_def *d, uint32_t emits, char *buf, size_t cap)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < d->nemits && used < cap; k++) {
+		if (emits & (1u << k)) {
+			int w = snprintf(buf + used, cap - used, "%s%s", used ? " " : "", d->emits[k]);
+			if (w > 0)
+				used += (size_t)w;
+		}
+	}
+}
+
+static void expect_ship_cell(const struct lc_def *d, const struct ship_cell *c, uint32_t marks)
+{
+	int s = c->state[0] == '\0' ? 0 : lc_state_find(d, c->state);
+	int e = lc_event_find(d, c->event);
+	struct lc_verdict v;
+	char emits[256];
+
+	cr_assert_geq(s, 0, "%s", c->state);
+	cr_assert_geq(e, 0, "%s", c->event);
+	v = lc_decide(d, s, marks, e);
+	emits_text(d, v.emits, emits, sizeof emits);
+	cr_expect_str_eq(lc_decision_outcome(v.decision), c->decision, "%s + %s", c->state, c->event);
+	cr_expect_str_eq(d->states[v.next], c->next, "%s + %s: next", c->state, c->event);
+	cr_expect_str_eq(emits, c->emits, "%s + %s: emits", c->state, c->event);
+}
+
+Test(lifecycle, shipment_table_as_typed_in_by_hand)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	int transit = lc_event_find(d, "ParcelInTransit");
+	static const struct ship_cell marked[] = {
+		/* ParcelInTransit took effect: the loss owes the carrier claim,
+		 * and a late ParcelInTransit is stale, not compensated again. */
+		{ "InTransit", "ParcelLost", "applied", "Lost", "CarrierClaimFiled CustomerRefundRequested" },
+		{ "Lost", "ParcelInTransit", "ignored", "Lost", "" },
+	};
+
+	cr_assert_eq(d->nstates * d->nevents, (int)(sizeof ship_table / sizeof ship_table[0]), "every cell typed");
+	cr_assert_eq(d->nmarks, 1, "only ParcelInTransit is remembered");
+	cr_assert_eq(d->marks[0], transit);
+	cr_expect_eq(lc_event_find(d, "PickedUp"), lc_event_find(d, "ParcelPickedUp"), "the alias");
+	for (size_t i = 0; i < sizeof ship_table / sizeof ship_table[0]; i++)
+		expect_ship_cell(d, &ship_table[i], 0);
+	for (size_t i = 0; i < sizeof marked / sizeof marked[0]; i++)
+		expect_ship_cell(d, &marked[i], 1u);
+	cr_expect_eq(d->events[0].nsets, 2);
+	cr_expect_str_eq(d->events[0].sets[0].column, "tracking_number");
+	cr_expect_eq(d->events[0].sets[0].max_length, 64);
+	cr_expect(d->events[0].sets[0].required);
+	lc_free(d);
+}
+
+Test(lifecycle, shipment_is_order_independent)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	struct lc_check chk;
+
+	cr_expect(lc_check_order_independence(d, &chk), "%s", chk.why);
+	/* 2^6 - 1 sets; those with two or three of ParcelDelivered, ParcelLost,
+	 * ParcelReturned (4 such choices) conflict, whatever the other three
+	 * events (2^3): 32. */
+	cr_expect_eq(chk.sets + chk.conflicts, 63);
+	cr_expect_eq(chk.conflicts, 32);
+	lc_free(d);
+}
+
+Test(lifecycle, order_dependent_definitions_are_refused_with_the_two_orders)
+{
+	static const struct {
+		const char *file, *why;
+	} bad[] = {
+		{ "tests/lifecycles/bad_payment_after_cancel_ignored.json",
+		  "arrival order [OrderCreated, PaymentAuthorized, OrderCancelled] and "
+		  "[OrderCreated, OrderCancelled, PaymentAuthorized] end differently: version 3 vs 2" },
+		{ "tests/lifecycles/bad_cancel_forgets_refund.json",
+		  "arrival order [OrderCreated, PaymentAuthorized, OrderCancelled] and "
+		  "[OrderCreated, OrderCancelled, PaymentAuthorized] end differently: 0 vs 1 RefundRequested emitted" },
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct lc_def *d = load_source_file(bad[i].file);
+		struct lc_check chk;
+
+		cr_expect_not(lc_check_order_independence(d, &chk), "%s is refused", bad[i].file);
+		cr_expect_str_eq(chk.why, bad[i].why);
+		lc_free(d);
+	}
+}

@@ -1,0 +1,138 @@
+/*
+ * test_lifecycle_cmd.c - `inbox-worker lifecycle check FILE` and run's
+ * refusal of a definition it cannot run: the real binary, no servers (the
+ * definition is read before any connection is made).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Run the worker from the source root; out gets stdout, err stderr. */
+static int run(const char *env, const char *args, char *out, size_t ocap, char *err, size_t ecap)
+{
+	const char *bin = getenv("INBOX_WORKER_BIN"), *root = getenv("INBOX_SOURCE_ROOT");
+	char cmd[4096], errpath[] = "/tmp/test_lifecycle_cmd.XXXXXX";
+	FILE *p, *f;
+	size_t n;
+	int st, fd;
+
+	cr_assert_not_null(bin);
+	cr_assert_not_null(root);
+	fd = mkstemp(errpath);
+	cr_assert_geq(fd, 0);
+	snprintf(cmd, sizeof cmd, "cd '%s' && env -i PATH=/usr/bin:/bin %s %s %s 2>%s", root, env, bin, args, errpath);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	n = fread(out, 1, ocap - 1, p);
+	out[n] = '\0';
+	st = pclose(p);
+	f = fdopen(fd, "r");
+	cr_assert_not_null(f);
+	n = fread(err, 1, ecap - 1, f);
+	err[n] = '\0';
+	fclose(f);
+	unlink(errpath);
+	cr_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static char out[1 << 16], err[1 << 14];
+
+Test(lifecycle_cmd, check_prints_the_table_and_accepts_the_order_file)
+{
+	cr_assert_eq(run("", "lifecycle check lifecycles/order.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "in Cancelled (terminal):\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "  PaymentAuthorized        compensate +RefundRequested +OrderPaid\n") != NULL ||
+	          strstr(out, "  PaymentAuthorized        compensate +OrderPaid +RefundRequested\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "arrival order: independent (23 sets") != NULL, "%s", out);
+	cr_expect(strstr(out, "this worker can run it") != NULL, "%s", out);
+	cr_expect_str_eq(err, "");
+}
+
+Test(lifecycle_cmd, check_accepts_the_shipment_example_and_says_it_needs_its_schema)
+{
+	cr_assert_eq(run("", "lifecycle check lifecycles/shipment.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "  ParcelInTransit          compensate +CarrierClaimFiled\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "arrival order: independent") != NULL, "%s", out);
+	cr_expect(strstr(out, "this worker cannot run it yet: aggregate shipment in table shipments") != NULL, "%s", out);
+}
+
+Test(lifecycle_cmd, check_refuses_an_order_dependent_definition_printing_both_orders)
+{
+	cr_assert_eq(run("", "lifecycle check tests/lifecycles/bad_payment_after_cancel_ignored.json", out, sizeof out,
+	                 err, sizeof err), 1);
+	cr_expect_str_eq(err, "tests/lifecycles/bad_payment_after_cancel_ignored.json: order-dependent: arrival order "
+	                      "[OrderCreated, PaymentAuthorized, OrderCancelled] and [OrderCreated, OrderCancelled, "
+	                      "PaymentAuthorized] end differently: version 3 vs 2\n");
+}
+
+Test(lifecycle_cmd, check_gives_each_error_its_line)
+{
+	const char *path = "/tmp/test_lifecycle_cmd_bad.json";
+	FILE *f = fopen(path, "w");
+	char args[256];
+
+	cr_assert_not_null(f);
+	fputs("{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t\", \"key\": \"k\",\n"
+	      "\"states\": [\"A\", \"B\"],\n"
+	      "\"main_path\": [\"A\"],\n"
+	      "\"terminal\": [\"B\"],\n"
+	      "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	      "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"C\"},\n"
+	      "  {\"type\": \"G\", \"form\": [\"A\"], \"to\": \"B\"}]}\n", f);
+	cr_assert_eq(fclose(f), 0);
+	snprintf(args, sizeof args, "lifecycle check %s", path);
+	cr_assert_eq(run("", args, out, sizeof out, err, sizeof err), 1);
+	cr_expect(strstr(err, "/tmp/test_lifecycle_cmd_bad.json:6:38: \"C\" is not a declared state") != NULL, "%s", err);
+	cr_expect(strstr(err, "/tmp/test_lifecycle_cmd_bad.json:7:25: unknown key \"form\" in an event") != NULL, "%s", err);
+	cr_expect(strstr(err, ":7:3: missing \"from\"") != NULL, "%s", err);
+	cr_expect_str_eq(out, "");
+	unlink(path);
+}
+
+Test(lifecycle_cmd, usage_errors_exit_2)
+{
+	cr_expect_eq(run("", "lifecycle", out, sizeof out, err, sizeof err), 2);
+	cr_expect_eq(run("", "lifecycle check", out, sizeof out, err, sizeof err), 2);
+	cr_expect_eq(run("", "lifecycle verify x.json", out, sizeof out, err, sizeof err), 2);
+	cr_expect(strstr(err, "usage: inbox-worker lifecycle check|schema FILE") != NULL, "%s", err);
+}
+
+Test(lifecycle_cmd, schema_prints_the_tables_with_quoted_identifiers)
+{
+	cr_assert_eq(run("", "lifecycle schema lifecycles/shipment.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipments` (\n  `id` VARCHAR(64)") != NULL, "%s", out);
+	cr_expect(strstr(out, "  `tracking_number` VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,\n") != NULL,
+	          "%s", out);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipment_events` (") != NULL, "%s", out);
+	cr_expect(strstr(out, "UNIQUE KEY `uq_shipment_events_version` (`shipment_id`, `version`)") != NULL, "%s", out);
+	cr_expect(strstr(out, "CREATE TABLE IF NOT EXISTS `shipment_locks` (") != NULL, "%s", out);
+}
+
+/* run refuses, before connecting anywhere, with exit 2 and one line. */
+Test(lifecycle_cmd, run_refuses_what_it_cannot_run_in_one_line)
+{
+	static const struct {
+		const char *env, *want;
+	} cases[] = {
+		{ "INBOX_LIFECYCLE=tests/lifecycles/bad_cancel_forgets_refund.json",
+		  "inbox-worker: INBOX_LIFECYCLE tests/lifecycles/bad_cancel_forgets_refund.json is order-dependent: "
+		  "arrival order [OrderCreated, PaymentAuthorized, OrderCancelled] and [OrderCreated, OrderCancelled, "
+		  "PaymentAuthorized] end differently: 0 vs 1 RefundRequested emitted" },
+		{ "INBOX_LIFECYCLE=lifecycles/shipment.json",
+		  "inbox-worker: INBOX_LIFECYCLE lifecycles/shipment.json: aggregate shipment in table shipments keyed "
+		  "by shipment_id needs a schema change" },
+		{ "INBOX_LIFECYCLE=/nonexistent.json",
+		  "inbox-worker: INBOX_LIFECYCLE /nonexistent.json: line 0: cannot open: No such file or directory" },
+	};
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int code = run(cases[i].env, "run", out, sizeof out, err, sizeof err);
+
+		cr_expect_eq(code, 2, "%s: exit %d", cases[i].env, code);
+		cr_expect_eq(strchr(err, '\n') - err + 1, (long)strlen(err), "one line: %s", err);
+		cr_expect(strncmp(err, cases[i].want, strlen(cases[i].want)) == 0, "%s\nwant: %s", err, cases[i].want);
+	}
+}
