@@ -25,6 +25,7 @@
 
 #include "cfg.h"
 #include "db.h"
+#include "envelope.h"
 #include "msg.h"
 #include "order.h"
 
@@ -51,6 +52,11 @@ struct inbox_in {
 	char *(*props_json)(const void *arg); /* malloc'd JSON of the AMQP properties */
 	const void *props_arg;
 	int64_t published_us; /* 0 when unknown */
+	/* What the message carries into the events it causes (NULL: nothing),
+	 * and its canonical event when it came in an envelope (NULL: native;
+	 * envelope.h): both kept with it when it is held. */
+	const struct env_context *ctx;
+	const char *event;
 };
 
 struct inbox_result {
