@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "itest.h"
 #include "status.h"
@@ -395,5 +397,62 @@ Test(envelopes, emitted_as_cloudevents)
 	cr_expect_str_eq(jstr(ce, "traceparent"), jstr(p, "headers.traceparent"));
 	cr_expect_str_eq(jstr(p, "correlation_id"), "c-3");
 	json_decref(ce);
+	json_decref(p);
+}
+
+/* A producer that is not ours: the official CloudEvents SDK for JavaScript
+ * (tests/node/ce_producer.mjs, with amqplib) publishes an order's events in
+ * structured and binary mode, one of them twice. */
+Test(envelopes, the_cloudevents_sdk_for_javascript_as_producer)
+{
+	static const char *const env[] = { "INBOX_ENVELOPE=auto", MAP, NULL };
+	const char *out = "itest.env.out";
+	char script[4096], modules[4096], log[256], url[1024], got[4096], status[32], span[17];
+	const char *args[5];
+	json_t *p;
+	pid_t w, node;
+	int st;
+
+	if (access("/usr/bin/node", X_OK) != 0)
+		cr_skip_test("node is not installed (/usr/bin/node): the CloudEvents SDK producer cannot run");
+	itest_source("tests/node/node_modules/cloudevents/package.json", modules, sizeof modules);
+	cr_assert_eq(access(modules, R_OK), 0,
+	             "%s is missing: run `npm ci` in tests/node (scripts/test does it before the suites)", modules);
+	itest_source("tests/node/ce_producer.mjs", script, sizeof script);
+	/* amqplib takes the worker's URL as it is */
+	snprintf(url, sizeof url, "%s", getenv("INBOX_AMQP_URL"));
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	w = worker(env);
+	args[0] = script;
+	args[1] = url;
+	args[2] = itest_cfg()->exchange;
+	args[3] = "o-sdk";
+	args[4] = NULL;
+	itest_log_path(log, sizeof log, "envelopes-node");
+	node = itest_spawn_program("/usr/bin/node", args, NULL, log, true);
+	st = itest_wait_exit(node, WAIT_S);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the node producer failed; see %s", log);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE order_id = 'o-sdk'", 3, WAIT_S), 3);
+	/* in the order they were emitted (emitted() drops what it passes) */
+	p = emitted(out, "OrderPaid:o-sdk", got, sizeof got);
+	expect_continued(jstr(p, "headers.traceparent"), TRACE, "00f067aa0ba902b7", span);
+	json_decref(p);
+	p = emitted(out, "RefundRequested:o-sdk", got, sizeof got);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "o-sdk", status, sizeof status));
+	cr_expect_str_eq(status, "Cancelled");
+	cr_expect_eq(itest_int1("SELECT amount_cents FROM orders WHERE id = ?", "o-sdk"), 4200);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-sdk'"), 3,
+	             "created, paid, cancelled: the second payment was a duplicate");
+	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE source = ? AND message_id = 'o-sdk-paid'",
+	                        "https://payments.example.com/v1"),
+	             1);
+	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 0, "nothing dead-lettered (no conflict between the modes)");
+	/* the cancellation came without a trace (the payment's OrderPaid
+	 * carried the SDK's traceparent on, above) */
+	cr_expect_str_eq(jstr(p, "headers.traceparent"), "");
+	cr_expect_str_eq(jstr(p, "correlation_id"), "o-sdk-cancelled");
 	json_decref(p);
 }
