@@ -280,16 +280,25 @@ static enum env_hdr header(const struct env_delivery *d, const char *key, const 
 static enum env_hdr ce_header(const struct env_delivery *d, const char *name, const char **v, size_t *len,
                               char *key, size_t cap)
 {
+	static const char prefix[] = "cloudEvents:";
+	size_t plen = sizeof prefix - 1, nlen = strlen(name);
 	enum env_hdr h;
 
-	snprintf(key, cap, "cloudEvents:%s", name);
+	/* memcpy, not snprintf: auto asks this of every native delivery. */
+	if (d->header == NULL || plen + nlen >= cap) {
+		*v = NULL;
+		*len = 0;
+		return ENV_HDR_ABSENT;
+	}
+	memcpy(key, prefix, plen);
+	memcpy(key + plen, name, nlen + 1);
 	h = header(d, key, v, len);
 	if (h != ENV_HDR_ABSENT)
 		return h;
-	snprintf(key, cap, "cloudEvents_%s", name);
+	key[plen - 1] = '_';
 	h = header(d, key, v, len);
 	if (h == ENV_HDR_ABSENT)
-		snprintf(key, cap, "cloudEvents:%s", name); /* named so in a detail */
+		key[plen - 1] = ':'; /* named so in a detail */
 	return h;
 }
 

@@ -513,7 +513,9 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 		else
 			snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries",
 			         w->t.conf->max_retries);
+		log_trace_set(v[0]->ctx.trace_id, v[0]->ctx.span_id);
 		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), msg_reason_name(reason), detail);
+		log_trace_clear();
 		if (rc != ST_OK)
 			return rc;
 		v[0]->reason = reason;
