@@ -40,6 +40,8 @@
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum log_level is an int");
 _Static_assert(sizeof(enum log_format) == sizeof(int), "enum log_format is an int");
 _Static_assert(sizeof(enum cfg_ordering) == sizeof(int), "enum cfg_ordering is an int");
+_Static_assert(sizeof(enum cfg_envelope) == sizeof(int), "enum cfg_envelope is an int");
+_Static_assert(sizeof(enum cfg_emit_envelope) == sizeof(int), "enum cfg_emit_envelope is an int");
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -139,6 +141,8 @@ enum cfg_kind {
 	K_ENUM,     /* int-sized enum field, index into choices */
 	K_AMQP_URL, /* struct cfg_amqp */
 	K_DB_URL,   /* struct cfg_db */
+	K_TYPE_MAP, /* char *, "theirs=Ours,..." (check_type_map); may be empty */
+	K_FIELD,    /* char *, "subject" or a dotted path (check_field); may be empty */
 };
 
 struct cfg_setting {
@@ -167,6 +171,13 @@ static const char *const queue_type_choices[] = {
 };
 static const char *const ordering_choices[] = {
 	[CFG_ORDERING_SHARED] = "shared", [CFG_ORDERING_SHARDED] = "sharded", NULL,
+};
+static const char *const envelope_choices[] = {
+	[CFG_ENVELOPE_NATIVE] = "native", [CFG_ENVELOPE_CLOUDEVENTS] = "cloudevents",
+	[CFG_ENVELOPE_MASSTRANSIT] = "masstransit", [CFG_ENVELOPE_AUTO] = "auto", NULL,
+};
+static const char *const emit_envelope_choices[] = {
+	[CFG_EMIT_NATIVE] = "native", [CFG_EMIT_CLOUDEVENTS] = "cloudevents", NULL,
 };
 
 #define F(field) offsetof(struct cfg, field)
@@ -258,6 +269,20 @@ static const struct cfg_setting cfg_settings[] = {
 	  "(lifecycles/order.json)",
 	  "`run` loads and checks it at start-up (see doc/lifecycle.md) and refuses, exit 2 with one "
 	  "line, a definition that is invalid, arrival-order dependent or needs a schema change." },
+	{ "INBOX_ENVELOPE", "envelope", NULL, NULL, "native", K_ENUM, F(envelope), 0, 0, envelope_choices,
+	  "how deliveries are read: our message format, CloudEvents 1.0 (structured or binary mode), "
+	  "MassTransit, or auto (each delivery by its content type and headers)",
+	  "auto: `application/cloudevents+json` or a `cloudEvents:specversion` header is CloudEvents, "
+	  "`application/vnd.masstransit+json` MassTransit, anything else native.  See doc/envelopes.md." },
+	{ "INBOX_TYPE_MAP", "type-map", NULL, NULL, "", K_TYPE_MAP, F(type_map), 0, 0, NULL,
+	  "producer event types to ours: theirs=Ours,... (com.example.payment.authorized=PaymentAuthorized)",
+	  "For MassTransit the key is the message URN without `urn:message:`; an unmapped type that is "
+	  "one of ours (for MassTransit: whose last `:` segment is) needs no entry." },
+	{ "INBOX_ORDER_ID_FIELD", "order-id-field", NULL, NULL, "", K_FIELD, F(order_id_field), 0, 0, NULL,
+	  "where an envelope's order id is: subject, or a dotted path into the data (data.order.id); "
+	  "empty: subject for CloudEvents, orderId for MassTransit", NULL },
+	{ "INBOX_EMIT_ENVELOPE", "emit-envelope", NULL, NULL, "native", K_ENUM, F(emit_envelope), 0, 0,
+	  emit_envelope_choices, "the envelope of emitted events: native, or cloudevents (structured mode)", NULL },
 };
 
 #define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])
@@ -285,6 +310,75 @@ static int check_name(const char *v, long max, char *reason, size_t n)
 		return 0;
 	addr_echo(shown, sizeof shown, v);
 	addr_errf(reason, n, "must be 1-%ld characters of [A-Za-z0-9._:-]: '%s'", max, shown);
+	return -1;
+}
+
+/* INBOX_TYPE_MAP: comma-separated theirs=Ours pairs, theirs 1-255
+ * printable characters without ',' and '=', Ours one of our event types.
+ * The envelope layer (common/envelope.c) scans the checked string. */
+static int check_type_map(const char *v, char *reason, size_t n)
+{
+	const char *p = v;
+	char shown[CFG_ECHO_MAX + 4];
+
+	addr_echo(shown, sizeof shown, v);
+	while (*p != '\0') {
+		const char *comma = strchr(p, ',');
+		const char *end = comma != NULL ? comma : p + strlen(p);
+		const char *eq = memchr(p, '=', (size_t)(end - p));
+
+		if (eq == NULL || eq == p || eq + 1 == end || (size_t)(eq - p) > 255) {
+			addr_errf(reason, n, "must be theirs=Ours pairs separated by commas: '%s'", shown);
+			return -1;
+		}
+		for (const char *q = p; q < eq; q++) {
+			if ((unsigned char)*q <= 0x20 || (unsigned char)*q > 0x7e) {
+				addr_errf(reason, n, "a producer type holds a space or a non-printable byte: '%s'", shown);
+				return -1;
+			}
+		}
+		if (msg_type_from_name(eq + 1, (size_t)(end - eq - 1)) < 0) {
+			addr_errf(reason, n, "'%.*s' is not one of our event types: '%s'", (int)(end - eq - 1), eq + 1,
+			          shown);
+			return -1;
+		}
+		p = comma != NULL ? comma + 1 : end;
+		if (comma != NULL && *p == '\0') {
+			addr_errf(reason, n, "ends with a comma: '%s'", shown);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* INBOX_ORDER_ID_FIELD: "subject", or dot-separated names of
+ * [A-Za-z0-9_$-] (a path into the data; "data." in front is optional). */
+static int check_field(const char *v, char *reason, size_t n)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	size_t seg = 0, len = strlen(v);
+
+	if (len == 0 || strcmp(v, "subject") == 0)
+		return 0;
+	for (size_t i = 0; i <= len; i++) {
+		char c = v[i];
+
+		if (c == '.' || c == '\0') {
+			if (seg == 0)
+				goto bad;
+			seg = 0;
+			continue;
+		}
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || is_digit(c) || c == '_' || c == '-' ||
+		      c == '$'))
+			goto bad;
+		seg++;
+	}
+	if (len <= 255)
+		return 0;
+bad:
+	addr_echo(shown, sizeof shown, v);
+	addr_errf(reason, n, "must be subject or a dotted path such as data.order.id: '%s'", shown);
 	return -1;
 }
 
@@ -366,6 +460,16 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 		addr_errf(reason, n, "must be one of %s: '%s'", list, shown);
 		return -1;
 	}
+	case K_TYPE_MAP:
+	case K_FIELD:
+		if (s->kind == K_TYPE_MAP ? check_type_map(raw, reason, n) != 0 : check_field(raw, reason, n) != 0)
+			return -1;
+		*(char **)field = strdup(raw);
+		if (*(char **)field == NULL) {
+			addr_errf(reason, n, "out of memory");
+			return -1;
+		}
+		return 0;
 	case K_AMQP_URL:
 		return url_parse_amqp(raw, field, reason, n);
 	case K_DB_URL:
@@ -681,6 +785,8 @@ void cfg_free(struct cfg *c)
 	free(c->metrics_addr);
 	free(c->migrations_dir);
 	free(c->lifecycle);
+	free(c->type_map);
+	free(c->order_id_field);
 	memset(c, 0, sizeof *c);
 }
 
@@ -697,6 +803,8 @@ static const char *kind_metavar(const struct cfg_setting *s)
 	case K_ENUM: return "WORD";
 	case K_AMQP_URL:
 	case K_DB_URL: return "URL";
+	case K_TYPE_MAP: return "MAP";
+	case K_FIELD: return "FIELD";
 	}
 	return "VALUE";
 }

@@ -84,6 +84,20 @@ enum cfg_ordering {
 	CFG_ORDERING_SHARDED = 1, /* consistent-hash exchange, one active consumer per shard */
 };
 
+/* INBOX_ENVELOPE: how deliveries are read (common/envelope.h). */
+enum cfg_envelope {
+	CFG_ENVELOPE_NATIVE = 0,      /* SPEC.md's message format */
+	CFG_ENVELOPE_CLOUDEVENTS = 1, /* structured or binary mode, by the delivery */
+	CFG_ENVELOPE_MASSTRANSIT = 2,
+	CFG_ENVELOPE_AUTO = 3,        /* each delivery by its content type and headers */
+};
+
+/* INBOX_EMIT_ENVELOPE: how emitted events are written. */
+enum cfg_emit_envelope {
+	CFG_EMIT_NATIVE = 0,
+	CFG_EMIT_CLOUDEVENTS = 1, /* structured mode */
+};
+
 /* The largest INBOX_BATCH: the one bound of a batch, which cfg enforces
  * and every array sized for a batch (the worker's, the broker
  * connection's held deliveries) is checked against at compile time. */
@@ -118,6 +132,10 @@ struct cfg {
 	char *migrations_dir;       /* INBOX_MIGRATIONS_DIR, default: the installed/source dir */
 	int batch;                  /* INBOX_BATCH 100 [1,CFG_BATCH_MAX], <= prefetch: messages per transaction */
 	char *lifecycle;            /* INBOX_LIFECYCLE "", a definition file; "": the built-in one */
+	enum cfg_envelope envelope; /* INBOX_ENVELOPE native */
+	char *type_map;             /* INBOX_TYPE_MAP "theirs=Ours,...", checked; "" = none */
+	char *order_id_field;       /* INBOX_ORDER_ID_FIELD "subject" or a dotted path; "" = per envelope */
+	enum cfg_emit_envelope emit_envelope; /* INBOX_EMIT_ENVELOPE native */
 };
 
 enum cfg_result {

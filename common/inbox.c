@@ -47,6 +47,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "array.h"
 #include "fault.h"
 #include "log.h"
@@ -137,6 +139,10 @@ struct inbox {
 	size_t body_cap;
 	char *props;
 	size_t props_cap;
+	char *event;
+	size_t event_cap;
+	char *context;
+	size_t context_cap;
 	/* The batch in hand, grown to the largest batch seen: per message its
 	 * hash and key, per key its claim, the orders locked. */
 	int cap;
@@ -177,6 +183,7 @@ struct inbox_event {
 	const char *routing_key;
 	const char *props;        /* JSON or NULL */
 	int64_t deliveries;       /* for the dead-letter copy; 0 when unknown (a held row) */
+	const struct env_context *ctx; /* carried into what it causes; NULL: nothing */
 	int64_t amount_cents;
 	bool has_amount;
 	char sha[65];             /* the payload hash, hex: the ledger keeps it */
@@ -255,7 +262,7 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	 * (ix_held_events_order). */
 	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
 	                " AND id > ? ORDER BY id LIMIT ?");
-	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body FROM held_events"
+	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body, event, context FROM held_events"
 	               " WHERE id = ? AND consumer = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
@@ -291,7 +298,12 @@ fail:
 int inbox_limits(const struct inbox *ib, char *why, size_t cap)
 {
 	size_t have = db_max_request(ib->db), packet = db_max_packet(ib->db);
-	size_t need = 2 * (size_t)ib->conf->max_body + INBOX_ROW_OVERHEAD;
+	/* An enveloped held event also keeps its canonical event
+	 * (held_events.event): at most the body again plus the attributes its
+	 * headers carried (bounded by the properties' column), also as hex. */
+	bool env = ib->conf->envelope != CFG_ENVELOPE_NATIVE;
+	size_t per = env ? 4 : 2, over = INBOX_ROW_OVERHEAD + (env ? 2u * INBOX_PROPS_COLUMN_MAX : 0);
+	size_t need = per * (size_t)ib->conf->max_body + over;
 
 	if (need <= have)
 		return ST_OK;
@@ -300,7 +312,7 @@ int inbox_limits(const struct inbox *ib, char *why, size_t cap)
 	         "INBOX_MAX_BODY=%ld needs the database's max_allowed_packet >= %zu (the server has %zu): raise"
 	         " max_allowed_packet (SET GLOBAL and the server's configuration) or lower INBOX_MAX_BODY to %zu",
 	         ib->conf->max_body, (need + (packet - have) + 1023) / 1024 * 1024, packet,
-	         have > INBOX_ROW_OVERHEAD ? (have - INBOX_ROW_OVERHEAD) / 2 : 0);
+	         have > over ? (have - over) / per : 0);
 	return ST_ERR_INVALID;
 }
 
@@ -314,6 +326,8 @@ void inbox_close(struct inbox **ibp)
 	/* Statements belong to the db and die with it. */
 	free(ib->body);
 	free(ib->props);
+	free(ib->event);
+	free(ib->context);
 	free(ib->hex);
 	free(ib->key_of);
 	free(ib->sorted);
@@ -368,7 +382,7 @@ static const struct {
 } inbox_wsql[W_NSECT] = {
 	[W_DEL] = { "DELETE FROM held_events WHERE id IN (", ")" },
 	[W_HOLD] = { "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body,"
-	             " held_at) VALUES ", "" },
+	             " held_at, event, context) VALUES ", "" },
 	[W_ORDER] = { "INSERT INTO orders (id, status, version, flags, amount_cents, paid_at, created_at, updated_at)"
 	              " VALUES ",
 	              " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
@@ -691,7 +705,7 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++) {
 			if (v.emits & emits[i].bit) {
 				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, emits[i].type, ev->order_id,
-				                      ev->message_id, ev->type_name);
+				                      ev->message_id, ev->type_name, ev->ctx);
 				nrows++;
 			}
 		}
@@ -745,9 +759,19 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
  * rest of it is read only once it can take effect. */
 struct inbox_held {
 	int64_t id;
-	char source[MSG_SOURCE_MAX + 1];
-	char message_id[MSG_ID_MAX + 1];
+	char source[MSG_WIDE_SOURCE_MAX + 1];
+	char message_id[MSG_WIDE_ID_MAX + 1];
 	char type[MSG_TYPE_NAME_MAX + 1];
+};
+
+/* Read with the rest of a held event (inbox_held_load), kept apart from
+ * the listing (a page of 64 stays small): the canonical event of an
+ * enveloped message (NULL: native, the body is the event) and what it
+ * carries into what it causes. */
+struct inbox_held_more {
+	const char *event;
+	size_t event_len;
+	struct env_context ctx;
 };
 
 /* Give back the memory of an oversized held event read back (one larger
@@ -760,21 +784,28 @@ static void inbox_trim(struct inbox *ib)
 		ib->body = NULL;
 		ib->body_cap = 0;
 	}
+	if (ib->event_cap > (size_t)ib->conf->max_body + 1 && ib->event_cap > INBOX_PROPS_COLUMN_MAX + 1) {
+		free(ib->event);
+		ib->event = NULL;
+		ib->event_cap = 0;
+	}
 }
 
 /* Read a held event whole: h gets its key and type, ev its routing key (in
  * rk), properties and body (in the inbox's buffers, grown to fit the stored
  * row up to the columns' widths).  ev->order_id is the caller's.
  * ST_ERR_NOT_FOUND: the row is gone. */
-static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, char *rk, size_t rk_cap,
-                           struct inbox_event *ev)
+static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, struct inbox_held_more *x, char *rk,
+                           size_t rk_cap, struct inbox_event *ev)
 {
 	struct db_param p[2] = { DBP_I64(id), DBP_STR(ib->conf->consumer) };
-	struct db_col c[6] = {
+	struct db_col c[8] = {
 		DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
 		DBC_STR(h->type, sizeof h->type), DBC_STR(rk, rk_cap),
 		DBC_GROW(&ib->props, &ib->props_cap, INBOX_PROPS_COLUMN_MAX),
 		DBC_GROW(&ib->body, &ib->body_cap, INBOX_BODY_COLUMN_MAX),
+		DBC_GROW(&ib->event, &ib->event_cap, INBOX_BODY_COLUMN_MAX),
+		DBC_GROW(&ib->context, &ib->context_cap, INBOX_PROPS_COLUMN_MAX),
 	};
 	int rc = db_stmt_query(ib->held_get, p, ARRAY_LEN(p));
 	int r;
@@ -792,6 +823,9 @@ static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, c
 		.source = h->source, .message_id = h->message_id, .type_name = h->type, .body = ib->body,
 		.len = c[5].len, .routing_key = rk, .props = c[4].is_null ? NULL : ib->props,
 	};
+	x->event = c[6].is_null ? NULL : ib->event;
+	x->event_len = c[6].len;
+	env_context_from_json(c[7].is_null ? NULL : ib->context, &x->ctx);
 	return ST_OK;
 }
 
@@ -801,15 +835,25 @@ static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, c
  * column's (the body was within INBOX_MAX_BODY when it came).  A body that
  * no longer parses or no longer matches its row (the rules changed since)
  * gives the reason to dead-letter it with, and m->detail. */
-static enum msg_reason inbox_held_parse(const struct inbox_held *h, const char *order_id,
-                                        const struct inbox_event *raw, struct msg *m)
+static enum msg_reason inbox_held_parse(const struct inbox_held *h, const struct inbox_held_more *x,
+                                        const char *order_id, const struct inbox_event *raw, struct msg *m)
 {
 	struct msg_props props = {
 		.message_id = h->message_id, .message_id_len = strlen(h->message_id),
 		.type = h->type, .type_len = strlen(h->type),
 	};
-	enum msg_reason r = msg_parse(raw->body, raw->len, INBOX_BODY_COLUMN_MAX, &props, m);
+	enum msg_reason r;
 
+	if (x->event != NULL) {
+		/* Enveloped: its canonical event, as the envelope layer read it
+		 * when it came (a changed INBOX_TYPE_MAP does not reread it). */
+		json_t *root = json_loadb(x->event, x->event_len, JSON_REJECT_DUPLICATES, NULL);
+
+		r = msg_parse_event(root, NULL, m);
+		json_decref(root);
+	} else {
+		r = msg_parse(raw->body, raw->len, INBOX_BODY_COLUMN_MAX, &props, m);
+	}
 	if (r != MSG_REASON_NONE)
 		return r;
 	if (strcmp(m->message_id, h->message_id) != 0 || strcmp(m->source, h->source) != 0 ||
@@ -845,6 +889,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
                              struct inbox_result *res, bool *settled, bool *changed)
 {
 	struct inbox_held h;
+	struct inbox_held_more x;
 	struct inbox_event raw, ev;
 	struct order_verdict v;
 	struct msg m;
@@ -860,19 +905,24 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	v = order_decide(o->state, o->flags, (enum msg_type)t);
 	if (v.decision == ORDER_HOLD)
 		return ST_OK;
-	rc = inbox_held_load(ib, listed->id, &h, rk, sizeof rk, &raw);
+	rc = inbox_held_load(ib, listed->id, &h, &x, rk, sizeof rk, &raw);
 	if (rc != ST_OK)
 		return rc == ST_ERR_NOT_FOUND ? ST_ERR_DB : rc; /* listed under the order's lock: cannot vanish */
 	raw.order_id = o->id;
-	reason = inbox_held_parse(&h, o->id, &raw, &m);
+	/* Its lines carry its trace (the worker's are of the delivery in hand). */
+	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
+	reason = inbox_held_parse(&h, &x, o->id, &raw, &m);
 	if (reason != MSG_REASON_NONE) {
 		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
 	} else {
 		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
+		ev.ctx = &x.ctx;
 		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed);
 	}
-	if (rc != ST_OK)
+	if (rc != ST_OK) {
+		log_trace_clear();
 		return rc;
+	}
 	sqlbuf_item(&ib->w[W_DEL]);
 	sqlbuf_i64(&ib->w[W_DEL], h.id);
 	*settled = true;
@@ -882,6 +932,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	res->released_reason[reason]++;
 	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
+	log_trace_clear();
 	return ST_OK;
 }
 
@@ -942,6 +993,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
 			continue;
 		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
 		ev.deliveries = in->deliveries;
+		ev.ctx = in->ctx;
 		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
@@ -1022,6 +1074,7 @@ static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox
 static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_order *o)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
+	char *context = env_context_json(in->ctx);
 	struct sqlbuf *b = &ib->w[W_HOLD];
 	struct inbox_event ev;
 
@@ -1036,8 +1089,14 @@ static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct
 	sqlbuf_str(b, props);
 	sqlbuf_bytes(b, ev.body, ev.len);
 	sqlbuf_value(b, "NOW(6)");
+	if (in->event != NULL)
+		sqlbuf_bytes(b, in->event, strlen(in->event));
+	else
+		sqlbuf_value(b, "NULL");
+	sqlbuf_str(b, context); /* NULL prints NULL */
 	sqlbuf_row_end(b);
 	free(props);
+	free(context);
 	inbox_w_outcome(ib, &ev, "held", NULL, true);
 	o->held++;
 	o->held_dirty = true;
@@ -1392,6 +1451,7 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 		return ST_ERR_DB; /* the claim locks the order of every key it inserted */
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
 	ev.deliveries = in->deliveries;
+	ev.ctx = in->ctx;
 	v = order_decide(o->state, o->flags, m->type);
 	if (v.decision == ORDER_HOLD) {
 		inbox_hold(ib, in, o);
@@ -1527,6 +1587,7 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 {
 	struct inbox_order *o = NULL;
 	struct inbox_held h;
+	struct inbox_held_more x;
 	struct inbox_event ev;
 	char rk[256], detail[160];
 	int rc;
@@ -1534,7 +1595,7 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	*done = false;
 	rc = inbox_lock_one(ib, order_id, &o);
 	if (rc == ST_OK)
-		rc = inbox_held_load(ib, id, &h, rk, sizeof rk, &ev);
+		rc = inbox_held_load(ib, id, &h, &x, rk, sizeof rk, &ev);
 	if (rc == ST_ERR_NOT_FOUND)
 		return inbox_end(ib, ST_OK, false); /* released meanwhile; only the lock was written */
 	if (rc != ST_OK)
@@ -1555,8 +1616,10 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	if (rc != ST_OK)
 		return rc;
 	*done = true;
+	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
 	LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", h.message_id), LOG_S("order", order_id), LOG_S("type", h.type),
 	    LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
+	log_trace_clear();
 	return ST_OK;
 }
 

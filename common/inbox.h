@@ -25,6 +25,7 @@
 
 #include "cfg.h"
 #include "db.h"
+#include "envelope.h"
 #include "msg.h"
 #include "order.h"
 
@@ -52,6 +53,11 @@ struct inbox_in {
 	const void *props_arg;
 	int64_t published_us; /* 0 when unknown */
 	int64_t deliveries;   /* how often delivered, this time counted (x-delivery-count + 1); 0 when unknown */
+	/* What the message carries into the events it causes (NULL: nothing),
+	 * and its canonical event when it came in an envelope (NULL: native;
+	 * envelope.h): both kept with it when it is held. */
+	const struct env_context *ctx;
+	const char *event;
 };
 
 struct inbox_result {

@@ -361,8 +361,35 @@ static void build_json(struct line *l, enum log_level level, const char *msg,
 	line_put_tail(l, "}\n");
 }
 
+/* The trace of the message this thread is handling (log_trace_set):
+ * OpenTelemetry's log correlation fields, added to every line the thread
+ * writes meanwhile.  Empty: none. */
+static _Thread_local char log_trace_id[33];
+static _Thread_local char log_span_id[17];
+
+/* Lines with more fields than this are written without the trace fields
+ * (none of ours has nearly as many). */
+#define LOG_KV_MAX 32
+
+void log_trace_set(const char *trace_id, const char *span_id)
+{
+	if (trace_id == NULL || span_id == NULL || trace_id[0] == '\0' || strlen(trace_id) >= sizeof log_trace_id ||
+	    strlen(span_id) >= sizeof log_span_id) {
+		log_trace_id[0] = log_span_id[0] = '\0';
+		return;
+	}
+	memcpy(log_trace_id, trace_id, strlen(trace_id) + 1);
+	memcpy(log_span_id, span_id, strlen(span_id) + 1);
+}
+
+void log_trace_clear(void)
+{
+	log_trace_id[0] = log_span_id[0] = '\0';
+}
+
 void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, int n)
 {
+	struct log_kv all[LOG_KV_MAX + 2];
 	struct line l;
 	size_t off = 0;
 
@@ -372,6 +399,13 @@ void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, in
 		msg = "";
 	if (kv == NULL || n < 0)
 		n = 0;
+	if (log_trace_id[0] != '\0' && n <= LOG_KV_MAX) {
+		for (int i = 0; i < n; i++)
+			all[i] = kv[i];
+		all[n++] = LOG_S("trace_id", log_trace_id);
+		all[n++] = LOG_S("span_id", log_span_id);
+		kv = all;
+	}
 	l.len = 0;
 	l.limit = sizeof l.buf - LOG_TAIL_RESERVE;
 	l.full = false;

@@ -53,6 +53,13 @@ int log_level_parse(const char *s, enum log_level *out);
 int log_format_parse(const char *s, enum log_format *out);
 const char *log_level_name(enum log_level level);
 
+/* While a thread handles one message that carries a W3C trace, every line
+ * it writes ends with trace_id= and span_id= (OpenTelemetry's names for
+ * log correlation; the span is the message's own, envelope.h).  NULL or
+ * "" clears it, as log_trace_clear does. */
+void log_trace_set(const char *trace_id, const char *span_id);
+void log_trace_clear(void);
+
 /* Emit msg with n key/values. Prefer the LOG macros. */
 void log_emit(enum log_level level, const char *msg, const struct log_kv *kv, int n);
 

@@ -743,6 +743,43 @@ static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
 		d->delivery_count = 0;
 }
 
+/* env_header_fn over the delivery's AMQP headers: long strings and byte
+ * arrays are strings. */
+static enum env_hdr mq_env_header(const void *arg, const char *key, const char **val, size_t *len)
+{
+	const amqp_field_value_t *v = props_header(&((const amqp_message_t *)arg)->properties, key);
+
+	if (v == NULL)
+		return ENV_HDR_ABSENT;
+	if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
+		return ENV_HDR_OTHER;
+	*val = v->value.bytes.bytes;
+	*len = v->value.bytes.len;
+	return ENV_HDR_STRING;
+}
+
+void mq_delivery_envelope(const struct mq_delivery *d, struct env_delivery *e)
+{
+	const amqp_message_t *msg = d->priv;
+	const amqp_basic_properties_t *p = msg != NULL ? &msg->properties : NULL;
+
+	*e = (struct env_delivery){ .body = d->body, .len = d->len, .props = d->props };
+	if (p == NULL)
+		return;
+	if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG) {
+		e->content_type = p->content_type.bytes;
+		e->content_type_len = p->content_type.len;
+	}
+	if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG) {
+		e->correlation_id = p->correlation_id.bytes;
+		e->correlation_id_len = p->correlation_id.len;
+	}
+	if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
+		e->header = mq_env_header;
+		e->header_arg = msg;
+	}
+}
+
 /* Read one delivery into a free envelope slot, waiting up to timeout_ms
  * (rabbitmq-c sends and checks heartbeats while it waits).  Returns the
  * slot, or an st_code: ST_ERR_TIMEOUT also when the frame that came was a

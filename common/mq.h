@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "cfg.h"
+#include "envelope.h"
 #include "msg.h"
 /* The publishing half of a struct mq's API: one handle, one include. */
 #include "pub.h"
@@ -157,6 +158,10 @@ int mq_queue_counts(struct mq *m, const char *queue, uint32_t *messages, uint32_
 /* Fetch one message with basic.get (no_ack=false): ST_OK, ST_ERR_NOT_FOUND
  * when empty.  The delivery is released with mq_delivery_release. */
 int mq_get(struct mq *m, const char *queue, struct mq_delivery *d);
+/* The delivery as the envelope layer reads it (common/envelope.h): body,
+ * properties and a lookup of its headers, all borrowed from d. */
+void mq_delivery_envelope(const struct mq_delivery *d, struct env_delivery *e);
+
 /* Read a string header of a delivery into buf; ST_ERR_NOT_FOUND if absent. */
 int mq_delivery_header(const struct mq_delivery *d, const char *key, char *buf, size_t cap);
 

@@ -104,6 +104,46 @@ bool msg_id_valid(const char *s, size_t len, size_t min, size_t max)
 	return true;
 }
 
+bool msg_wide_id_valid(const char *s, size_t len, size_t max)
+{
+	if (len < 1 || len > max || s == NULL || s[len - 1] == ' ')
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+			return false;
+	}
+	return true;
+}
+
+static bool hex_digit(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+bool msg_uri_ref_valid(const char *s, size_t len, size_t min, size_t max)
+{
+	/* RFC 3986's unreserved and reserved characters; '%' only as the head
+	 * of an escape.  A URI-reference is made of nothing else (its grammar
+	 * beyond the alphabet would not make a key any safer). */
+	static const char other[] = "-._~:/?#[]@!$&'()*+,;=";
+
+	if (len < min || len > max || (len > 0 && s == NULL))
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (c == '%') {
+			if (len - i < 3 || !hex_digit((unsigned char)s[i + 1]) || !hex_digit((unsigned char)s[i + 2]))
+				return false;
+			i += 2;
+			continue;
+		}
+		if (!id_char(c) && (c == '\0' || strchr(other, c) == NULL))
+			return false;
+	}
+	return true;
+}
+
 void msg_sha256_hex(const unsigned char sha[32], char out[65])
 {
 	static const char hex[] = "0123456789abcdef";
@@ -149,8 +189,8 @@ static const char *qcut(size_t len)
 
 /* A string field of the body.  Absent or null: *s = NULL and MSG_REASON_NONE.
  * Any other non-string: invalid-field. */
-static enum msg_reason body_string(json_t *root, const char *key, const char **s, size_t *len,
-                                   struct msg *out)
+static enum msg_reason body_string(json_t *root, const char *key, const char *name, const char **s,
+                                   size_t *len, struct msg *out)
 {
 	json_t *v = json_object_get(root, key);
 
@@ -159,7 +199,7 @@ static enum msg_reason body_string(json_t *root, const char *key, const char **s
 	if (v == NULL || json_is_null(v))
 		return MSG_REASON_NONE;
 	if (!json_is_string(v)) {
-		set_detail(out, "%s must be a string", key);
+		set_detail(out, "%s must be a string", name);
 		return MSG_REASON_INVALID_FIELD;
 	}
 	*s = json_string_value(v);
@@ -169,12 +209,12 @@ static enum msg_reason body_string(json_t *root, const char *key, const char **s
 
 /* The value from the body or from the AMQP property (empty means absent);
  * when both are present they must agree. */
-static enum msg_reason body_or_prop(json_t *root, const char *key, const char *prop,
+static enum msg_reason body_or_prop(json_t *root, const char *key, const char *name, const char *prop,
                                     size_t prop_len, const char **s, size_t *len, struct msg *out)
 {
 	const char *b;
 	size_t blen;
-	enum msg_reason r = body_string(root, key, &b, &blen, out);
+	enum msg_reason r = body_string(root, key, name, &b, &blen, out);
 
 	if (r != MSG_REASON_NONE)
 		return r;
@@ -183,12 +223,12 @@ static enum msg_reason body_or_prop(json_t *root, const char *key, const char *p
 		prop_len = 0;
 	}
 	if (b != NULL && prop != NULL && (blen != prop_len || memcmp(b, prop, blen) != 0)) {
-		set_detail(out, "%s property '%.*s%s' differs from body '%.*s%s'", key,
+		set_detail(out, "%s property '%.*s%s' differs from body '%.*s%s'", name,
 		           qlen(prop_len), prop, qcut(prop_len), qlen(blen), b, qcut(blen));
 		return MSG_REASON_INVALID_FIELD;
 	}
 	if (b == NULL && prop == NULL) {
-		set_detail(out, "%s is missing from body and properties", key);
+		set_detail(out, "%s is missing from body and properties", name);
 		return MSG_REASON_MISSING_FIELD;
 	}
 	*s = b != NULL ? b : prop;
@@ -369,6 +409,142 @@ out:
 	return ok;
 }
 
+/* The fields of a parsed event, checked in a fixed order (the first
+ * failure wins) and the hash over root.  names == NULL: a native message
+ * (its rules, its field names, the AMQP properties that may carry the id
+ * and type); otherwise an event mapped from an envelope (msg_parse_event),
+ * with the envelope's wider key rules and the producer's names in the
+ * details. */
+static enum msg_reason msg_check(json_t *root, const struct msg_props *props, const struct msg_names *names,
+                                 struct msg *out)
+{
+	static const struct msg_names ours = { "message_id", "source", "type", "order_id", "occurred_at", "data" };
+	const struct msg_names *nm = names != NULL ? names : &ours;
+	bool wide = names != NULL;
+	json_t *data;
+	const char *s;
+	size_t slen;
+	int type;
+	enum msg_reason r;
+
+	/* message_id first: from here on a failure can be logged under it. */
+	r = body_or_prop(root, "message_id", nm->message_id, props->message_id, props->message_id_len, &s, &slen,
+	                 out);
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (!wide) {
+		r = take_id(out, nm->message_id, s, slen, 1, MSG_ID_MAX, out->message_id);
+		if (r != MSG_REASON_NONE)
+			return r;
+	} else if (!msg_wide_id_valid(s, slen, MSG_WIDE_ID_MAX)) {
+		set_detail(out, "%s '%.*s%s' is not 1..%d printable ASCII characters (not ending in a space)",
+		           nm->message_id, qlen(slen), s, qcut(slen), MSG_WIDE_ID_MAX);
+		return MSG_REASON_INVALID_FIELD;
+	} else {
+		copy_field(out->message_id, s, slen);
+	}
+
+	if (too_deep(root, 1)) {
+		set_detail(out, "%s nests objects/arrays deeper than %d levels", wide ? nm->data : "body",
+		           MSG_MAX_DEPTH);
+		return MSG_REASON_INVALID_FIELD;
+	}
+
+	r = body_string(root, "source", nm->source, &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (s != NULL && !wide) {
+		r = take_id(out, nm->source, s, slen, 0, MSG_SOURCE_MAX, out->source);
+		if (r != MSG_REASON_NONE)
+			return r;
+	} else if (s != NULL) {
+		if (!msg_uri_ref_valid(s, slen, 0, MSG_WIDE_SOURCE_MAX)) {
+			set_detail(out, "%s '%.*s%s' is not a URI-reference of 1..%d characters", nm->source,
+			           qlen(slen), s, qcut(slen), MSG_WIDE_SOURCE_MAX);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		copy_field(out->source, s, slen);
+	}
+
+	r = body_or_prop(root, "type", nm->type, props->type, props->type_len, &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		return r;
+	type = msg_type_from_name(s, slen);
+	if (type < 0) {
+		set_detail(out, "unknown event type '%.*s%s'%s", qlen(slen), s, qcut(slen),
+		           wide ? " (map it with INBOX_TYPE_MAP)" : "");
+		return MSG_REASON_UNKNOWN_TYPE;
+	}
+	out->type = (enum msg_type)type;
+	copy_field(out->type_name, s, slen); /* a known name: always fits */
+
+	r = body_string(root, "order_id", nm->order_id, &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (s == NULL) {
+		set_detail(out, "%s (the order id) is missing", nm->order_id);
+		return MSG_REASON_MISSING_FIELD;
+	}
+	r = take_id(out, nm->order_id, s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
+	if (r != MSG_REASON_NONE)
+		return r;
+
+	r = body_string(root, "occurred_at", nm->occurred_at, &s, &slen, out);
+	if (r != MSG_REASON_NONE)
+		return r;
+	if (s != NULL) {
+		if (!rfc3339_valid(s, slen)) {
+			set_detail(out, "%s '%.*s%s' is not an RFC 3339 date-time", nm->occurred_at, qlen(slen), s,
+			           qcut(slen));
+			return MSG_REASON_INVALID_FIELD;
+		}
+		copy_field(out->occurred_at, s, slen);
+	}
+
+	data = json_object_get(root, "data");
+	if (data != NULL && !json_is_null(data)) {
+		json_t *amount;
+
+		if (!json_is_object(data)) {
+			set_detail(out, "%s must be an object", nm->data);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		amount = json_object_get(data, "amount_cents");
+		if (amount != NULL && !json_is_null(amount)) {
+			if (!json_is_integer(amount) || json_integer_value(amount) < 0) {
+				set_detail(out, "%s.amount_cents must be an integer >= 0", nm->data);
+				return MSG_REASON_INVALID_FIELD;
+			}
+			out->amount_cents = (int64_t)json_integer_value(amount);
+			out->has_amount = true;
+		}
+	}
+
+	if (!body_hash(root, out->sha256)) {
+		/* Only out of memory ends up here; jansson reports that as a parse
+		 * error too, so it shares the reason. */
+		set_detail(out, "cannot hash body (out of memory)");
+		return MSG_REASON_MALFORMED_JSON;
+	}
+	return MSG_REASON_NONE;
+}
+
+enum msg_reason msg_parse_event(json_t *root, const struct msg_names *names, struct msg *out)
+{
+	static const struct msg_props no_props = { NULL, 0, NULL, 0 };
+	static const struct msg_names canonical = { "message_id", "source", "type", "order_id", "occurred_at",
+		                                    "data" };
+
+	if (out == NULL)
+		return MSG_REASON_MALFORMED_JSON;
+	memset(out, 0, sizeof *out);
+	if (root == NULL || !json_is_object(root)) {
+		set_detail(out, "event is not a JSON object");
+		return MSG_REASON_MALFORMED_JSON;
+	}
+	return msg_check(root, &no_props, names != NULL ? names : &canonical, out);
+}
+
 /* ---- the parse ----------------------------------------------------------- */
 
 enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
@@ -377,10 +553,6 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 	static const struct msg_props no_props = { NULL, 0, NULL, 0 };
 	json_error_t err;
 	json_t *root = NULL;
-	json_t *data;
-	const char *s;
-	size_t slen;
-	int type;
 	enum msg_reason r = MSG_REASON_NONE;
 
 	if (out == NULL)
@@ -412,96 +584,7 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 		goto cleanup;
 	}
 
-	/* message_id first: from here on a failure can be logged under it. */
-	r = body_or_prop(root, "message_id", props->message_id, props->message_id_len, &s, &slen,
-	                 out);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-	r = take_id(out, "message_id", s, slen, 1, MSG_ID_MAX, out->message_id);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-
-	if (too_deep(root, 1)) {
-		set_detail(out, "body nests objects/arrays deeper than %d levels", MSG_MAX_DEPTH);
-		r = MSG_REASON_INVALID_FIELD;
-		goto cleanup;
-	}
-
-	r = body_string(root, "source", &s, &slen, out);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-	if (s != NULL) {
-		r = take_id(out, "source", s, slen, 0, MSG_SOURCE_MAX, out->source);
-		if (r != MSG_REASON_NONE)
-			goto cleanup;
-	}
-
-	r = body_or_prop(root, "type", props->type, props->type_len, &s, &slen, out);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-	type = msg_type_from_name(s, slen);
-	if (type < 0) {
-		set_detail(out, "unknown event type '%.*s%s'", qlen(slen), s, qcut(slen));
-		r = MSG_REASON_UNKNOWN_TYPE;
-		goto cleanup;
-	}
-	out->type = (enum msg_type)type;
-	copy_field(out->type_name, s, slen); /* a known name: always fits */
-
-	r = body_string(root, "order_id", &s, &slen, out);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-	if (s == NULL) {
-		set_detail(out, "order_id is missing");
-		r = MSG_REASON_MISSING_FIELD;
-		goto cleanup;
-	}
-	r = take_id(out, "order_id", s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-
-	r = body_string(root, "occurred_at", &s, &slen, out);
-	if (r != MSG_REASON_NONE)
-		goto cleanup;
-	if (s != NULL) {
-		if (!rfc3339_valid(s, slen)) {
-			set_detail(out, "occurred_at '%.*s%s' is not an RFC 3339 date-time",
-			           qlen(slen), s, qcut(slen));
-			r = MSG_REASON_INVALID_FIELD;
-			goto cleanup;
-		}
-		copy_field(out->occurred_at, s, slen);
-	}
-
-	data = json_object_get(root, "data");
-	if (data != NULL && !json_is_null(data)) {
-		json_t *amount;
-
-		if (!json_is_object(data)) {
-			set_detail(out, "data must be an object");
-			r = MSG_REASON_INVALID_FIELD;
-			goto cleanup;
-		}
-		amount = json_object_get(data, "amount_cents");
-		if (amount != NULL && !json_is_null(amount)) {
-			if (!json_is_integer(amount) || json_integer_value(amount) < 0) {
-				set_detail(out, "data.amount_cents must be an integer >= 0");
-				r = MSG_REASON_INVALID_FIELD;
-				goto cleanup;
-			}
-			out->amount_cents = (int64_t)json_integer_value(amount);
-			out->has_amount = true;
-		}
-	}
-
-	if (!body_hash(root, out->sha256)) {
-		/* Only out of memory ends up here; jansson reports that as a parse
-		 * error too, so it shares the reason. */
-		set_detail(out, "cannot hash body (out of memory)");
-		r = MSG_REASON_MALFORMED_JSON;
-		goto cleanup;
-	}
-	r = MSG_REASON_NONE;
+	r = msg_check(root, props, NULL, out);
 
 cleanup:
 	json_decref(root);

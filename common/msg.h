@@ -17,6 +17,13 @@
 
 #define MSG_ID_MAX 128
 #define MSG_SOURCE_MAX 64
+/* An event that came in an envelope (common/envelope.h) follows the
+ * envelope's wider rules (SPEC.md, Envelopes): a CloudEvents id is any
+ * printable ASCII and its source a URI-reference, each up to 255
+ * characters.  struct msg and every buffer that holds a key are this wide;
+ * native messages still get MSG_ID_MAX and MSG_SOURCE_MAX. */
+#define MSG_WIDE_ID_MAX 255
+#define MSG_WIDE_SOURCE_MAX 255
 #define MSG_ORDER_ID_MAX 64
 #define MSG_TYPE_NAME_MAX 32
 #define MSG_TIME_MAX 40
@@ -58,8 +65,8 @@ struct msg_props {
 };
 
 struct msg {
-	char message_id[MSG_ID_MAX + 1];
-	char source[MSG_SOURCE_MAX + 1];       /* "" when absent */
+	char message_id[MSG_WIDE_ID_MAX + 1];
+	char source[MSG_WIDE_SOURCE_MAX + 1];  /* "" when absent */
 	char order_id[MSG_ORDER_ID_MAX + 1];
 	char type_name[MSG_TYPE_NAME_MAX + 1]; /* as sent: "PaymentConfirmed" stays */
 	enum msg_type type;
@@ -78,6 +85,30 @@ struct msg {
  */
 enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
                           const struct msg_props *props, struct msg *out);
+
+struct json_t;
+/*
+ * Validate an event the envelope layer mapped into our canonical form: a
+ * JSON object with message_id, source, type (one of ours), order_id and
+ * optionally occurred_at and data, nothing else.  The envelope rules apply
+ * (msg_wide_id_valid, msg_uri_ref_valid, both up to 255); order_id,
+ * occurred_at and data follow the native rules.  The hash is over root
+ * itself (compact, sorted keys), so two envelopes carrying one event hash
+ * alike.  root is the caller's.  names: what the producer called each field
+ * (CloudEvents' "id", "subject", ...), for the detail line; NULL: ours.
+ */
+struct msg_names {
+	const char *message_id, *source, *type, *order_id, *occurred_at, *data;
+};
+enum msg_reason msg_parse_event(struct json_t *root, const struct msg_names *names, struct msg *out);
+
+/* A CloudEvents id as we store it: 1..max printable ASCII characters
+ * (0x20-0x7e), not ending in a space (the key columns' collation pads with
+ * spaces, so "a" and "a " would be one key there and two here). */
+bool msg_wide_id_valid(const char *s, size_t len, size_t max);
+/* An RFC 3986 URI-reference of min..max characters: unreserved, reserved
+ * and well-formed %XX escapes only. */
+bool msg_uri_ref_valid(const char *s, size_t len, size_t min, size_t max);
 
 /* "OrderCreated" etc.; the canonical name of the event (PaymentAuthorized). */
 const char *msg_type_name(enum msg_type t);

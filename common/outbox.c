@@ -158,11 +158,45 @@ static void outbox_row_sql(struct sqlbuf *b, const char *id, const char *exchang
 	sqlbuf_row_end(b);
 }
 
-int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
-                     const char *cause_message_id, const char *cause_type)
+/* The properties an emitted event is published with (props_build reads
+ * them back): its correlation-id -- the cause's correlation id, else the
+ * cause's message id, so a consumer can tell what it answers --, the trace
+ * context continued (traceparent with the cause's trace id and its span as
+ * the parent, tracestate as it came) and, for a CloudEvent, its content
+ * type.  NULL only when memory ran out. */
+static char *outbox_event_props(const struct cfg *conf, const char *cause_message_id, const struct env_context *ctx,
+                                const char *tp)
 {
-	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32];
-	char *body = NULL;
+	json_t *o = json_object(), *h = json_object();
+	const char *corr = ctx != NULL && ctx->correlation_id[0] != '\0' ? ctx->correlation_id : cause_message_id;
+	char *s = NULL;
+
+	if (o == NULL || h == NULL)
+		goto out;
+	if (json_object_set_new(o, "correlation_id", json_string(corr)) != 0)
+		goto out;
+	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS &&
+	    json_object_set_new(o, "content_type", json_string("application/cloudevents+json")) != 0)
+		goto out;
+	if (tp[0] != '\0') {
+		if (json_object_set_new(h, "traceparent", json_string(tp)) != 0 ||
+		    (ctx->tracestate[0] != '\0' && json_object_set_new(h, "tracestate", json_string(ctx->tracestate)) != 0))
+			goto out;
+		if (json_object_set(o, "headers", h) != 0)
+			goto out;
+	}
+	s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+out:
+	json_decref(h);
+	json_decref(o);
+	return s;
+}
+
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
+                     const char *cause_message_id, const char *cause_type, const struct env_context *ctx)
+{
+	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
+	char *body = NULL, *props = NULL;
 	json_t *o;
 	int rc = outbox_now(ts, sizeof ts);
 
@@ -171,16 +205,37 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type,
 	/* Cut as the columns and AMQP would: ids fit, ours are short. */
 	snprintf(id, sizeof id, "%s:%s", type, order_id);
 	snprintf(rk, sizeof rk, "order.%s", type);
-	o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", conf->consumer, "type",
-	              type, "order_id", order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
-	              "cause_type", cause_type);
+	(void)env_traceparent(ctx, tp, sizeof tp);
+	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS) {
+		/* Structured mode (SPEC.md, Envelopes): id is the stable id,
+		 * source names this consumer, subject the order. */
+		snprintf(src, sizeof src, "urn:inbox-worker:%s", conf->consumer);
+		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "specversion", "1.0", "id", id, "source",
+		              src, "type", type, "subject", order_id, "time", ts, "datacontenttype", "application/json",
+		              "data", "cause_message_id", cause_message_id, "cause_type", cause_type);
+		if (o != NULL && tp[0] != '\0' &&
+		    (json_object_set_new(o, "traceparent", json_string(tp)) != 0 ||
+		     (ctx->tracestate[0] != '\0' && json_object_set_new(o, "tracestate", json_string(ctx->tracestate)) != 0))) {
+			json_decref(o);
+			o = NULL;
+		}
+	} else {
+		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", conf->consumer, "type",
+		              type, "order_id", order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
+		              "cause_type", cause_type);
+	}
 	if (o != NULL)
 		body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(o);
-	if (body == NULL)
+	props = outbox_event_props(conf, cause_message_id, ctx, tp);
+	if (body == NULL || props == NULL) {
+		free(body);
+		free(props);
 		return ST_ERR_NOMEM;
-	outbox_row_sql(b, id, conf->out_exchange, rk, type, order_id, NULL, NULL, body, strlen(body));
+	}
+	outbox_row_sql(b, id, conf->out_exchange, rk, type, order_id, props, NULL, body, strlen(body));
 	free(body);
+	free(props);
 	return ST_OK;
 }
 

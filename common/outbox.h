@@ -32,6 +32,7 @@
 
 #include "cfg.h"
 #include "db.h"
+#include "envelope.h"
 #include "mq.h"
 #include "sqlbuf.h"
 
@@ -53,10 +54,12 @@ struct outbox_round {
 /* An event the worker emits, in SPEC.md's envelope, to conf->out_exchange
  * with routing key order.<type>.  Its message id, "<type>:<order id>", is
  * stable per order and type, so that a re-publish after a crash is
- * recognisable downstream.  cause_*: the event that caused it (data).
+ * recognisable downstream.  cause_*: the event that caused it (data);
+ * ctx (NULL: nothing) what it carried: the trace continued and the
+ * correlation id (props), with conf->emit_envelope's envelope.
  * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
 int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
-                     const char *cause_message_id, const char *cause_type);
+                     const char *cause_message_id, const char *cause_type, const struct env_context *ctx);
 
 /* The dead-letter copy of an event (its transition is impossible, its
  * hold expired, its stored body cannot be applied): its own body,

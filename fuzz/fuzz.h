@@ -32,4 +32,9 @@ void fuzz_msg_one(const uint8_t *data, size_t size);
  * and the JSON it returns. */
 void fuzz_props_one(const uint8_t *data, size_t size);
 
+/* env_parse on one input (envelope, content type, headers, correlation id
+ * carved off the front; see fuzz_envelope.c), then the canonical event
+ * and the trace context and their invariants. */
+void fuzz_envelope_one(const uint8_t *data, size_t size);
+
 #endif

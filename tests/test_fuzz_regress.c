@@ -70,3 +70,11 @@ Test(fuzz_regress, props)
 	feed_dir("fuzz/regress/props", fuzz_props_one);
 	cr_assert_geq(seeds, 10, "fuzz/corpus/props holds %d seeds", seeds);
 }
+
+Test(fuzz_regress, envelope)
+{
+	int seeds = feed_dir("fuzz/corpus/envelope", fuzz_envelope_one);
+
+	feed_dir("fuzz/regress/envelope", fuzz_envelope_one);
+	cr_assert_geq(seeds, 20, "fuzz/corpus/envelope holds %d seeds", seeds);
+}

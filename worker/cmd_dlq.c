@@ -47,8 +47,8 @@
 /* What one dead letter says about itself. */
 struct dlq_entry {
 	long position;                       /* 1-based place in the queue */
-	char message_id[MSG_ID_MAX + 1];     /* "-" when unreadable */
-	char source[MSG_SOURCE_MAX + 1];
+	char message_id[MSG_WIDE_ID_MAX + 1]; /* "-" when unreadable */
+	char source[MSG_WIDE_SOURCE_MAX + 1];
 	char type[MSG_TYPE_NAME_MAX + 1];
 	char order_id[MSG_ORDER_ID_MAX + 1];
 	char reason[40];
@@ -182,8 +182,8 @@ static void dlq_lenient_fields(struct dlq_entry *e, const void *body, size_t len
 		const char *key;
 		size_t off, cap;
 	} f[] = {
-		{ "message_id", offsetof(struct dlq_entry, message_id), MSG_ID_MAX + 1 },
-		{ "source", offsetof(struct dlq_entry, source), MSG_SOURCE_MAX + 1 },
+		{ "message_id", offsetof(struct dlq_entry, message_id), MSG_WIDE_ID_MAX + 1 },
+		{ "source", offsetof(struct dlq_entry, source), MSG_WIDE_SOURCE_MAX + 1 },
 		{ "type", offsetof(struct dlq_entry, type), MSG_TYPE_NAME_MAX + 1 },
 		{ "order_id", offsetof(struct dlq_entry, order_id), MSG_ORDER_ID_MAX + 1 },
 	};
@@ -744,7 +744,7 @@ static int dlq_run_key(const struct msg *m, char *buf, size_t cap)
  * copy of e would be: a duplicate of that copy, or a conflict with it. */
 static bool dlq_judge_in_run(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
 {
-	char key[MSG_SOURCE_MAX + MSG_ID_MAX + 4], sha[65];
+	char key[MSG_WIDE_SOURCE_MAX + MSG_WIDE_ID_MAX + 4], sha[65];
 	json_t *seen;
 
 	if (e->parse != MSG_REASON_NONE || dlq_run_key(&e->m, key, sizeof key) != ST_OK)
@@ -770,7 +770,7 @@ static bool dlq_judge_in_run(struct dlq_run *r, const struct dlq_entry *e, enum 
 /* Remember that this run sent (or would send) e.  ST_OK, ST_ERR_NOMEM. */
 static int dlq_remember(struct dlq_run *r, const struct dlq_entry *e)
 {
-	char key[MSG_SOURCE_MAX + MSG_ID_MAX + 4], sha[65];
+	char key[MSG_WIDE_SOURCE_MAX + MSG_WIDE_ID_MAX + 4], sha[65];
 
 	if (e->parse != MSG_REASON_NONE || dlq_run_key(&e->m, key, sizeof key) != ST_OK)
 		return ST_OK;

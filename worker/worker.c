@@ -60,6 +60,8 @@ struct item {
 	bool valid;                 /* passed the checks: went to the transaction */
 	struct inbox_result res;
 	bool done;                  /* settled: ack it */
+	struct env_context ctx;     /* trace and correlation it carries (envelope.h) */
+	char *event;                /* its canonical event when enveloped; NULL: native */
 };
 
 /* The list of a batch's valid items lives on the thread's stack. */
@@ -85,6 +87,8 @@ int worker_alloc(struct worker *w)
 
 void worker_free(struct worker *w)
 {
+	for (int i = 0; w->items != NULL && i < w->t.conf->batch; i++)
+		free(w->items[i].event);
 	free(w->items);
 	free(w->ins);
 	free(w->res);
@@ -400,6 +404,7 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 				.msg = &v[i]->m, .body = v[i]->d.body, .len = v[i]->d.len, .routing_key = item_rk(v[i]),
 				.props_json = worker_props_json, .props_arg = &v[i]->d,
 				.published_us = v[i]->d.published_us, .deliveries = v[i]->d.delivery_count + 1,
+				.ctx = &v[i]->ctx, .event = v[i]->event,
 			};
 		rc = inbox_run(w->d.inbox, w->ins, n, w->res);
 		for (i = 0; rc == ST_OK && i < n; i++)
@@ -502,7 +507,9 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 		else
 			snprintf(detail, sizeof detail, "deadlock or lock wait timeout after %d retries",
 			         w->t.conf->max_retries);
+		log_trace_set(v[0]->ctx.trace_id, v[0]->ctx.span_id);
 		rc = worker_dead_letter(w, &v[0]->d, item_rk(v[0]), msg_reason_name(reason), detail);
+		log_trace_clear();
 		if (rc != ST_OK)
 			return rc;
 		v[0]->reason = reason;
@@ -593,14 +600,17 @@ static void worker_log_handled(struct worker *w, const struct item *it, const ch
  * it->reason (NONE: valid). */
 static void worker_check(struct worker *w, struct item *it)
 {
-	struct msg_props props = it->d.props;
+	struct env_delivery e;
 
 	it->done = false;
 	it->valid = false;
 	memset(&it->res, 0, sizeof it->res); /* a dead-lettered one has no transaction's result */
 	if (it->d.redelivered)
 		metrics_redelivered();
-	it->reason = msg_parse(it->d.body, it->d.len, (size_t)w->t.conf->max_body, &props, &it->m);
+	/* The envelope layer: a native delivery goes to msg_parse as before. */
+	mq_delivery_envelope(&it->d, &e);
+	free(it->event);
+	it->reason = env_parse(w->t.conf, &e, (size_t)w->t.conf->max_body, &it->m, &it->ctx, &it->event);
 	if (it->reason == MSG_REASON_NONE && !it->d.routing_key_valid) {
 		/* It would be stored with a held event or a dead-letter
 		 * row, whose utf8mb4 column refuses it: say so now, the
@@ -624,14 +634,16 @@ static int worker_reject_bad(struct worker *w, struct item *it)
 		memcpy(it->m.message_id, it->d.props.message_id, len);
 		it->m.message_id[len] = '\0';
 	}
+	log_trace_set(it->ctx.trace_id, it->ctx.span_id);
 	rc = worker_dead_letter(w, &it->d, item_rk(it), msg_reason_name(it->reason), it->m.detail);
-	if (rc != ST_OK)
-		return rc;
-	/* the same line as a dead letter of the transaction's
-	 * (worker_account) */
-	worker_log_handled(w, it, "dead_lettered", msg_reason_name(it->reason), it->m.detail, -1);
-	it->done = true;
-	return ST_OK;
+	if (rc == ST_OK) {
+		/* the same line as a dead letter of the transaction's
+		 * (worker_account) */
+		worker_log_handled(w, it, "dead_lettered", msg_reason_name(it->reason), it->m.detail, -1);
+		it->done = true;
+	}
+	log_trace_clear();
+	return rc;
 }
 
 /* Step 1: screen every delivery; the valid ones go to valid[] (in
@@ -731,7 +743,7 @@ static int worker_account_one(struct worker *w, struct item *it)
 	 * letter also says why, in x-inbox-reason's words. */
 	const char *outcome = "dead_lettered";
 	const char *reason = NULL;
-	char detail[320] = "";
+	char detail[640] = "";
 
 	if (it->reason != MSG_REASON_NONE) {
 		/* retries-exhausted, unprocessable: no transaction
@@ -776,7 +788,9 @@ static int worker_account(struct worker *w, struct item **valid, int nvalid, int
 
 		if (!valid[i]->done)
 			continue; /* handed back by the fault hook */
+		log_trace_set(valid[i]->ctx.trace_id, valid[i]->ctx.span_id);
 		rc = worker_account_one(w, valid[i]);
+		log_trace_clear();
 		if (rc != ST_OK)
 			return rc;
 		*outbox_rows += valid[i]->res.outbox_rows;
@@ -868,8 +882,11 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 
 static void worker_release(struct worker *w, int n)
 {
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		mq_delivery_release(w->consumer, &w->items[i].d);
+		free(w->items[i].event);
+		w->items[i].event = NULL;
+	}
 }
 
 /* The broker cancelled one of the thread's consumers (its queue was

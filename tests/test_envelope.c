@@ -1,0 +1,415 @@
+/*
+ * test_envelope.c - the envelope layer (common/envelope.c) without a
+ * broker: each envelope and mode mapped to our event, one event in two
+ * modes hashing alike, malformed and incomplete envelopes with the reason
+ * and a detail naming the attribute, the type map and order id field, and
+ * the trace context and correlation id read out.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "envelope.h"
+
+#define MAX_BODY 65536
+#define TP "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+struct hdr {
+	const char *key, *val;
+	bool other; /* present, not a string */
+};
+
+static enum env_hdr lookup(const void *arg, const char *key, const char **val, size_t *len)
+{
+	for (const struct hdr *h = arg; h->key != NULL; h++) {
+		if (strcmp(h->key, key) != 0)
+			continue;
+		if (h->other)
+			return ENV_HDR_OTHER;
+		*val = h->val;
+		*len = strlen(h->val);
+		return ENV_HDR_STRING;
+	}
+	return ENV_HDR_ABSENT;
+}
+
+static struct cfg conf_of(enum cfg_envelope env, const char *map, const char *field)
+{
+	static char empty[] = "";
+	struct cfg c;
+
+	memset(&c, 0, sizeof c);
+	c.envelope = env;
+	c.type_map = map != NULL ? (char *)map : empty;
+	c.order_id_field = field != NULL ? (char *)field : empty;
+	c.consumer = (char *)"order-status";
+	return c;
+}
+
+static enum msg_reason run(const struct cfg *c, const char *body, const char *ct, const struct hdr *h,
+                           const char *corr, struct msg *m, struct env_context *ctx, char **event)
+{
+	struct env_delivery d = {
+		.body = body, .len = strlen(body), .content_type = ct, .content_type_len = ct != NULL ? strlen(ct) : 0,
+		.correlation_id = corr, .correlation_id_len = corr != NULL ? strlen(corr) : 0,
+		.header = h != NULL ? lookup : NULL, .header_arg = h,
+	};
+
+	return env_parse(c, &d, MAX_BODY, m, ctx, event);
+}
+
+#define CE_MAP "com.example.payment.authorized=PaymentAuthorized"
+static const char ce_structured[] =
+	"{\"specversion\":\"1.0\",\"id\":\"A234-1234-1234\",\"source\":\"https://payments.example.com/v1\","
+	"\"type\":\"com.example.payment.authorized\",\"subject\":\"o-1\",\"time\":\"2026-11-29T18:00:00Z\","
+	"\"datacontenttype\":\"application/json\",\"data\":{\"amount_cents\":4200}}";
+static const struct hdr ce_binary_hdrs[] = {
+	{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "A234-1234-1234", false },
+	{ "cloudEvents:source", "https://payments.example.com/v1", false },
+	{ "cloudEvents:type", "com.example.payment.authorized", false }, { "cloudEvents:subject", "o-1", false },
+	{ "cloudEvents:time", "2026-11-29T18:00:00Z", false }, { NULL, NULL, false },
+};
+
+/* The reason for a delivery, and that its detail names `names`. */
+static void expect_reason(const struct cfg *c, const char *body, const char *ct, const struct hdr *h,
+                          enum msg_reason want, const char *names)
+{
+	struct msg m;
+	char *event = NULL;
+	enum msg_reason got = run(c, body, ct, h, NULL, &m, NULL, &event);
+
+	cr_expect_eq(got, want, "%s: got %s (%s), want %s", body, msg_reason_name(got), m.detail, msg_reason_name(want));
+	cr_expect_null(event, "a refused delivery has no event");
+	if (names != NULL)
+		cr_expect_not_null(strstr(m.detail, names), "detail '%s' does not name '%s'", m.detail, names);
+	free(event);
+}
+
+Test(envelope, cloudevents_structured_maps_to_our_event)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, CE_MAP, NULL);
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, ce_structured, "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.message_id, "A234-1234-1234");
+	cr_expect_str_eq(m.source, "https://payments.example.com/v1");
+	cr_expect_eq(m.type, MSG_PAYMENT_AUTHORIZED);
+	cr_expect_str_eq(m.order_id, "o-1");
+	cr_expect_str_eq(m.occurred_at, "2026-11-29T18:00:00Z");
+	cr_expect(m.has_amount && m.amount_cents == 4200);
+	cr_assert_not_null(event);
+	/* The canonical event: what a held one keeps, and what is hashed. */
+	cr_expect_str_eq(event, "{\"data\":{\"amount_cents\":4200},\"message_id\":\"A234-1234-1234\",\"occurred_at\":"
+	                        "\"2026-11-29T18:00:00Z\",\"order_id\":\"o-1\",\"source\":"
+	                        "\"https://payments.example.com/v1\",\"type\":\"PaymentAuthorized\"}");
+	free(event);
+}
+
+Test(envelope, binary_and_structured_modes_of_one_event_hash_alike)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, CE_MAP, NULL);
+	static const struct hdr underscored[] = {
+		{ "cloudEvents_specversion", "1.0", false }, { "cloudEvents_id", "A234-1234-1234", false },
+		{ "cloudEvents_source", "https://payments.example.com/v1", false },
+		{ "cloudEvents_type", "com.example.payment.authorized", false }, { "cloudEvents_subject", "o-1", false },
+		{ "cloudEvents_time", "2026-11-29T18:00:00Z", false }, { NULL, NULL, false },
+	};
+	struct msg s, b, u;
+	char *e1 = NULL, *e2 = NULL, *e3 = NULL;
+
+	cr_assert_eq(run(&c, ce_structured, "application/cloudevents+json; charset=utf-8", NULL, NULL, &s, NULL, &e1),
+	             MSG_REASON_NONE, "%s", s.detail);
+	cr_assert_eq(run(&c, "{ \"amount_cents\" : 4200 }", "application/json", ce_binary_hdrs, NULL, &b, NULL, &e2),
+	             MSG_REASON_NONE, "%s", b.detail);
+	cr_assert_eq(run(&c, "{\"amount_cents\":4200}", "application/json", underscored, NULL, &u, NULL, &e3),
+	             MSG_REASON_NONE, "%s", u.detail);
+	cr_expect_eq(memcmp(s.sha256, b.sha256, 32), 0, "structured and binary hash differently");
+	cr_expect_eq(memcmp(s.sha256, u.sha256, 32), 0, "cloudEvents_ headers hash differently");
+	cr_expect_str_eq(b.message_id, s.message_id);
+	cr_expect_str_eq(b.source, s.source);
+	cr_expect_str_eq(b.order_id, "o-1");
+	cr_expect_str_eq(e1, e2);
+	free(e1);
+	free(e2);
+	free(e3);
+}
+
+Test(envelope, another_data_is_another_payload)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, CE_MAP, NULL);
+	struct msg a, b;
+	char *e1 = NULL, *e2 = NULL;
+
+	cr_assert_eq(run(&c, "{\"amount_cents\":4200}", "application/json", ce_binary_hdrs, NULL, &a, NULL, &e1),
+	             MSG_REASON_NONE);
+	cr_assert_eq(run(&c, "{\"amount_cents\":4300}", "application/json", ce_binary_hdrs, NULL, &b, NULL, &e2),
+	             MSG_REASON_NONE);
+	cr_expect_neq(memcmp(a.sha256, b.sha256, 32), 0);
+	free(e1);
+	free(e2);
+}
+
+Test(envelope, masstransit_maps_to_our_event)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const char body[] =
+		"{\"messageId\":\"0c6d1e2f-3a4b-4d3e-9a55-5b0d9f6e2c1a\",\"correlationId\":\"c0ffee00-0000-4000-8000-"
+		"000000000001\",\"sourceAddress\":\"rabbitmq://broker:5672/sales/payments_service?temporary=true\","
+		"\"destinationAddress\":\"rabbitmq://broker/orders\",\"messageType\":[\"urn:message:Sales.Contracts:"
+		"PaymentAuthorized\",\"urn:message:Sales.Contracts:IPayment\"],\"message\":{\"orderId\":\"o-7\","
+		"\"amount_cents\":99},\"sentTime\":\"2026-12-01T10:00:00.1234567Z\",\"headers\":{}}";
+	struct msg m;
+	struct env_context ctx;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, body, "application/vnd.masstransit+json", NULL, "amqp-corr", &m, &ctx, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.message_id, "0c6d1e2f-3a4b-4d3e-9a55-5b0d9f6e2c1a");
+	cr_expect_str_eq(m.source, "broker/sales/payments_service");
+	cr_expect_eq(m.type, MSG_PAYMENT_AUTHORIZED);
+	cr_expect_str_eq(m.order_id, "o-7");
+	cr_expect_eq(m.amount_cents, 99);
+	cr_expect_str_eq(m.occurred_at, "2026-12-01T10:00:00.1234567Z");
+	/* the envelope's correlationId wins over the AMQP property */
+	cr_expect_str_eq(ctx.correlation_id, "c0ffee00-0000-4000-8000-000000000001");
+	cr_expect_str_eq(ctx.trace_id, "");
+	free(event);
+}
+
+Test(envelope, masstransit_types_through_the_map)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_MASSTRANSIT, "Sales.Contracts:PaymentSettled=PaymentAuthorized", NULL);
+	struct cfg nomap = conf_of(CFG_ENVELOPE_MASSTRANSIT, NULL, NULL);
+	static const char body[] = "{\"messageId\":\"m-1\",\"messageType\":[\"urn:message:Sales.Contracts:PaymentSettled\"],"
+	                           "\"message\":{\"orderId\":\"o-1\"}}";
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, body, NULL, NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.type, MSG_PAYMENT_AUTHORIZED);
+	cr_expect_str_eq(m.source, "");
+	free(event);
+	expect_reason(&nomap, body, NULL, NULL, MSG_REASON_UNKNOWN_TYPE, "messageType");
+}
+
+Test(envelope, auto_leaves_native_messages_as_they_were)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const char body[] = "{\"message_id\":\"m-1\",\"source\":\"payments\",\"type\":\"PaymentAuthorized\","
+	                           "\"order_id\":\"o-1\",\"data\":{\"amount_cents\":5}}";
+	struct msg a, b;
+	char *event = (char *)"not touched";
+
+	cr_assert_eq(run(&c, body, "application/json", NULL, NULL, &a, NULL, &event), MSG_REASON_NONE, "%s", a.detail);
+	cr_expect_null(event, "a native delivery allocates no event");
+	cr_assert_eq(msg_parse(body, strlen(body), MAX_BODY, NULL, &b), MSG_REASON_NONE);
+	cr_expect_eq(memcmp(a.sha256, b.sha256, 32), 0);
+	/* native keeps its own rules: a CloudEvents-wide source is refused */
+	expect_reason(&c, "{\"message_id\":\"m-1\",\"source\":\"https://x.example/v1\",\"type\":\"OrderCreated\","
+	                  "\"order_id\":\"o-1\"}",
+	              NULL, NULL, MSG_REASON_INVALID_FIELD, "source");
+}
+
+Test(envelope, incomplete_cloudevents_name_the_attribute)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, CE_MAP, NULL);
+	static const char ct[] = "application/cloudevents+json";
+
+	expect_reason(&c, "{\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\",\"subject\":\"o\"}", ct, NULL,
+	              MSG_REASON_MISSING_FIELD, "specversion");
+	expect_reason(&c, "{\"specversion\":\"0.3\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\"}", ct,
+	              NULL, MSG_REASON_INVALID_FIELD, "specversion");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"source\":\"s\",\"type\":\"OrderCreated\",\"subject\":\"o\"}", ct,
+	              NULL, MSG_REASON_MISSING_FIELD, "'id'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"type\":\"OrderCreated\",\"subject\":\"o\"}", ct,
+	              NULL, MSG_REASON_MISSING_FIELD, "'source'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"subject\":\"o\"}", ct, NULL,
+	              MSG_REASON_MISSING_FIELD, "'type'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\"}", ct,
+	              NULL, MSG_REASON_MISSING_FIELD, "subject");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"com.x.unknown\","
+	                  "\"subject\":\"o\"}",
+	              ct, NULL, MSG_REASON_UNKNOWN_TYPE, "'type'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":7,\"source\":\"s\",\"type\":\"OrderCreated\"}", ct, NULL,
+	              MSG_REASON_INVALID_FIELD, "'id'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"a b\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o\"}",
+	              ct, NULL, MSG_REASON_INVALID_FIELD, "'source'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o\",\"time\":\"yesterday\"}",
+	              ct, NULL, MSG_REASON_INVALID_FIELD, "'time'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o\",\"data_base64\":\"AAAA\"}",
+	              ct, NULL, MSG_REASON_INVALID_FIELD, "data_base64");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o\",\"datacontenttype\":\"text/plain\",\"data\":\"hi\"}",
+	              ct, NULL, MSG_REASON_INVALID_FIELD, "datacontenttype");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o\",\"data\":[1]}",
+	              ct, NULL, MSG_REASON_INVALID_FIELD, "data");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",", ct, NULL, MSG_REASON_MALFORMED_JSON, "CloudEvents");
+	expect_reason(&c, "[{\"specversion\":\"1.0\"}]", "application/cloudevents-batch+json", NULL,
+	              MSG_REASON_MALFORMED_JSON, "batch");
+}
+
+Test(envelope, incomplete_binary_mode_names_the_header)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, CE_MAP, NULL);
+	static const struct hdr no_source[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "1", false },
+		{ "cloudEvents:type", "OrderCreated", false }, { NULL, NULL, false },
+	};
+	static const struct hdr not_string[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "1", true }, { NULL, NULL, false },
+	};
+
+	expect_reason(&c, "{}", "application/json", no_source, MSG_REASON_MISSING_FIELD, "cloudEvents:source");
+	expect_reason(&c, "{}", "application/json", not_string, MSG_REASON_INVALID_FIELD, "cloudEvents:id");
+	expect_reason(&c, "{\"amount_cents\":", "application/json", ce_binary_hdrs, MSG_REASON_MALFORMED_JSON, "body");
+	expect_reason(&c, "hello", "text/plain", ce_binary_hdrs, MSG_REASON_INVALID_FIELD, "content-type");
+}
+
+Test(envelope, keys_follow_the_cloudevents_widths)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, NULL, NULL);
+	char id[300], source[300], body[1024];
+	struct msg m;
+	char *event = NULL;
+
+	memset(id, 'i', 255);
+	id[255] = '\0';
+	memset(source, 's', 255);
+	source[0] = '/';
+	source[255] = '\0';
+	snprintf(body, sizeof body, "{\"specversion\":\"1.0\",\"id\":\"%s\",\"source\":\"%s\",\"type\":\"OrderCreated\","
+	                            "\"subject\":\"o-1\"}", id, source);
+	cr_assert_eq(run(&c, body, NULL, NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(strlen(m.message_id), 255);
+	cr_expect_eq(strlen(m.source), 255);
+	free(event);
+	/* one more character each is too many */
+	snprintf(body, sizeof body, "{\"specversion\":\"1.0\",\"id\":\"%sx\",\"source\":\"/s\",\"type\":\"OrderCreated\","
+	                            "\"subject\":\"o-1\"}", id);
+	expect_reason(&c, body, NULL, NULL, MSG_REASON_INVALID_FIELD, "'id'");
+	snprintf(body, sizeof body, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"%sx\",\"type\":\"OrderCreated\","
+	                            "\"subject\":\"o-1\"}", source);
+	expect_reason(&c, body, NULL, NULL, MSG_REASON_INVALID_FIELD, "'source'");
+	/* printable ASCII with spaces inside, not at the end (the key
+	 * columns pad with spaces) */
+	cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"a b!\\\"#\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                     "\"subject\":\"o-1\"}",
+	                 NULL, NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.message_id, "a b!\"#");
+	free(event);
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"a \",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o-1\"}",
+	              NULL, NULL, MSG_REASON_INVALID_FIELD, "'id'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"\\u00e9\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o-1\"}",
+	              NULL, NULL, MSG_REASON_INVALID_FIELD, "'id'");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"urn:%zz\",\"type\":\"OrderCreated\","
+	                  "\"subject\":\"o-1\"}",
+	              NULL, NULL, MSG_REASON_INVALID_FIELD, "'source'");
+}
+
+Test(envelope, order_id_from_a_path_into_the_data)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, NULL, "data.order.id");
+	struct cfg bare = conf_of(CFG_ENVELOPE_CLOUDEVENTS, NULL, "order.id");
+	static const char body[] = "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                           "\"data\":{\"order\":{\"id\":\"o-9\"}}}";
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, body, NULL, NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "o-9");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&bare, body, NULL, NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "o-9");
+	free(event);
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                  "\"data\":{\"order\":{}}}",
+	              NULL, NULL, MSG_REASON_MISSING_FIELD, "data.order.id");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                  "\"data\":{\"order\":{\"id\":12}}}",
+	              NULL, NULL, MSG_REASON_INVALID_FIELD, "data.order.id");
+}
+
+Test(envelope, trace_context_from_a_header_or_the_extension)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, CE_MAP, NULL);
+	static const struct hdr amqp[] = { { "traceparent", TP, false }, { "tracestate", "congo=t61rcWkgMzE", false },
+		                           { NULL, NULL, false } };
+	static const struct hdr bad[] = { { "traceparent", "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+		                            false },
+		                          { NULL, NULL, false } };
+	char ext[1024], tp[ENV_TRACEPARENT_LEN + 1];
+	struct env_context ctx, back;
+	struct msg m;
+	char *event = NULL, *json;
+
+	cr_assert_eq(run(&c, "{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", NULL, amqp,
+	                 "corr-1", &m, &ctx, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(ctx.trace_id, "0af7651916cd43dd8448eb211c80319c");
+	cr_expect_eq(strlen(ctx.span_id), 16);
+	cr_expect_str_neq(ctx.span_id, "b7ad6b7169203331", "the message gets a span of its own");
+	cr_expect_str_eq(ctx.flags, "01");
+	cr_expect_str_eq(ctx.tracestate, "congo=t61rcWkgMzE");
+	cr_expect_str_eq(ctx.correlation_id, "corr-1");
+	cr_assert(env_traceparent(&ctx, tp, sizeof tp));
+	cr_expect_eq(strncmp(tp, "00-0af7651916cd43dd8448eb211c80319c-", 36), 0, "%s", tp);
+	json = env_context_json(&ctx);
+	cr_assert_not_null(json);
+	env_context_from_json(json, &back);
+	cr_expect_str_eq(back.trace_id, ctx.trace_id);
+	cr_expect_str_eq(back.span_id, ctx.span_id, "a held event keeps its own span");
+	cr_expect_str_eq(back.tracestate, ctx.tracestate);
+	cr_expect_str_eq(back.correlation_id, "corr-1");
+	free(json);
+
+	/* an invalid traceparent is ignored: no trace */
+	cr_assert_eq(run(&c, "{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", NULL, bad, NULL,
+	                 &m, &ctx, &event),
+	             MSG_REASON_NONE);
+	cr_expect_str_eq(ctx.trace_id, "");
+	cr_expect_not(env_traceparent(&ctx, tp, sizeof tp));
+	cr_expect_null(env_context_json(&ctx));
+
+	/* CloudEvents' distributed-tracing extension, structured mode */
+	snprintf(ext, sizeof ext, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"urn:x\",\"type\":\"OrderCreated\","
+	                          "\"subject\":\"o\",\"traceparent\":\"%s\"}", TP);
+	cr_assert_eq(run(&c, ext, "application/cloudevents+json", NULL, NULL, &m, &ctx, &event), MSG_REASON_NONE,
+	             "%s", m.detail);
+	cr_expect_str_eq(ctx.trace_id, "0af7651916cd43dd8448eb211c80319c");
+	free(event);
+	event = NULL;
+	/* the binary-mode attribute */
+	{
+		static const struct hdr bin[] = {
+			{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "1", false },
+			{ "cloudEvents:source", "urn:x", false },   { "cloudEvents:type", "OrderCreated", false },
+			{ "cloudEvents:subject", "o", false },      { "cloudEvents:traceparent", TP, false },
+			{ NULL, NULL, false },
+		};
+		cr_assert_eq(run(&c, "", NULL, bin, NULL, &m, &ctx, &event), MSG_REASON_NONE, "%s", m.detail);
+		cr_expect_str_eq(ctx.trace_id, "0af7651916cd43dd8448eb211c80319c");
+		free(event);
+	}
+}
+
+Test(envelope, too_large_before_any_parse)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, NULL, NULL);
+	struct env_delivery d = { .body = "{}", .len = 2 };
+	struct msg m;
+	char *event = NULL;
+
+	cr_expect_eq(env_parse(&c, &d, 1, &m, NULL, &event), MSG_REASON_TOO_LARGE);
+	cr_expect_null(event);
+}
