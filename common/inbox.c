@@ -158,6 +158,7 @@ struct inbox {
 	int64_t token;
 	int nmine;
 	int nkeys;
+	int nlock; /* distinct orders of the batch (order_ids) */
 	struct inbox_order *orders;
 	int norders;
 	/* The request being built, and the rows of each write statement. */
@@ -1218,25 +1219,17 @@ static int inbox_str_cmp(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
- * keys (sorted), and read back the keys that are not ours and the orders. */
-static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+/* The batch's distinct keys in index order (ib->keys, ib->keymsg, and
+ * ib->key_of per message), and its distinct orders sorted by id
+ * (ib->order_ids, ib->nlock): every key's order, ours or not. */
+static void inbox_claim_index(struct inbox *ib, const struct inbox_in *in, int n)
 {
-	struct sqlbuf *q = &ib->req;
-	const char *cons = ib->conf->consumer;
-	int64_t token;
-	int norder = 0, rc;
+	int norder = 0, k = 0;
 
 	for (int i = 0; i < n; i++)
 		ib->sorted[i] = (struct inbox_sortent){ .m = in[i].msg, .i = i };
 	qsort(ib->sorted, (size_t)n, sizeof *ib->sorted, inbox_key_cmp);
-	rc = inbox_token(&token);
-	if (rc != ST_OK)
-		return rc;
-	ib->token = token;
 	ib->nkeys = 0;
-	sqlbuf_reset(q);
-	/* The distinct keys, in index order. */
 	for (int s = 0; s < n; s++) {
 		int i = ib->sorted[s].i;
 		const struct msg *m = in[i].msg;
@@ -1253,24 +1246,33 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i, .mine = true, .forgotten = false };
 		ib->order_ids[norder++] = m->order_id;
 	}
-	/* Orders first, then keys: a key's row is only ever written under its
-	 * order's lock (a released or expired held event's outcome is written
-	 * by whoever holds the order), so a batch holding a duplicate of a
-	 * held event must not lock that key before the order, or it and the
-	 * releasing batch deadlock.  Every key's order, ours or not, sorted
-	 * and distinct: a duplicate's order costs a lock, and spares a round
-	 * trip. */
 	qsort(ib->order_ids, (size_t)norder, sizeof *ib->order_ids, inbox_str_cmp);
-	{
-		int k = 0;
-		for (int i = 0; i < norder; i++)
-			if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
-				ib->order_ids[k++] = ib->order_ids[i];
-		norder = k;
+	for (int i = 0; i < norder; i++)
+		if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
+			ib->order_ids[k++] = ib->order_ids[i];
+	ib->nlock = k;
+}
+
+/* "order_id IN (...)": the batch's orders, sorted. */
+static void inbox_sql_order_ids(const struct inbox *ib, struct sqlbuf *q)
+{
+	sqlbuf_sql(q, "order_id IN (");
+	sqlbuf_list(q);
+	for (int i = 0; i < ib->nlock; i++) {
+		sqlbuf_item(q);
+		sqlbuf_str(q, ib->order_ids[i]);
 	}
+	sqlbuf_sql(q, ")");
+}
+
+/* Claim statement 0: the order_locks rows of the batch's orders, sorted
+ * by id, created or bumped (a real write: a certification-based cluster
+ * only sees rows that change). */
+static void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "INSERT INTO order_locks (order_id, held, locks) VALUES ");
 	sqlbuf_list(q);
-	for (int i = 0; i < norder; i++) {
+	for (int i = 0; i < ib->nlock; i++) {
 		sqlbuf_row(q);
 		sqlbuf_str(q, ib->order_ids[i]);
 		sqlbuf_value(q, "0");
@@ -1278,7 +1280,12 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		sqlbuf_row_end(q);
 	}
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE locks = order_locks.locks + 1;");
+}
 
+/* Claim statement 1: every distinct key in one multi-row INSERT, in index
+ * order, the rows we insert carrying the transaction's claim token. */
+static void inbox_sql_claim_keys(const struct inbox *ib, struct sqlbuf *q, const struct inbox_in *in)
+{
 	sqlbuf_sql(q, "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type, order_id,"
 	              " outcome, published_at, processed_at, claim) VALUES ");
 	sqlbuf_list(q);
@@ -1288,7 +1295,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		int64_t pub = in[i].published_us > 0 && in[i].published_us <= INBOX_PUBLISHED_US_MAX ? in[i].published_us : 0;
 
 		sqlbuf_row(q);
-		sqlbuf_str(q, cons);
+		sqlbuf_str(q, ib->conf->consumer);
 		sqlbuf_str(q, m->source);
 		sqlbuf_str(q, m->message_id);
 		sqlbuf_str(q, ib->hex[i]);
@@ -1300,7 +1307,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		else
 			sqlbuf_value(q, "NULL");
 		sqlbuf_value(q, "NOW(6)");
-		sqlbuf_i64(q, token);
+		sqlbuf_i64(q, ib->token);
 		sqlbuf_row_end(q);
 	}
 	/* A key already taken stays as it is: the no-op update waits for,
@@ -1308,34 +1315,68 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	 * and a value its column refuses is still an error (INSERT IGNORE
 	 * would store it cut). */
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE claim = processed_messages.claim;");
+}
 
-
-	/* The keys that are not ours. */
+/* Claim statement 2: the keys that are not ours (their stored hash says
+ * duplicate or conflict). */
+static void inbox_sql_not_ours(struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT source, message_id, payload_sha256 FROM processed_messages WHERE consumer = ");
-	sqlbuf_str(q, cons);
+	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
 	inbox_sql_keys(ib, q);
 	sqlbuf_sql(q, " AND NOT (claim <=> ");
-	sqlbuf_i64(q, token);
+	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, ");");
+}
 
+/* Claim statement 3: the locked orders, as they stand. */
+static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT l.order_id, l.held, o.status, o.version, o.flags FROM order_locks l"
-	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id IN (");
-	sqlbuf_list(q);
-	for (int i = 0; i < norder; i++) {
-		sqlbuf_item(q);
-		sqlbuf_str(q, ib->order_ids[i]);
-	}
-	sqlbuf_sql(q, ");");
+	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.");
+	inbox_sql_order_ids(ib, q);
+	sqlbuf_sql(q, ";");
+}
 
-	/* The ledger rows of the batch's keys (uq_order_events_message): a
-	 * key we inserted that the ledger knows was forgotten, not new
-	 * (inbox_claim_row).  Read after our claim, so no transaction can
-	 * add one meanwhile: only the claimant of a key writes its effect. */
+/* Claim statement 4: the ledger rows of the batch's keys
+ * (uq_order_events_message): a key we inserted that the ledger knows was
+ * forgotten, not new (inbox_claim_row).  Read after our claim, so no
+ * transaction can add one meanwhile: only the claimant of a key writes its
+ * effect. */
+static void inbox_sql_ledger(struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT source, message_id, order_id, type, payload_sha256 FROM order_events WHERE consumer = ");
-	sqlbuf_str(q, cons);
+	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
 	inbox_sql_keys(ib, q);
+}
+
+/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
+ * keys (sorted), and read back the keys that are not ours, the orders and
+ * the ledger rows of the keys (inbox_claim_row reads the answers). */
+static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc;
+
+	inbox_claim_index(ib, in, n);
+	rc = inbox_token(&ib->token);
+	if (rc != ST_OK)
+		return rc;
+	/* Orders first, then keys: a key's row is only ever written under its
+	 * order's lock (a released or expired held event's outcome is written
+	 * by whoever holds the order), so a batch holding a duplicate of a
+	 * held event must not lock that key before the order, or it and the
+	 * releasing batch deadlock.  Every key's order, ours or not, sorted
+	 * and distinct: a duplicate's order costs a lock, and spares a round
+	 * trip. */
+	sqlbuf_reset(q);
+	inbox_sql_lock_orders(ib, q);
+	inbox_sql_claim_keys(ib, q, in);
+	inbox_sql_not_ours(ib, q);
+	inbox_sql_read_orders(ib, q);
+	inbox_sql_ledger(ib, q);
 	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
@@ -1343,7 +1384,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	rc = db_multi(ib->db, q->p, q->len, inbox_claim_row, ib);
 	if (rc != ST_OK)
 		return rc;
-	if (ib->norders != norder)
+	if (ib->norders != ib->nlock)
 		return ST_ERR_DB; /* every order was just written */
 	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
 	return ST_OK;
