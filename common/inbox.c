@@ -159,6 +159,14 @@ struct inbox {
 	int nmine;
 	int nkeys;
 	int nlock; /* distinct orders of the batch (order_ids) */
+	/* inbox_run_nowait: per order (order_ids) what the probe found
+	 * (INBOX_O_*), per key whether it is left for later, and the part of
+	 * the batch that runs now with where each came from. */
+	unsigned char *ostate;
+	bool *klater;
+	struct inbox_in *sub_in;
+	struct inbox_result *sub_res;
+	int *sub_of;
 	struct inbox_order *orders;
 	int norders;
 	/* The request being built, and the rows of each write statement. */
@@ -322,6 +330,11 @@ void inbox_close(struct inbox **ibp)
 	free(ib->order_ids);
 	free(ib->pend);
 	free(ib->orders);
+	free(ib->ostate);
+	free(ib->klater);
+	free(ib->sub_in);
+	free(ib->sub_res);
+	free(ib->sub_of);
 	sqlbuf_free(&ib->req);
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_free(&ib->w[s]);
@@ -351,6 +364,11 @@ static int inbox_reserve(struct inbox *ib, int n)
 	GROW(order_ids);
 	GROW(pend);
 	GROW(orders);
+	GROW(ostate);
+	GROW(klater);
+	GROW(sub_in);
+	GROW(sub_res);
+	GROW(sub_of);
 #undef GROW
 	ib->cap = n;
 	return ST_OK;
@@ -1479,15 +1497,12 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 	return rc;
 }
 
-int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
+/* A batch (n >= 1, room reserved) in the transaction, from the claim to
+ * its end: the body of inbox_run and of inbox_run_nowait's part. */
+static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
 {
 	int rc;
 
-	if (n <= 0)
-		return ST_ERR_INVALID;
-	rc = inbox_reserve(ib, n);
-	if (rc != ST_OK)
-		return rc;
 	for (int i = 0; i < n; i++) {
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
@@ -1526,6 +1541,146 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	ib->in = NULL;
 	ib->npend = 0;
 	return inbox_end(ib, rc, true);
+}
+
+int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
+{
+	int rc;
+
+	if (n <= 0)
+		return ST_ERR_INVALID;
+	rc = inbox_reserve(ib, n);
+	if (rc != ST_OK)
+		return rc;
+	return inbox_batch(ib, in, n, res);
+}
+
+/* What the probe found of an order (ib->ostate), and whether a delivery
+ * of it was left for later. */
+enum { INBOX_O_GOT = 1, INBOX_O_EXISTS = 2, INBOX_O_LATER = 4 };
+
+/* The index of an order of the batch in ib->order_ids, or -1. */
+static int inbox_order_index(const struct inbox *ib, const char *id)
+{
+	const char *const *p = bsearch(&id, ib->order_ids, (size_t)ib->nlock, sizeof *ib->order_ids, inbox_str_cmp);
+
+	return p != NULL ? (int)(p - ib->order_ids) : -1;
+}
+
+/* The probe's rows: statement 0 the orders locked, 1 those that exist. */
+static int inbox_probe_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	struct inbox *ib = arg;
+	int o;
+
+	(void)lens;
+	if (ncols != 1 || v[0] == NULL || stmt < 0 || stmt > 1)
+		return ST_ERR_DB;
+	o = inbox_order_index(ib, v[0]);
+	if (o < 0)
+		return ST_ERR_DB; /* a row we did not ask for */
+	ib->ostate[o] |= stmt == 0 ? INBOX_O_GOT : INBOX_O_EXISTS;
+	return ST_OK;
+}
+
+/*
+ * The probe, the transaction's first round trip: lock the order_locks rows
+ * of the batch's orders that no one holds, without waiting for the others
+ * (SKIP LOCKED, MariaDB 10.6 and MySQL 8.0), and read which rows exist (a
+ * read that takes no lock; READ COMMITTED, so it sees what is committed
+ * now).  An order that exists and was not locked is another transaction's.
+ * One that does not exist yet is new: the claim creates its row, and
+ * waits only if another transaction is creating the same one right now
+ * (an uncommitted row is neither locked here nor read).  No lock is
+ * waited for, so the probe cannot deadlock, and the claim after it takes
+ * the batch's locks in the same sorted order as ever.
+ */
+static int inbox_probe(struct inbox *ib)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc;
+
+	memset(ib->ostate, 0, (size_t)ib->nlock * sizeof *ib->ostate);
+	sqlbuf_reset(q);
+	sqlbuf_sql(q, "SELECT order_id FROM order_locks WHERE ");
+	inbox_sql_order_ids(ib, q);
+	sqlbuf_sql(q, " FOR UPDATE SKIP LOCKED;SELECT order_id FROM order_locks WHERE ");
+	inbox_sql_order_ids(ib, q);
+	rc = sqlbuf_err(q);
+	if (rc == ST_OK)
+		rc = db_multi(ib->db, q->p, q->len, inbox_probe_row, ib);
+	return rc;
+}
+
+/* Which deliveries the probe leaves for later, in delivery order: one
+ * whose order another transaction holds, and every one after it that
+ * shares its order or its key (inflight_split's rule, for the same
+ * reasons: no event overtakes an earlier one of its order, no copy of a
+ * key an earlier copy).  Returns how many. */
+static int inbox_leave(struct inbox *ib, const struct inbox_in *in, int n, bool *later)
+{
+	int nlater = 0;
+
+	memset(ib->klater, 0, (size_t)ib->nkeys * sizeof *ib->klater);
+	for (int i = 0; i < n; i++) {
+		int o = inbox_order_index(ib, in[i].msg->order_id), k = ib->key_of[i];
+
+		later[i] = o < 0 || (ib->ostate[o] & (INBOX_O_GOT | INBOX_O_EXISTS)) == INBOX_O_EXISTS ||
+		           (ib->ostate[o] & INBOX_O_LATER) || ib->klater[k];
+		if (!later[i])
+			continue;
+		if (o >= 0)
+			ib->ostate[o] |= INBOX_O_LATER;
+		ib->klater[k] = true;
+		nlater++;
+	}
+	return nlater;
+}
+
+int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool *later,
+                     int *nlater)
+{
+	int k = 0, rc;
+
+	*nlater = 0;
+	for (int i = 0; i < n; i++)
+		later[i] = false;
+	if (n <= 0)
+		return ST_ERR_INVALID;
+	rc = inbox_reserve(ib, n);
+	if (rc != ST_OK)
+		return rc;
+	if (n < 2)
+		return inbox_batch(ib, in, n, res);
+	inbox_claim_index(ib, in, n);
+	rc = inbox_probe(ib);
+	if (rc != ST_OK) {
+		db_rollback(ib->db);
+		inbox_forget(ib);
+		return rc;
+	}
+	*nlater = inbox_leave(ib, in, n, later);
+	if (*nlater == 0 || *nlater == n) {
+		/* Nothing held elsewhere, or everything behind it: whole, in
+		 * the transaction that holds the probe's locks (waiting, in
+		 * the second case, as inbox_run). */
+		for (int i = 0; i < n; i++)
+			later[i] = false;
+		*nlater = 0;
+		return inbox_batch(ib, in, n, res);
+	}
+	for (int i = 0; i < n; i++) {
+		if (later[i]) {
+			memset(&res[i], 0, sizeof res[i]);
+			continue;
+		}
+		ib->sub_in[k] = in[i];
+		ib->sub_of[k++] = i;
+	}
+	rc = inbox_batch(ib, ib->sub_in, k, ib->sub_res);
+	for (int j = 0; rc == ST_OK && j < k; j++)
+		res[ib->sub_of[j]] = ib->sub_res[j];
+	return rc;
 }
 
 /* Lock one order outside a batch (hold expiry) and read it into the
