@@ -117,6 +117,7 @@ struct cfg {
 	int shards;                 /* INBOX_SHARDS 4 [1,64] */
 	char *migrations_dir;       /* INBOX_MIGRATIONS_DIR, default: the installed/source dir */
 	int batch;                  /* INBOX_BATCH 100 [1,CFG_BATCH_MAX], <= prefetch: messages per transaction */
+	long outbox_sweep_s;        /* INBOX_OUTBOX_SWEEP 30s [1s, 1d]: the relay's delay for dispatched rows */
 };
 
 enum cfg_result {

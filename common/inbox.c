@@ -84,7 +84,10 @@
 #define INBOX_SQL_KEEP (256u * 1024u)
 
 /* The write's statements, in the order they run (inbox_flush). */
-enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_NSECT };
+enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_NSECT };
+/* Claims whose outbox rows were published from memory, marked sent in the
+ * next write (inbox_mark_sent). */
+#define INBOX_MARKS_MAX 64
 
 /* An order of the transaction, locked: its state as it evolves. */
 struct inbox_order {
@@ -169,6 +172,14 @@ struct inbox {
 	int *sub_of;
 	struct inbox_order *orders;
 	int norders;
+	/* The outbox rows of the transaction, kept to be published from
+	 * memory after its commit (dispatch: rows a batch writes; hold
+	 * expiry's are the relay's), and the claims of rows published so,
+	 * to mark sent in the next write (common/outbox.h). */
+	struct outbox_mem emit;
+	bool dispatch;
+	int64_t marks[INBOX_MARKS_MAX];
+	int nmarks;
 	/* The request being built, and the rows of each write statement. */
 	struct sqlbuf req;
 	struct sqlbuf w[W_NSECT];
@@ -335,6 +346,7 @@ void inbox_close(struct inbox **ibp)
 	free(ib->sub_in);
 	free(ib->sub_res);
 	free(ib->sub_of);
+	outbox_mem_free(&ib->emit);
 	sqlbuf_free(&ib->req);
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_free(&ib->w[s]);
@@ -400,6 +412,7 @@ static const struct {
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
+	[W_MARK] = { "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (", ")" },
 };
 
 /* The batch's distinct keys as a condition on processed_messages, one IN
@@ -580,6 +593,10 @@ static int inbox_flush(struct inbox *ib, bool commit)
 			r->held_dirty = false;
 		}
 	}
+	for (int i = 0; commit && i < ib->nmarks; i++) {
+		sqlbuf_item(&ib->w[W_MARK]);
+		sqlbuf_i64(&ib->w[W_MARK], ib->marks[i]);
+	}
 	for (int s = 0; s < W_NSECT; s++) {
 		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
 			rc = sqlbuf_err(&ib->w[s]);
@@ -670,7 +687,7 @@ static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, c
 		.detail = detail,
 	};
 
-	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, &d);
+	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL, &d);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -708,8 +725,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 
 		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++) {
 			if (v.emits & emits[i].bit) {
-				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, emits[i].type, ev->order_id,
-				                      ev->message_id, ev->type_name);
+				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL,
+				                      emits[i].type, ev->order_id, ev->message_id, ev->type_name);
 				nrows++;
 			}
 		}
@@ -1382,6 +1399,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	rc = inbox_token(&ib->token);
 	if (rc != ST_OK)
 		return rc;
+	ib->emit.claim = ib->token;
 	/* Orders first, then keys: a key's row is only ever written under its
 	 * order's lock (a released or expired held event's outcome is written
 	 * by whoever holds the order), so a batch holding a duplicate of a
@@ -1491,8 +1509,12 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 			rc = ST_ERR_DB_DEADLOCK;
 		}
 	}
-	if (rc != ST_OK)
+	if (rc == ST_OK) {
+		ib->nmarks = 0; /* written with the COMMIT */
+	} else {
 		db_rollback(ib->db);
+		outbox_mem_reset(&ib->emit); /* nothing of it was committed */
+	}
 	inbox_forget(ib);
 	return rc;
 }
@@ -1503,6 +1525,8 @@ static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struc
 {
 	int rc;
 
+	outbox_mem_reset(&ib->emit);
+	ib->dispatch = true;
 	for (int i = 0; i < n; i++) {
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
@@ -1725,6 +1749,8 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	int rc;
 
 	*done = false;
+	outbox_mem_reset(&ib->emit);
+	ib->dispatch = false; /* the relay publishes what expiry writes */
 	rc = inbox_lock_one(ib, order_id, &o);
 	if (rc == ST_OK)
 		rc = inbox_held_load(ib, id, &h, rk, sizeof rk, &ev);
@@ -1806,4 +1832,29 @@ rollback:
 	db_rollback(ib->db);
 	inbox_trim(ib);
 	return rc;
+}
+
+const struct outbox_mem *inbox_emitted(const struct inbox *ib)
+{
+	return &ib->emit;
+}
+
+bool inbox_mark_sent(struct inbox *ib, int64_t claim)
+{
+	if (ib->nmarks >= INBOX_MARKS_MAX)
+		return false;
+	ib->marks[ib->nmarks++] = claim;
+	return true;
+}
+
+int inbox_marks_pending(const struct inbox *ib)
+{
+	return ib->nmarks;
+}
+
+int inbox_flush_marks(struct inbox *ib)
+{
+	if (ib->nmarks == 0)
+		return ST_OK;
+	return inbox_end(ib, ST_OK, false); /* the marks and the COMMIT, one round trip */
 }

@@ -27,6 +27,7 @@
 #include "db.h"
 #include "msg.h"
 #include "order.h"
+#include "outbox.h"
 
 struct inbox;
 
@@ -118,6 +119,21 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
  */
 int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool *later,
                      int *nlater);
+
+/* The outbox rows the last committed transaction wrote, tagged with its
+ * claim, for the caller to publish now (outbox_dispatch); empty after a
+ * failed one.  Valid until the next inbox call. */
+const struct outbox_mem *inbox_emitted(const struct inbox *ib);
+
+/* The rows of claim were published and confirmed: mark them sent in the
+ * next transaction's write (no round trip of its own).  false: INBOX_MARKS
+ * are pending already; inbox_flush_marks first. */
+bool inbox_mark_sent(struct inbox *ib, int64_t claim);
+int inbox_marks_pending(const struct inbox *ib);
+
+/* Write the pending marks in a transaction of their own (an idle thread:
+ * no next transaction to carry them). */
+int inbox_flush_marks(struct inbox *ib);
 
 /* Dead-letter held events older than the hold TTL through the outbox, at
  * most limit of them; *expired gets the count. */

@@ -45,6 +45,7 @@
 #include "mq.h"
 #include "msg.h"
 #include "order.h"
+#include "outbox.h"
 #include "status.h"
 
 #define WORKER_CONSUME_TIMEOUT_MS 250
@@ -384,6 +385,47 @@ static const char *item_rk(const struct item *it)
 	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
 }
 
+/* Publish the outbox rows the transaction just committed, from memory
+ * (common/outbox.h), on the thread's publisher, and have them marked sent
+ * in the next write.  Nothing here costs the batch anything: a row not
+ * confirmed (the broker away, a copy returned) stays unmarked and the
+ * relay publishes it after INBOX_OUTBOX_SWEEP, under the same id. */
+static void worker_dispatch(struct worker *w)
+{
+	const struct outbox_mem *mem = inbox_emitted(w->d.inbox);
+	bool all = false;
+	int rc;
+
+	if (mem->n == 0)
+		return;
+	if (fault_hit("crash-before-dispatch"))
+		raise(SIGKILL); /* test hook: committed, not published */
+	if (w->publisher == NULL) {
+		rc = mq_open_from(&w->publisher, &w->t.conf->amqp, 0, w->t.name, &w->publisher_node);
+		if (rc != ST_OK) {
+			LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay: no publisher", WORKER_KV(w),
+			    LOG_I("rows", mem->n), LOG_S("error", st_strerror(rc)));
+			w->publisher_node++;
+			return;
+		}
+	}
+	rc = outbox_dispatch(w->publisher, w->t.conf, mem, &all);
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay", WORKER_KV(w), LOG_I("rows", mem->n),
+		    LOG_S("error", mq_errmsg(w->publisher)));
+		mq_close(&w->publisher);
+		w->publisher_node++;
+		return;
+	}
+	if (!all)
+		return; /* returned or nacked: the relay charges the row */
+	metrics_outbox_dispatched(mem->n);
+	if (!inbox_mark_sent(w->d.inbox, mem->claim) &&
+	    (inbox_flush_marks(w->d.inbox) != ST_OK || !inbox_mark_sent(w->d.inbox, mem->claim)))
+		LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
+		    WORKER_KV(w), LOG_I("rows", mem->n));
+}
+
 /* Run the transaction over the valid items of a batch, retrying the whole
  * batch on deadlock and lock wait time-out.  held: NULL, or the items
  * another transaction's orders keep out of this one (inbox_run_nowait:
@@ -425,6 +467,8 @@ static int worker_transact(struct worker *w, struct item **v, int n, bool *held)
 		for (i = 0; rc == ST_OK && i < n; i++)
 			if (held == NULL || !held[i])
 				v[i]->res = w->res[i];
+		if (rc == ST_OK)
+			worker_dispatch(w);
 		if (rc == ST_OK && outage > 0)
 			LOG(LOG_LEVEL_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
@@ -879,18 +923,6 @@ static int worker_ack(struct worker *w, struct item *items, int n, double t0)
 	return ST_OK;
 }
 
-/* Wake the janitor: this batch committed outbox rows. */
-static void worker_wake_janitor(struct worker *w)
-{
-	struct pool_shared *s = w->t.shared;
-
-	if (pthread_mutex_lock(&s->mu) == 0) {
-		s->pending = true;
-		pthread_cond_signal(&s->cv);
-		pthread_mutex_unlock(&s->mu);
-	}
-}
-
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
  * that is not the messages' kept some (they stay unacked); or a broker
@@ -922,8 +954,6 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	rc = worker_ack(w, items, n, t0);
 	if (rc != ST_OK)
 		return rc;
-	if (outbox_rows > 0)
-		worker_wake_janitor(w);
 	return ST_OK;
 }
 
@@ -995,7 +1025,12 @@ void *worker_main(void *arg)
 			rc = mq_consume(w->consumer, &w->items[0].d, 0);
 		if (rc == ST_ERR_TIMEOUT) {
 			/* Nothing more is here (or enough acks are owed): settle
-			 * before waiting, so the broker can send more. */
+			 * before waiting, so the broker can send more, and write
+			 * the outbox marks no next transaction will carry. */
+			if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
+			    inbox_flush_marks(w->d.inbox) != ST_OK)
+				LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
+				    LOG_S("error", db_errmsg(w->d.db)));
 			rc = worker_ack_flush(w);
 			if (rc == ST_OK)
 				rc = mq_consume(w->consumer, &w->items[0].d, WORKER_CONSUME_TIMEOUT_MS);
@@ -1037,6 +1072,8 @@ reset:
 		pool_sleep_ms(pool_backoff_ms(&w->t, 0, 200));
 	}
 	worker_ready(w, false);
+	if (w->d.inbox != NULL && inbox_flush_marks(w->d.inbox) != ST_OK)
+		LOG(LOG_LEVEL_DEBUG, "outbox marks not written; the relay publishes those rows again", WORKER_KV(w));
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_LEVEL_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
 	mq_close(&w->consumer);
