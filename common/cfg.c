@@ -283,6 +283,11 @@ static const struct cfg_setting cfg_settings[] = {
 	  "empty: subject for CloudEvents, orderId for MassTransit", NULL },
 	{ "INBOX_EMIT_ENVELOPE", "emit-envelope", NULL, NULL, "native", K_ENUM, F(emit_envelope), 0, 0,
 	  emit_envelope_choices, "the envelope of emitted events: native, or cloudevents (structured mode)", NULL },
+	{ "INBOX_OUTBOX_SWEEP", "outbox-sweep", NULL, NULL, "30s", K_DURATION, F(outbox_sweep_s), 1, 86400L, NULL,
+	  "how old an outbox row its own thread did not publish must be before the relay publishes it",
+	  "The thread that commits outbox rows publishes them right after its commit and marks them sent "
+	  "in its next write; only a crash between the two (or a publish that failed) leaves a row for the "
+	  "relay, under the same message id (a duplicate downstream if it had gone out)." },
 };
 
 #define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])

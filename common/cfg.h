@@ -136,6 +136,7 @@ struct cfg {
 	char *type_map;             /* INBOX_TYPE_MAP "theirs=Ours,...", checked; "" = none */
 	char *order_id_field;       /* INBOX_ORDER_ID_FIELD "subject" or a dotted path; "" = per envelope */
 	enum cfg_emit_envelope emit_envelope; /* INBOX_EMIT_ENVELOPE native */
+	long outbox_sweep_s;        /* INBOX_OUTBOX_SWEEP 30s [1s, 1d]: the relay's delay for dispatched rows */
 };
 
 enum cfg_result {

@@ -7,6 +7,9 @@
  *   crash-before-commit  after the claim, before COMMIT: the process kills
  *                  itself (a poison message, for the delivery limit)
  *   after-commit   after COMMIT, before the ack: the process kills itself
+ *   crash-before-dispatch  after a COMMIT that wrote outbox rows, before its
+ *                  thread publishes them (common/outbox.h): the process
+ *                  kills itself, leaving the rows to the relay's sweep
  *   worker-stall   a consuming thread, a batch in hand, hangs without progress
  *                  until the pool stops (the watchdog test, test_notify.c)
  *   dlq-replay-after-confirm  `dlq replay`: a copy confirmed, its dead

@@ -23,6 +23,10 @@
  *      rows, ledger rows, outbox rows, outcomes, held counts).
  *   3. The write (inbox_flush): those statements and the COMMIT in one
  *      request (the test fault hooks fire just before it).
+ * inbox_run_nowait (the worker's batches) sends one round trip before the
+ * claim, the probe (inbox_probe): it locks the batch's orders that no one
+ * holds without waiting and leaves the deliveries of the others for a
+ * second transaction (issue 25; doc/fleet.md).
  * Held events to re-evaluate (an order changed and has some) are read in
  * pages of 64 after writing what is pending (without the COMMIT), so the
  * reads see the batch's own writes; that is the one case with more round
@@ -86,7 +90,10 @@
 #define INBOX_SQL_KEEP (256u * 1024u)
 
 /* The write's statements, in the order they run (inbox_flush). */
-enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_NSECT };
+enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_NSECT };
+/* Claims whose outbox rows were published from memory, marked sent in the
+ * next write (inbox_mark_sent). */
+#define INBOX_MARKS_MAX 64
 
 /* An order of the transaction, locked: its state as it evolves. */
 struct inbox_order {
@@ -164,8 +171,25 @@ struct inbox {
 	int64_t token;
 	int nmine;
 	int nkeys;
+	int nlock; /* distinct orders of the batch (order_ids) */
+	/* inbox_run_nowait: per order (order_ids) what the probe found
+	 * (INBOX_O_*), per key whether it is left for later, and the part of
+	 * the batch that runs now with where each came from. */
+	unsigned char *ostate;
+	bool *klater;
+	struct inbox_in *sub_in;
+	struct inbox_result *sub_res;
+	int *sub_of;
 	struct inbox_order *orders;
 	int norders;
+	/* The outbox rows of the transaction, kept to be published from
+	 * memory after its commit (dispatch: rows a batch writes; hold
+	 * expiry's are the relay's), and the claims of rows published so,
+	 * to mark sent in the next write (common/outbox.h). */
+	struct outbox_mem emit;
+	bool dispatch;
+	int64_t marks[INBOX_MARKS_MAX];
+	int nmarks;
 	/* The request being built, and the rows of each write statement. */
 	struct sqlbuf req;
 	struct sqlbuf w[W_NSECT];
@@ -336,6 +360,12 @@ void inbox_close(struct inbox **ibp)
 	free(ib->order_ids);
 	free(ib->pend);
 	free(ib->orders);
+	free(ib->ostate);
+	free(ib->klater);
+	free(ib->sub_in);
+	free(ib->sub_res);
+	free(ib->sub_of);
+	outbox_mem_free(&ib->emit);
 	sqlbuf_free(&ib->req);
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_free(&ib->w[s]);
@@ -365,6 +395,11 @@ static int inbox_reserve(struct inbox *ib, int n)
 	GROW(order_ids);
 	GROW(pend);
 	GROW(orders);
+	GROW(ostate);
+	GROW(klater);
+	GROW(sub_in);
+	GROW(sub_res);
+	GROW(sub_of);
 #undef GROW
 	ib->cap = n;
 	return ST_OK;
@@ -396,6 +431,7 @@ static const struct {
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
+	[W_MARK] = { "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (", ")" },
 };
 
 /* The batch's distinct keys as a condition on processed_messages, one IN
@@ -576,6 +612,10 @@ static int inbox_flush(struct inbox *ib, bool commit)
 			r->held_dirty = false;
 		}
 	}
+	for (int i = 0; commit && i < ib->nmarks; i++) {
+		sqlbuf_item(&ib->w[W_MARK]);
+		sqlbuf_i64(&ib->w[W_MARK], ib->marks[i]);
+	}
 	for (int s = 0; s < W_NSECT; s++) {
 		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
 			rc = sqlbuf_err(&ib->w[s]);
@@ -666,7 +706,7 @@ static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, c
 		.detail = detail, .deliveries = ev->deliveries,
 	};
 
-	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, &d);
+	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL, &d);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -704,8 +744,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 
 		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++) {
 			if (v.emits & emits[i].bit) {
-				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, emits[i].type, ev->order_id,
-				                      ev->message_id, ev->type_name, ev->ctx);
+				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL,
+				                      emits[i].type, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
 				nrows++;
 			}
 		}
@@ -1279,25 +1319,17 @@ static int inbox_str_cmp(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
- * keys (sorted), and read back the keys that are not ours and the orders. */
-static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+/* The batch's distinct keys in index order (ib->keys, ib->keymsg, and
+ * ib->key_of per message), and its distinct orders sorted by id
+ * (ib->order_ids, ib->nlock): every key's order, ours or not. */
+static void inbox_claim_index(struct inbox *ib, const struct inbox_in *in, int n)
 {
-	struct sqlbuf *q = &ib->req;
-	const char *cons = ib->conf->consumer;
-	int64_t token;
-	int norder = 0, rc;
+	int norder = 0, k = 0;
 
 	for (int i = 0; i < n; i++)
 		ib->sorted[i] = (struct inbox_sortent){ .m = in[i].msg, .i = i };
 	qsort(ib->sorted, (size_t)n, sizeof *ib->sorted, inbox_key_cmp);
-	rc = inbox_token(&token);
-	if (rc != ST_OK)
-		return rc;
-	ib->token = token;
 	ib->nkeys = 0;
-	sqlbuf_reset(q);
-	/* The distinct keys, in index order. */
 	for (int s = 0; s < n; s++) {
 		int i = ib->sorted[s].i;
 		const struct msg *m = in[i].msg;
@@ -1314,24 +1346,33 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		ib->keys[ib->nkeys++] = (struct inbox_key){ .first = i, .mine = true, .forgotten = false };
 		ib->order_ids[norder++] = m->order_id;
 	}
-	/* Orders first, then keys: a key's row is only ever written under its
-	 * order's lock (a released or expired held event's outcome is written
-	 * by whoever holds the order), so a batch holding a duplicate of a
-	 * held event must not lock that key before the order, or it and the
-	 * releasing batch deadlock.  Every key's order, ours or not, sorted
-	 * and distinct: a duplicate's order costs a lock, and spares a round
-	 * trip. */
 	qsort(ib->order_ids, (size_t)norder, sizeof *ib->order_ids, inbox_str_cmp);
-	{
-		int k = 0;
-		for (int i = 0; i < norder; i++)
-			if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
-				ib->order_ids[k++] = ib->order_ids[i];
-		norder = k;
+	for (int i = 0; i < norder; i++)
+		if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
+			ib->order_ids[k++] = ib->order_ids[i];
+	ib->nlock = k;
+}
+
+/* "order_id IN (...)": the batch's orders, sorted. */
+static void inbox_sql_order_ids(const struct inbox *ib, struct sqlbuf *q)
+{
+	sqlbuf_sql(q, "order_id IN (");
+	sqlbuf_list(q);
+	for (int i = 0; i < ib->nlock; i++) {
+		sqlbuf_item(q);
+		sqlbuf_str(q, ib->order_ids[i]);
 	}
+	sqlbuf_sql(q, ")");
+}
+
+/* Claim statement 0: the order_locks rows of the batch's orders, sorted
+ * by id, created or bumped (a real write: a certification-based cluster
+ * only sees rows that change). */
+static void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "INSERT INTO order_locks (order_id, held, locks) VALUES ");
 	sqlbuf_list(q);
-	for (int i = 0; i < norder; i++) {
+	for (int i = 0; i < ib->nlock; i++) {
 		sqlbuf_row(q);
 		sqlbuf_str(q, ib->order_ids[i]);
 		sqlbuf_value(q, "0");
@@ -1339,7 +1380,12 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		sqlbuf_row_end(q);
 	}
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE locks = order_locks.locks + 1;");
+}
 
+/* Claim statement 1: every distinct key in one multi-row INSERT, in index
+ * order, the rows we insert carrying the transaction's claim token. */
+static void inbox_sql_claim_keys(const struct inbox *ib, struct sqlbuf *q, const struct inbox_in *in)
+{
 	sqlbuf_sql(q, "INSERT INTO processed_messages (consumer, source, message_id, payload_sha256, type, order_id,"
 	              " outcome, published_at, processed_at, claim) VALUES ");
 	sqlbuf_list(q);
@@ -1349,7 +1395,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		int64_t pub = in[i].published_us > 0 && in[i].published_us <= INBOX_PUBLISHED_US_MAX ? in[i].published_us : 0;
 
 		sqlbuf_row(q);
-		sqlbuf_str(q, cons);
+		sqlbuf_str(q, ib->conf->consumer);
 		sqlbuf_str(q, m->source);
 		sqlbuf_str(q, m->message_id);
 		sqlbuf_str(q, ib->hex[i]);
@@ -1361,7 +1407,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 		else
 			sqlbuf_value(q, "NULL");
 		sqlbuf_value(q, "NOW(6)");
-		sqlbuf_i64(q, token);
+		sqlbuf_i64(q, ib->token);
 		sqlbuf_row_end(q);
 	}
 	/* A key already taken stays as it is: the no-op update waits for,
@@ -1369,34 +1415,69 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	 * and a value its column refuses is still an error (INSERT IGNORE
 	 * would store it cut). */
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE claim = processed_messages.claim;");
+}
 
-
-	/* The keys that are not ours. */
+/* Claim statement 2: the keys that are not ours (their stored hash says
+ * duplicate or conflict). */
+static void inbox_sql_not_ours(struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT source, message_id, payload_sha256 FROM processed_messages WHERE consumer = ");
-	sqlbuf_str(q, cons);
+	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
 	inbox_sql_keys(ib, q);
 	sqlbuf_sql(q, " AND NOT (claim <=> ");
-	sqlbuf_i64(q, token);
+	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, ");");
+}
 
+/* Claim statement 3: the locked orders, as they stand. */
+static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT l.order_id, l.held, o.status, o.version, o.flags FROM order_locks l"
-	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id IN (");
-	sqlbuf_list(q);
-	for (int i = 0; i < norder; i++) {
-		sqlbuf_item(q);
-		sqlbuf_str(q, ib->order_ids[i]);
-	}
-	sqlbuf_sql(q, ");");
+	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.");
+	inbox_sql_order_ids(ib, q);
+	sqlbuf_sql(q, ";");
+}
 
-	/* The ledger rows of the batch's keys (uq_order_events_message): a
-	 * key we inserted that the ledger knows was forgotten, not new
-	 * (inbox_claim_row).  Read after our claim, so no transaction can
-	 * add one meanwhile: only the claimant of a key writes its effect. */
+/* Claim statement 4: the ledger rows of the batch's keys
+ * (uq_order_events_message): a key we inserted that the ledger knows was
+ * forgotten, not new (inbox_claim_row).  Read after our claim, so no
+ * transaction can add one meanwhile: only the claimant of a key writes its
+ * effect. */
+static void inbox_sql_ledger(struct inbox *ib, struct sqlbuf *q)
+{
 	sqlbuf_sql(q, "SELECT source, message_id, order_id, type, payload_sha256 FROM order_events WHERE consumer = ");
-	sqlbuf_str(q, cons);
+	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
 	inbox_sql_keys(ib, q);
+}
+
+/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
+ * keys (sorted), and read back the keys that are not ours, the orders and
+ * the ledger rows of the keys (inbox_claim_row reads the answers). */
+static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc;
+
+	inbox_claim_index(ib, in, n);
+	rc = inbox_token(&ib->token);
+	if (rc != ST_OK)
+		return rc;
+	ib->emit.claim = ib->token;
+	/* Orders first, then keys: a key's row is only ever written under its
+	 * order's lock (a released or expired held event's outcome is written
+	 * by whoever holds the order), so a batch holding a duplicate of a
+	 * held event must not lock that key before the order, or it and the
+	 * releasing batch deadlock.  Every key's order, ours or not, sorted
+	 * and distinct: a duplicate's order costs a lock, and spares a round
+	 * trip. */
+	sqlbuf_reset(q);
+	inbox_sql_lock_orders(ib, q);
+	inbox_sql_claim_keys(ib, q, in);
+	inbox_sql_not_ours(ib, q);
+	inbox_sql_read_orders(ib, q);
+	inbox_sql_ledger(ib, q);
 	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
@@ -1404,7 +1485,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	rc = db_multi(ib->db, q->p, q->len, inbox_claim_row, ib);
 	if (rc != ST_OK)
 		return rc;
-	if (ib->norders != norder)
+	if (ib->norders != ib->nlock)
 		return ST_ERR_DB; /* every order was just written */
 	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
 	return ST_OK;
@@ -1495,21 +1576,24 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 			rc = ST_ERR_DB_DEADLOCK;
 		}
 	}
-	if (rc != ST_OK)
+	if (rc == ST_OK) {
+		ib->nmarks = 0; /* written with the COMMIT */
+	} else {
 		db_rollback(ib->db);
+		outbox_mem_reset(&ib->emit); /* nothing of it was committed */
+	}
 	inbox_forget(ib);
 	return rc;
 }
 
-int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
+/* A batch (n >= 1, room reserved) in the transaction, from the claim to
+ * its end: the body of inbox_run and of inbox_run_nowait's part. */
+static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
 {
 	int rc;
 
-	if (n <= 0)
-		return ST_ERR_INVALID;
-	rc = inbox_reserve(ib, n);
-	if (rc != ST_OK)
-		return rc;
+	outbox_mem_reset(&ib->emit);
+	ib->dispatch = true;
 	for (int i = 0; i < n; i++) {
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
@@ -1548,6 +1632,146 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	ib->in = NULL;
 	ib->npend = 0;
 	return inbox_end(ib, rc, true);
+}
+
+int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
+{
+	int rc;
+
+	if (n <= 0)
+		return ST_ERR_INVALID;
+	rc = inbox_reserve(ib, n);
+	if (rc != ST_OK)
+		return rc;
+	return inbox_batch(ib, in, n, res);
+}
+
+/* What the probe found of an order (ib->ostate), and whether a delivery
+ * of it was left for later. */
+enum { INBOX_O_GOT = 1, INBOX_O_EXISTS = 2, INBOX_O_LATER = 4 };
+
+/* The index of an order of the batch in ib->order_ids, or -1. */
+static int inbox_order_index(const struct inbox *ib, const char *id)
+{
+	const char *const *p = bsearch(&id, ib->order_ids, (size_t)ib->nlock, sizeof *ib->order_ids, inbox_str_cmp);
+
+	return p != NULL ? (int)(p - ib->order_ids) : -1;
+}
+
+/* The probe's rows: statement 0 the orders locked, 1 those that exist. */
+static int inbox_probe_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	struct inbox *ib = arg;
+	int o;
+
+	(void)lens;
+	if (ncols != 1 || v[0] == NULL || stmt < 0 || stmt > 1)
+		return ST_ERR_DB;
+	o = inbox_order_index(ib, v[0]);
+	if (o < 0)
+		return ST_ERR_DB; /* a row we did not ask for */
+	ib->ostate[o] |= stmt == 0 ? INBOX_O_GOT : INBOX_O_EXISTS;
+	return ST_OK;
+}
+
+/*
+ * The probe, the transaction's first round trip: lock the order_locks rows
+ * of the batch's orders that no one holds, without waiting for the others
+ * (SKIP LOCKED, MariaDB 10.6 and MySQL 8.0), and read which rows exist (a
+ * read that takes no lock; READ COMMITTED, so it sees what is committed
+ * now).  An order that exists and was not locked is another transaction's.
+ * One that does not exist yet is new: the claim creates its row, and
+ * waits only if another transaction is creating the same one right now
+ * (an uncommitted row is neither locked here nor read).  No lock is
+ * waited for, so the probe cannot deadlock, and the claim after it takes
+ * the batch's locks in the same sorted order as ever.
+ */
+static int inbox_probe(struct inbox *ib)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc;
+
+	memset(ib->ostate, 0, (size_t)ib->nlock * sizeof *ib->ostate);
+	sqlbuf_reset(q);
+	sqlbuf_sql(q, "SELECT order_id FROM order_locks WHERE ");
+	inbox_sql_order_ids(ib, q);
+	sqlbuf_sql(q, " FOR UPDATE SKIP LOCKED;SELECT order_id FROM order_locks WHERE ");
+	inbox_sql_order_ids(ib, q);
+	rc = sqlbuf_err(q);
+	if (rc == ST_OK)
+		rc = db_multi(ib->db, q->p, q->len, inbox_probe_row, ib);
+	return rc;
+}
+
+/* Which deliveries the probe leaves for later, in delivery order: one
+ * whose order another transaction holds, and every one after it that
+ * shares its order or its key (inflight_split's rule, for the same
+ * reasons: no event overtakes an earlier one of its order, no copy of a
+ * key an earlier copy).  Returns how many. */
+static int inbox_leave(struct inbox *ib, const struct inbox_in *in, int n, bool *later)
+{
+	int nlater = 0;
+
+	memset(ib->klater, 0, (size_t)ib->nkeys * sizeof *ib->klater);
+	for (int i = 0; i < n; i++) {
+		int o = inbox_order_index(ib, in[i].msg->order_id), k = ib->key_of[i];
+
+		later[i] = o < 0 || (ib->ostate[o] & (INBOX_O_GOT | INBOX_O_EXISTS)) == INBOX_O_EXISTS ||
+		           (ib->ostate[o] & INBOX_O_LATER) || ib->klater[k];
+		if (!later[i])
+			continue;
+		if (o >= 0)
+			ib->ostate[o] |= INBOX_O_LATER;
+		ib->klater[k] = true;
+		nlater++;
+	}
+	return nlater;
+}
+
+int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool *later,
+                     int *nlater)
+{
+	int k = 0, rc;
+
+	*nlater = 0;
+	for (int i = 0; i < n; i++)
+		later[i] = false;
+	if (n <= 0)
+		return ST_ERR_INVALID;
+	rc = inbox_reserve(ib, n);
+	if (rc != ST_OK)
+		return rc;
+	if (n < 2)
+		return inbox_batch(ib, in, n, res);
+	inbox_claim_index(ib, in, n);
+	rc = inbox_probe(ib);
+	if (rc != ST_OK) {
+		db_rollback(ib->db);
+		inbox_forget(ib);
+		return rc;
+	}
+	*nlater = inbox_leave(ib, in, n, later);
+	if (*nlater == 0 || *nlater == n) {
+		/* Nothing held elsewhere, or everything behind it: whole, in
+		 * the transaction that holds the probe's locks (waiting, in
+		 * the second case, as inbox_run). */
+		for (int i = 0; i < n; i++)
+			later[i] = false;
+		*nlater = 0;
+		return inbox_batch(ib, in, n, res);
+	}
+	for (int i = 0; i < n; i++) {
+		if (later[i]) {
+			memset(&res[i], 0, sizeof res[i]);
+			continue;
+		}
+		ib->sub_in[k] = in[i];
+		ib->sub_of[k++] = i;
+	}
+	rc = inbox_batch(ib, ib->sub_in, k, ib->sub_res);
+	for (int j = 0; rc == ST_OK && j < k; j++)
+		res[ib->sub_of[j]] = ib->sub_res[j];
+	return rc;
 }
 
 /* Lock one order outside a batch (hold expiry) and read it into the
@@ -1593,6 +1817,8 @@ static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, 
 	int rc;
 
 	*done = false;
+	outbox_mem_reset(&ib->emit);
+	ib->dispatch = false; /* the relay publishes what expiry writes */
 	rc = inbox_lock_one(ib, order_id, &o);
 	if (rc == ST_OK)
 		rc = inbox_held_load(ib, id, &h, &x, rk, sizeof rk, &ev);
@@ -1676,4 +1902,29 @@ rollback:
 	db_rollback(ib->db);
 	inbox_trim(ib);
 	return rc;
+}
+
+const struct outbox_mem *inbox_emitted(const struct inbox *ib)
+{
+	return &ib->emit;
+}
+
+bool inbox_mark_sent(struct inbox *ib, int64_t claim)
+{
+	if (ib->nmarks >= INBOX_MARKS_MAX)
+		return false;
+	ib->marks[ib->nmarks++] = claim;
+	return true;
+}
+
+int inbox_marks_pending(const struct inbox *ib)
+{
+	return ib->nmarks;
+}
+
+int inbox_flush_marks(struct inbox *ib)
+{
+	if (ib->nmarks == 0)
+		return ST_OK;
+	return inbox_end(ib, ST_OK, false); /* the marks and the COMMIT, one round trip */
 }

@@ -28,6 +28,7 @@
 #include "envelope.h"
 #include "msg.h"
 #include "order.h"
+#include "outbox.h"
 
 struct inbox;
 
@@ -104,6 +105,42 @@ int inbox_limits(const struct inbox *ib, char *why, size_t cap);
  * ST_ERR_FAULT: a test fault fired before COMMIT; rolled back.
  */
 int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res);
+
+/*
+ * inbox_run, without waiting for an order another transaction holds (one
+ * of another process's threads, or of this one's).  One round
+ * trip first takes the locks of the batch's orders that no one holds
+ * (SELECT ... FOR UPDATE SKIP LOCKED) and reads which exist; a delivery
+ * whose order is held elsewhere is left for later (later[i], *nlater),
+ * and so is every delivery after it that shares its order or its message
+ * key (so that nothing overtakes an earlier event of its order, nor an
+ * earlier copy of its key); the rest is run as inbox_run runs a batch, in
+ * the transaction that holds those locks.  The caller settles the ones
+ * left, in delivery order, in a transaction of its own right after
+ * (inbox_run, which waits).  When every delivery, or none, would be left,
+ * the batch runs whole, as inbox_run.  res[i] is only meaningful where
+ * later[i] is false.  Returns as inbox_run.  On a Galera cluster row locks
+ * are local to a node: orders held on this node are left for later, and a
+ * transaction of another node that wrote the same order makes one COMMIT
+ * fail certification (ST_ERR_DB_DEADLOCK: run it again), as without this.
+ */
+int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool *later,
+                     int *nlater);
+
+/* The outbox rows the last committed transaction wrote, tagged with its
+ * claim, for the caller to publish now (outbox_dispatch); empty after a
+ * failed one.  Valid until the next inbox call. */
+const struct outbox_mem *inbox_emitted(const struct inbox *ib);
+
+/* The rows of claim were published and confirmed: mark them sent in the
+ * next transaction's write (no round trip of its own).  false: INBOX_MARKS
+ * are pending already; inbox_flush_marks first. */
+bool inbox_mark_sent(struct inbox *ib, int64_t claim);
+int inbox_marks_pending(const struct inbox *ib);
+
+/* Write the pending marks in a transaction of their own (an idle thread:
+ * no next transaction to carry them). */
+int inbox_flush_marks(struct inbox *ib);
 
 /* Dead-letter held events older than the hold TTL through the outbox, at
  * most limit of them; *expired gets the count. */

@@ -50,6 +50,7 @@ static struct {
 	atomic_uint_fast64_t hist_sum_us;
 	atomic_int_fast64_t outbox_pending;
 	atomic_uint_fast64_t outbox_failed;
+	atomic_uint_fast64_t outbox_dispatched;
 	atomic_int_fast64_t outbox_oldest_ms;
 	atomic_int_fast64_t dlq_depth;       /* stored + 1: 0 means never read */
 	atomic_uint_fast64_t redelivered;
@@ -157,6 +158,12 @@ void metrics_outbox_failed(int n)
 {
 	if (n > 0)
 		atomic_fetch_add_explicit(&metrics.outbox_failed, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_outbox_dispatched(int n)
+{
+	if (n > 0)
+		atomic_fetch_add_explicit(&metrics.outbox_dispatched, (uint_fast64_t)n, memory_order_relaxed);
 }
 
 void metrics_dlq_depth(int64_t n)
@@ -479,6 +486,11 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_failed_total counter\n"
 	                "inbox_outbox_failed_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.outbox_failed));
+	metrics_put(&b, "# HELP inbox_outbox_dispatched_total Outbox rows published and confirmed by the thread that"
+	                " committed them, right after its commit (the relay sweeps the others).\n"
+	                "# TYPE inbox_outbox_dispatched_total counter\n"
+	                "inbox_outbox_dispatched_total %llu\n",
+	            (unsigned long long)atomic_load(&metrics.outbox_dispatched));
 	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",

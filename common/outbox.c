@@ -141,9 +141,67 @@ static int outbox_now(char *buf, size_t cap)
 	return ST_OK;
 }
 
-static void outbox_row_sql(struct sqlbuf *b, const char *id, const char *exchange, const char *rk,
-                           const char *type, const char *order_id, const char *props, const char *headers,
-                           const void *body, size_t len)
+static char *outbox_dup(const char *s)
+{
+	return s != NULL ? strdup(s) : NULL;
+}
+
+/* A copy of a row for its writer to publish after the commit. */
+static int outbox_mem_add(struct outbox_mem *mem, const char *id, const char *exchange, const char *rk,
+                          const char *type, const char *props, const char *headers, const void *body, size_t len)
+{
+	struct outbox_msg *m;
+
+	if (mem->n == mem->cap) {
+		int cap = mem->cap > 0 ? 2 * mem->cap : 16;
+		void *p = realloc(mem->v, (size_t)cap * sizeof *mem->v);
+
+		if (p == NULL)
+			return ST_ERR_NOMEM;
+		mem->v = p;
+		mem->cap = cap;
+	}
+	m = &mem->v[mem->n];
+	*m = (struct outbox_msg){
+		.message_id = outbox_dup(id), .exchange = outbox_dup(exchange), .routing_key = outbox_dup(rk),
+		.type = outbox_dup(type), .props = outbox_dup(props), .headers = outbox_dup(headers),
+		.body = malloc(len > 0 ? len : 1), .len = len,
+	};
+	mem->n++; /* counted even when a copy failed: outbox_mem_reset frees it */
+	if (m->message_id == NULL || m->exchange == NULL || m->routing_key == NULL || m->type == NULL ||
+	    (props != NULL && m->props == NULL) || (headers != NULL && m->headers == NULL) || m->body == NULL)
+		return ST_ERR_NOMEM;
+	memcpy(m->body, body, len);
+	return ST_OK;
+}
+
+void outbox_mem_reset(struct outbox_mem *mem)
+{
+	for (int i = 0; i < mem->n; i++) {
+		struct outbox_msg *m = &mem->v[i];
+
+		free(m->message_id);
+		free(m->exchange);
+		free(m->routing_key);
+		free(m->type);
+		free(m->props);
+		free(m->headers);
+		free(m->body);
+	}
+	mem->n = 0;
+}
+
+void outbox_mem_free(struct outbox_mem *mem)
+{
+	outbox_mem_reset(mem);
+	free(mem->v);
+	mem->v = NULL;
+	mem->cap = 0;
+}
+
+static int outbox_row_sql(struct sqlbuf *b, struct outbox_mem *mem, const char *id, const char *exchange,
+                          const char *rk, const char *type, const char *order_id, const char *props,
+                          const char *headers, const void *body, size_t len)
 {
 	sqlbuf_row(b);
 	sqlbuf_str(b, id);
@@ -155,7 +213,12 @@ static void outbox_row_sql(struct sqlbuf *b, const char *id, const char *exchang
 	sqlbuf_str(b, headers);
 	sqlbuf_bytes(b, body, len);
 	sqlbuf_value(b, "NOW(6)");
+	if (mem != NULL)
+		sqlbuf_i64(b, mem->claim);
+	else
+		sqlbuf_value(b, "NULL");
 	sqlbuf_row_end(b);
+	return mem != NULL ? outbox_mem_add(mem, id, exchange, rk, type, props, headers, body, len) : ST_OK;
 }
 
 /* The properties an emitted event is published with (props_build reads
@@ -192,8 +255,9 @@ out:
 	return s;
 }
 
-int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
-                     const char *cause_message_id, const char *cause_type, const struct env_context *ctx)
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, const char *type,
+                     const char *order_id, const char *cause_message_id, const char *cause_type,
+                     const struct env_context *ctx)
 {
 	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
 	char *body = NULL, *props = NULL;
@@ -233,17 +297,19 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type,
 		free(props);
 		return ST_ERR_NOMEM;
 	}
-	outbox_row_sql(b, id, conf->out_exchange, rk, type, order_id, props, NULL, body, strlen(body));
+	rc = outbox_row_sql(b, mem, id, conf->out_exchange, rk, type, order_id, props, NULL, body, strlen(body));
 	free(body);
 	free(props);
-	return ST_OK;
+	return rc;
 }
 
-int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d)
+int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem,
+                           const struct outbox_dead_letter *d)
 {
 	struct deadletter_headers dh;
 	char note[400];
 	char *headers;
+	int rc;
 
 	/* What the saved properties had to escape or drop, said where the
 	 * DLQ reader looks (props.c keeps the note ASCII). */
@@ -252,10 +318,21 @@ int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struc
 	headers = deadletter_headers_json(&dh);
 	if (headers == NULL)
 		return ST_ERR_NOMEM;
-	outbox_row_sql(b, d->message_id, conf->dlx, d->routing_key, d->type, d->order_id, d->props, headers, d->body,
-	               d->len);
+	rc = outbox_row_sql(b, mem, d->message_id, conf->dlx, d->routing_key, d->type, d->order_id, d->props, headers,
+	                    d->body, d->len);
 	free(headers);
-	return ST_OK;
+	return rc;
+}
+
+void outbox_sql_mark_sent(struct sqlbuf *b, const int64_t *claims, int n)
+{
+	sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (");
+	sqlbuf_list(b);
+	for (int i = 0; i < n; i++) {
+		sqlbuf_item(b);
+		sqlbuf_i64(b, claims[i]);
+	}
+	sqlbuf_sql(b, ");");
 }
 
 /* ---- the relay -------------------------------------------------------- */
@@ -305,11 +382,13 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 	rc = db_prepare(db, &ob->take_due,
 	                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at <= NOW(6)"
 	                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
+	                " AND (claim IS NULL OR created_at < NOW(6) - INTERVAL ? SECOND)"
 	                " ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->take_new,
 		                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at IS NULL"
 		                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
+		                " AND (claim IS NULL OR created_at < NOW(6) - INTERVAL ? SECOND)"
 		                " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
 	/* One statement per batch for each of these: unused places repeat
 	 * the first id, which changes nothing. */
@@ -487,10 +566,11 @@ static void outbox_publish(struct outbox *ob, struct mq *pub, struct outbox_row 
 	}
 }
 
-/* Claim: the ids of up to limit rows of one scan, appended to ids[]. */
-static int outbox_claim(struct db_stmt *scan, int limit, int64_t *ids, int *n)
+/* Claim: the ids of up to limit rows of one scan, appended to ids[]
+ * (rows a thread dispatched from memory only once older than sweep_s). */
+static int outbox_claim(struct db_stmt *scan, long sweep_s, int limit, int64_t *ids, int *n)
 {
-	struct db_param p[1] = { DBP_I64(limit) };
+	struct db_param p[2] = { DBP_I64(sweep_s), DBP_I64(limit) };
 	int rc = db_stmt_query(scan, p, ARRAY_LEN(p));
 
 	if (rc != ST_OK)
@@ -698,9 +778,9 @@ int outbox_relay(struct outbox *ob, struct mq *pub, int limit, struct outbox_rou
 	rows = ob->rows;
 	memset(rows, 0, (size_t)limit * sizeof *rows);
 	/* 1. the claim, committed before anything is published */
-	rc = outbox_claim(ob->take_due, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, ids, &nids);
+	rc = outbox_claim(ob->take_due, ob->conf->outbox_sweep_s, limit < OUTBOX_DUE_MAX ? limit : OUTBOX_DUE_MAX, ids, &nids);
 	if (rc == ST_OK && nids < limit)
-		rc = outbox_claim(ob->take_new, limit - nids, ids, &nids);
+		rc = outbox_claim(ob->take_new, ob->conf->outbox_sweep_s, limit - nids, ids, &nids);
 	if (rc == ST_OK && nids == 0) {
 		db_rollback(ob->db);
 		goto done;
@@ -766,5 +846,95 @@ int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s)
 	*pending = c[0].i64;
 	*oldest_s = c[1].is_null ? 0 : (double)c[1].i64 / 1e6;
 	db_rollback(ob->db);
+	return ST_OK;
+}
+
+/* ---- dispatch from memory ---------------------------------------------- */
+
+/* Publishes between two waits for their confirms: well within the
+ * outcomes pub.c remembers (MQ_TRACK_MAX). */
+#define OUTBOX_DISPATCH_WINDOW 128
+_Static_assert(OUTBOX_DISPATCH_WINDOW < MQ_TRACK_MAX, "a window's outcomes must all be remembered");
+
+/* Whether every publish from seq first to last (exclusive) was acked. */
+static bool outbox_all_acked(const struct mq *pub, uint64_t first, uint64_t last)
+{
+	for (uint64_t q = first; q < last; q++)
+		if (mq_outcome(pub, q) != MQ_OUTCOME_ACKED)
+			return false;
+	return true;
+}
+
+/*
+ * As the relay publishes a row (outbox_publish), from the copy: emitted
+ * events pipelined, a dead-letter copy (mandatory) with nothing else in
+ * flight so that a return is its own, and a row for an exchange the worker
+ * does not declare alone.  What cannot be published from here (a copy
+ * whose headers do not parse, a broker error) is not charged to its row:
+ * the row is left unmarked and the sweep publishes it with the relay's
+ * per-row failure handling.
+ */
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool *all)
+{
+	uint64_t first;
+	int rc;
+
+	*all = false;
+	if (mem->n == 0) {
+		*all = true;
+		return ST_OK;
+	}
+	rc = mq_confirm_select(pub);
+	if (rc != ST_OK)
+		return rc;
+	first = mq_next_seq(pub);
+	for (int i = 0; i < mem->n; i++) {
+		const struct outbox_msg *c = &mem->v[i];
+		struct mq_header h[OUTBOX_HEADERS_MAX];
+		json_t *keep = NULL;
+		bool declared = strcmp(c->exchange, conf->out_exchange) == 0 || strcmp(c->exchange, conf->dlx) == 0;
+		struct mq_message m = {
+			.exchange = c->exchange, .routing_key = c->routing_key, .body = c->body, .len = c->len,
+			.props_json = c->props, .message_id = c->message_id, .type = c->type, .headers = h,
+			.mandatory = strcmp(c->exchange, conf->dlx) == 0,
+		};
+
+		m.nheaders = outbox_headers(c->headers, &keep, h, OUTBOX_HEADERS_MAX);
+		if (m.nheaders < 0 || strlen(c->message_id) > OUTBOX_SHORTSTR_MAX ||
+		    strlen(c->exchange) > OUTBOX_SHORTSTR_MAX || strlen(c->routing_key) > OUTBOX_SHORTSTR_MAX ||
+		    strlen(c->type) > OUTBOX_SHORTSTR_MAX) {
+			json_decref(keep);
+			return ST_OK; /* the sweep charges it to its row */
+		}
+		/* A mandatory copy (or one to an exchange we do not declare)
+		 * goes with nothing else in flight; the others in windows. */
+		if ((m.mandatory || !declared || mq_next_seq(pub) - first >= OUTBOX_DISPATCH_WINDOW) &&
+		    mq_unconfirmed(pub) > 0) {
+			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+			if (outbox_broker_error(rc)) {
+				json_decref(keep);
+				return rc;
+			}
+		}
+		if (mq_unconfirmed(pub) == 0) {
+			if (!outbox_all_acked(pub, first, mq_next_seq(pub))) {
+				json_decref(keep);
+				return ST_OK; /* one was returned or nacked: the sweep has them all */
+			}
+			first = mq_next_seq(pub);
+		}
+		rc = mq_publish(pub, &m);
+		json_decref(keep);
+		if (rc == ST_ERR_INVALID)
+			return ST_OK; /* stored properties that do not parse: the sweep charges the row */
+		if (rc == ST_OK && (m.mandatory || !declared))
+			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
+		if (outbox_broker_error(rc))
+			return rc;
+	}
+	rc = mq_unconfirmed(pub) > 0 ? mq_wait_confirms(pub, OUTBOX_CONFIRM_MS) : ST_OK;
+	if (outbox_broker_error(rc))
+		return rc;
+	*all = outbox_all_acked(pub, first, mq_next_seq(pub));
 	return ST_OK;
 }

@@ -46,10 +46,55 @@ struct outbox_round {
 };
 
 /* The head of the multi-row INSERT that the row writers add rows to
- * (after sqlbuf_list; the caller ends the statement). */
+ * (after sqlbuf_list; the caller ends the statement).  The row writers
+ * take mem: NULL, the row is the relay's (claim NULL); else the row is
+ * tagged with mem->claim and a copy is added to mem for its writer to
+ * publish after the commit. */
 #define OUTBOX_INSERT_HEAD                                                                             \
 	"INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"  \
-	" created_at) VALUES "
+	" created_at, claim) VALUES "
+
+/*
+ * The outbox dispatched from memory (issue 25): the transaction that
+ * writes rows keeps a copy of each (struct outbox_mem) and tags them with
+ * its claim token (outbox.claim, migration 0018); right after its COMMIT
+ * the same thread publishes the copies itself (outbox_dispatch, with
+ * confirms) and, when every one was confirmed, marks the rows sent in the
+ * write of its next transaction (outbox_sql_mark_sent: by claim, no round
+ * trip of its own), or in a transaction of its own once it is idle.  The
+ * relay (outbox_relay) takes a tagged row only when it is older than
+ * INBOX_OUTBOX_SWEEP: one no thread published or marked (a crash between
+ * the commit and the mark, a publish that failed), which a live thread
+ * never leaves that long.  A row without a tag (written by hold expiry,
+ * by an older version, by hand) is the relay's at once, as before.  Ids
+ * are stable as ever, so a swept row that was in fact published is a
+ * duplicate downstream, never a new event.
+ */
+struct outbox_msg {
+	char *message_id, *exchange, *routing_key, *type, *props, *headers; /* props, headers: JSON or NULL */
+	void *body;
+	size_t len;
+};
+
+struct outbox_mem {
+	int64_t claim; /* the rows' outbox.claim */
+	struct outbox_msg *v;
+	int n, cap;
+};
+
+/* Forget the copies (keeping the room), or free everything. */
+void outbox_mem_reset(struct outbox_mem *mem);
+void outbox_mem_free(struct outbox_mem *mem);
+
+/* Publish the copies in mem on pub, with confirms (pipelined; a
+ * dead-letter copy, which is mandatory, alone).  *all: every one was
+ * confirmed (acked, not returned): then the rows may be marked sent.
+ * Returns ST_OK or the broker error that ended it (the rest are left to
+ * the sweep). */
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool *all);
+
+/* "UPDATE outbox SET sent_at ... WHERE claim IN (...);" for n claims. */
+void outbox_sql_mark_sent(struct sqlbuf *b, const int64_t *claims, int n);
 
 /* An event the worker emits, in SPEC.md's envelope, to conf->out_exchange
  * with routing key order.<type>.  Its message id, "<type>:<order id>", is
@@ -58,8 +103,9 @@ struct outbox_round {
  * ctx (NULL: nothing) what it carried: the trace continued and the
  * correlation id (props), with conf->emit_envelope's envelope.
  * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
-int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, const char *type, const char *order_id,
-                     const char *cause_message_id, const char *cause_type, const struct env_context *ctx);
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, const char *type,
+                     const char *order_id, const char *cause_message_id, const char *cause_type,
+                     const struct env_context *ctx);
 
 /* The dead-letter copy of an event (its transition is impossible, its
  * hold expired, its stored body cannot be applied): its own body,
@@ -79,7 +125,8 @@ struct outbox_dead_letter {
 	const char *detail; /* x-inbox-detail */
 	int64_t deliveries; /* x-inbox-delivery-count; 0 when unknown */
 };
-int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, const struct outbox_dead_letter *d);
+int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem,
+                           const struct outbox_dead_letter *d);
 
 int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf);
 void outbox_close(struct outbox **ob);

@@ -8,6 +8,8 @@
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,4 +390,133 @@ Test(batch, releases_of_different_orders_do_not_lock_each_other, .timeout = 120)
 	cr_assert_eq(db_commit(a), ST_OK);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 	db_close(&b);
+}
+
+/*
+ * Issue 25: across processes a batch never waits for an order another
+ * transaction holds.  Connection a (another process's transaction) holds
+ * order nw-x's lock open; the batch [p-x, c-y, p-x again naming nw-v,
+ * p-y, c-v] settles what does not follow nw-x — c-y and p-y commit while
+ * a is still open (seen from a third connection) — and leaves p-x, the
+ * other copy of its key and c-v (the order of that copy) for later, in
+ * delivery order.  After a commits, the rest is settled in a second
+ * transaction: the first copy of p-x stands, the second is the conflict.
+ * The batch's lock wait is short (2 s): a batch that waited for a
+ * would fail with it rather than hang.
+ */
+Test(batch, a_batch_settles_the_orders_no_one_holds_and_leaves_the_rest, .timeout = 120)
+{
+	struct tb *pre = calloc(1, sizeof *pre), *b = calloc(1, sizeof *b), *rest = calloc(1, sizeof *rest);
+	struct db *d = NULL, *a = NULL;
+	struct inbox *ib;
+	bool later[MAXB];
+	int nlater = -1, rc;
+
+	itest_fresh();
+	ib = open_inbox(&d, itest_cfg());
+	tb_add(pre, "c-x", "OrderCreated", "nw-x");
+	cr_assert_eq(inbox_run(ib, pre->in, 1, pre->res), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_open(&a, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(a, "INSERT INTO order_locks (order_id, held, locks) VALUES ('nw-x', 0, 1)"
+	                        " ON DUPLICATE KEY UPDATE locks = locks + 1"), ST_OK, "%s", db_errmsg(a));
+	cr_assert_eq(db_exec(d, "SET SESSION innodb_lock_wait_timeout = 2"), ST_OK, "%s", db_errmsg(d));
+
+	tb_add(b, "p-x", "PaymentAuthorized", "nw-x"); /* 0: its order is held: later */
+	tb_add(b, "c-y", "OrderCreated", "nw-y");      /* 1: now */
+	tb_add(b, "p-x", "OrderCreated", "nw-v");      /* 2: a copy of 0's key: later */
+	tb_add(b, "p-y", "PaymentAuthorized", "nw-y"); /* 3: now, after 1 */
+	tb_add(b, "c-v", "OrderCreated", "nw-v");      /* 4: 2's order: later */
+	rc = inbox_run_nowait(ib, b->in, b->n, b->res, later, &nlater);
+	cr_assert_eq(rc, ST_OK, "the batch waited for the order another transaction holds: %s (%s)", st_strerror(rc),
+	             db_errmsg(d));
+	cr_expect_eq(nlater, 3);
+	cr_expect(later[0] && later[2] && later[4], "later: %d %d %d", later[0], later[2], later[4]);
+	cr_expect(!later[1] && !later[3]);
+	cr_expect_eq(b->res[1].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[1].outcome));
+	cr_expect_eq(b->res[3].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[3].outcome));
+	/* Committed while a is still open. */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id = 'nw-y' AND status = 'Paid' AND version = 2"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id IN ('p-x', 'c-v')"), 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id IN ('nw-v')"), 0);
+	cr_assert_eq(db_commit(a), ST_OK);
+
+	for (int i = 0; i < b->n; i++) {
+		if (!later[i])
+			continue;
+		tb_add_body(rest, b->body[i], NULL);
+	}
+	cr_assert_eq(rest->n, 3);
+	cr_assert_eq(inbox_run(ib, rest->in, rest->n, rest->res), ST_OK, "%s", db_errmsg(d));
+	cr_expect_eq(rest->res[0].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(rest->res[0].outcome));
+	cr_expect_eq(rest->res[1].outcome, INBOX_CONFLICT, "%s", inbox_outcome_name(rest->res[1].outcome));
+	cr_expect_eq(rest->res[2].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(rest->res[2].outcome));
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id = 'nw-x' AND status = 'Paid' AND version = 2"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id = 'nw-v' AND status = 'Created'"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'nw-v'"), 1);
+	inbox_close(&ib);
+	db_close(&a);
+	db_close(&d);
+	free(pre);
+	free(b);
+	free(rest);
+}
+
+/* Whether order_id is Paid (a) and b Created, or the log says a
+ * transaction was retried, whichever comes first (bounded). */
+static bool settled_or_retried(const char *logf, const char *a, const char *b, int timeout_s)
+{
+	for (int i = 0; i < timeout_s * 10; i++) {
+		struct timespec ts = { .tv_sec = 0, .tv_nsec = 100 * 1000000L };
+
+		if (itest_int1("SELECT COUNT(*) FROM orders WHERE id = ? AND status = 'Paid'", a) == 1 &&
+		    itest_int1("SELECT COUNT(*) FROM orders WHERE id = ?", b) == 1)
+			return true;
+		if (itest_log_has(logf, "transaction retry"))
+			return false;
+		nanosleep(&ts, NULL);
+	}
+	return false;
+}
+
+/* The same through the worker: another process's transaction holds order
+ * wp-h; the worker's batch of four (all published before it starts)
+ * settles wp-a's two events and wp-b's without waiting for it (before
+ * issue 25 the batch waited out the lock wait time-out and was retried),
+ * and wp-h's once the other transaction ends. */
+Test(batch, a_worker_settles_other_orders_while_another_process_holds_one, .timeout = 300)
+{
+	char body[512], logf[256];
+	struct db *locker = NULL;
+	struct mq *m;
+	pid_t w;
+	static const char *const ev[4][3] = {
+		{ "wp-a1", "OrderCreated", "wp-a" },
+		{ "wp-h1", "OrderCreated", "wp-h" },
+		{ "wp-b1", "OrderCreated", "wp-b" },
+		{ "wp-a2", "PaymentAuthorized", "wp-a" },
+	};
+
+	itest_fresh();
+	itest_log_path(logf, sizeof logf, "otherproc");
+	cr_assert_eq(db_open(&locker, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(locker, "INSERT INTO order_locks (order_id) VALUES ('wp-h')"), ST_OK);
+	cr_assert_eq(db_commit(locker), ST_OK);
+	cr_assert_eq(db_exec(locker, "UPDATE order_locks SET locks = locks + 1 WHERE order_id = 'wp-h'"), ST_OK);
+	m = itest_mq();
+	for (int i = 0; i < 4; i++) {
+		itest_event(body, sizeof body, ev[i][0], ev[i][1], ev[i][2]);
+		itest_publish(m, ev[i][1], body, NULL);
+	}
+	w = itest_worker_logged(1, (const char *[]){ "INBOX_LOG_LEVEL=debug", "INBOX_PREFETCH=16", "INBOX_BATCH=16", NULL },
+	                        logf);
+	cr_assert(settled_or_retried(logf, "wp-a", "wp-b", 120), "the batch waited for the order another process holds");
+	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ?", "wp-h1"), 0);
+	db_rollback(locker);
+	db_close(&locker);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE id = 'wp-h'", 1, 60), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, 60);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 4);
+	cr_assert_eq(itest_log_count(logf, "transaction retry"), 0);
 }

@@ -504,3 +504,77 @@ Test(outbox, an_unpublishable_row_fails_alone_with_its_backoff, .timeout = 120)
 	cr_assert_eq(itest_drain(out, got, 4, 1, 30), 1);
 	cr_assert_str_eq(got[0].message_id, "good-1");
 }
+
+/* ---- dispatched from memory (issue 25) ------------------------------------ */
+
+/* OrderPaid, emitted by the PaymentAuthorized's transaction, is published
+ * by the thread that committed it, right after the commit, and marked sent
+ * by it; the relay would take the row only after an hour
+ * (INBOX_OUTBOX_SWEEP), so whatever reaches the queue the thread sent, and
+ * once. */
+Test(outbox, emitted_events_are_published_once_by_the_committing_thread, .timeout = 300)
+{
+	const char *out = "itest.outbox.mem";
+	static struct itest_dead got[8];
+	static char page[65536];
+	char env_addr[96];
+	int port = itest_metrics_port(0), n;
+	struct mq *m;
+	pid_t w;
+
+	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_SWEEP=1h", NULL });
+	m = itest_mq();
+	publish_event(m, "mem-c", "OrderCreated", "o-mem");
+	publish_event(m, "mem-p", "PaymentAuthorized", "o-mem");
+	n = itest_drain(out, got, 8, 1, WAIT_S);
+	cr_assert_eq(n, 1, "%d messages", n);
+	cr_assert_str_eq(got[0].message_id, "OrderPaid:o-mem");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0,
+	             "the thread marks what it published");
+	cr_assert_eq(itest_wait_metric(port, "inbox_outbox_dispatched_total", 1, 1, page, sizeof page, WAIT_S), 1,
+	             "published by the committing thread: %s", page);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'OrderPaid:o-mem' AND sent_at IS NOT NULL"),
+	             1);
+	cr_assert_eq(itest_drain(out, got, 8, 0, 0), 0, "nothing more on the queue");
+}
+
+/* A crash between the commit and the publish (the crash-before-dispatch
+ * fault): the row stays pending, and the relay of the next worker sweeps
+ * it once it is older than INBOX_OUTBOX_SWEEP, under its stable id; the
+ * redelivered payment is a duplicate and emits nothing new. */
+Test(outbox, a_crash_between_commit_and_publish_leaves_the_row_to_the_sweep, .timeout = 300)
+{
+	const char *out = "itest.outbox.mem";
+	static struct itest_dead got[8];
+	struct mq *m;
+	pid_t w;
+	int st, n;
+
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	m = itest_mq();
+	publish_event(m, "crash-c", "OrderCreated", "o-crash");
+	publish_event(m, "crash-p", "PaymentAuthorized", "o-crash");
+	w = itest_worker(1, (const char *[]){ "INBOX_FAULT=crash-before-dispatch", "INBOX_OUTBOX_SWEEP=1h", NULL });
+	st = itest_wait_exit(w, WAIT_S);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the fault kills the worker (status %d)", st);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'OrderPaid:o-crash' AND sent_at IS NULL"),
+	             1, "committed, not published");
+	cr_assert_eq(itest_queue_depth(out), 0);
+	w = itest_worker(1, (const char *[]){ "INBOX_OUTBOX_SWEEP=2s", NULL });
+	n = itest_drain(out, got, 8, 1, WAIT_S);
+	cr_assert_eq(n, 1, "%d messages", n);
+	cr_assert_str_eq(got[0].message_id, "OrderPaid:o-crash");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE order_id = 'o-crash'"), 1, "one row, swept once");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-crash'"), 2);
+	cr_assert_eq(itest_drain(out, got, 8, 0, 0), 0, "nothing more on the queue");
+}

@@ -45,6 +45,7 @@
 #include "mq.h"
 #include "msg.h"
 #include "order.h"
+#include "outbox.h"
 #include "status.h"
 
 #define WORKER_CONSUME_TIMEOUT_MS 250
@@ -78,9 +79,10 @@ int worker_alloc(struct worker *w)
 	w->keys = calloc((size_t)batch, sizeof *w->keys);
 	w->busy = calloc((size_t)batch, sizeof *w->busy);
 	w->later = calloc((size_t)batch, sizeof *w->later);
+	w->first = calloc((size_t)batch, sizeof *w->first);
+	w->held = calloc((size_t)batch, sizeof *w->held);
 	return w->items == NULL || w->ins == NULL || w->res == NULL || w->ids == NULL || w->keys == NULL ||
-	               w->busy == NULL ||
-	               w->later == NULL
+	               w->busy == NULL || w->later == NULL || w->first == NULL || w->held == NULL
 	           ? ST_ERR_NOMEM
 	           : ST_OK;
 }
@@ -96,6 +98,8 @@ void worker_free(struct worker *w)
 	free(w->keys);
 	free(w->busy);
 	free(w->later);
+	free(w->first);
+	free(w->held);
 	w->items = NULL;
 	w->ins = NULL;
 	w->res = NULL;
@@ -103,6 +107,8 @@ void worker_free(struct worker *w)
 	w->keys = NULL;
 	w->busy = NULL;
 	w->later = NULL;
+	w->first = NULL;
+	w->held = NULL;
 }
 
 /* Readiness: the thread is ready when it has both connections and every
@@ -376,8 +382,51 @@ static const char *item_rk(const struct item *it)
 	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
 }
 
+/* Publish the outbox rows the transaction just committed, from memory
+ * (common/outbox.h), on the thread's publisher, and have them marked sent
+ * in the next write.  Nothing here costs the batch anything: a row not
+ * confirmed (the broker away, a copy returned) stays unmarked and the
+ * relay publishes it after INBOX_OUTBOX_SWEEP, under the same id. */
+static void worker_dispatch(struct worker *w)
+{
+	const struct outbox_mem *mem = inbox_emitted(w->d.inbox);
+	bool all = false;
+	int rc;
+
+	if (mem->n == 0)
+		return;
+	if (fault_hit("crash-before-dispatch"))
+		raise(SIGKILL); /* test hook: committed, not published */
+	if (w->publisher == NULL) {
+		rc = mq_open_from(&w->publisher, &w->t.conf->amqp, 0, w->t.name, &w->publisher_node);
+		if (rc != ST_OK) {
+			LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay: no publisher", WORKER_KV(w),
+			    LOG_I("rows", mem->n), LOG_S("error", st_strerror(rc)));
+			w->publisher_node++;
+			return;
+		}
+	}
+	rc = outbox_dispatch(w->publisher, w->t.conf, mem, &all);
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay", WORKER_KV(w), LOG_I("rows", mem->n),
+		    LOG_S("error", mq_errmsg(w->publisher)));
+		mq_close(&w->publisher);
+		w->publisher_node++;
+		return;
+	}
+	if (!all)
+		return; /* returned or nacked: the relay charges the row */
+	metrics_outbox_dispatched(mem->n);
+	if (!inbox_mark_sent(w->d.inbox, mem->claim) &&
+	    (inbox_flush_marks(w->d.inbox) != ST_OK || !inbox_mark_sent(w->d.inbox, mem->claim)))
+		LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
+		    WORKER_KV(w), LOG_I("rows", mem->n));
+}
+
 /* Run the transaction over the valid items of a batch, retrying the whole
- * batch on deadlock and lock wait time-out.  Returns ST_OK when committed;
+ * batch on deadlock and lock wait time-out.  held: NULL, or the items
+ * another transaction's orders keep out of this one (inbox_run_nowait:
+ * held[i] set, v[i] not settled; the caller settles them next).  Returns ST_OK when committed;
  * ST_ERR_DB_DEADLOCK when retries ran out; ST_ERR_DB_DATA when the database
  * refused a value of one of the messages, a duplicate key on a statement
  * after the claim included (ST_ERR_DB_DUPLICATE: the claim itself never
@@ -388,7 +437,7 @@ static const char *item_rk(const struct item *it)
  * (connection lost, a missing table, a statement the server refuses) is
  * not the messages': they are kept and the batch is run again after a
  * backoff, as during a database outage. */
-static int worker_transact(struct worker *w, struct item **v, int n)
+static int worker_transact(struct worker *w, struct item **v, int n, bool *held)
 {
 	int attempt = 0, outage = 0;
 	char last[POOL_WHY_MAX] = "";
@@ -406,9 +455,18 @@ static int worker_transact(struct worker *w, struct item **v, int n)
 				.published_us = v[i]->d.published_us, .deliveries = v[i]->d.delivery_count + 1,
 				.ctx = &v[i]->ctx, .event = v[i]->event,
 			};
-		rc = inbox_run(w->d.inbox, w->ins, n, w->res);
+		if (held != NULL) {
+			int nheld;
+
+			rc = inbox_run_nowait(w->d.inbox, w->ins, n, w->res, held, &nheld);
+		} else {
+			rc = inbox_run(w->d.inbox, w->ins, n, w->res);
+		}
 		for (i = 0; rc == ST_OK && i < n; i++)
-			v[i]->res = w->res[i];
+			if (held == NULL || !held[i])
+				v[i]->res = w->res[i];
+		if (rc == ST_OK)
+			worker_dispatch(w);
 		if (rc == ST_OK && outage > 0)
 			LOG(LOG_LEVEL_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
@@ -472,16 +530,20 @@ static void worker_db_detail(struct worker *w, char *buf, size_t cap)
 
 /* Settle the valid items: one transaction for all, or, when that cannot
  * commit (retries exhausted, an unexpected error), one transaction each so
- * that one bad apple does not hold the others back. */
-static int worker_settle(struct worker *w, struct item **v, int n)
+ * that one bad apple does not hold the others back.  held: as for
+ * worker_transact; on every path but a commit it comes back clear (each
+ * item was settled, or handed back, here). */
+static int worker_settle(struct worker *w, struct item **v, int n, bool *held)
 {
-	int rc = worker_transact(w, v, n);
+	int rc = worker_transact(w, v, n, held);
 
 	if (rc == ST_OK) {
 		for (int i = 0; i < n; i++)
-			v[i]->done = true;
+			v[i]->done = held == NULL || !held[i];
 		return ST_OK;
 	}
+	for (int i = 0; held != NULL && i < n; i++)
+		held[i] = false;
 	if (rc == ST_ERR_FAULT) {
 		/* Test hook: behave as if the process had failed before the
 		 * commit; the broker gets the messages back. */
@@ -492,7 +554,7 @@ static int worker_settle(struct worker *w, struct item **v, int n)
 	}
 	if (n > 1 && rc != ST_ERR_STOPPED) {
 		for (int i = 0; i < n; i++) {
-			rc = worker_settle(w, &v[i], 1);
+			rc = worker_settle(w, &v[i], 1, NULL);
 			if (rc != ST_OK)
 				return rc;
 		}
@@ -667,70 +729,106 @@ static int worker_screen(struct worker *w, struct item *items, int n, struct ite
 	return ST_OK;
 }
 
-/* Step 2 with other threads about: the valid items whose orders no other
- * thread of this process has in a transaction now are settled first, in
- * one transaction, and the others right after in a second.  What goes
- * second is closed (inflight_split), in delivery order, under "shares an
- * order or a key with an earlier item that goes second": a delivery never
+/* Step 2 with other transactions about: the valid items whose orders no
+ * other transaction holds are settled first, in one transaction, and the
+ * others right after in a second.  Two sources say which orders are held:
+ * this process's other threads (worker/inflight.h: an order another thread
+ * has in hand, before its transaction even locks it) and, for any process
+ * or thread, the database (inbox_run_nowait: the orders the first
+ * transaction cannot lock without waiting).  What goes second is closed,
+ * in delivery order, under "shares an order or a key with an earlier item
+ * that goes second" (inflight_split, inbox_run_nowait): a delivery never
  * overtakes an earlier one of its order (its effect would come first) nor
  * of its key (two copies of one key naming different orders: the first
- * one stands, SPEC, and it must be decided first).  An order may then have its early
- * events in the first transaction and the rest in the second: still in
- * delivery order, since the first commits before the second starts.
- * Without the split, a batch that shares one order with another thread's
- * batch waits in the database for all of it, while holding its own orders
- * from the threads behind it (worker/inflight.h).  When every order, or
- * none, is busy the batch stays whole. */
+ * one stands, SPEC, and it must be decided first).  An order may then
+ * have its early events in the first transaction and the rest in the
+ * second: still in delivery order, since the first commits before the
+ * second starts.  The second waits in the database for what it still
+ * finds held.  Without the split, a batch that shares one order with
+ * another transaction waits in the database for all of it, while holding
+ * its own orders from the transactions behind it (worker/inflight.h).
+ * When every order, or none, is busy in this process the first part is
+ * the whole batch. */
 static int worker_settle_apart(struct worker *w, struct item **valid, int n)
 {
 	struct inflight *f = w->t.shared->inflight;
-	int nfree, nlater = 0, k = 0, rc;
+	int nfree, nfirst = 0, nsecond = 0, nheld = 0, rc;
 
-	if (f == NULL || n < 2)
-		return worker_settle(w, valid, n);
+	if (n < 2)
+		return worker_settle(w, valid, n, NULL);
 	for (int i = 0; i < n; i++)
-		w->ids[i] = valid[i]->m.order_id;
-	nfree = inflight_take(f, w->t.index, w->ids, n, w->busy);
-	if (nfree == n || nfree == 0) {
-		rc = worker_settle(w, valid, n);
-		inflight_drop(f, w->t.index);
-		return rc;
+		w->busy[i] = false;
+	if (f != NULL) {
+		for (int i = 0; i < n; i++)
+			w->ids[i] = valid[i]->m.order_id;
+		nfree = inflight_take(f, w->t.index, w->ids, n, w->busy);
+		if (nfree == n || nfree == 0) {
+			for (int i = 0; i < n; i++)
+				w->busy[i] = false;
+		} else {
+			for (int i = 0; i < n; i++)
+				w->keys[i] = (struct inflight_key){ .order_id = valid[i]->m.order_id,
+					                            .source = valid[i]->m.source,
+					                            .message_id = valid[i]->m.message_id };
+			(void)inflight_split(w->keys, n, w->busy);
+		}
 	}
-	for (int i = 0; i < n; i++)
-		w->keys[i] = (struct inflight_key){ .order_id = valid[i]->m.order_id, .source = valid[i]->m.source,
-			                            .message_id = valid[i]->m.message_id };
-	(void)inflight_split(w->keys, n, w->busy);
 	for (int i = 0; i < n; i++) {
 		if (w->busy[i])
-			w->later[nlater++] = valid[i];
+			w->later[nsecond++] = valid[i];
 		else
-			valid[k++] = valid[i];
+			w->first[nfirst++] = valid[i];
 	}
-	if (k == 0) {
-		/* Everything follows a busy one: the batch stays whole. */
+	if (nfirst == 0) {
+		/* Everything follows a busy one: the first part is the whole. */
 		for (int i = 0; i < n; i++)
-			valid[i] = w->later[i];
-		rc = worker_settle(w, valid, n);
-		inflight_drop(f, w->t.index);
-		return rc;
+			w->first[i] = valid[i];
+		nfirst = n;
+		nsecond = 0;
 	}
-	LOG(LOG_LEVEL_DEBUG, "batch split: orders in another thread's transaction go second", WORKER_KV(w),
-	    LOG_I("first", k), LOG_I("second", nlater));
-	rc = worker_settle(w, valid, k);
-	inflight_drop(f, w->t.index);
-	/* valid[] is the caller's list of every valid item: put it back whole. */
-	for (int i = 0; i < nlater; i++)
-		valid[k + i] = w->later[i];
+	rc = worker_settle(w, w->first, nfirst, w->held);
+	if (f != NULL)
+		inflight_drop(f, w->t.index);
 	if (rc != ST_OK)
 		return rc;
+	/* The second part: the first's held items and this process's busy
+	 * ones, merged back into delivery order (items lie in w->items in
+	 * delivery order, so by address). */
+	{
+		int a = nsecond, i = 0, j = 0, m = 0;
+
+		for (int k = 0; k < nfirst; k++)
+			nheld += w->held[k] ? 1 : 0;
+		if (nsecond + nheld == 0)
+			return ST_OK;
+		/* w->later[0..a) is in delivery order: move it to the end
+		 * of its room (the ranges may overlap) and merge the held
+		 * ones of w->first in front of it. */
+		memmove(w->later + (n - a), w->later, (size_t)a * sizeof *w->later);
+		i = n - a;
+		while (i < n || j < nfirst) {
+			while (j < nfirst && !w->held[j])
+				j++;
+			if (j < nfirst && (i >= n || w->first[j] < w->later[i]))
+				w->later[m++] = w->first[j++];
+			else if (i < n)
+				w->later[m++] = w->later[i++];
+		}
+		nsecond = m;
+	}
+	LOG(LOG_LEVEL_DEBUG, "batch split: orders another transaction holds go second", WORKER_KV(w),
+	    LOG_I("first", nfirst - nheld), LOG_I("second", nsecond), LOG_I("held_elsewhere", nheld));
 	/* Now these orders are ours for the others to keep clear of, even
-	 * those still in another thread's transaction (we wait for it in the
-	 * database, as before). */
-	for (int i = 0; i < nlater; i++)
-		w->ids[i] = w->later[i]->m.order_id;
-	(void)inflight_take(f, w->t.index, w->ids, nlater, w->busy);
-	rc = worker_settle(w, valid + k, nlater);
-	inflight_drop(f, w->t.index);
+	 * those still in another transaction (we wait for it in the
+	 * database). */
+	if (f != NULL) {
+		for (int i = 0; i < nsecond; i++)
+			w->ids[i] = w->later[i]->m.order_id;
+		(void)inflight_take(f, w->t.index, w->ids, nsecond, w->busy);
+	}
+	rc = worker_settle(w, w->later, nsecond, NULL);
+	if (f != NULL)
+		inflight_drop(f, w->t.index);
 	return rc;
 }
 
@@ -832,18 +930,6 @@ static int worker_ack(struct worker *w, struct item *items, int n, double t0)
 	return ST_OK;
 }
 
-/* Wake the janitor: this batch committed outbox rows. */
-static void worker_wake_janitor(struct worker *w)
-{
-	struct pool_shared *s = w->t.shared;
-
-	if (pthread_mutex_lock(&s->mu) == 0) {
-		s->pending = true;
-		pthread_cond_signal(&s->cv);
-		pthread_mutex_unlock(&s->mu);
-	}
-}
-
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
  * that is not the messages' kept some (they stay unacked); or a broker
@@ -875,8 +961,6 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	rc = worker_ack(w, items, n, t0);
 	if (rc != ST_OK)
 		return rc;
-	if (outbox_rows > 0)
-		worker_wake_janitor(w);
 	return ST_OK;
 }
 
@@ -951,7 +1035,12 @@ void *worker_main(void *arg)
 			rc = mq_consume(w->consumer, &w->items[0].d, 0);
 		if (rc == ST_ERR_TIMEOUT) {
 			/* Nothing more is here (or enough acks are owed): settle
-			 * before waiting, so the broker can send more. */
+			 * before waiting, so the broker can send more, and write
+			 * the outbox marks no next transaction will carry. */
+			if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
+			    inbox_flush_marks(w->d.inbox) != ST_OK)
+				LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
+				    LOG_S("error", db_errmsg(w->d.db)));
 			rc = worker_ack_flush(w);
 			if (rc == ST_OK)
 				rc = mq_consume(w->consumer, &w->items[0].d, WORKER_CONSUME_TIMEOUT_MS);
@@ -993,6 +1082,8 @@ reset:
 		pool_sleep_ms(pool_backoff_ms(&w->t, 0, 200));
 	}
 	worker_ready(w, false);
+	if (w->d.inbox != NULL && inbox_flush_marks(w->d.inbox) != ST_OK)
+		LOG(LOG_LEVEL_DEBUG, "outbox marks not written; the relay publishes those rows again", WORKER_KV(w));
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_LEVEL_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
 	mq_close(&w->consumer);

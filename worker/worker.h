@@ -40,11 +40,14 @@ struct worker {
 	struct inbox_result *res;
 	/* A batch split by worker_settle_apart: the order ids, which are in
 	 * another thread's transaction, the orders and keys (inflight_split),
-	 * and the items settled second. */
+	 * and the items settled second; the items settled first, and which of
+	 * them another process's transaction held (inbox_run_nowait). */
 	const char **ids;
 	struct inflight_key *keys;
 	bool *busy;
 	struct item **later;
+	struct item **first;
+	bool *held;
 	/* Settled deliveries not yet acked: every tag up to ack_tag is done
 	 * (committed or confirmed in the DLQ), so one basic.ack with
 	 * multiple=true settles them all (see worker_ack_flush). */
