@@ -92,6 +92,12 @@ enum cfg_envelope {
 	CFG_ENVELOPE_AUTO = 3,        /* each delivery by its content type and headers */
 };
 
+/* INBOX_OUTBOX_DISPATCH: who publishes the outbox rows a batch commits. */
+enum cfg_outbox_dispatch {
+	CFG_DISPATCH_RELAY = 0,  /* the relay, woken by the commit */
+	CFG_DISPATCH_THREAD = 1, /* the committing thread, from memory; the relay sweeps */
+};
+
 /* INBOX_EMIT_ENVELOPE: how emitted events are written. */
 enum cfg_emit_envelope {
 	CFG_EMIT_NATIVE = 0,
@@ -136,6 +142,7 @@ struct cfg {
 	char *type_map;             /* INBOX_TYPE_MAP "theirs=Ours,...", checked; "" = none */
 	char *order_id_field;       /* INBOX_ORDER_ID_FIELD "subject" or a dotted path; "" = per envelope */
 	enum cfg_emit_envelope emit_envelope; /* INBOX_EMIT_ENVELOPE native */
+	enum cfg_outbox_dispatch outbox_dispatch; /* INBOX_OUTBOX_DISPATCH relay */
 	long outbox_sweep_s;        /* INBOX_OUTBOX_SWEEP 30s [1s, 1d]: the relay's delay for dispatched rows */
 };
 

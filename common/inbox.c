@@ -1593,7 +1593,7 @@ static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struc
 	int rc;
 
 	outbox_mem_reset(&ib->emit);
-	ib->dispatch = true;
+	ib->dispatch = ib->conf->outbox_dispatch == CFG_DISPATCH_THREAD;
 	for (int i = 0; i < n; i++) {
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);

@@ -838,27 +838,11 @@ static void compile(struct ctx *c)
 	}
 }
 
-static void parse_top(struct ctx *c, json_t *root)
+/* The aggregate's names: its own, its table's and its key's. */
+static void parse_names(struct ctx *c, json_t *root)
 {
-	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
-		                                "terminal", "events", NULL };
 	struct lc_def *d = c->def;
-	json_t *v, *x;
-	size_t i;
 
-	if (!json_is_object(root)) {
-		err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
-		return;
-	}
-	known_keys(c, root, keys, "the definition");
-	v = json_object_get(root, "lifecycle");
-	if (!json_is_integer(v) || json_integer_value(v) != 1) {
-		if (v != NULL)
-			push_key(c, "lifecycle");
-		err(c, "the format version is 1: write \"lifecycle\": 1");
-		if (v != NULL)
-			pop(c);
-	}
 	if (get_name(c, root, "aggregate", d->aggregate, true, "order") && strlen(d->aggregate) > LC_NAME_MAX - 7) {
 		push_key(c, "aggregate");
 		err(c, "\"aggregate\" is at most %d characters, so that its ledger %s_events is a SQL name: shorten it",
@@ -890,6 +874,15 @@ static void parse_top(struct ctx *c, json_t *root)
 			}
 		}
 	}
+}
+
+/* "states"; false when there are none to name (everything else names
+ * states, so nothing more is read). */
+static bool parse_states(struct ctx *c, json_t *root)
+{
+	struct lc_def *d = c->def;
+	json_t *v, *x;
+	size_t i;
 
 	d->nstates = 1;
 	d->states[0][0] = '\0';
@@ -899,7 +892,7 @@ static void parse_top(struct ctx *c, json_t *root)
 		err(c, "\"states\" is a list of 1 to %d state names, like [\"Created\", \"Paid\", \"Cancelled\"]",
 		    LC_MAX_STATES - 1);
 		pop(c);
-		return; /* everything else names states */
+		return false; /* everything else names states */
 	}
 	json_array_foreach(v, i, x) {
 		push_index(c, (int)i);
@@ -912,8 +905,15 @@ static void parse_top(struct ctx *c, json_t *root)
 		pop(c);
 	}
 	pop(c);
-	if (d->nstates < 2)
-		return;
+	return d->nstates >= 2;
+}
+
+/* "terminal" and "main_path", and every state on one of them. */
+static void parse_path(struct ctx *c, json_t *root)
+{
+	struct lc_def *d = c->def;
+	json_t *v, *x;
+	size_t i;
 
 	v = json_object_get(root, "terminal");
 	push_key(c, "terminal");
@@ -956,6 +956,16 @@ static void parse_top(struct ctx *c, json_t *root)
 		}
 	}
 	pop(c);
+}
+
+/* "events": each one, names unique across types and aliases, the
+ * compensations (which name other events), and one event that creates;
+ * false when there is no list of events to read. */
+static bool parse_events(struct ctx *c, json_t *root)
+{
+	struct lc_def *d = c->def;
+	json_t *v, *x;
+	size_t i;
 
 	v = json_object_get(root, "events");
 	push_key(c, "events");
@@ -963,7 +973,7 @@ static void parse_top(struct ctx *c, json_t *root)
 		err(c, "\"events\" is a list of 1 to %d event types, like [{\"type\": \"OrderCreated\", "
 		       "\"creates\": \"%s\"}, ...]", LC_MAX_EVENTS, d->states[1]);
 		pop(c);
-		return;
+		return false;
 	}
 	d->nevents = (int)json_array_size(v);
 	json_array_foreach(v, i, x) {
@@ -1004,7 +1014,11 @@ static void parse_top(struct ctx *c, json_t *root)
 			err(c, "no event creates the aggregate: give one event \"creates\": \"%s\"",
 			    d->npath > 0 ? d->states[d->path[0]] : d->states[1]);
 	}
+	return true;
+}
 
+static void assign_marks(struct lc_def *d)
+{
 	/* Marks: the events a compensation depends on, and those compensated
 	 * themselves (so that the second one is stale), in file order. */
 	for (int e = 0; e < d->nevents; e++) {
@@ -1025,6 +1039,34 @@ static void parse_top(struct ctx *c, json_t *root)
 		for (int k = 0; k < d->events[f].ncomp; k++)
 			d->events[f].comp[k].mark = d->events[d->events[f].comp[k].mark].mark;
 	}
+}
+
+static void parse_top(struct ctx *c, json_t *root)
+{
+	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
+		                                "terminal", "events", NULL };
+	json_t *v;
+
+	if (!json_is_object(root)) {
+		err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
+		return;
+	}
+	known_keys(c, root, keys, "the definition");
+	v = json_object_get(root, "lifecycle");
+	if (!json_is_integer(v) || json_integer_value(v) != 1) {
+		if (v != NULL)
+			push_key(c, "lifecycle");
+		err(c, "the format version is 1: write \"lifecycle\": 1");
+		if (v != NULL)
+			pop(c);
+	}
+	parse_names(c, root);
+	if (!parse_states(c, root))
+		return;
+	parse_path(c, root);
+	if (!parse_events(c, root))
+		return;
+	assign_marks(c->def);
 }
 
 struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs)

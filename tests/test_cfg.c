@@ -1048,7 +1048,7 @@ Test(cfg, help_lists_every_setting)
 		"INBOX_MAX_RETRIES", "--max-retries", "INBOX_HEARTBEAT", "--heartbeat",
 		"INBOX_ORDERING", "--ordering", "INBOX_SHARDS", "--shards",
 		"INBOX_BATCH", "--batch", "INBOX_MIGRATIONS_DIR", "--migrations-dir",
-		"INBOX_OUTBOX_SWEEP", "--outbox-sweep",
+		"INBOX_OUTBOX_DISPATCH", "--outbox-dispatch", "INBOX_OUTBOX_SWEEP", "--outbox-sweep",
 		"--help", "--version", "usage: inbox-worker [flags]",
 		"default: 4", "default: 7d", "default: amqp://guest:guest@127.0.0.1:5672/%2f",
 		"[1, 256]", "shared|sharded",

@@ -525,7 +525,7 @@ Test(outbox, emitted_events_are_published_once_by_the_committing_thread, .timeou
 	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
 	itest_fresh();
 	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
-	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_SWEEP=1h", NULL });
+	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h", NULL });
 	m = itest_mq();
 	publish_event(m, "mem-c", "OrderCreated", "o-mem");
 	publish_event(m, "mem-p", "PaymentAuthorized", "o-mem");
@@ -560,13 +560,13 @@ Test(outbox, a_crash_between_commit_and_publish_leaves_the_row_to_the_sweep, .ti
 	m = itest_mq();
 	publish_event(m, "crash-c", "OrderCreated", "o-crash");
 	publish_event(m, "crash-p", "PaymentAuthorized", "o-crash");
-	w = itest_worker(1, (const char *[]){ "INBOX_FAULT=crash-before-dispatch", "INBOX_OUTBOX_SWEEP=1h", NULL });
+	w = itest_worker(1, (const char *[]){ "INBOX_FAULT=crash-before-dispatch", "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h", NULL });
 	st = itest_wait_exit(w, WAIT_S);
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the fault kills the worker (status %d)", st);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'OrderPaid:o-crash' AND sent_at IS NULL"),
 	             1, "committed, not published");
 	cr_assert_eq(itest_queue_depth(out), 0);
-	w = itest_worker(1, (const char *[]){ "INBOX_OUTBOX_SWEEP=2s", NULL });
+	w = itest_worker(1, (const char *[]){ "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=2s", NULL });
 	n = itest_drain(out, got, 8, 1, WAIT_S);
 	cr_assert_eq(n, 1, "%d messages", n);
 	cr_assert_str_eq(got[0].message_id, "OrderPaid:o-crash");

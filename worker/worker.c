@@ -930,6 +930,18 @@ static int worker_ack(struct worker *w, struct item *items, int n, double t0)
 	return ST_OK;
 }
 
+/* Wake the janitor: this batch committed outbox rows for the relay. */
+static void worker_wake_janitor(struct worker *w)
+{
+	struct pool_shared *s = w->t.shared;
+
+	if (pthread_mutex_lock(&s->mu) == 0) {
+		s->pending = true;
+		pthread_cond_signal(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
 /* Handle a batch of deliveries.  Returns ST_OK when every delivery was
  * acked (or handed back); ST_ERR_STOPPED when asked to stop while a fault
  * that is not the messages' kept some (they stay unacked); or a broker
@@ -961,6 +973,8 @@ static int worker_handle(struct worker *w, struct item *items, int n)
 	rc = worker_ack(w, items, n, t0);
 	if (rc != ST_OK)
 		return rc;
+	if (outbox_rows > 0 && w->t.conf->outbox_dispatch == CFG_DISPATCH_RELAY)
+		worker_wake_janitor(w);
 	return ST_OK;
 }
 
