@@ -293,8 +293,9 @@ static const struct cfg_setting cfg_settings[] = {
 	  "thread: the relay only sweeps rows no thread published, after INBOX_OUTBOX_SWEEP.  Measured on "
 	  "2 cores (bench/README.md) it costs a third of the throughput of a backlog, so relay is the default." },
 	{ "INBOX_OUTBOX_SWEEP", "outbox-sweep", NULL, NULL, "30s", K_DURATION, F(outbox_sweep_s), 1, 86400L, NULL,
-	  "how old an outbox row its own thread did not publish must be before the relay publishes it",
-	  "The thread that commits outbox rows publishes them right after its commit and marks them sent "
+	  "with INBOX_OUTBOX_DISPATCH=thread: how old an outbox row its own thread did not publish must be "
+	  "before the relay publishes it",
+	  "That thread publishes the rows right after its commit and marks them sent "
 	  "in its next write; only a crash between the two (or a publish that failed) leaves a row for the "
 	  "relay, under the same message id (a duplicate downstream if it had gone out)." },
 };
