@@ -579,10 +579,36 @@ static bool has_anchor(const char *text, const char *frag)
 	return false;
 }
 
+/* Whether the relative link file, in the document rel (a path inside the
+ * tree), climbs above the tree's root, judged on the text alone. */
+static bool docs_link_leaves(const char *rel, const char *file)
+{
+	int depth = 0;
+
+	if (file[0] == '/')
+		return true;
+	for (const char *p = rel; *p != '\0'; p++)
+		depth += *p == '/';
+	for (const char *f = file; *f != '\0';) {
+		size_t n = strcspn(f, "/");
+
+		if (n == 2 && strncmp(f, "..", 2) == 0) {
+			if (--depth < 0)
+				return true;
+		} else if (!(n == 1 && f[0] == '.') && n > 0) {
+			depth++;
+		}
+		f += n + (f[n] == '/');
+	}
+	return false;
+}
+
 /* Every relative link in one document (ROOT/rel) reaches a file of the
- * tree and, with a #fragment, a heading of it.  Links that leave the tree
- * (the project's SPEC.md beside it) and web addresses are not ours to
- * check.  Returns the number of broken links; *nlinks, how many it checked. */
+ * tree and, with a #fragment, a heading of it.  A link that leaves the tree
+ * is broken even when it resolves here: a clone anywhere else (a private
+ * home folder, CI) cannot follow it (the project's SPEC.md beside this
+ * checkout was one).  Web addresses are not ours to check.  Returns the
+ * number of broken links; *nlinks, how many it checked. */
 static int check_links(const char *root, const char *rootreal, const char *rel, int *nlinks)
 {
 	char path[4096], dir[4096], target[4096 + 1024 + 2], real[PATH_MAX];
@@ -612,6 +638,12 @@ static int check_links(const char *root, const char *rootreal, const char *rel, 
 			snprintf(file, sizeof file, "%.*s", (int)pl, t);
 			if (pl < tl)
 				snprintf(frag, sizeof frag, "%.*s", (int)(tl - pl - 1), t + pl + 1);
+			if (docs_link_leaves(rel, file)) {
+				cr_log_error("%s: the link to %s leaves the tree: a clone elsewhere cannot follow it "
+				             "(name the file in text instead)", rel, file);
+				bad++;
+				continue;
+			}
 			if (file[0] == '\0')
 				snprintf(target, sizeof target, "%s", path);
 			else
