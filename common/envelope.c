@@ -420,6 +420,35 @@ static bool put_str(json_t *ev, const char *key, const char *s, size_t len, cons
 	return true;
 }
 
+/* Copy an attribute into a key field of a message that failed, when it is
+ * printable ASCII and fits: what an operator lists it by (dlq list) and
+ * its log line names, never what the inbox decides by. */
+static void keep_known(char *dst, size_t cap, const char *s, size_t len)
+{
+	if (dst[0] != '\0' || s == NULL || len == 0 || len >= cap)
+		return;
+	for (size_t i = 0; i < len; i++)
+		if (s[i] < 0x20 || s[i] > 0x7e)
+			return;
+	memcpy(dst, s, len);
+	dst[len] = '\0';
+}
+
+/* A message that failed after its envelope was read still says which it
+ * is: its id, source and order, as far as they were readable (as
+ * msg_parse keeps the message id of a body that fails). */
+static void env_keep_known(const char *field, const struct env_found *f, struct msg *out)
+{
+	json_t *owned = NULL, *oid;
+
+	keep_known(out->message_id, sizeof out->message_id, f->id, f->id_len);
+	keep_known(out->source, sizeof out->source, f->source, f->source_len);
+	oid = find_order_id(field, f, &owned);
+	if (json_is_string(oid))
+		keep_known(out->order_id, sizeof out->order_id, json_string_value(oid), json_string_length(oid));
+	json_decref(owned);
+}
+
 /* The canonical event of f, validated and hashed by msg_parse_event; its
  * JSON into *event. */
 static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, struct msg *out, char **event)
@@ -477,6 +506,8 @@ nomem:
 	env_detail(out, "out of memory");
 	r = MSG_REASON_MALFORMED_JSON;
 out:
+	if (r != MSG_REASON_NONE)
+		env_keep_known(field, f, out);
 	json_decref(owned);
 	json_decref(ev);
 	return r;
