@@ -754,7 +754,7 @@ static enum msg_reason masstransit(const struct cfg *conf, const struct env_deli
 	const char *addr, *corr;
 	size_t addr_len, corr_len;
 	char source[MSG_WIDE_SOURCE_MAX + 2];
-	json_t *root = NULL, *types, *t0;
+	json_t *root = NULL, *types, *t0, *hdrs;
 	enum msg_reason r = load_object(d, "MassTransit", &root, out);
 
 	if (r != MSG_REASON_NONE)
@@ -808,6 +808,18 @@ static enum msg_reason masstransit(const struct cfg *conf, const struct env_deli
 	 * AMQP property only when the envelope has none. */
 	if (ctx != NULL && corr != NULL && corr_len > 0)
 		(void)set_correlation(ctx, corr, corr_len);
+	/* MassTransit copies the send context's headers into the envelope
+	 * (OpenTelemetry's traceparent among them): the trace when no AMQP
+	 * header carried one.  Not ours to judge otherwise: a value that is
+	 * not a string or not a traceparent is ignored, as in a header. */
+	hdrs = json_object_get(root, "headers");
+	if (ctx != NULL && ctx->trace_id[0] == '\0' && json_is_object(hdrs)) {
+		json_t *tp = json_object_get(hdrs, "traceparent"), *ts = json_object_get(hdrs, "tracestate");
+
+		if (json_is_string(tp) && env_trace_parse(json_string_value(tp), json_string_length(tp), ctx) &&
+		    json_is_string(ts))
+			set_tracestate(ctx, json_string_value(ts), json_string_length(ts));
+	}
 	r = env_finish(conf, &f, out, event);
 out:
 	json_decref(root);
