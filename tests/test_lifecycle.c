@@ -48,25 +48,25 @@ static const struct cell today_table[] = {
 	{ ORDER_NONE, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
 	{ ORDER_NONE, 3u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
 	{ ORDER_CREATED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 0u, 0u },
-	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
 	{ ORDER_CREATED, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
 	{ ORDER_CREATED, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
 	{ ORDER_CREATED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CREATED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
 	{ ORDER_CREATED, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
 	{ ORDER_CREATED, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_CREATED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
 	{ ORDER_CREATED, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
 	{ ORDER_CREATED, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_CREATED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
 	{ ORDER_CREATED, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
 	{ ORDER_CREATED, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_PAID, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
 	{ ORDER_PAID, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
 	{ ORDER_PAID, 0u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
@@ -76,17 +76,17 @@ static const struct cell today_table[] = {
 	{ ORDER_PAID, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
 	{ ORDER_PAID, 1u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_PAID, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 1u, 0u },
-	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_PAID, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_PAID, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_RESERVED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
 	{ ORDER_RESERVED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
 	{ ORDER_RESERVED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
@@ -96,17 +96,17 @@ static const struct cell today_table[] = {
 	{ ORDER_RESERVED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
 	{ ORDER_RESERVED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
 	{ ORDER_RESERVED, 1u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_RESERVED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_RESERVED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_SHIPPED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
 	{ ORDER_SHIPPED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
 	{ ORDER_SHIPPED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
@@ -128,17 +128,17 @@ static const struct cell today_table[] = {
 	{ ORDER_SHIPPED, 3u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
 	{ ORDER_SHIPPED, 3u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 3u, 0u },
 	{ ORDER_CANCELLED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 5u },
-	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 3u },
+	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_CANCELLED, 0u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CANCELLED, 0u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 2u },
+	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 4u },
 	{ ORDER_CANCELLED, 1u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 5u },
+	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 3u },
 	{ ORDER_CANCELLED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 2u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
@@ -190,7 +190,7 @@ static struct lc_def *load_builtin(void)
  * states, events, marks and emits bound by name, not by position. */
 Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
 {
-	static const char *const emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+	static const char *const emit_names[] = { "OrderPaid", "RefundRequested", "InventoryReleaseRequested" }; /* ORDER_EMIT_* bit order */
 	static const char *const mark_events[] = { "PaymentAuthorized", "InventoryReserved" };
 	struct lc_def *d = load_builtin();
 	int wrong = 0;
@@ -386,7 +386,9 @@ Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
 	free(text2);
 }
 
-static void expect_refused(const char *from, const char *to, const char *want)
+/* What used to need another schema binds now (issue 27): another table,
+ * other columns, another emitted type, another event to remember. */
+static void expect_bound(const char *from, const char *to)
 {
 	char *text = builtin_with(from, to);
 	struct lc_errors errs;
@@ -394,24 +396,18 @@ static void expect_refused(const char *from, const char *to, const char *want)
 	struct order_binding b;
 	char why[512] = "";
 
-	if (d == NULL)
-		lc_errors_print(&errs, "test", stderr);
 	cr_assert_not_null(d, "%s loads", to);
-	cr_expect_eq(order_bind(d, &b, why, sizeof why), -1, "%s is refused", to);
-	cr_expect(strstr(why, want) != NULL, "'%s' says '%s'", why, want);
+	cr_expect_eq(order_bind(d, &b, why, sizeof why), 0, "%s binds: %s", to, why);
 	lc_free(d);
 	free(text);
 }
 
-Test(lifecycle, a_definition_needing_another_schema_is_refused_with_why)
+Test(lifecycle, a_definition_of_another_schema_binds)
 {
-	expect_refused("\"table\": \"orders\"", "\"table\": \"shipments\"", "needs a schema change");
-	expect_refused("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"",
-	               "what PaymentAuthorized sets needs a schema change");
-	expect_refused("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]",
-	               "emitting StockReturned needs a code change");
-	expect_refused("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}",
-	               "remembering whether ShipmentCreated took effect needs a schema change");
+	expect_bound("\"table\": \"orders\"", "\"table\": \"shipments\"");
+	expect_bound("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"");
+	expect_bound("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]");
+	expect_bound("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}");
 }
 
 /* ---- the example: lifecycles/shipment.json -------------------------------- */
