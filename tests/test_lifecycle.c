@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lifecycle.h"
+#include "msg.h"
 #include "order.h"
 
 struct cell {
@@ -574,4 +575,94 @@ Test(lifecycle, order_dependent_definitions_are_refused_with_the_two_orders)
 		cr_expect_str_eq(chk.why, bad[i].why);
 		lc_free(d);
 	}
+}
+
+/* ---- the parser run by the shipment definition (issue 27) ----------------- */
+
+static enum msg_reason parse_text(const char *body, struct msg *m)
+{
+	return msg_parse(body, strlen(body), 65536, NULL, m);
+}
+
+static const char *text_of(const struct msg *m, const char *column)
+{
+	const struct msg_val *v = msg_value(m, column);
+
+	return v != NULL ? m->text + v->off : NULL;
+}
+
+Test(lifecycle, the_parser_reads_a_shipment_message_by_the_bound_definition)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	struct order_binding b;
+	char why[512] = "";
+	struct msg m;
+
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	order_use(&b);
+
+	cr_assert_eq(parse_text("{\"message_id\":\"m-1\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s-1\","
+	                        "\"occurred_at\":\"2026-01-01T00:30:00.25+01:00\",\"data\":{\"tracking_number\":\"Ünï-1\"}}",
+	                        &m),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.type, lc_event_find(d, "ShipmentLabelled"));
+	cr_expect_str_eq(m.order_id, "s-1");
+	cr_expect_str_eq(text_of(&m, "tracking_number"), "Ünï-1");
+	cr_expect_str_eq(text_of(&m, "labelled_at"), "2025-12-31 23:30:00.250000", "occurred_at in UTC");
+	cr_expect_eq(parse_text("{\"message_id\":\"m-2\",\"type\":\"PickedUp\",\"shipment_id\":\"s-1\"}", &m),
+	             MSG_REASON_NONE, "the alias: %s", m.detail);
+	cr_expect_eq(m.type, lc_event_find(d, "ParcelPickedUp"));
+	cr_expect_str_eq(m.type_name, "PickedUp");
+	cr_expect_null(msg_value(&m, "picked_up_at"), "no occurred_at: the column is left as it is");
+
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_str_eq(m.detail, "data.tracking_number is missing (ShipmentLabelled needs it)");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s\","
+	                        "\"data\":{\"tracking_number\":7}}", &m),
+	             MSG_REASON_INVALID_FIELD);
+	cr_expect_str_eq(m.detail, "data.tracking_number must be a string of at most 64 characters");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ParcelLost\",\"shipment_id\":\"s\","
+	                        "\"data\":{\"tracking_number\":7}}", &m),
+	             MSG_REASON_INVALID_FIELD, "a field the definition reads means one thing on every message");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ParcelLost\",\"order_id\":\"s\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_str_eq(m.detail, "shipment_id (the shipment id) is missing");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"shipment_id\":\"s\"}", &m),
+	             MSG_REASON_UNKNOWN_TYPE);
+
+	order_use(NULL);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_NONE, "the built-in definition again: %s", m.detail);
+	lc_free(d);
+}
+
+Test(lifecycle, integer_bounds_are_the_definitions_and_said_as_declared)
+{
+	char *text = builtin_with("\"min\": 0, \"required\": false", "\"min\": 1, \"max\": 99, \"required\": true");
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	struct order_binding b;
+	char why[512] = "";
+	struct msg m;
+
+	cr_assert_not_null(d);
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	order_use(&b);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\","
+	                        "\"data\":{\"amount_cents\":100}}", &m),
+	             MSG_REASON_INVALID_FIELD);
+	cr_expect_str_eq(m.detail, "data.amount_cents must be an integer in 1..99");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_NONE, "required by PaymentAuthorized only: %s", m.detail);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\","
+	                        "\"data\":{\"amount_cents\":42}}", &m),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(msg_value(&m, "amount_cents")->i, 42);
+	cr_expect_not_null(msg_value(&m, "paid_at"), "applied_at: always given");
+	order_use(NULL);
+	lc_free(d);
+	free(text);
 }
