@@ -74,7 +74,9 @@ int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_
 			}
 			b->col_of[e][k] = c;
 			/* what a message keeps of the event's values (msg.h) */
-			text += st->type == LC_TYPE_STRING ? 4 * (size_t)st->max_length + 1 : MSG_TIME_SQL_MAX + 1;
+			text += st->src == LC_SRC_MESSAGE_ID  ? MSG_WIDE_ID_MAX + 1
+			        : st->type == LC_TYPE_STRING ? 4 * (size_t)st->max_length + 1
+			                                     : MSG_TIME_SQL_MAX + 1;
 		}
 		if (text > MSG_TEXT_MAX) {
 			snprintf(why, why_size, "%s sets more text than a message holds (%d bytes, a string column "
