@@ -420,6 +420,35 @@ static bool put_str(json_t *ev, const char *key, const char *s, size_t len, cons
 	return true;
 }
 
+/* Copy an attribute into a key field of a message that failed, when it is
+ * printable ASCII and fits: what an operator lists it by (dlq list) and
+ * its log line names, never what the inbox decides by. */
+static void keep_known(char *dst, size_t cap, const char *s, size_t len)
+{
+	if (dst[0] != '\0' || s == NULL || len == 0 || len >= cap)
+		return;
+	for (size_t i = 0; i < len; i++)
+		if (s[i] < 0x20 || s[i] > 0x7e)
+			return;
+	memcpy(dst, s, len);
+	dst[len] = '\0';
+}
+
+/* A message that failed after its envelope was read still says which it
+ * is: its id, source and order, as far as they were readable (as
+ * msg_parse keeps the message id of a body that fails). */
+static void env_keep_known(const char *field, const struct env_found *f, struct msg *out)
+{
+	json_t *owned = NULL, *oid;
+
+	keep_known(out->message_id, sizeof out->message_id, f->id, f->id_len);
+	keep_known(out->source, sizeof out->source, f->source, f->source_len);
+	oid = find_order_id(field, f, &owned);
+	if (json_is_string(oid))
+		keep_known(out->order_id, sizeof out->order_id, json_string_value(oid), json_string_length(oid));
+	json_decref(owned);
+}
+
 /* The canonical event of f, validated and hashed by msg_parse_event; its
  * JSON into *event. */
 static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, struct msg *out, char **event)
@@ -477,6 +506,8 @@ nomem:
 	env_detail(out, "out of memory");
 	r = MSG_REASON_MALFORMED_JSON;
 out:
+	if (r != MSG_REASON_NONE)
+		env_keep_known(field, f, out);
 	json_decref(owned);
 	json_decref(ev);
 	return r;
@@ -723,7 +754,7 @@ static enum msg_reason masstransit(const struct cfg *conf, const struct env_deli
 	const char *addr, *corr;
 	size_t addr_len, corr_len;
 	char source[MSG_WIDE_SOURCE_MAX + 2];
-	json_t *root = NULL, *types, *t0;
+	json_t *root = NULL, *types, *t0, *hdrs;
 	enum msg_reason r = load_object(d, "MassTransit", &root, out);
 
 	if (r != MSG_REASON_NONE)
@@ -777,6 +808,18 @@ static enum msg_reason masstransit(const struct cfg *conf, const struct env_deli
 	 * AMQP property only when the envelope has none. */
 	if (ctx != NULL && corr != NULL && corr_len > 0)
 		(void)set_correlation(ctx, corr, corr_len);
+	/* MassTransit copies the send context's headers into the envelope
+	 * (OpenTelemetry's traceparent among them): the trace when no AMQP
+	 * header carried one.  Not ours to judge otherwise: a value that is
+	 * not a string or not a traceparent is ignored, as in a header. */
+	hdrs = json_object_get(root, "headers");
+	if (ctx != NULL && ctx->trace_id[0] == '\0' && json_is_object(hdrs)) {
+		json_t *tp = json_object_get(hdrs, "traceparent"), *ts = json_object_get(hdrs, "tracestate");
+
+		if (json_is_string(tp) && env_trace_parse(json_string_value(tp), json_string_length(tp), ctx) &&
+		    json_is_string(ts))
+			set_tracestate(ctx, json_string_value(ts), json_string_length(ts));
+	}
 	r = env_finish(conf, &f, out, event);
 out:
 	json_decref(root);

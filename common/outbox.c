@@ -878,14 +878,15 @@ static bool outbox_all_acked(const struct mq *pub, uint64_t first, uint64_t last
  * the row is left unmarked and the sweep publishes it with the relay's
  * per-row failure handling.
  */
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool *all)
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool wait,
+                    struct outbox_sent *sent)
 {
 	uint64_t first;
 	int rc;
 
-	*all = false;
+	*sent = (struct outbox_sent){ .claim = mem->claim, .n = mem->n };
 	if (mem->n == 0) {
-		*all = true;
+		sent->settled = sent->all = true;
 		return ST_OK;
 	}
 	rc = mq_confirm_select(pub);
@@ -908,6 +909,7 @@ int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_
 		    strlen(c->exchange) > OUTBOX_SHORTSTR_MAX || strlen(c->routing_key) > OUTBOX_SHORTSTR_MAX ||
 		    strlen(c->type) > OUTBOX_SHORTSTR_MAX) {
 			json_decref(keep);
+			sent->settled = true;
 			return ST_OK; /* the sweep charges it to its row */
 		}
 		/* A mandatory copy (or one to an exchange we do not declare)
@@ -923,22 +925,46 @@ int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_
 		if (mq_unconfirmed(pub) == 0) {
 			if (!outbox_all_acked(pub, first, mq_next_seq(pub))) {
 				json_decref(keep);
+				sent->settled = true;
 				return ST_OK; /* one was returned or nacked: the sweep has them all */
 			}
 			first = mq_next_seq(pub);
 		}
 		rc = mq_publish(pub, &m);
 		json_decref(keep);
-		if (rc == ST_ERR_INVALID)
+		if (rc == ST_ERR_INVALID) {
+			sent->settled = true;
 			return ST_OK; /* stored properties that do not parse: the sweep charges the row */
+		}
 		if (rc == ST_OK && (m.mandatory || !declared))
 			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
 		if (outbox_broker_error(rc))
 			return rc;
 	}
+	sent->first = first;
+	sent->last = mq_next_seq(pub);
+	if (!wait)
+		return ST_OK; /* outbox_dispatch_settled tells when they are */
 	rc = mq_unconfirmed(pub) > 0 ? mq_wait_confirms(pub, OUTBOX_CONFIRM_MS) : ST_OK;
 	if (outbox_broker_error(rc))
 		return rc;
-	*all = outbox_all_acked(pub, first, mq_next_seq(pub));
+	(void)outbox_dispatch_settled(pub, sent);
 	return ST_OK;
+}
+
+bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent)
+{
+	if (sent->settled)
+		return true;
+	sent->all = true;
+	for (uint64_t q = sent->first; q < sent->last; q++) {
+		enum mq_outcome o = mq_outcome(pub, q);
+
+		if (o == MQ_OUTCOME_PENDING)
+			return false;
+		if (o != MQ_OUTCOME_ACKED)
+			sent->all = false;
+	}
+	sent->settled = true;
+	return true;
 }

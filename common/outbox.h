@@ -86,12 +86,30 @@ struct outbox_mem {
 void outbox_mem_reset(struct outbox_mem *mem);
 void outbox_mem_free(struct outbox_mem *mem);
 
+/* What became of one transaction's copies published from memory: the
+ * publishes first..last (exclusive) of the publisher not yet known, or
+ * settled; all: every one confirmed (acked, not returned), so the rows of
+ * claim may be marked sent. */
+struct outbox_sent {
+	int64_t claim;
+	uint64_t first, last;
+	int n;
+	bool settled, all;
+};
+
 /* Publish the copies in mem on pub, with confirms (pipelined; a
- * dead-letter copy, which is mandatory, alone).  *all: every one was
- * confirmed (acked, not returned): then the rows may be marked sent.
- * Returns ST_OK or the broker error that ended it (the rest are left to
- * the sweep). */
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool *all);
+ * dead-letter copy, which is mandatory, alone).  wait: return when every
+ * one is confirmed (sent->settled); otherwise return once they are
+ * written, and outbox_dispatch_settled says later, after the publisher's
+ * confirms are read (mq_poll_confirms, mq_wait_confirms): the committing
+ * thread goes on to its next batch while the broker confirms.  Returns
+ * ST_OK or the broker error that ended it (the rest are left to the
+ * sweep). */
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool wait,
+                    struct outbox_sent *sent);
+/* Whether every publish of sent has its outcome (then sent->all says if
+ * they were all acked); false while one is unconfirmed. */
+bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent);
 
 /* "UPDATE outbox SET sent_at ... WHERE claim IN (...);" for n claims. */
 void outbox_sql_mark_sent(struct sqlbuf *b, const int64_t *claims, int n);

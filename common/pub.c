@@ -121,10 +121,59 @@ static void pub_track_confirm(struct mq *m, uint64_t tag, bool multiple, enum mq
 		pub_track_settle(m, seq, o);
 }
 
-/* Read frames until every publish is settled.  Acks and nacks may cover
- * several publishes ("multiple"); a basic.return (unroutable mandatory
- * publish) is followed by its ack, so it is remembered as a failure.  Each
- * tracked publish gets its own outcome (mq_outcome). */
+/* Take one frame read on the publisher: an ack or nack (for tag, or with
+ * multiple for every publish up to it), a basic.return (an unroutable
+ * mandatory publish, followed by its ack, so it is remembered as a
+ * failure), or the close that ends the channel.  Each tracked publish gets
+ * its own outcome (mq_outcome). */
+static int pub_take_frame(struct mq *m, const amqp_frame_t *f)
+{
+	if (f->frame_type != AMQP_FRAME_METHOD)
+		return ST_OK; /* header/body of a returned message */
+	switch (f->payload.method.id) {
+	case AMQP_BASIC_ACK_METHOD: {
+		const amqp_basic_ack_t *a = f->payload.method.decoded;
+		m->pub.confirmed = a->multiple ? a->delivery_tag : (a->delivery_tag > m->pub.confirmed ? a->delivery_tag : m->pub.confirmed);
+		/* Single acks may arrive out of order only for tags above
+		 * confirmed; RabbitMQ confirms in order per channel, so the
+		 * high-water mark is exact.  The tracked outcomes do not
+		 * rely on it. */
+		pub_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_ACKED);
+		return ST_OK;
+	}
+	case AMQP_BASIC_NACK_METHOD: {
+		const amqp_basic_nack_t *a = f->payload.method.decoded;
+		m->pub.confirmed = a->delivery_tag > m->pub.confirmed ? a->delivery_tag : m->pub.confirmed;
+		m->pub.nacked = true;
+		pub_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_NACKED);
+		return ST_OK;
+	}
+	case AMQP_BASIC_RETURN_METHOD: {
+		/* No delivery tag: the latest mandatory publish (see mq.h).
+		 * Its ack follows and settles it. */
+		struct pub_track *t = &m->pub.track[m->pub.mandatory_seq % MQ_TRACK_MAX];
+		if (m->pub.mandatory_seq != 0 && t->seq == m->pub.mandatory_seq && t->outcome == MQ_OUTCOME_PENDING)
+			t->returned = true;
+		m->pub.nacked = true;
+		return ST_OK;
+	}
+	case AMQP_CHANNEL_CLOSE_METHOD:
+	case AMQP_CONNECTION_CLOSE_METHOD: {
+		/* Unlike an RPC's reply (mq.c, mq_close_code), a
+		 * connection.close here is a failed connection whatever
+		 * its code: what was in flight is unknown. */
+		char buf[200];
+
+		mq_close_line(&f->payload.method, buf, sizeof buf);
+		return mq_fail(m, f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ? ST_ERR_MQ : ST_ERR_MQ_CONN,
+		               "confirm", buf);
+	}
+	default:
+		return ST_OK;
+	}
+}
+
+/* Read frames until every publish is settled. */
 int mq_wait_confirms(struct mq *m, int timeout_ms)
 {
 	struct timespec start;
@@ -153,49 +202,9 @@ int mq_wait_confirms(struct mq *m, int timeout_ms)
 			rc = mq_status(m, st, "confirm");
 			return rc == ST_ERR_TIMEOUT ? mq_fail(m, ST_ERR_MQ_CONN, "confirm", "timed out") : rc;
 		}
-		if (f.frame_type != AMQP_FRAME_METHOD)
-			continue; /* header/body of a returned message */
-		switch (f.payload.method.id) {
-		case AMQP_BASIC_ACK_METHOD: {
-			amqp_basic_ack_t *a = f.payload.method.decoded;
-			m->pub.confirmed = a->multiple ? a->delivery_tag : (a->delivery_tag > m->pub.confirmed ? a->delivery_tag : m->pub.confirmed);
-			/* Single acks may arrive out of order only for tags above
-			 * confirmed; RabbitMQ confirms in order per channel, so the
-			 * high-water mark is exact.  The tracked outcomes do not
-			 * rely on it. */
-			pub_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_ACKED);
-			break;
-		}
-		case AMQP_BASIC_NACK_METHOD: {
-			amqp_basic_nack_t *a = f.payload.method.decoded;
-			m->pub.confirmed = a->delivery_tag > m->pub.confirmed ? a->delivery_tag : m->pub.confirmed;
-			m->pub.nacked = true;
-			pub_track_confirm(m, a->delivery_tag, a->multiple != 0, MQ_OUTCOME_NACKED);
-			break;
-		}
-		case AMQP_BASIC_RETURN_METHOD: {
-			/* No delivery tag: the latest mandatory publish (see mq.h).
-			 * Its ack follows and settles it. */
-			struct pub_track *t = &m->pub.track[m->pub.mandatory_seq % MQ_TRACK_MAX];
-			if (m->pub.mandatory_seq != 0 && t->seq == m->pub.mandatory_seq && t->outcome == MQ_OUTCOME_PENDING)
-				t->returned = true;
-			m->pub.nacked = true;
-			break;
-		}
-		case AMQP_CHANNEL_CLOSE_METHOD:
-		case AMQP_CONNECTION_CLOSE_METHOD: {
-			/* Unlike an RPC's reply (mq.c, mq_close_code), a
-			 * connection.close here is a failed connection whatever
-			 * its code: what was in flight is unknown. */
-			char buf[200];
-
-			mq_close_line(&f.payload.method, buf, sizeof buf);
-			return mq_fail(m, f.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ? ST_ERR_MQ : ST_ERR_MQ_CONN,
-			               "confirm", buf);
-		}
-		default:
-			break;
-		}
+		rc = pub_take_frame(m, &f);
+		if (rc != ST_OK)
+			return rc;
 	}
 	if (m->pub.nacked) {
 		m->pub.nacked = false;
@@ -203,6 +212,31 @@ int mq_wait_confirms(struct mq *m, int timeout_ms)
 		return ST_ERR_MQ_NACK;
 	}
 	return rc;
+}
+
+int mq_poll_confirms(struct mq *m)
+{
+	if (!m->pub.confirming || m->broken)
+		return m->broken ? ST_ERR_MQ_CONN : ST_OK;
+	while (m->pub.confirmed + 1 < m->pub.next_seq || m->pub.track_pending > 0) {
+		amqp_frame_t f;
+		struct timeval tv = { 0, 0 };
+		int st, rc;
+
+		amqp_maybe_release_buffers(m->conn);
+		st = amqp_simple_wait_frame_noblock(m->conn, &f, &tv);
+		if (st == AMQP_STATUS_TIMEOUT)
+			break; /* nothing more has come */
+		if (st != AMQP_STATUS_OK)
+			return mq_status(m, st, "confirm");
+		rc = pub_take_frame(m, &f);
+		if (rc != ST_OK)
+			return rc;
+	}
+	/* The outcomes are per publish (mq_outcome); a later wait must not
+	 * report this poll's nack as its own. */
+	m->pub.nacked = false;
+	return ST_OK;
 }
 
 int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms)

@@ -61,6 +61,11 @@ int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout
 /* mq_publish with MQ_HEADER_PUBLISHED_US added as an int64 header (the
  * worker reads it as a number); for the load generator and benchmarks. */
 int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us);
+/* Take the confirms that have come, without waiting (a publisher that
+ * pipelines across its own work: the worker's dispatch from memory).  The
+ * outcomes are mq_outcome's; a nack read here is not reported by a later
+ * mq_wait_confirms.  ST_OK, or the error that broke the connection. */
+int mq_poll_confirms(struct mq *m);
 /* Publishes not yet confirmed. */
 uint64_t mq_unconfirmed(const struct mq *m);
 

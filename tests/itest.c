@@ -683,6 +683,14 @@ void itest_bind_queue(const char *queue, const char *exchange, const char *bindi
 	mq_close(&m);
 }
 
+void itest_delete_queue(const char *queue)
+{
+	struct mq *m = itest_mq();
+
+	cr_assert_eq(mq_queue_delete(m, queue), ST_OK, "%s", mq_errmsg(m));
+	mq_close(&m);
+}
+
 uint64_t itest_hash(const void *p, size_t len)
 {
 	const unsigned char *b = p;

@@ -139,6 +139,9 @@ int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
 int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s);
 /* Declare a durable queue bound to exchange with binding, emptied. */
 void itest_bind_queue(const char *queue, const char *exchange, const char *binding);
+/* Delete a queue a test declared, so it stops taking copies of what is
+ * published after the test. */
+void itest_delete_queue(const char *queue);
 
 /* GET path from 127.0.0.1:port (HTTP/1.0); the whole response, headers
  * included, into body.  Returns the status code, 0 when nothing answers

@@ -996,3 +996,90 @@ Test(dlq, the_direct_and_the_outbox_dead_letter_carry_the_same_headers)
 			cr_expect(got[k].has[h], "%s has no %s", got[k].message_id, dead_letter_headers[h]);
 	cr_expect_str_eq(got[0].value[3], got[1].value[3], "the delivery counts differ");
 }
+
+/* ---- enveloped dead letters (issue 26) ------------------------------------ */
+
+/* Publish a structured-mode CloudEvent to the orders exchange. */
+static void publish_ce(struct mq *m, const char *id, const char *type, const char *subject, const char *data)
+{
+	char body[1024];
+	struct mq_message msg = {
+		.exchange = itest_cfg()->exchange, .routing_key = "order.ce", .body = body,
+		.props_json = "{\"content_type\":\"application/cloudevents+json\"}",
+	};
+
+	snprintf(body, sizeof body,
+	         "{\"specversion\":\"1.0\",\"id\":\"%s\",\"source\":\"https://payments.example.com/v1\",\"type\":\"%s\","
+	         "\"subject\":\"%s\",\"time\":\"2026-12-02T00:00:00Z\",\"data\":%s}",
+	         id, type, subject, data);
+	msg.len = strlen(body);
+	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK, "%s", mq_errmsg(m));
+}
+
+/* A CloudEvent the worker could not map (a type the map lacked) is listed
+ * by its own id, source and order (the CloudEvents id and subject, not
+ * "-"), under the rules of the configuration `dlq` runs with: with the
+ * map fixed it is a PaymentAuthorized the inbox never recorded, and replay
+ * applies it once. */
+Test(dlq, an_enveloped_dead_letter_is_listed_by_its_own_key_and_replayed)
+{
+	static const char *const old_env[] = {
+		"INBOX_ENVELOPE=auto", "INBOX_TYPE_MAP=com.example.order.created=OrderCreated", NULL
+	};
+	static const char *const new_env[] = {
+		"INBOX_ENVELOPE=auto",
+		"INBOX_TYPE_MAP=com.example.order.created=OrderCreated,com.example.payment.captured=PaymentAuthorized", NULL
+	};
+	const struct cfg *c;
+	struct mq *m;
+	json_t *doc, *e;
+	char status[32];
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	c = itest_cfg();
+	w = itest_worker_logged(1, old_env, dlq_worker_log(0));
+	m = itest_mq();
+	publish_ce(m, "ce-dl-c", "com.example.order.created", "o-ce-dl", "{}");
+	publish_ce(m, "ce-dl-p", "com.example.payment.captured", "o-ce-dl", "{\"amount_cents\":4200}");
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(c->dlq, 1, 60), 1, "the unmapped payment is dead-lettered");
+	itest_wait_queue_empty(c->queue, 60);
+	itest_stop(w, SIGTERM, 30);
+
+	/* Under the old map it does not parse: still listed by its key. */
+	doc = list_json(NULL, old_env);
+	e = json_array_get(json_object_get(doc, "dead_letters"), 0);
+	cr_assert_not_null(e);
+	cr_expect_str_eq(json_string_value(json_object_get(e, "message_id")), "ce-dl-p");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "source")), "https://payments.example.com/v1");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "order_id")), "o-ce-dl");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "reason")), "unknown-type");
+	json_decref(doc);
+	/* Under the fixed map it is our event. */
+	doc = list_json(NULL, new_env);
+	e = json_array_get(json_object_get(doc, "dead_letters"), 0);
+	cr_assert_not_null(e);
+	cr_expect_str_eq(json_string_value(json_object_get(e, "message_id")), "ce-dl-p");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "type")), "PaymentAuthorized");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "order_id")), "o-ce-dl");
+	json_decref(doc);
+
+	w = itest_worker_logged(1, new_env, dlq_worker_log(1));
+	{
+		const char *a[] = { "--reason", "unknown-type", NULL };
+		st = replay(a, new_env);
+	}
+	cr_assert(exited_0(st), "%s", out);
+	cr_expect(strstr(out, "replayed 1") != NULL, "%s", out);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-ce-dl'", 2, 60), 2);
+	itest_wait_queue_empty(c->queue, 30);
+	itest_stop(w, SIGTERM, 30);
+	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "o-ce-dl", status, sizeof status));
+	cr_expect_str_eq(status, "Paid");
+	cr_expect_eq(itest_queue_depth(c->dlq), 0);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'ce-dl-p'"
+	                       " AND source = 'https://payments.example.com/v1'"),
+	             1);
+}

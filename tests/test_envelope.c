@@ -412,6 +412,55 @@ Test(envelope, trace_context_from_a_header_or_the_extension)
 	}
 }
 
+/* MassTransit copies its send context's headers into the envelope's
+ * "headers" (OpenTelemetry's traceparent among them, whatever the
+ * transport); an AMQP traceparent header still wins over it. */
+Test(envelope, masstransit_trace_from_the_envelope_headers)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_MASSTRANSIT, NULL, NULL);
+	static const struct hdr amqp[] = { { "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		                             false },
+		                           { NULL, NULL, false } };
+	char body[1024];
+	struct env_context ctx;
+	struct msg m;
+	char *event = NULL;
+
+	snprintf(body, sizeof body,
+	         "{\"messageId\":\"m-1\",\"messageType\":[\"urn:message:Sales.Contracts:PaymentAuthorized\"],"
+	         "\"message\":{\"orderId\":\"o-1\"},\"headers\":{\"traceparent\":\"%s\",\"tracestate\":\"mt=1\","
+	         "\"MT-Activity-Id\":\"x\"}}",
+	         TP);
+	cr_assert_eq(run(&c, body, NULL, NULL, NULL, &m, &ctx, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(ctx.trace_id, "0af7651916cd43dd8448eb211c80319c");
+	cr_expect_str_eq(ctx.tracestate, "mt=1");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, body, NULL, amqp, NULL, &m, &ctx, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(ctx.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736", "the AMQP header wins");
+	free(event);
+}
+
+/* A message refused after its envelope was read still names itself (its
+ * log line and `dlq list`): the id, source and order as far as they are
+ * printable. */
+Test(envelope, a_refused_envelope_keeps_its_known_keys)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const char body[] =
+		"{\"specversion\":\"1.0\",\"id\":\"ce-9\",\"source\":\"https://x.example.com\","
+		"\"type\":\"com.example.unknown\",\"subject\":\"o-9\"}";
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, body, "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_UNKNOWN_TYPE);
+	cr_expect_str_eq(m.message_id, "ce-9");
+	cr_expect_str_eq(m.source, "https://x.example.com");
+	cr_expect_str_eq(m.order_id, "o-9");
+	cr_expect_null(event);
+}
+
 Test(envelope, too_large_before_any_parse)
 {
 	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, NULL, NULL);

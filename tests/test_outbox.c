@@ -543,6 +543,47 @@ Test(outbox, emitted_events_are_published_once_by_the_committing_thread, .timeou
 	cr_assert_eq(itest_drain(out, got, 8, 0, 0), 0, "nothing more on the queue");
 }
 
+/* Many transactions' copies in flight at once: each thread publishes a
+ * batch's events after its commit and reads their confirms while its next
+ * batches run (worker/worker.c, worker_settle_sent).  300 orders paid,
+ * two threads, batches of 8: every OrderPaid reaches the queue once, every
+ * row is marked sent by the thread that published it (the relay would
+ * wait an hour), and the dispatched count is the rows'. */
+Test(outbox, pipelined_dispatch_publishes_and_marks_every_row_once, .timeout = 300)
+{
+	enum { ORDERS = 300 };
+	const char *out = "itest.outbox.pipe";
+	static char page[65536];
+	char env_addr[96], id[32], order[32];
+	int port = itest_metrics_port(0);
+	struct mq *m;
+	pid_t w;
+
+	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	m = itest_mq();
+	for (int i = 0; i < ORDERS; i++) {
+		snprintf(order, sizeof order, "o-pipe-%d", i);
+		snprintf(id, sizeof id, "pipe-c-%d", i);
+		publish_event(m, id, "OrderCreated", order);
+		snprintf(id, sizeof id, "pipe-p-%d", i);
+		publish_event(m, id, "PaymentAuthorized", order);
+	}
+	w = itest_worker(2, (const char *[]){ env_addr, "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h",
+	                                      "INBOX_BATCH=8", NULL });
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE type = 'OrderPaid' AND sent_at IS NOT NULL",
+	                            ORDERS, WAIT_S),
+	             ORDERS, "every row marked sent by its thread");
+	cr_assert_eq(itest_wait_metric(port, "inbox_outbox_dispatched_total", ORDERS, ORDERS, page, sizeof page, WAIT_S),
+	             ORDERS, "all published by the committing threads: %s", page);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_queue_depth(out), ORDERS, "each OrderPaid once");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"), 0);
+	itest_delete_queue(out);
+}
+
 /* A crash between the commit and the publish (the crash-before-dispatch
  * fault): the row stays pending, and the relay of the next worker sweeps
  * it once it is older than INBOX_OUTBOX_SWEEP, under its stable id; the

@@ -29,6 +29,7 @@
 #include "cmd_migrate.h"
 #include "db.h"
 #include "deadletter.h"
+#include "envelope.h"
 #include "fault.h"
 #include "log.h"
 #include "mq.h"
@@ -209,6 +210,8 @@ static void dlq_lenient_fields(struct dlq_entry *e, const void *body, size_t len
 /* Fill e from a delivery.  ST_ERR_NOMEM only. */
 static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, long position, struct dlq_entry *e)
 {
+	struct env_delivery env;
+	char *event = NULL;
 	json_t *h, *xd;
 	const char *s;
 	json_error_t jerr;
@@ -223,14 +226,22 @@ static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, l
 	if (e->props == NULL)
 		return ST_ERR_NOMEM;
 	h = json_object_get(e->props, "headers");
-	e->parse = msg_parse(d->body, d->len, (size_t)conf->max_body, &d->props, &e->m);
+	/* Read as the worker reads it (envelope.h): an enveloped dead letter
+	 * is judged and listed by its own key. */
+	mq_delivery_envelope(d, &env);
+	e->parse = env_parse(conf, &env, (size_t)conf->max_body, &e->m, NULL, &event);
+	free(event);
 	if (e->parse == MSG_REASON_NONE) {
 		snprintf(e->message_id, sizeof e->message_id, "%s", e->m.message_id);
 		snprintf(e->source, sizeof e->source, "%s", e->m.source);
 		snprintf(e->type, sizeof e->type, "%s", e->m.type_name);
 		snprintf(e->order_id, sizeof e->order_id, "%s", e->m.order_id);
 	} else {
-		if (d->props.message_id != NULL)
+		/* What the envelope could read of a message that failed. */
+		snprintf(e->message_id, sizeof e->message_id, "%s", e->m.message_id);
+		snprintf(e->source, sizeof e->source, "%s", e->m.source);
+		snprintf(e->order_id, sizeof e->order_id, "%s", e->m.order_id);
+		if (d->props.message_id != NULL && e->message_id[0] == '\0')
 			dlq_text(e->message_id, sizeof e->message_id, d->props.message_id, d->props.message_id_len);
 		if (d->props.type != NULL)
 			dlq_text(e->type, sizeof e->type, d->props.type, d->props.type_len);

@@ -284,6 +284,8 @@ static int worker_mq_up(struct worker *w)
 	return ST_ERR_STOPPED;
 }
 
+static void worker_settle_sent(struct worker *w, bool wait);
+
 /* Publish one message on the thread's publisher, reconnecting once if the
  * connection went idle and died meanwhile (or the broker closed its
  * channel). */
@@ -299,6 +301,11 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 			if (rc != ST_OK)
 				return rc;
 		}
+		/* The outbox copies in flight first: this publish's own
+		 * outcome must not be one of theirs. */
+		worker_settle_sent(w, true);
+		if (w->publisher == NULL)
+			continue;
 		rc = mq_publish_confirmed(w->publisher, m, WORKER_CONFIRM_TIMEOUT_MS);
 		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
 			return rc;
@@ -382,15 +389,62 @@ static const char *item_rk(const struct item *it)
 	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
 }
 
+/* The publisher failed: what it had in flight is unknown, so its rows stay
+ * unmarked and the relay sweeps them after INBOX_OUTBOX_SWEEP, under the
+ * same ids. */
+static void worker_publisher_lost(struct worker *w, const char *what)
+{
+	LOG(LOG_LEVEL_DEBUG, what, WORKER_KV(w), LOG_I("transactions", w->nsent),
+	    LOG_S("error", mq_errmsg(w->publisher)));
+	w->nsent = 0;
+	mq_close(&w->publisher);
+	w->publisher_node++;
+}
+
+/* Read the confirms of the copies published from memory (all of them
+ * when wait, else those that have come) and have the rows of every
+ * transaction whose copies were all acked marked sent in the next write.
+ * A copy returned or nacked leaves its transaction's rows to the relay. */
+static void worker_settle_sent(struct worker *w, bool wait)
+{
+	int rc, done = 0;
+
+	if (w->nsent == 0)
+		return;
+	rc = wait ? mq_wait_confirms(w->publisher, WORKER_CONFIRM_TIMEOUT_MS) : mq_poll_confirms(w->publisher);
+	if (rc != ST_OK && rc != ST_ERR_MQ_NACK) {
+		worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
+		return;
+	}
+	while (done < w->nsent && outbox_dispatch_settled(w->publisher, &w->sent[done])) {
+		const struct outbox_sent *s = &w->sent[done++];
+
+		if (!s->all)
+			continue; /* the relay charges the row that failed */
+		metrics_outbox_dispatched(s->n);
+		if (w->d.inbox == NULL)
+			continue; /* the database went away meanwhile: the relay's, after the sweep delay */
+		if (!inbox_mark_sent(w->d.inbox, s->claim) &&
+		    (inbox_flush_marks(w->d.inbox) != ST_OK || !inbox_mark_sent(w->d.inbox, s->claim)))
+			LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
+			    WORKER_KV(w), LOG_I("rows", s->n));
+	}
+	memmove(w->sent, w->sent + done, (size_t)(w->nsent - done) * sizeof w->sent[0]);
+	w->nsent -= done;
+}
+
 /* Publish the outbox rows the transaction just committed, from memory
- * (common/outbox.h), on the thread's publisher, and have them marked sent
- * in the next write.  Nothing here costs the batch anything: a row not
- * confirmed (the broker away, a copy returned) stays unmarked and the
- * relay publishes it after INBOX_OUTBOX_SWEEP, under the same id. */
+ * (common/outbox.h), on the thread's publisher, without waiting for their
+ * confirms: they are read while the next batches run (worker_settle_sent)
+ * and the rows marked sent in a later write.  Nothing here costs the batch
+ * anything: a row not confirmed (the broker away, a copy returned) stays
+ * unmarked and the relay publishes it after INBOX_OUTBOX_SWEEP, under the
+ * same id.  At most WORKER_SENT_MAX transactions, and a window the
+ * publisher's outcome ring still remembers, are in flight at once. */
 static void worker_dispatch(struct worker *w)
 {
 	const struct outbox_mem *mem = inbox_emitted(w->d.inbox);
-	bool all = false;
+	struct outbox_sent sent;
 	int rc;
 
 	if (mem->n == 0)
@@ -406,21 +460,20 @@ static void worker_dispatch(struct worker *w)
 			return;
 		}
 	}
-	rc = outbox_dispatch(w->publisher, w->t.conf, mem, &all);
+	worker_settle_sent(w, false);
+	if (w->publisher != NULL && (w->nsent == WORKER_SENT_MAX ||
+	                             (w->nsent > 0 && mq_next_seq(w->publisher) + (uint64_t)mem->n - w->sent[0].first >
+	                                                  MQ_TRACK_MAX / 2)))
+		worker_settle_sent(w, true);
+	if (w->publisher == NULL)
+		return; /* lost while settling: the relay has these too */
+	rc = outbox_dispatch(w->publisher, w->t.conf, mem, false, &sent);
 	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay", WORKER_KV(w), LOG_I("rows", mem->n),
-		    LOG_S("error", mq_errmsg(w->publisher)));
-		mq_close(&w->publisher);
-		w->publisher_node++;
+		worker_publisher_lost(w, "outbox rows left to the relay");
 		return;
 	}
-	if (!all)
-		return; /* returned or nacked: the relay charges the row */
-	metrics_outbox_dispatched(mem->n);
-	if (!inbox_mark_sent(w->d.inbox, mem->claim) &&
-	    (inbox_flush_marks(w->d.inbox) != ST_OK || !inbox_mark_sent(w->d.inbox, mem->claim)))
-		LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
-		    WORKER_KV(w), LOG_I("rows", mem->n));
+	w->sent[w->nsent++] = sent;
+	worker_settle_sent(w, false);
 }
 
 /* Run the transaction over the valid items of a batch, retrying the whole
@@ -1051,6 +1104,7 @@ void *worker_main(void *arg)
 			/* Nothing more is here (or enough acks are owed): settle
 			 * before waiting, so the broker can send more, and write
 			 * the outbox marks no next transaction will carry. */
+			worker_settle_sent(w, true);
 			if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
 			    inbox_flush_marks(w->d.inbox) != ST_OK)
 				LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
@@ -1096,6 +1150,7 @@ reset:
 		pool_sleep_ms(pool_backoff_ms(&w->t, 0, 200));
 	}
 	worker_ready(w, false);
+	worker_settle_sent(w, true);
 	if (w->d.inbox != NULL && inbox_flush_marks(w->d.inbox) != ST_OK)
 		LOG(LOG_LEVEL_DEBUG, "outbox marks not written; the relay publishes those rows again", WORKER_KV(w));
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)

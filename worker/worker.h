@@ -12,7 +12,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "outbox.h"
 #include "pool.h"
+
+/* Transactions whose outbox copies may be unconfirmed at once. */
+#define WORKER_SENT_MAX 8
 
 struct item;
 struct inbox_in;
@@ -23,7 +27,7 @@ struct worker {
 	struct pool_thread t; /* index >= 0 */
 	struct pool_db d;
 	struct mq *consumer;
-	struct mq *publisher; /* confirm mode: dead letters */
+	struct mq *publisher; /* confirm mode: dead letters, outbox copies */
 	/* The broker node each connection starts from (INBOX_AMQP_URL may
 	 * list a cluster's nodes): moved on past a node whose connection
 	 * failed, so a thread goes to another node instead of waiting. */
@@ -53,6 +57,11 @@ struct worker {
 	 * multiple=true settles them all (see worker_ack_flush). */
 	uint64_t ack_tag;
 	int ack_pending;
+	/* Outbox copies published from memory after their commit whose
+	 * confirms are not read yet, oldest first (worker_dispatch): the
+	 * thread goes on to its next batch while the broker confirms. */
+	struct outbox_sent sent[WORKER_SENT_MAX];
+	int nsent;
 };
 
 /* The batch arrays for conf->batch deliveries: ST_OK or ST_ERR_NOMEM. */
