@@ -846,7 +846,7 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
 	if (kind == CFG_ENVELOPE_NATIVE) {
 		r = msg_parse(d->body, d->len, max_body, &d->props, out);
 	} else {
-		memset(out, 0, sizeof *out);
+		memset(out, 0, offsetof(struct msg, text)); /* text is not read before it is written (msg.h) */
 		if (d->len > max_body) {
 			env_detail(out, "body of %zu bytes exceeds INBOX_MAX_BODY (%zu)", d->len, max_body);
 			r = MSG_REASON_TOO_LARGE;

@@ -105,10 +105,29 @@ struct inbox_order {
 	/* Events of this batch held in memory (inbox_hold): not written
 	 * unless still held when the batch ends. */
 	int pending;
-	/* Not yet written: the row (dirty), the held count (held_dirty), a
-	 * payment that took effect (paid_now), the last amount seen. */
-	bool dirty, held_dirty, paid_now, has_amount;
-	int64_t amount_cents;
+	/* Not yet written: the row (dirty), the held count (held_dirty). */
+	bool dirty, held_dirty;
+	/* Per set column (order_binding cols): the value the last event that
+	 * took effect gave it, as SQL text at ib->vals.p + col[c] - 1; 0: none
+	 * (the column keeps what it has). */
+	uint32_t col[ORDER_COLS_MAX];
+};
+
+/* The SQL that names the bound definition's tables and columns, built once
+ * by inbox_open (identifiers validated by lc_load, backtick-quoted): for
+ * the order definition, the statements this file always ran. */
+#define INBOX_NAME_SQL 512
+struct inbox_names {
+	char lock_rows[INBOX_NAME_SQL];   /* INSERT INTO `<locks>` (`<key>`, held, locks) VALUES */
+	char lock_rows_tail[INBOX_NAME_SQL];
+	char key_in[INBOX_NAME_SQL];      /* `<key>` IN ( */
+	char read_aggs[INBOX_NAME_SQL];   /* the locked aggregates, as they stand */
+	char read_ledger[INBOX_NAME_SQL];
+	char probe[INBOX_NAME_SQL];       /* SELECT `<key>` FROM `<locks>` WHERE */
+	char held_set[INBOX_NAME_SQL];    /* UPDATE `<locks>` SET held = */
+	char held_where[INBOX_NAME_SQL];  /*  WHERE `<key>` = */
+	char agg_head[2048], agg_tail[8192];
+	char event_head[INBOX_NAME_SQL];
 };
 
 /* A message of the batch, to sort by key. */
@@ -193,6 +212,11 @@ struct inbox {
 	/* The request being built, and the rows of each write statement. */
 	struct sqlbuf req;
 	struct sqlbuf w[W_NSECT];
+	/* The definition it runs, its statements' names, and the values set
+	 * columns get in this transaction (struct inbox_order's col). */
+	const struct order_binding *bind;
+	struct inbox_names sql;
+	struct sqlbuf vals;
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */
@@ -208,8 +232,7 @@ struct inbox_event {
 	const char *props;        /* JSON or NULL */
 	int64_t deliveries;       /* for the dead-letter copy; 0 when unknown (a held row) */
 	const struct env_context *ctx; /* carried into what it causes; NULL: nothing */
-	int64_t amount_cents;
-	bool has_amount;
+	const struct msg *msg;    /* the values its sets give (msg->vals) */
 	char sha[65];             /* the payload hash, hex: the ledger keeps it */
 };
 
@@ -222,7 +245,7 @@ static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, co
 	*ev = (struct inbox_event){
 		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
 		.order_id = m->order_id, .body = body, .len = len, .routing_key = routing_key, .props = props,
-		.amount_cents = m->amount_cents, .has_amount = m->type == MSG_PAYMENT_AUTHORIZED && m->has_amount,
+		.msg = m,
 	};
 	msg_sha256_hex(m->sha256, ev->sha);
 }
@@ -260,6 +283,84 @@ static int inbox_wsrep_row(void *arg, int stmt, const char *const *v, const unsi
 	return ST_OK;
 }
 
+/* The statements' SQL that names the bound definition's tables and
+ * columns (ib->sql), once per inbox: the batch builds its requests from
+ * these constants as it always did from literals.  A column keeps the
+ * value of the last event that took effect and set it; an event that sets
+ * nothing there (an optional field absent) leaves it as it was. */
+static int inbox_names_build(struct inbox *ib)
+{
+	const struct lc_def *d = ib->bind->def;
+	struct inbox_names *n = &ib->sql;
+	const char *a = d->aggregate, *t = d->table, *k = d->key;
+	size_t hl, tl;
+	int w = 0;
+
+#define NAME(field, ...) (w |= snprintf(n->field, sizeof n->field, __VA_ARGS__) >= (int)sizeof n->field)
+	NAME(lock_rows, "INSERT INTO `%s_locks` (`%s`, held, locks) VALUES ", a, k);
+	NAME(lock_rows_tail, " ON DUPLICATE KEY UPDATE locks = `%s_locks`.locks + 1;", a);
+	NAME(key_in, "`%s` IN (", k);
+	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s_locks` l"
+	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, a, t, k);
+	NAME(read_ledger, "SELECT source, message_id, `%s`, type, payload_sha256 FROM `%s_events` WHERE consumer = ", k, a);
+	NAME(probe, "SELECT `%s` FROM `%s_locks` WHERE ", k, a);
+	NAME(held_set, "UPDATE `%s_locks` SET held = ", a);
+	NAME(held_where, " WHERE `%s` = ", k);
+	NAME(event_head, "INSERT INTO `%s_events` (`%s`, consumer, source, message_id, type, outcome, from_status,"
+	     " to_status, version, applied_at, payload_sha256) VALUES ", a, k);
+	NAME(agg_head, "INSERT INTO `%s` (id, status, version, flags", t);
+	NAME(agg_tail, " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
+	     " flags = VALUES(flags)");
+#undef NAME
+	for (int c = 0; c < ib->bind->ncols; c++) {
+		const char *col = ib->bind->cols[c];
+
+		hl = strlen(n->agg_head);
+		tl = strlen(n->agg_tail);
+		w |= snprintf(n->agg_head + hl, sizeof n->agg_head - hl, ", `%s`", col) >= (int)(sizeof n->agg_head - hl);
+		w |= snprintf(n->agg_tail + tl, sizeof n->agg_tail - tl, ", `%s` = COALESCE(VALUES(`%s`), `%s`.`%s`)", col,
+		              col, t, col) >= (int)(sizeof n->agg_tail - tl);
+	}
+	hl = strlen(n->agg_head);
+	tl = strlen(n->agg_tail);
+	w |= snprintf(n->agg_head + hl, sizeof n->agg_head - hl, ", created_at, updated_at) VALUES ") >=
+	     (int)(sizeof n->agg_head - hl);
+	w |= snprintf(n->agg_tail + tl, sizeof n->agg_tail - tl, ", updated_at = VALUES(updated_at)") >=
+	     (int)(sizeof n->agg_tail - tl);
+	return w ? ST_ERR_INVALID : ST_OK;
+}
+
+/* The values ev's sets give their columns, as SQL text kept in ib->vals
+ * until the aggregate's row is written (inbox_flush): the event took
+ * effect on o. */
+static int inbox_set_columns(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev)
+{
+	const struct lc_def *d = ib->bind->def;
+	const struct lc_event *e;
+
+	if (ev->msg == NULL || (unsigned)ev->type >= (unsigned)d->nevents)
+		return ST_OK;
+	e = &d->events[ev->type];
+	for (int k = 0; k < e->nsets; k++) {
+		const struct msg_val *v = &ev->msg->vals[k];
+		size_t at = ib->vals.len;
+
+		if (!v->has)
+			continue;
+		if (e->sets[k].src == LC_SRC_APPLIED_AT)
+			sqlbuf_sql(&ib->vals, "NOW(6)");
+		else if (e->sets[k].type == LC_TYPE_INTEGER)
+			sqlbuf_i64(&ib->vals, v->i);
+		else
+			sqlbuf_strn(&ib->vals, ev->msg->text + v->off, v->len);
+		sqlbuf_sqln(&ib->vals, "", 1); /* NUL-terminated: sqlbuf_value reads it */
+		if (sqlbuf_err(&ib->vals) != ST_OK)
+			return sqlbuf_err(&ib->vals);
+		o->col[ib->bind->col_of[ev->type][k]] = (uint32_t)at + 1;
+	}
+	return ST_OK;
+}
+
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 {
 	struct inbox *ib = calloc(1, sizeof *ib);
@@ -270,6 +371,10 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		return ST_ERR_NOMEM;
 	ib->db = db;
 	ib->conf = conf;
+	ib->bind = order_binding_current();
+	rc = inbox_names_build(ib);
+	if (rc != ST_OK)
+		goto fail;
 #define PREP(field, sql)                                        \
 	do {                                                    \
 		rc = db_prepare(db, &ib->field, sql);           \
@@ -278,10 +383,21 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	} while (0)
 	/* Hold expiry locks one order outside a batch: the same real write
 	 * as the claim's, then the locking read. */
-	PREP(lock_touch, "INSERT INTO order_locks (order_id, held, locks) VALUES (?, 0, 1)"
-	                 " ON DUPLICATE KEY UPDATE locks = locks + 1");
-	PREP(lock_read, "SELECT l.held, o.status, o.version, o.flags FROM order_locks l"
-	                " LEFT JOIN orders o ON o.id = l.order_id WHERE l.order_id = ? FOR UPDATE");
+	{
+		const struct lc_def *d = ib->bind->def;
+		char q[INBOX_NAME_SQL];
+
+		snprintf(q, sizeof q, "INSERT INTO `%s_locks` (`%s`, held, locks) VALUES (?, 0, 1)"
+		         " ON DUPLICATE KEY UPDATE locks = locks + 1", d->aggregate, d->key);
+		PREP(lock_touch, q);
+		snprintf(q, sizeof q, "SELECT l.held, o.status, o.version, o.flags FROM `%s_locks` l"
+		         " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.`%s` = ? FOR UPDATE", d->aggregate, d->table, d->key,
+		         d->key);
+		PREP(lock_read, q);
+		snprintf(q, sizeof q, "SELECT payload_sha256 FROM `%s_events` WHERE consumer = ? AND source = ?"
+		         " AND message_id = ?", d->aggregate);
+		PREP(ledger_probe, q);
+	}
 	/* A page of the order's held events after a given id
 	 * (ix_held_events_order). */
 	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
@@ -294,11 +410,11 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	 * Prepared so that a schema without them (migration 0015 not run)
 	 * is refused at start, with the remedy (pool_db_up), instead of
 	 * failing every batch. */
-	PREP(ledger_probe, "SELECT payload_sha256 FROM order_events WHERE consumer = ? AND source = ? AND message_id = ?");
 #undef PREP
 	/* The request: at most what the server takes (sqlbuf's default
 	 * ceiling); the sections: cut into requests by inbox_flush. */
 	ib->req.db = db;
+	ib->vals.db = db;
 	for (int i = 0; i < W_NSECT; i++) {
 		ib->w[i].db = db;
 		ib->w[i].max = INBOX_SECTION_MAX;
@@ -367,6 +483,7 @@ void inbox_close(struct inbox **ibp)
 	free(ib->sub_of);
 	outbox_mem_free(&ib->emit);
 	sqlbuf_free(&ib->req);
+	sqlbuf_free(&ib->vals);
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_free(&ib->w[s]);
 	free(ib);
@@ -418,16 +535,8 @@ static const struct {
 	[W_DEL] = { "DELETE FROM held_events WHERE id IN (", ")" },
 	[W_HOLD] = { "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body,"
 	             " held_at, event, context) VALUES ", "" },
-	[W_ORDER] = { "INSERT INTO orders (id, status, version, flags, amount_cents, paid_at, created_at, updated_at)"
-	              " VALUES ",
-	              " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
-	              " flags = VALUES(flags),"
-	              " paid_at = IF(VALUES(paid_at) IS NOT NULL AND orders.paid_at IS NULL, VALUES(paid_at),"
-	              " orders.paid_at),"
-	              " amount_cents = COALESCE(VALUES(amount_cents), orders.amount_cents),"
-	              " updated_at = VALUES(updated_at)" },
-	[W_EVENT] = { "INSERT INTO order_events (order_id, consumer, source, message_id, type, outcome, from_status,"
-	              " to_status, version, applied_at, payload_sha256) VALUES ", "" },
+	[W_ORDER] = { NULL, NULL }, /* the definition's: ib->sql.agg_head, agg_tail */
+	[W_EVENT] = { NULL, "" },   /* ib->sql.event_head */
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
@@ -513,7 +622,8 @@ static int inbox_send(struct inbox *ib)
 static int inbox_flush_section(struct inbox *ib, int s, bool commit)
 {
 	struct sqlbuf *q = &ib->req, *b = &ib->w[s];
-	const char *head = inbox_wsql[s].head, *tail = inbox_wsql[s].tail;
+	const char *head = s == W_ORDER ? ib->sql.agg_head : s == W_EVENT ? ib->sql.event_head : inbox_wsql[s].head;
+	const char *tail = s == W_ORDER ? ib->sql.agg_tail : inbox_wsql[s].tail;
 	size_t hlen = head != NULL ? strlen(head) : 0, tlen = tail != NULL ? strlen(tail) + 1 : 0;
 	size_t max = sqlbuf_max(q), reserve = commit ? sizeof "COMMIT" : 0;
 	bool open = false; /* a statement of this section is open in q */
@@ -590,23 +700,22 @@ static int inbox_flush(struct inbox *ib, bool commit)
 			sqlbuf_str(o, order_state_name(r->state));
 			sqlbuf_i64(o, r->version);
 			sqlbuf_i64(o, r->flags);
-			if (r->has_amount)
-				sqlbuf_i64(o, r->amount_cents);
-			else
-				sqlbuf_value(o, "NULL");
-			sqlbuf_value(o, r->paid_now ? "NOW(6)" : "NULL");
+			for (int c = 0; c < ib->bind->ncols; c++) {
+				sqlbuf_value(o, r->col[c] != 0 ? ib->vals.p + r->col[c] - 1 : "NULL");
+				r->col[c] = 0;
+			}
 			sqlbuf_value(o, "NOW(6)");
 			sqlbuf_value(o, "NOW(6)");
 			sqlbuf_row_end(o);
-			r->dirty = r->paid_now = r->has_amount = false;
+			r->dirty = false;
 		}
 		if (r->held_dirty) {
 			struct sqlbuf *l = &ib->w[W_LOCK];
 
 			sqlbuf_stmt(l);
-			sqlbuf_sql(l, "UPDATE order_locks SET held = ");
+			sqlbuf_sql(l, ib->sql.held_set);
 			sqlbuf_i64(l, r->held);
-			sqlbuf_sql(l, " WHERE order_id = ");
+			sqlbuf_sql(l, ib->sql.held_where);
 			sqlbuf_str(l, r->id);
 			sqlbuf_sql(l, ";");
 			r->held_dirty = false;
@@ -653,6 +762,7 @@ static int inbox_flush(struct inbox *ib, bool commit)
 		rc = db_commit(ib->db);
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_reset(&ib->w[s]);
+	sqlbuf_reset(&ib->vals); /* every col was written (and cleared) above */
 	return rc;
 }
 
@@ -661,6 +771,7 @@ static void inbox_forget(struct inbox *ib)
 	for (int s = 0; s < W_NSECT; s++)
 		sqlbuf_trim(&ib->w[s], INBOX_SQL_KEEP);
 	sqlbuf_trim(&ib->req, INBOX_SQL_KEEP);
+	sqlbuf_trim(&ib->vals, INBOX_SQL_KEEP);
 	ib->norders = 0;
 	ib->nkeys = 0;
 }
@@ -727,14 +838,7 @@ enum inbox_src { SRC_LIVE, SRC_HELD_ROW, SRC_HELD_MEM };
 static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
                      struct order_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
 {
-	static const struct {
-		unsigned bit;
-		const char *type;
-	} emits[] = {
-		{ ORDER_EMIT_PAID, "OrderPaid" },
-		{ ORDER_EMIT_REFUND, "RefundRequested" },
-		{ ORDER_EMIT_RELEASE, "InventoryReleaseRequested" },
-	};
+	const struct lc_def *d = ib->bind->def;
 	const char *outcome = order_decision_outcome(v.decision);
 	int nrows = 0, rc = ST_OK;
 
@@ -742,13 +846,17 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
 		struct sqlbuf *e = &ib->w[W_EVENT];
 
-		for (size_t i = 0; rc == ST_OK && i < sizeof emits / sizeof emits[0]; i++) {
-			if (v.emits & emits[i].bit) {
+		/* in the definition's order of emits (OrderPaid, RefundRequested,
+		 * InventoryReleaseRequested for orders) */
+		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
+			if (v.emits & (1u << i)) {
 				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL,
-				                      emits[i].type, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
+				                      d->emits[i], ev->order_id, ev->message_id, ev->type_name, ev->ctx);
 				nrows++;
 			}
 		}
+		if (rc == ST_OK)
+			rc = inbox_set_columns(ib, o, ev);
 		if (rc == ST_OK) {
 			sqlbuf_row(e);
 			sqlbuf_str(e, ev->order_id);
@@ -766,12 +874,6 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 			else
 				sqlbuf_value(e, "NULL");
 			sqlbuf_row_end(e);
-			if ((v.flags & ORDER_FLAG_PAID) && !(o->flags & ORDER_FLAG_PAID))
-				o->paid_now = true;
-			if (ev->has_amount) {
-				o->has_amount = true;
-				o->amount_cents = ev->amount_cents;
-			}
 			o->version++;
 			o->state = v.next;
 			o->flags = v.flags;
@@ -780,7 +882,7 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		}
 	} else if (v.decision == ORDER_INVALID) {
 		char detail[160];
-		snprintf(detail, sizeof detail, "%s not allowed on an order in state %s", ev->type_name,
+		snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
 		         order_state_name(o->state));
 		rc = inbox_w_dead_letter(ib, ev, "invalid-transition", detail);
 		nrows++;
@@ -1356,7 +1458,7 @@ static void inbox_claim_index(struct inbox *ib, const struct inbox_in *in, int n
 /* "order_id IN (...)": the batch's orders, sorted. */
 static void inbox_sql_order_ids(const struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "order_id IN (");
+	sqlbuf_sql(q, ib->sql.key_in);
 	sqlbuf_list(q);
 	for (int i = 0; i < ib->nlock; i++) {
 		sqlbuf_item(q);
@@ -1370,7 +1472,7 @@ static void inbox_sql_order_ids(const struct inbox *ib, struct sqlbuf *q)
  * only sees rows that change). */
 static void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "INSERT INTO order_locks (order_id, held, locks) VALUES ");
+	sqlbuf_sql(q, ib->sql.lock_rows);
 	sqlbuf_list(q);
 	for (int i = 0; i < ib->nlock; i++) {
 		sqlbuf_row(q);
@@ -1379,7 +1481,7 @@ static void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
 		sqlbuf_value(q, "1");
 		sqlbuf_row_end(q);
 	}
-	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE locks = order_locks.locks + 1;");
+	sqlbuf_sql(q, ib->sql.lock_rows_tail);
 }
 
 /* Claim statement 1: every distinct key in one multi-row INSERT, in index
@@ -1433,8 +1535,7 @@ static void inbox_sql_not_ours(struct inbox *ib, struct sqlbuf *q)
 /* Claim statement 3: the locked orders, as they stand. */
 static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "SELECT l.order_id, l.held, o.status, o.version, o.flags FROM order_locks l"
-	              " LEFT JOIN orders o ON o.id = l.order_id WHERE l.");
+	sqlbuf_sql(q, ib->sql.read_aggs);
 	inbox_sql_order_ids(ib, q);
 	sqlbuf_sql(q, ";");
 }
@@ -1446,7 +1547,7 @@ static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
  * effect. */
 static void inbox_sql_ledger(struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "SELECT source, message_id, order_id, type, payload_sha256 FROM order_events WHERE consumer = ");
+	sqlbuf_sql(q, ib->sql.read_ledger);
 	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
 	inbox_sql_keys(ib, q);
@@ -1693,9 +1794,10 @@ static int inbox_probe(struct inbox *ib)
 
 	memset(ib->ostate, 0, (size_t)ib->nlock * sizeof *ib->ostate);
 	sqlbuf_reset(q);
-	sqlbuf_sql(q, "SELECT order_id FROM order_locks WHERE ");
+	sqlbuf_sql(q, ib->sql.probe);
 	inbox_sql_order_ids(ib, q);
-	sqlbuf_sql(q, " FOR UPDATE SKIP LOCKED;SELECT order_id FROM order_locks WHERE ");
+	sqlbuf_sql(q, " FOR UPDATE SKIP LOCKED;");
+	sqlbuf_sql(q, ib->sql.probe);
 	inbox_sql_order_ids(ib, q);
 	rc = sqlbuf_err(q);
 	if (rc == ST_OK)

@@ -146,6 +146,8 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 
 	add(nd, &n, 2, d->key, F_VARCHAR, 64, ID);
 	add(nd, &n, 2, "held", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
+	/* transactions that locked it: the claim's real write (migration 0010) */
+	add(nd, &n, 2, "locks", F_INT, 0, "BIGINT UNSIGNED NOT NULL DEFAULT 0");
 	return n;
 }
 

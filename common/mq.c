@@ -30,6 +30,7 @@
 #include "fault.h"
 #include "log.h"
 #include "mq_private.h"
+#include "order.h"
 #include "props.h"
 #include "status.h"
 
@@ -529,7 +530,13 @@ static int mq_inbox_queue(struct mq *m, const struct cfg *conf, const char *name
 int mq_declare_topology(struct mq *m, const struct cfg *conf)
 {
 	int rc;
-	char shard[300];
+	char shard[300], aggregate_key[LC_NAME_MAX + 3] = "";
+	const struct lc_def *def = order_binding_current()->def;
+
+	/* The queue takes order.# (SPEC), and <aggregate>.# too when the
+	 * lifecycle definition the worker runs is another aggregate's. */
+	if (strcmp(def->aggregate, "order") != 0)
+		snprintf(aggregate_key, sizeof aggregate_key, "%s.#", def->aggregate);
 
 	rc = mq_exchange(m, conf->exchange, "topic", amqp_empty_table);
 	if (rc == ST_OK)
@@ -544,6 +551,8 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 		rc = mq_inbox_queue(m, conf, conf->queue, false);
 		if (rc == ST_OK)
 			rc = mq_bind(m, conf->queue, conf->exchange, "order.#");
+		if (rc == ST_OK && aggregate_key[0] != '\0')
+			rc = mq_bind(m, conf->queue, conf->exchange, aggregate_key);
 		return rc;
 	}
 	/* Sharded: orders -> <exchange>.sharded (x-consistent-hash on the
@@ -571,6 +580,11 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 		amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b("order.#"),
 		                   amqp_empty_table);
 		rc = mq_rpc(m, "exchange.bind");
+		if (rc == ST_OK && aggregate_key[0] != '\0') {
+			amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b(aggregate_key),
+			                   amqp_empty_table);
+			rc = mq_rpc(m, "exchange.bind");
+		}
 		for (int i = 0; rc == ST_OK && i < conf->shards; i++) {
 			snprintf(shard, sizeof shard, "%s.shard.%d", conf->queue, i);
 			rc = mq_inbox_queue(m, conf, shard, true);

@@ -22,8 +22,10 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "array.h"
 #include "order.h"
@@ -34,15 +36,6 @@
 /* Bytes gathered before each EVP_DigestUpdate: jansson hands out tokens of a
  * few bytes, and one digest call per token would dominate the hash cost. */
 #define HASH_BUF 512
-
-static const char *const type_names[] = {
-	[MSG_ORDER_CREATED] = "OrderCreated",
-	[MSG_PAYMENT_AUTHORIZED] = "PaymentAuthorized",
-	[MSG_INVENTORY_RESERVED] = "InventoryReserved",
-	[MSG_SHIPMENT_CREATED] = "ShipmentCreated",
-	[MSG_ORDER_CANCELLED] = "OrderCancelled",
-};
-_Static_assert(ARRAY_LEN(type_names) == MSG_TYPE_COUNT, "one name per enum msg_type");
 
 static const char *const reason_names[] = {
 	[MSG_REASON_NONE] = "",
@@ -61,21 +54,13 @@ _Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum m
 
 const char *msg_type_name(enum msg_type t)
 {
-	if ((unsigned)t >= MSG_TYPE_COUNT)
-		return "";
-	return type_names[t];
+	return order_type_name((int)t);
 }
 
 int msg_type_from_name(const char *name, size_t len)
 {
-	if (name == NULL)
-		return -1;
-	for (int t = 0; t < MSG_TYPE_COUNT; t++) {
-		if (strlen(type_names[t]) == len && memcmp(type_names[t], name, len) == 0)
-			return t;
-	}
-	/* Aliases (PaymentConfirmed) are the lifecycle definition's. */
-	return order_alias_type(name, len);
+	/* Types and aliases (PaymentConfirmed) are the lifecycle definition's. */
+	return order_type_find(name, len);
 }
 
 const char *msg_reason_name(enum msg_reason r)
@@ -344,6 +329,234 @@ static bool rfc3339_valid(const char *s, size_t len)
 	return false;
 }
 
+/* ---- the values an event sets ------------------------------------------ */
+
+static int64_t days_from_civil(int64_t y, int m, int d)
+{
+	/* days since 1970-01-01 of a proleptic Gregorian date */
+	y -= m <= 2;
+	int64_t era = (y >= 0 ? y : y - 399) / 400;
+	int64_t yoe = y - era * 400;
+	int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+	int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+
+	return era * 146097 + doe - 719468;
+}
+
+/* An RFC 3339 date-time (rfc3339_valid) as a DATETIME(6) literal's text in
+ * UTC, the fraction cut to microseconds, a leap second as :59.  false when
+ * the result leaves DATETIME's years 1000..9999. */
+static bool rfc3339_sql(const char *s, size_t len, char out[MSG_TIME_SQL_MAX + 1])
+{
+	int year = 0, month = 0, day = 0, hour = 0, min = 0, sec = 0, off = 0;
+	long usec = 0;
+	size_t i = 19;
+	int64_t t, days, secs;
+
+	(void)digits(s, 4, &year);
+	(void)digits(s + 5, 2, &month);
+	(void)digits(s + 8, 2, &day);
+	(void)digits(s + 11, 2, &hour);
+	(void)digits(s + 14, 2, &min);
+	(void)digits(s + 17, 2, &sec);
+	if (sec == 60)
+		sec = 59;
+	if (i < len && s[i] == '.') {
+		long scale = 100000;
+
+		for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
+			usec += (s[i] - '0') * scale;
+			scale /= 10;
+		}
+	}
+	if (i < len && (s[i] == '+' || s[i] == '-')) {
+		int oh = 0, om = 0;
+
+		(void)digits(s + i + 1, 2, &oh);
+		(void)digits(s + i + 4, 2, &om);
+		off = (oh * 60 + om) * 60 * (s[i] == '-' ? -1 : 1);
+	}
+	t = days_from_civil(year, month, day) * 86400 + hour * 3600 + min * 60 + sec - off;
+	days = t >= 0 ? t / 86400 : -((-t + 86399) / 86400);
+	secs = t - days * 86400;
+	{
+		/* civil_from_days */
+		int64_t z = days + 719468, era = (z >= 0 ? z : z - 146096) / 146097;
+		int64_t doe = z - era * 146097, yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+		int64_t y = yoe + era * 400, doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+		int d = (int)(doy - (153 * mp + 2) / 5 + 1), m = (int)(mp < 10 ? mp + 3 : mp - 9);
+
+		y += m <= 2;
+		if (y < 1000 || y > 9999)
+			return false;
+		char tmp[80];
+
+		snprintf(tmp, sizeof tmp, "%04d-%02d-%02d %02d:%02d:%02d.%06d", (int)y % 10000, m % 100,
+		         d % 100, (int)(secs / 3600) % 100, (int)(secs / 60 % 60), (int)(secs % 60), (int)(usec % 1000000));
+		memcpy(out, tmp, MSG_TIME_SQL_MAX);
+		out[MSG_TIME_SQL_MAX] = '\0';
+	}
+	return true;
+}
+
+/* Characters (code points) of UTF-8 text jansson validated. */
+static size_t utf8_chars(const char *s, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len; i++)
+		n += ((unsigned char)s[i] & 0xc0) != 0x80;
+	return n;
+}
+
+/* Keep len bytes of text in the message for val (bind made room). */
+static void keep_text(struct msg *out, struct msg_val *val, const char *s, size_t len)
+{
+	if (out->text_used + len + 1 > sizeof out->text)
+		return; /* order_bind refuses a definition whose values do not fit */
+	memcpy(out->text + out->text_used, s, len);
+	out->text[out->text_used + len] = '\0';
+	val->off = (uint16_t)out->text_used;
+	val->len = (uint16_t)len;
+	val->has = true;
+	out->text_used += len + 1;
+}
+
+/* One data field a set reads: typed and bounded as declared.  own: a set
+ * of the message's event (a required one must be there, and its value is
+ * kept in val); otherwise a field another event reads, checked the same
+ * way when present (so that a field means one thing on every message). */
+static enum msg_reason data_value(json_t *data, const struct lc_set *st, bool own, const char *dname,
+                                  const char *type, struct msg *out, struct msg_val *val)
+{
+	json_t *v = data != NULL ? json_object_get(data, st->field) : NULL;
+	char sql[MSG_TIME_SQL_MAX + 1];
+
+	if (v == NULL || json_is_null(v)) {
+		if (own && st->required) {
+			set_detail(out, "%s.%s is missing (%s needs it)", dname, st->field, type);
+			return MSG_REASON_MISSING_FIELD;
+		}
+		return MSG_REASON_NONE;
+	}
+	switch (st->type) {
+	case LC_TYPE_INTEGER:
+		if (!json_is_integer(v) || json_integer_value(v) < st->min || json_integer_value(v) > st->max) {
+			if (st->max == INT64_MAX && st->min == INT64_MIN)
+				set_detail(out, "%s.%s must be an integer", dname, st->field);
+			else if (st->max == INT64_MAX)
+				set_detail(out, "%s.%s must be an integer >= %lld", dname, st->field, (long long)st->min);
+			else if (st->min == INT64_MIN)
+				set_detail(out, "%s.%s must be an integer <= %lld", dname, st->field, (long long)st->max);
+			else
+				set_detail(out, "%s.%s must be an integer in %lld..%lld", dname, st->field,
+				           (long long)st->min, (long long)st->max);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		if (own) {
+			val->i = (int64_t)json_integer_value(v);
+			val->has = true;
+		}
+		return MSG_REASON_NONE;
+	case LC_TYPE_STRING:
+		if (!json_is_string(v) ||
+		    utf8_chars(json_string_value(v), json_string_length(v)) > (size_t)st->max_length) {
+			set_detail(out, "%s.%s must be a string of at most %lld characters", dname, st->field,
+			           (long long)st->max_length);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		if (own)
+			keep_text(out, val, json_string_value(v), json_string_length(v));
+		return MSG_REASON_NONE;
+	case LC_TYPE_DATETIME:
+		if (!json_is_string(v) || !rfc3339_valid(json_string_value(v), json_string_length(v)) ||
+		    !rfc3339_sql(json_string_value(v), json_string_length(v), sql)) {
+			set_detail(out, "%s.%s must be an RFC 3339 date-time (years 1000..9999)", dname, st->field);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		if (own)
+			keep_text(out, val, sql, strlen(sql));
+		return MSG_REASON_NONE;
+	}
+	return MSG_REASON_NONE;
+}
+
+/* The values the message's event sets (out->vals), and every other data
+ * field the definition reads, checked.  The event's own sets first, in
+ * the file's order; the first failure wins. */
+static enum msg_reason msg_values(const struct lc_def *def, int type, json_t *data, const char *dname,
+                                  struct msg *out)
+{
+	const struct lc_event *ev = &def->events[type];
+	enum msg_reason r;
+	char sql[MSG_TIME_SQL_MAX + 1];
+
+	for (int k = 0; k < ev->nsets; k++) {
+		const struct lc_set *st = &ev->sets[k];
+		struct msg_val *val = &out->vals[k];
+
+		switch (st->src) {
+		case LC_SRC_APPLIED_AT:
+			val->has = true;
+			break;
+		case LC_SRC_OCCURRED_AT:
+			if (out->occurred_at[0] != '\0') {
+				if (!rfc3339_sql(out->occurred_at, strlen(out->occurred_at), sql)) {
+					set_detail(out, "occurred_at '%s' is outside the years 1000..9999", out->occurred_at);
+					return MSG_REASON_INVALID_FIELD;
+				}
+				keep_text(out, val, sql, strlen(sql));
+			}
+			break;
+		case LC_SRC_MESSAGE_ID:
+			keep_text(out, val, out->message_id, strlen(out->message_id));
+			break;
+		case LC_SRC_DATA:
+			r = data_value(data, st, true, dname, ev->type, out, val);
+			if (r != MSG_REASON_NONE)
+				return r;
+			break;
+		}
+	}
+	for (int e = 0; e < def->nevents; e++) {
+		for (int k = 0; e != type && k < def->events[e].nsets; k++) {
+			const struct lc_set *st = &def->events[e].sets[k];
+			bool seen = false;
+
+			if (st->src != LC_SRC_DATA)
+				continue;
+			for (int j = 0; j < ev->nsets && !seen; j++)
+				seen = ev->sets[j].src == LC_SRC_DATA && strcmp(ev->sets[j].field, st->field) == 0;
+			for (int f = 0; f < e && !seen; f++) {
+				for (int j = 0; f != type && j < def->events[f].nsets && !seen; j++)
+					seen = def->events[f].sets[j].src == LC_SRC_DATA &&
+					       strcmp(def->events[f].sets[j].field, st->field) == 0;
+			}
+			if (seen)
+				continue;
+			r = data_value(data, st, false, dname, ev->type, out, NULL);
+			if (r != MSG_REASON_NONE)
+				return r;
+		}
+	}
+	return MSG_REASON_NONE;
+}
+
+const struct msg_val *msg_value(const struct msg *m, const char *column)
+{
+	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_event *ev;
+
+	if ((unsigned)m->type >= (unsigned)def->nevents)
+		return NULL;
+	ev = &def->events[m->type];
+	for (int k = 0; k < ev->nsets; k++) {
+		if (strcmp(ev->sets[k].column, column) == 0)
+			return m->vals[k].has ? &m->vals[k] : NULL;
+	}
+	return NULL;
+}
+
 /* ---- hash ---------------------------------------------------------------- */
 
 struct hash_ctx {
@@ -422,7 +635,8 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	const struct msg_names *nm = names != NULL ? names : &ours;
 	bool wide = names != NULL;
 	json_t *data;
-	const char *s;
+	const struct lc_def *def = order_binding_current()->def;
+	const char *s, *key, *key_name;
 	size_t slen;
 	int type;
 	enum msg_reason r;
@@ -478,14 +692,19 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	out->type = (enum msg_type)type;
 	copy_field(out->type_name, s, slen); /* a known name: always fits */
 
-	r = body_string(root, "order_id", nm->order_id, &s, &slen, out);
+	/* The aggregate's id: the definition's key field in a native message
+	 * ("order_id" for orders), "order_id" in an envelope's canonical
+	 * event (envelope.h maps the producer's field there). */
+	key = wide ? "order_id" : def->key;
+	key_name = wide ? nm->order_id : def->key;
+	r = body_string(root, key, key_name, &s, &slen, out);
 	if (r != MSG_REASON_NONE)
 		return r;
 	if (s == NULL) {
-		set_detail(out, "%s (the order id) is missing", nm->order_id);
+		set_detail(out, "%s (the %s id) is missing", key_name, def->aggregate);
 		return MSG_REASON_MISSING_FIELD;
 	}
-	r = take_id(out, nm->order_id, s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
+	r = take_id(out, key_name, s, slen, 1, MSG_ORDER_ID_MAX, out->order_id);
 	if (r != MSG_REASON_NONE)
 		return r;
 
@@ -502,23 +721,15 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	}
 
 	data = json_object_get(root, "data");
-	if (data != NULL && !json_is_null(data)) {
-		json_t *amount;
-
-		if (!json_is_object(data)) {
-			set_detail(out, "%s must be an object", nm->data);
-			return MSG_REASON_INVALID_FIELD;
-		}
-		amount = json_object_get(data, "amount_cents");
-		if (amount != NULL && !json_is_null(amount)) {
-			if (!json_is_integer(amount) || json_integer_value(amount) < 0) {
-				set_detail(out, "%s.amount_cents must be an integer >= 0", nm->data);
-				return MSG_REASON_INVALID_FIELD;
-			}
-			out->amount_cents = (int64_t)json_integer_value(amount);
-			out->has_amount = true;
-		}
+	if (data != NULL && json_is_null(data))
+		data = NULL;
+	if (data != NULL && !json_is_object(data)) {
+		set_detail(out, "%s must be an object", nm->data);
+		return MSG_REASON_INVALID_FIELD;
 	}
+	r = msg_values(def, type, data, nm->data, out);
+	if (r != MSG_REASON_NONE)
+		return r;
 
 	if (!body_hash(root, out->sha256)) {
 		/* Only out of memory ends up here; jansson reports that as a parse
@@ -537,7 +748,7 @@ enum msg_reason msg_parse_event(json_t *root, const struct msg_names *names, str
 
 	if (out == NULL)
 		return MSG_REASON_MALFORMED_JSON;
-	memset(out, 0, sizeof *out);
+	memset(out, 0, offsetof(struct msg, text));
 	if (root == NULL || !json_is_object(root)) {
 		set_detail(out, "event is not a JSON object");
 		return MSG_REASON_MALFORMED_JSON;
@@ -557,7 +768,7 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 
 	if (out == NULL)
 		return MSG_REASON_MALFORMED_JSON;
-	memset(out, 0, sizeof *out);
+	memset(out, 0, offsetof(struct msg, text));
 	if (props == NULL)
 		props = &no_props;
 	if (len > max_body) {

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lifecycle.h"
+
 #define MSG_ID_MAX 128
 #define MSG_SOURCE_MAX 64
 /* An event that came in an envelope (common/envelope.h) follows the
@@ -29,7 +31,13 @@
 #define MSG_TIME_MAX 40
 #define MSG_DETAIL_MAX 200
 #define MSG_MAX_DEPTH 32 /* nesting deeper than this is invalid-field */
+/* The text of the values an event's sets carry (struct msg_val). */
+#define MSG_TEXT_MAX 4096
+#define MSG_TIME_SQL_MAX 26 /* "YYYY-MM-DD HH:MM:SS.ffffff", UTC */
 
+/* The event types of the built-in order definition.  A message's type is
+ * the bound definition's event index (order.h); for the order definition
+ * these. */
 enum msg_type {
 	MSG_ORDER_CREATED = 0,
 	MSG_PAYMENT_AUTHORIZED, /* PaymentConfirmed is the same event */
@@ -64,18 +72,37 @@ struct msg_props {
 	size_t type_len;
 };
 
+/* A value one of the event's sets gives its column (the definition's
+ * events[type].sets[k] is vals[k]): an integer in i, or text (a string as
+ * sent; a datetime as MSG_TIME_SQL_MAX UTC; a message id) at text + off.
+ * has false: the column is left as it is (an optional data field absent,
+ * no occurred_at).  A set from applied_at has has and no text (the time the
+ * worker applies it). */
+struct msg_val {
+	bool has;
+	int64_t i;
+	uint16_t off, len;
+};
+
 struct msg {
 	char message_id[MSG_WIDE_ID_MAX + 1];
 	char source[MSG_WIDE_SOURCE_MAX + 1];  /* "" when absent */
-	char order_id[MSG_ORDER_ID_MAX + 1];
+	char order_id[MSG_ORDER_ID_MAX + 1];   /* the aggregate's id: the definition's key field */
 	char type_name[MSG_TYPE_NAME_MAX + 1]; /* as sent: "PaymentConfirmed" stays */
 	enum msg_type type;
 	char occurred_at[MSG_TIME_MAX + 1];    /* "" when absent */
-	int64_t amount_cents;                  /* data.amount_cents, 0 when absent */
-	bool has_amount;                       /* data.amount_cents was given */
+	struct msg_val vals[LC_MAX_SETS];
 	unsigned char sha256[32];
 	char detail[MSG_DETAIL_MAX];           /* one human line when the parse fails */
+	size_t text_used;
+	/* Last, and not cleared by the parse (only text_used bytes are
+	 * meaningful): a message costs no more to parse than before. */
+	char text[MSG_TEXT_MAX];
 };
+
+/* The value the message gives column (a set of its event), or NULL when
+ * its event sets no such column or the message does not carry it. */
+const struct msg_val *msg_value(const struct msg *m, const char *column);
 
 /*
  * Parse and validate body (len bytes, not NUL-terminated).  Returns
@@ -110,9 +137,11 @@ bool msg_wide_id_valid(const char *s, size_t len, size_t max);
  * and well-formed %XX escapes only. */
 bool msg_uri_ref_valid(const char *s, size_t len, size_t min, size_t max);
 
-/* "OrderCreated" etc.; the canonical name of the event (PaymentAuthorized). */
+/* The bound definition's canonical name of an event type ("OrderCreated"
+ * etc.; PaymentAuthorized for PaymentConfirmed). */
 const char *msg_type_name(enum msg_type t);
-/* Map a type name (including PaymentConfirmed) to its type; -1 if unknown. */
+/* Map a type name or alias of the bound definition (PaymentConfirmed) to
+ * its type; -1 if unknown. */
 int msg_type_from_name(const char *name, size_t len);
 
 /* "malformed-json" etc.; "" for MSG_REASON_NONE. */

@@ -56,6 +56,7 @@
 #include "array.h"
 #include "deadletter.h"
 #include "log.h"
+#include "order.h"
 #include "msg.h"
 #include "status.h"
 
@@ -261,6 +262,7 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 {
 	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
 	char *body = NULL, *props = NULL;
+	const struct lc_def *def = order_binding_current()->def;
 	json_t *o;
 	int rc = outbox_now(ts, sizeof ts);
 
@@ -268,7 +270,9 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 		return rc;
 	/* Cut as the columns and AMQP would: ids fit, ours are short. */
 	snprintf(id, sizeof id, "%s:%s", type, order_id);
-	snprintf(rk, sizeof rk, "order.%s", type);
+	/* The aggregate's name and key are the lifecycle definition's
+	 * ("order", "order_id" for the built-in one). */
+	snprintf(rk, sizeof rk, "%s.%s", def->aggregate, type);
 	(void)env_traceparent(ctx, tp, sizeof tp);
 	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS) {
 		/* Structured mode (SPEC.md, Envelopes): id is the stable id,
@@ -285,7 +289,7 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 		}
 	} else {
 		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", conf->consumer, "type",
-		              type, "order_id", order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
+		              type, def->key, order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
 		              "cause_type", cause_type);
 	}
 	if (o != NULL)

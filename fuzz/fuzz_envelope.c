@@ -32,6 +32,15 @@
 #define FUZZ_SMALL_BODY 64
 #define FUZZ_HEADERS 8
 
+/* data.amount_cents as the order definition keeps it (PaymentAuthorized's
+ * sets), 0 when the message does not carry it. */
+static int64_t amount_of(const struct msg *m)
+{
+	const struct msg_val *v = msg_value(m, "amount_cents");
+
+	return v != NULL ? v->i : 0;
+}
+
 static const char *const header_names[] = {
 	"cloudEvents:specversion", "cloudEvents:id",      "cloudEvents:source",   "cloudEvents:type",
 	"cloudEvents:subject",     "cloudEvents:time",    "cloudEvents:traceparent", "cloudEvents:tracestate",
@@ -163,7 +172,7 @@ static void check_event(const struct msg *m, const char *event)
 	FUZZ_CHECK(strcmp(again.order_id, m->order_id) == 0);
 	FUZZ_CHECK(strcmp(again.type_name, m->type_name) == 0 && again.type == m->type);
 	FUZZ_CHECK(strcmp(again.occurred_at, m->occurred_at) == 0);
-	FUZZ_CHECK(again.has_amount == m->has_amount && again.amount_cents == m->amount_cents);
+	FUZZ_CHECK(amount_of(&again) == amount_of(m));
 	FUZZ_CHECK(memcmp(again.sha256, m->sha256, 32) == 0);
 	json_decref(root);
 }

@@ -86,6 +86,15 @@ static void expect_reason(const struct cfg *c, const char *body, const char *ct,
 	free(event);
 }
 
+/* data.amount_cents as the order definition keeps it (PaymentAuthorized's
+ * sets), 0 when the message does not carry it. */
+static int64_t amount_of(const struct msg *m)
+{
+	const struct msg_val *v = msg_value(m, "amount_cents");
+
+	return v != NULL ? v->i : 0;
+}
+
 Test(envelope, cloudevents_structured_maps_to_our_event)
 {
 	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, CE_MAP, NULL);
@@ -99,7 +108,7 @@ Test(envelope, cloudevents_structured_maps_to_our_event)
 	cr_expect_eq(m.type, MSG_PAYMENT_AUTHORIZED);
 	cr_expect_str_eq(m.order_id, "o-1");
 	cr_expect_str_eq(m.occurred_at, "2026-11-29T18:00:00Z");
-	cr_expect(m.has_amount && m.amount_cents == 4200);
+	cr_expect(amount_of(&m) == 4200);
 	cr_assert_not_null(event);
 	/* The canonical event: what a held one keeps, and what is hashed. */
 	cr_expect_str_eq(event, "{\"data\":{\"amount_cents\":4200},\"message_id\":\"A234-1234-1234\",\"occurred_at\":"
@@ -171,7 +180,7 @@ Test(envelope, masstransit_maps_to_our_event)
 	cr_expect_str_eq(m.source, "broker/sales/payments_service");
 	cr_expect_eq(m.type, MSG_PAYMENT_AUTHORIZED);
 	cr_expect_str_eq(m.order_id, "o-7");
-	cr_expect_eq(m.amount_cents, 99);
+	cr_expect_eq(amount_of(&m), 99);
 	cr_expect_str_eq(m.occurred_at, "2026-12-01T10:00:00.1234567Z");
 	/* the envelope's correlationId wins over the AMQP property */
 	cr_expect_str_eq(ctx.correlation_id, "c0ffee00-0000-4000-8000-000000000001");

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lifecycle.h"
+#include "msg.h"
 #include "order.h"
 
 struct cell {
@@ -48,25 +49,25 @@ static const struct cell today_table[] = {
 	{ ORDER_NONE, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
 	{ ORDER_NONE, 3u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
 	{ ORDER_CREATED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 0u, 0u },
-	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
 	{ ORDER_CREATED, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
 	{ ORDER_CREATED, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
 	{ ORDER_CREATED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CREATED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 4u },
+	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
 	{ ORDER_CREATED, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
 	{ ORDER_CREATED, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_CREATED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
 	{ ORDER_CREATED, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
 	{ ORDER_CREATED, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_CREATED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 4u },
+	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
 	{ ORDER_CREATED, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
 	{ ORDER_CREATED, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_PAID, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
 	{ ORDER_PAID, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
 	{ ORDER_PAID, 0u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
@@ -76,17 +77,17 @@ static const struct cell today_table[] = {
 	{ ORDER_PAID, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
 	{ ORDER_PAID, 1u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_PAID, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 1u, 0u },
-	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_PAID, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_PAID, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_PAID, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_PAID, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_RESERVED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
 	{ ORDER_RESERVED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
 	{ ORDER_RESERVED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
@@ -96,17 +97,17 @@ static const struct cell today_table[] = {
 	{ ORDER_RESERVED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
 	{ ORDER_RESERVED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
 	{ ORDER_RESERVED, 1u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 1u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
 	{ ORDER_RESERVED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
 	{ ORDER_RESERVED, 2u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_RESERVED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
 	{ ORDER_RESERVED, 3u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
 	{ ORDER_SHIPPED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
 	{ ORDER_SHIPPED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
 	{ ORDER_SHIPPED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
@@ -128,17 +129,17 @@ static const struct cell today_table[] = {
 	{ ORDER_SHIPPED, 3u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
 	{ ORDER_SHIPPED, 3u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 3u, 0u },
 	{ ORDER_CANCELLED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 5u },
-	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 2u },
+	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 3u },
+	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 4u },
 	{ ORDER_CANCELLED, 0u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CANCELLED, 0u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 2u },
+	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 4u },
 	{ ORDER_CANCELLED, 1u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 1u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 5u },
+	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 3u },
 	{ ORDER_CANCELLED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 2u, 0u },
 	{ ORDER_CANCELLED, 2u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
@@ -190,7 +191,7 @@ static struct lc_def *load_builtin(void)
  * states, events, marks and emits bound by name, not by position. */
 Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
 {
-	static const char *const emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+	static const char *const emit_names[] = { "OrderPaid", "RefundRequested", "InventoryReleaseRequested" }; /* ORDER_EMIT_* bit order */
 	static const char *const mark_events[] = { "PaymentAuthorized", "InventoryReserved" };
 	struct lc_def *d = load_builtin();
 	int wrong = 0;
@@ -386,7 +387,9 @@ Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
 	free(text2);
 }
 
-static void expect_refused(const char *from, const char *to, const char *want)
+/* What used to need another schema binds now (issue 27): another table,
+ * other columns, another emitted type, another event to remember. */
+static void expect_bound(const char *from, const char *to)
 {
 	char *text = builtin_with(from, to);
 	struct lc_errors errs;
@@ -394,24 +397,18 @@ static void expect_refused(const char *from, const char *to, const char *want)
 	struct order_binding b;
 	char why[512] = "";
 
-	if (d == NULL)
-		lc_errors_print(&errs, "test", stderr);
 	cr_assert_not_null(d, "%s loads", to);
-	cr_expect_eq(order_bind(d, &b, why, sizeof why), -1, "%s is refused", to);
-	cr_expect(strstr(why, want) != NULL, "'%s' says '%s'", why, want);
+	cr_expect_eq(order_bind(d, &b, why, sizeof why), 0, "%s binds: %s", to, why);
 	lc_free(d);
 	free(text);
 }
 
-Test(lifecycle, a_definition_needing_another_schema_is_refused_with_why)
+Test(lifecycle, a_definition_of_another_schema_binds)
 {
-	expect_refused("\"table\": \"orders\"", "\"table\": \"shipments\"", "needs a schema change");
-	expect_refused("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"",
-	               "what PaymentAuthorized sets needs a schema change");
-	expect_refused("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]",
-	               "emitting StockReturned needs a code change");
-	expect_refused("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}",
-	               "remembering whether ShipmentCreated took effect needs a schema change");
+	expect_bound("\"table\": \"orders\"", "\"table\": \"shipments\"");
+	expect_bound("\"paid_at\": { \"from\": \"applied_at\"", "\"paid_at\": { \"from\": \"occurred_at\"");
+	expect_bound("\"compensate\": [\"InventoryReleaseRequested\"]", "\"compensate\": [\"StockReturned\"]");
+	expect_bound("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": {\"compensate\": [\"OrderPaid\"]}");
 }
 
 /* ---- the example: lifecycles/shipment.json -------------------------------- */
@@ -578,4 +575,94 @@ Test(lifecycle, order_dependent_definitions_are_refused_with_the_two_orders)
 		cr_expect_str_eq(chk.why, bad[i].why);
 		lc_free(d);
 	}
+}
+
+/* ---- the parser run by the shipment definition (issue 27) ----------------- */
+
+static enum msg_reason parse_text(const char *body, struct msg *m)
+{
+	return msg_parse(body, strlen(body), 65536, NULL, m);
+}
+
+static const char *text_of(const struct msg *m, const char *column)
+{
+	const struct msg_val *v = msg_value(m, column);
+
+	return v != NULL ? m->text + v->off : NULL;
+}
+
+Test(lifecycle, the_parser_reads_a_shipment_message_by_the_bound_definition)
+{
+	struct lc_def *d = load_source_file("lifecycles/shipment.json");
+	struct order_binding b;
+	char why[512] = "";
+	struct msg m;
+
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	order_use(&b);
+
+	cr_assert_eq(parse_text("{\"message_id\":\"m-1\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s-1\","
+	                        "\"occurred_at\":\"2026-01-01T00:30:00.25+01:00\",\"data\":{\"tracking_number\":\"Ünï-1\"}}",
+	                        &m),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.type, lc_event_find(d, "ShipmentLabelled"));
+	cr_expect_str_eq(m.order_id, "s-1");
+	cr_expect_str_eq(text_of(&m, "tracking_number"), "Ünï-1");
+	cr_expect_str_eq(text_of(&m, "labelled_at"), "2025-12-31 23:30:00.250000", "occurred_at in UTC");
+	cr_expect_eq(parse_text("{\"message_id\":\"m-2\",\"type\":\"PickedUp\",\"shipment_id\":\"s-1\"}", &m),
+	             MSG_REASON_NONE, "the alias: %s", m.detail);
+	cr_expect_eq(m.type, lc_event_find(d, "ParcelPickedUp"));
+	cr_expect_str_eq(m.type_name, "PickedUp");
+	cr_expect_null(msg_value(&m, "picked_up_at"), "no occurred_at: the column is left as it is");
+
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_str_eq(m.detail, "data.tracking_number is missing (ShipmentLabelled needs it)");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s\","
+	                        "\"data\":{\"tracking_number\":7}}", &m),
+	             MSG_REASON_INVALID_FIELD);
+	cr_expect_str_eq(m.detail, "data.tracking_number must be a string of at most 64 characters");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ParcelLost\",\"shipment_id\":\"s\","
+	                        "\"data\":{\"tracking_number\":7}}", &m),
+	             MSG_REASON_INVALID_FIELD, "a field the definition reads means one thing on every message");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"ParcelLost\",\"order_id\":\"s\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_str_eq(m.detail, "shipment_id (the shipment id) is missing");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"shipment_id\":\"s\"}", &m),
+	             MSG_REASON_UNKNOWN_TYPE);
+
+	order_use(NULL);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_NONE, "the built-in definition again: %s", m.detail);
+	lc_free(d);
+}
+
+Test(lifecycle, integer_bounds_are_the_definitions_and_said_as_declared)
+{
+	char *text = builtin_with("\"min\": 0, \"required\": false", "\"min\": 1, \"max\": 99, \"required\": true");
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	struct order_binding b;
+	char why[512] = "";
+	struct msg m;
+
+	cr_assert_not_null(d);
+	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	order_use(&b);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\","
+	                        "\"data\":{\"amount_cents\":100}}", &m),
+	             MSG_REASON_INVALID_FIELD);
+	cr_expect_str_eq(m.detail, "data.amount_cents must be an integer in 1..99");
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_MISSING_FIELD);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", &m),
+	             MSG_REASON_NONE, "required by PaymentAuthorized only: %s", m.detail);
+	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\","
+	                        "\"data\":{\"amount_cents\":42}}", &m),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(msg_value(&m, "amount_cents")->i, 42);
+	cr_expect_not_null(msg_value(&m, "paid_at"), "applied_at: always given");
+	order_use(NULL);
+	lc_free(d);
+	free(text);
 }

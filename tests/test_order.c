@@ -238,8 +238,9 @@ static void sim_record(struct sim *s, enum msg_type ev, struct order_verdict v)
 		s->flags = v.flags;
 		s->version++;
 		s->effects[ev]++;
-		for (int b = 0; b < 3; b++)
-			s->emits[b] += (v.emits >> b) & 1u;
+		s->emits[0] += (v.emits & ORDER_EMIT_REFUND) != 0;
+		s->emits[1] += (v.emits & ORDER_EMIT_RELEASE) != 0;
+		s->emits[2] += (v.emits & ORDER_EMIT_PAID) != 0;
 		break;
 	case ORDER_IGNORE:
 		s->ignored++;

@@ -96,7 +96,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	if (order_bind(d, &b, why, sizeof why) == 0)
 		fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);
 	else
-		fprintf(out, "this worker cannot run it yet: %s\n", why);
+		fprintf(out, "this worker cannot run it: %s\n", why);
 	lc_free(d);
 	return 0;
 }
