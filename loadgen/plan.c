@@ -281,18 +281,25 @@ static void lg_fields(struct lg_plan *p)
  * the ledger always listed them in. */
 static const char *const lg_spec_emits[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
 
-static uint32_t lg_spec_bits_to_def(const struct lc_def *d, unsigned spec)
+/* SPEC's emit bits as the definition's; false when SPEC emits something
+ * the definition never does. */
+static bool lg_spec_bits_to_def(const struct lc_def *d, unsigned spec, uint32_t *out)
 {
-	uint32_t out = 0;
-
+	*out = 0;
 	for (int b = 0; b < 3; b++) {
+		bool found = false;
+
 		if (!(spec & (1u << b)))
 			continue;
 		for (int i = 0; i < d->nemits; i++)
-			if (strcmp(d->emits[i], lg_spec_emits[b]) == 0)
-				out |= 1u << i;
+			if (strcmp(d->emits[i], lg_spec_emits[b]) == 0) {
+				*out |= 1u << i;
+				found = true;
+			}
+		if (!found)
+			return false;
 	}
-	return out;
+	return true;
 }
 
 /* The order definition's routes against SPEC's table, typed in from
@@ -307,6 +314,7 @@ static int lg_spec_check(const struct lg_plan *p, char *err, size_t cap)
 		enum spec_outcome out[LG_ROUTE_MAX];
 		struct spec_fold f;
 		char what[512];
+		uint32_t bits;
 		bool same;
 
 		for (int k = 0; k < r->n; k++) {
@@ -321,7 +329,7 @@ static int lg_spec_check(const struct lg_plan *p, char *err, size_t cap)
 		}
 		same = spec_fold(ev, (size_t)r->n, out, NULL, &f) == 0 &&
 		       strcmp(spec_status_name(f.end.status), d->states[r->end]) == 0 &&
-		       f.version == (int)r->version && lg_spec_bits_to_def(d, f.emits) == r->emits;
+		       f.version == (int)r->version && lg_spec_bits_to_def(d, f.emits, &bits) && bits == r->emits;
 		for (int k = 0; same && k < r->n; k++)
 			same = (out[k] == SPEC_DEAD_LETTERED) == r->dead[k];
 		if (!same) {
@@ -361,6 +369,15 @@ int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t
 	p->invalid = -1;
 	p->is_order = strcmp(def->aggregate, "order") == 0 && strcmp(def->table, "orders") == 0 &&
 	              strcmp(def->key, "order_id") == 0;
+	/* The worker refuses such a definition (lifecycle check): a ledger
+	 * for it would predict what no arrival order promises. */
+	{
+		struct lc_check chk;
+		if (!lc_check_order_independence(def, &chk)) {
+			snprintf(err, cap, "the definition is not arrival-order independent: %s", chk.why);
+			return -1;
+		}
+	}
 	if (def->npath < 1) {
 		snprintf(err, cap, "the definition has no main path");
 		return -1;
