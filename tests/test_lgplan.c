@@ -11,13 +11,18 @@
  *     data.tracking_number as the file bounds it; a conflict changes the
  *     payload and its hash;
  *   - the order definition plans the five paths the load generator always
- *     had, and one that disagrees with SPEC's table is refused.
+ *     had, and one that disagrees with SPEC's table is refused;
+ *   - through the binary (no broker: the ledger is written first):
+ *     publish --lifecycle lifecycles/order.json writes the built-in
+ *     lifecycle's ledger, and verify refuses a ledger of another lifecycle.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "lifecycle.h"
 #include "plan.h"
@@ -355,4 +360,117 @@ Test(lgplan, order_dependent_definition_refused)
 	cr_assert_eq(lg_plan_build(&p, d, err, sizeof err), -1);
 	cr_assert(strstr(err, "not arrival-order independent") != NULL, "%s", err);
 	lc_free(d);
+}
+
+/* Run inbox-loadgen (INBOX_LOADGEN_BIN) with args, no INBOX_LIFECYCLE in
+ * its environment, output to log; its exit code. */
+static int loadgen(const char *const *args, const char *log)
+{
+	const char *bin = getenv("INBOX_LOADGEN_BIN");
+	char *argv[40];
+	int n = 0, st;
+	pid_t pid;
+
+	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is set by meson");
+	argv[n++] = (char *)bin;
+	for (int i = 0; args[i] != NULL && n < 39; i++)
+		argv[n++] = (char *)args[i];
+	argv[n] = NULL;
+	pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		FILE *f = freopen(log, "w", stdout);
+		if (f == NULL || dup2(fileno(stdout), 2) < 0 || unsetenv("INBOX_LIFECYCLE") != 0)
+			_exit(127);
+		execv(bin, argv);
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit (status %d)", st);
+	return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf;
+	long n;
+
+	cr_assert_not_null(f, "cannot read %s", path);
+	cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+	n = ftell(f);
+	cr_assert_geq(n, 0);
+	rewind(f);
+	buf = calloc((size_t)n + 1, 1);
+	cr_assert_not_null(buf);
+	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	return buf;
+}
+
+static void tmp_path(char *buf, size_t cap, const char *name)
+{
+	snprintf(buf, cap, "%s/inbox-lgplan-%s-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name, (int)getpid());
+}
+
+/* The ledger is written before publish connects, so a broker that is not
+ * there (port 1) still leaves it; publish then fails (exit 1). */
+#define NO_BROKER "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"
+
+/* publish --lifecycle lifecycles/order.json plans exactly what the
+ * built-in order lifecycle plans: every ledger line alike but the run
+ * line, which names the file. */
+Test(lgplan, order_file_ledger_is_the_builtin_ledger)
+{
+	char file[1024], a[300], b[300], loga[320], logb[320];
+	const char *pa[] = { "publish", "--ledger", a, "--run", "same", "--seed", "11", "--orders", "300", "--malformed",
+	                     "18", "--conflicts", "9", "--invalid-share", "0.05", NO_BROKER, NULL };
+	const char *pb[] = { "publish", "--lifecycle", file, "--ledger", b, "--run", "same", "--seed", "11", "--orders",
+	                     "300", "--malformed", "18", "--conflicts", "9", "--invalid-share", "0.05", NO_BROKER, NULL };
+	char *ta, *tb, *ra, *rb;
+
+	snprintf(file, sizeof file, "%s/lifecycles/order.json", getenv("INBOX_SOURCE_ROOT"));
+	tmp_path(a, sizeof a, "builtin.jsonl");
+	tmp_path(b, sizeof b, "file.jsonl");
+	snprintf(loga, sizeof loga, "%s.log", a);
+	snprintf(logb, sizeof logb, "%s.log", b);
+	cr_assert_eq(loadgen(pa, loga), 1, "publish without a broker fails after the ledger, see %s", loga);
+	cr_assert_eq(loadgen(pb, logb), 1, "publish without a broker fails after the ledger, see %s", logb);
+	ta = slurp(a);
+	tb = slurp(b);
+	ra = strchr(ta, '\n');
+	rb = strchr(tb, '\n');
+	cr_assert(ra != NULL && rb != NULL);
+	cr_assert(strstr(ta, "\"lifecycle\"") == NULL || strstr(ta, "\"lifecycle\"") > ra,
+	          "the built-in ledger's run line is as it always was");
+	cr_assert(strstr(tb, "\"aggregate\":\"order\"") != NULL && strstr(tb, "\"aggregate\":\"order\"") < rb);
+	cr_assert_str_eq(ra, rb, "the order lines and msg lines are the same");
+	free(ta);
+	free(tb);
+}
+
+/* A shipment ledger verified as orders (no --lifecycle), or as another
+ * lifecycle, is refused before anything is read, naming the one to give. */
+Test(lgplan, verify_refuses_a_ledger_of_another_lifecycle)
+{
+	char ship[1024], order[1024], ledger[300], log[320];
+	const char *pub[] = { "publish", "--lifecycle", ship, "--ledger", ledger, "--orders", "20", NO_BROKER, NULL };
+	const char *v_none[] = { "verify", "--ledger", ledger, "--timeout", "1", NO_BROKER, NULL };
+	const char *v_order[] = { "verify", "--lifecycle", order, "--ledger", ledger, "--timeout", "1", NO_BROKER, NULL };
+	char *text;
+
+	snprintf(ship, sizeof ship, "%s/lifecycles/shipment.json", getenv("INBOX_SOURCE_ROOT"));
+	snprintf(order, sizeof order, "%s/lifecycles/order.json", getenv("INBOX_SOURCE_ROOT"));
+	tmp_path(ledger, sizeof ledger, "ship.jsonl");
+	snprintf(log, sizeof log, "%s.log", ledger);
+	cr_assert_eq(loadgen(pub, log), 1, "see %s", log);
+	cr_assert_eq(loadgen(v_none, log), 1, "see %s", log);
+	text = slurp(log);
+	cr_assert(strstr(text, "published for the shipment lifecycle") != NULL && strstr(text, "--lifecycle") != NULL,
+	          "%s", text);
+	free(text);
+	cr_assert_eq(loadgen(v_order, log), 1, "see %s", log);
+	text = slurp(log);
+	cr_assert(strstr(text, "published for the shipment lifecycle") != NULL, "%s", text);
+	free(text);
 }
