@@ -262,17 +262,31 @@ static void lg_fields(struct lg_plan *p)
 {
 	const struct lc_def *d = p->def;
 
+	p->required_ev = p->required_field = p->data_ev = p->data_field = -1;
 	for (int e = 0; e < d->nevents; e++) {
 		for (int k = 0; k < d->events[e].nsets; k++) {
 			const struct lc_set *s = &d->events[e].sets[k];
-			bool have = false;
+			int have = -1;
 
 			if (s->src != LC_SRC_DATA)
 				continue;
 			for (int f = 0; f < p->nfields; f++)
-				have = have || strcmp(p->fields[f].set->field, s->field) == 0;
-			if (!have && p->nfields < LG_FIELDS_MAX)
+				if (strcmp(p->fields[f].set->field, s->field) == 0)
+					have = f;
+			if (have < 0 && p->nfields < LG_FIELDS_MAX) {
+				have = p->nfields;
 				p->fields[p->nfields++].set = s;
+			}
+			if (have < 0)
+				continue;
+			if (p->data_ev < 0) {
+				p->data_ev = e;
+				p->data_field = have;
+			}
+			if (s->required && p->required_ev < 0) {
+				p->required_ev = e;
+				p->required_field = have;
+			}
 		}
 	}
 }

@@ -72,6 +72,11 @@ struct lg_plan {
 	struct lg_field fields[LG_FIELDS_MAX];
 	int nfields;
 	int emit_order[LC_MAX_EMITS]; /* the order the ledger lists emits in */
+	/* For the malformed data classes: an event that requires a data field
+	 * (and that field's index in fields), an event that reads one; -1 when
+	 * none does. */
+	int required_ev, required_field;
+	int data_ev, data_field;
 	int max_len;           /* events of the longest route */
 };
 

@@ -46,6 +46,8 @@ static const char *const lg_bad_names[] = {
 	[LG_BAD_UNKNOWN_TYPE] = "unknown-type",
 	[LG_BAD_TOO_LARGE] = "too-large",
 	[LG_BAD_BINARY_HEADER] = "binary-header",
+	[LG_BAD_MISSING_DATA] = "missing-data-field",
+	[LG_BAD_INVALID_DATA] = "invalid-data-field",
 };
 _Static_assert(ARRAY_LEN(lg_bad_names) == LG_BAD_COUNT, "one name per enum lg_bad");
 
@@ -60,6 +62,8 @@ static const enum msg_reason lg_bad_reason[] = {
 	[LG_BAD_UNKNOWN_TYPE] = MSG_REASON_UNKNOWN_TYPE,
 	[LG_BAD_TOO_LARGE] = MSG_REASON_TOO_LARGE,
 	[LG_BAD_BINARY_HEADER] = MSG_REASON_MALFORMED_JSON,
+	[LG_BAD_MISSING_DATA] = MSG_REASON_MISSING_FIELD,
+	[LG_BAD_INVALID_DATA] = MSG_REASON_INVALID_FIELD,
 };
 _Static_assert(ARRAY_LEN(lg_bad_reason) == LG_BAD_COUNT, "one reason per enum lg_bad");
 
@@ -361,16 +365,30 @@ static int lg_build_order(struct lg_scenario *s, size_t i, struct lg_rng *r)
 }
 
 /* Malformed messages, an even spread over the classes, after the valid
- * originals. */
+ * originals: SPEC's eight for the order lifecycle (its ledger stays as it
+ * was), and for another lifecycle the data classes its events allow.  A
+ * malformed message is of the creating event, a data class of the event
+ * that reads (requires) the field. */
 static int lg_build_malformed(struct lg_scenario *s)
 {
+	enum lg_bad classes[LG_BAD_COUNT];
+	int nclasses = 0;
+
+	for (int c = 1; c <= LG_BAD_BINARY_HEADER; c++)
+		classes[nclasses++] = (enum lg_bad)c;
+	if (!s->plan.is_order && s->plan.required_ev >= 0)
+		classes[nclasses++] = LG_BAD_MISSING_DATA;
+	if (!s->plan.is_order && s->plan.data_ev >= 0)
+		classes[nclasses++] = LG_BAD_INVALID_DATA;
 	for (long i = 0; i < s->opts.malformed; i++) {
 		struct lg_msg *m = &s->msgs[s->nmsgs];
 		snprintf(m->id, sizeof m->id, "%s-bad-%ld", s->prefix, i);
 		m->order = -1;
-		m->ev = s->plan.routes[0].ev[0];
+		m->bad = classes[i % nclasses];
+		m->ev = m->bad == LG_BAD_MISSING_DATA   ? s->plan.required_ev
+		        : m->bad == LG_BAD_INVALID_DATA ? s->plan.data_ev
+		                                        : s->plan.routes[0].ev[0];
 		m->source = lg_plan_source(&s->plan, m->ev);
-		m->bad = (enum lg_bad)(1 + i % (LG_BAD_COUNT - 1));
 		m->expect = LG_EXPECT_DEAD;
 		m->reason = lg_bad_reason[m->bad];
 		m->nominal = "dead_lettered";
@@ -672,7 +690,13 @@ static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, co
 		bool change = conflict && f == 0;
 		json_t *v = NULL;
 
-		if (set->type == LC_TYPE_INTEGER) {
+		if (m->bad == LG_BAD_MISSING_DATA && f == s->plan.required_field)
+			continue;
+		if (m->bad == LG_BAD_INVALID_DATA && f == s->plan.data_field) {
+			/* the wrong JSON type for the field: a number for a string or
+			 * a datetime, a string for an integer */
+			v = set->type == LC_TYPE_INTEGER ? json_string("not a number") : json_integer(12345);
+		} else if (set->type == LC_TYPE_INTEGER) {
 			int64_t x = m->order >= 0 ? s->orders[m->order].data[f] : 4200;
 			if (x < set->min || x > set->max)
 				x = set->min;

@@ -59,6 +59,10 @@ enum lg_bad {
 	LG_BAD_UNKNOWN_TYPE,
 	LG_BAD_TOO_LARGE,
 	LG_BAD_BINARY_HEADER, /* not JSON, with a header whose value is a byte array that is not UTF-8 */
+	/* Lifecycles other than the order's (whose classes stay SPEC's eight),
+	 * when their events read data fields: */
+	LG_BAD_MISSING_DATA,  /* a required data field left out: missing-field */
+	LG_BAD_INVALID_DATA,  /* a data field of the wrong JSON type: invalid-field */
 	LG_BAD_COUNT
 };
 

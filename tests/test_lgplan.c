@@ -220,10 +220,14 @@ Test(lgplan, shipment_scenario_messages_follow_the_definition)
 		          "%s: data.tracking_number a string of 1..64", m->id);
 		json_decref(b);
 	}
-	/* Malformed: missing-key has no shipment_id, the rest name it. */
+	/* Malformed: missing-key has no shipment_id, the rest name it; the two
+	 * data classes of a lifecycle whose events read data: ShipmentLabelled
+	 * without its required tracking_number (missing-field), and with a
+	 * number for it (invalid-field). */
+	int data_classes = 0;
 	for (size_t i = s.originals; i < s.nmsgs; i++) {
 		const struct lg_msg *m = &s.msgs[i];
-		json_t *b;
+		json_t *b, *tn;
 
 		if (m->bad == LG_BAD_BINARY_HEADER || m->bad == LG_BAD_UTF8 || m->bad == LG_BAD_JSON ||
 		    m->bad == LG_BAD_TOO_LARGE)
@@ -232,8 +236,19 @@ Test(lgplan, shipment_scenario_messages_follow_the_definition)
 		cr_assert_not_null(b);
 		cr_assert_eq(json_object_get(b, "shipment_id") == NULL, m->bad == LG_BAD_MISSING, "%s (%d)", m->id, m->bad);
 		cr_assert_null(json_object_get(b, "order_id"));
+		tn = json_object_get(json_object_get(b, "data"), "tracking_number");
+		if (m->bad == LG_BAD_MISSING_DATA || m->bad == LG_BAD_INVALID_DATA) {
+			data_classes |= m->bad == LG_BAD_MISSING_DATA ? 1 : 2;
+			cr_assert_str_eq(json_string_value(json_object_get(b, "type")), "ShipmentLabelled");
+			cr_assert_eq(m->reason, m->bad == LG_BAD_MISSING_DATA ? MSG_REASON_MISSING_FIELD : MSG_REASON_INVALID_FIELD);
+			if (m->bad == LG_BAD_MISSING_DATA)
+				cr_assert_null(tn, "%s: no tracking_number", m->id);
+			else
+				cr_assert(json_is_integer(tn), "%s: tracking_number not a string", m->id);
+		}
 		json_decref(b);
 	}
+	cr_assert_eq(data_classes, 3, "both data classes are published");
 	lg_scenario_free(&s);
 	lc_free(d);
 }
