@@ -111,13 +111,15 @@ static const struct args_opt lg_opt_table[] = {
 	{ "--seed", P, ARGS_U64, 0, INT64_MAX, A(sc.seed), 0, "N", "scenario seed" },
 	{ "--run", P, ARGS_TAG, 0, 16, A(sc.run), 0, "TAG",
 	  "run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)" },
-	{ "--orders", P, ARGS_LONG, 0, 10000000, A(sc.orders), 0, "N", "orders" },
+	{ "--orders", P, ARGS_LONG, 0, 10000000, A(sc.orders), 0, "N", "orders (with --lifecycle: aggregates)" },
 	{ "--messages", P, ARGS_LONG, 1, 40000000, A(messages), 0, "N",
 	  "instead of --orders: about N published messages" },
 	{ "--cancel-share", P, ARGS_SHARE, 0, 0, A(sc.cancel_share), 0, "F",
-	  "share of orders cancelled, split over the 3 cancel paths" },
+	  "share of orders cancelled, split over the 3 cancel paths (with --lifecycle: of aggregates ending in a "
+	  "terminal branch off the main path, split over the branches)" },
 	{ "--invalid-share", P, ARGS_SHARE, 0, 0, A(sc.invalid_share), 0, "F",
-	  "share of cancelled orders that also get a ShipmentCreated" },
+	  "share of cancelled orders that also get a ShipmentCreated (with --lifecycle: of aggregates on the "
+	  "invalid route, a branch plus an event invalid after it)" },
 	{ "--dup-rate", P, ARGS_SHARE, 0, 0, A(sc.dup_rate), 0, "F", "share of events published more than once" },
 	{ "--concurrent-dups", P, ARGS_SHARE, 0, 0, A(sc.concurrent_dups), 0, "F",
 	  "of those, share sent at the same moment from several connections" },
