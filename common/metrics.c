@@ -58,6 +58,10 @@ static struct {
 	atomic_bool ready[METRICS_MAX_THREADS];
 	atomic_int shards;
 	atomic_uint_fast64_t shard_mask[METRICS_MAX_THREADS]; /* shards a thread consumes */
+	/* The lifecycle this process runs (metrics_set_lifecycle): written
+	 * before lifecycle_set is published, read only after it. */
+	char lifecycle[3][METRICS_NAME_MAX + 1];
+	atomic_bool lifecycle_set;
 } metrics;
 
 static const char *const metrics_outcome_names[] = {
@@ -433,6 +437,35 @@ static void metrics_histogram(struct metrics_buf *b)
 	            (double)atomic_load(&metrics.hist_sum_us) / 1e6, (unsigned long long)cum);
 }
 
+/* A lifecycle name as a label value: [a-z0-9_] only (lc_load allows no
+ * more), so it needs no escaping. */
+static bool metrics_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > METRICS_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+			return false;
+	return true;
+}
+
+int metrics_set_lifecycle(const char *aggregate, const char *table, const char *key)
+{
+	const char *v[3] = { aggregate, table, key };
+
+	if (atomic_load(&metrics.lifecycle_set))
+		return -1;
+	for (int i = 0; i < 3; i++)
+		if (v[i] == NULL || !metrics_name_ok(v[i]))
+			return -1;
+	for (int i = 0; i < 3; i++)
+		snprintf(metrics.lifecycle[i], sizeof metrics.lifecycle[i], "%s", v[i]);
+	atomic_store_explicit(&metrics.lifecycle_set, true, memory_order_release);
+	return 0;
+}
+
 int metrics_render(char *buf, size_t cap)
 {
 	struct metrics_buf b = { .p = buf, .cap = cap };
@@ -441,6 +474,12 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_build_info gauge\n"
 	                "inbox_build_info{version=\"%s\"} 1\n",
 	            INBOX_VERSION);
+	if (atomic_load_explicit(&metrics.lifecycle_set, memory_order_acquire))
+		metrics_put(&b, "# HELP inbox_lifecycle_info The lifecycle this process runs (INBOX_LIFECYCLE): its"
+		                " aggregate, table and key field; every other series of the process is of it.\n"
+		                "# TYPE inbox_lifecycle_info gauge\n"
+		                "inbox_lifecycle_info{aggregate=\"%s\",table=\"%s\",key=\"%s\"} 1\n",
+		            metrics.lifecycle[0], metrics.lifecycle[1], metrics.lifecycle[2]);
 	metrics_outcomes(&b);
 	metrics_put(&b, "# HELP inbox_held_total Events held on arrival to wait for their prerequisite (each is"
 	                " counted again in inbox_messages_total once settled).\n"

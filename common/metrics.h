@@ -83,6 +83,19 @@ bool metrics_readiness(char *why, size_t cap);
 void metrics_redelivered(void);
 uint64_t metrics_redelivered_count(void);
 
+/* The lifecycle this process runs, for inbox_lifecycle_info{aggregate,
+ * table,key} (absent until set).  Once, before the threads start; names as
+ * lc_load allows them ([a-z][a-z0-9_]*, up to METRICS_NAME_MAX).  Why an
+ * info series and not an `aggregate` label on every series: one process
+ * runs one lifecycle, so the label would be constant per process, and
+ * adding it to inbox_messages_total and the rest would change the identity
+ * of the series SPEC.md names (a new label set is a new series: rates,
+ * alerts and dashboards across the upgrade would break).  Join it where
+ * the aggregate matters: `... * on(instance) group_left(aggregate)
+ * inbox_lifecycle_info`.  0, or -1 (a bad name, or set already). */
+#define METRICS_NAME_MAX 64
+int metrics_set_lifecycle(const char *aggregate, const char *table, const char *key);
+
 uint64_t metrics_outcome_count(enum metrics_outcome o);
 const char *metrics_outcome_name(enum metrics_outcome o);
 uint64_t metrics_dead_letter_count(enum msg_reason r);

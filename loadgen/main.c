@@ -2,8 +2,8 @@
  * main.c - inbox-loadgen: the duplicate-injection publisher and the
  * verifier that proves every effect happened exactly once.
  *
- *   inbox-loadgen publish --ledger FILE [scenario options] [connection options]
- *   inbox-loadgen verify  --ledger FILE [--timeout S] [connection options]
+ *   inbox-loadgen publish --ledger FILE [--lifecycle FILE] [scenario options] [connection options]
+ *   inbox-loadgen verify  --ledger FILE [--lifecycle FILE] [--timeout S] [connection options]
  *   inbox-loadgen dlq unbind|bind [connection options]
  *
  *   inbox-loadgen send ROUTING_KEY BODY [--message-id ID] [connection options]
@@ -14,6 +14,9 @@
  * goes to cfg_load, so the worker's environment (INBOX_AMQP_URL,
  * INBOX_DB_URL, INBOX_QUEUE, ...) and flags (--amqp-url, ...) mean the same
  * here.
+ * --lifecycle FILE (or INBOX_LIFECYCLE) plans and verifies the aggregates
+ * of that lifecycle definition instead of the built-in order lifecycle,
+ * which is itself a definition (lc_builtin_order) read the same way.
  * Exit codes follow SPEC.md: 2 for a usage or configuration error (one line
  * naming the setting), 1 for a runtime failure — and for verify, 1 when
  * anything is missing, doubled, wrong or unexpected.
@@ -29,6 +32,7 @@
 #include "args.h"
 #include "cfg.h"
 #include "db.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "mq.h"
 #include "msg.h"
@@ -46,7 +50,7 @@
 static const char *const lg_settings_used[] = {
 	"INBOX_AMQP_URL", "INBOX_DB_URL", "INBOX_CONSUMER", "INBOX_QUEUE", "INBOX_EXCHANGE", "INBOX_DLX",
 	"INBOX_DLQ", "INBOX_DLQ_TYPE", "INBOX_OUT_EXCHANGE", "INBOX_MAX_BODY", "INBOX_DELIVERY_LIMIT", "INBOX_ORDERING",
-	"INBOX_SHARDS", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
+	"INBOX_SHARDS", "INBOX_LIFECYCLE", "INBOX_LOG_FORMAT", "INBOX_LOG_LEVEL", NULL,
 };
 
 /* cfg_print_help's and cfg_print_doc's filter: a variable name of
@@ -65,6 +69,7 @@ struct lg_args {
 	struct lg_publish_opts po;
 	struct lg_verify_opts vo;
 	const char *message_id; /* send */
+	const char *lifecycle;  /* publish, verify: --lifecycle FILE */
 	const char *pos[2];     /* the words after the command: dlq unbind|bind; send ROUTING_KEY BODY */
 };
 
@@ -96,6 +101,9 @@ _Static_assert(sizeof ((struct lg_opts *)NULL)->run > 16, "--run holds 16 charac
 static const struct args_opt lg_opt_table[] = {
 	{ "--ledger", P | V, ARGS_STR, 0, 0, A(po.ledger), 0, "FILE",
 	  "the ledger: publish writes the expected outcomes there (JSON lines), verify reads them" },
+	{ "--lifecycle", P | V, ARGS_STR, 0, 0, A(lifecycle), 0, "FILE",
+	  "the lifecycle definition to plan (publish) and verify against, as the worker's INBOX_LIFECYCLE "
+	  "(default: INBOX_LIFECYCLE, else the built-in order lifecycle)" },
 	{ "--timeout", V, ARGS_DUR_INT, 1, 86400, A(vo.timeout_s), 0, "D", "wait at most D for the worker to go idle" },
 	{ "--list", V, ARGS_INT, 1, 100000, A(vo.list_max), 0, "N", "ids listed per problem kind" },
 	{ "--json", V, ARGS_FLAG, 0, 0, A(vo.json), 0, NULL,
@@ -103,13 +111,15 @@ static const struct args_opt lg_opt_table[] = {
 	{ "--seed", P, ARGS_U64, 0, INT64_MAX, A(sc.seed), 0, "N", "scenario seed" },
 	{ "--run", P, ARGS_TAG, 0, 16, A(sc.run), 0, "TAG",
 	  "run tag in every id, [A-Za-z0-9] up to 16 (default: from the clock)" },
-	{ "--orders", P, ARGS_LONG, 0, 10000000, A(sc.orders), 0, "N", "orders" },
+	{ "--orders", P, ARGS_LONG, 0, 10000000, A(sc.orders), 0, "N", "orders (with --lifecycle: aggregates)" },
 	{ "--messages", P, ARGS_LONG, 1, 40000000, A(messages), 0, "N",
 	  "instead of --orders: about N published messages" },
 	{ "--cancel-share", P, ARGS_SHARE, 0, 0, A(sc.cancel_share), 0, "F",
-	  "share of orders cancelled, split over the 3 cancel paths" },
+	  "share of orders cancelled, split over the 3 cancel paths (with --lifecycle: of aggregates ending in a "
+	  "terminal branch off the main path, split over the branches)" },
 	{ "--invalid-share", P, ARGS_SHARE, 0, 0, A(sc.invalid_share), 0, "F",
-	  "share of cancelled orders that also get a ShipmentCreated" },
+	  "share of cancelled orders that also get a ShipmentCreated (with --lifecycle: of aggregates on the "
+	  "invalid route, a branch plus an event invalid after it)" },
 	{ "--dup-rate", P, ARGS_SHARE, 0, 0, A(sc.dup_rate), 0, "F", "share of events published more than once" },
 	{ "--concurrent-dups", P, ARGS_SHARE, 0, 0, A(sc.concurrent_dups), 0, "F",
 	  "of those, share sent at the same moment from several connections" },
@@ -205,11 +215,35 @@ static int lg_args_check(enum lg_cmd cmd, struct lg_args *a, char *err, size_t e
 	return 0;
 }
 
+/* The definition --lifecycle or INBOX_LIFECYCLE names, else the built-in
+ * order lifecycle; NULL with the errors on stderr.  *path: the file, or
+ * NULL for the built-in one. */
+static struct lc_def *lg_lifecycle(const struct cfg *conf, const struct lg_args *a, const char **path)
+{
+	struct lc_errors errs;
+	struct lc_def *def;
+
+	*path = a->lifecycle != NULL ? a->lifecycle
+	        : conf->lifecycle != NULL && conf->lifecycle[0] != '\0' ? conf->lifecycle
+	                                                                : NULL;
+	memset(&errs, 0, sizeof errs);
+	def = *path != NULL ? lc_load_file(*path, &errs) : lc_load(lc_builtin_order, lc_builtin_order_len, &errs);
+	if (def == NULL) {
+		fprintf(stderr, "inbox-loadgen: the lifecycle definition is not valid:\n");
+		lc_errors_print(&errs, *path != NULL ? *path : "(built-in order lifecycle)", stderr);
+	}
+	return def;
+}
+
 static int lg_publish_main(const struct cfg *conf, struct lg_args *a)
 {
 	struct lg_scenario s;
+	struct lc_def *def = lg_lifecycle(conf, a, &a->sc.lifecycle);
 	int code;
 
+	if (def == NULL)
+		return 2;
+	a->sc.def = def;
 	a->sc.max_body = conf->max_body;
 	if (a->messages > 0) {
 		a->sc.orders = (long)((double)a->messages / lg_messages_per_order(&a->sc) + 0.5);
@@ -218,16 +252,28 @@ static int lg_publish_main(const struct cfg *conf, struct lg_args *a)
 	}
 	if (lg_scenario_build(&s, &a->sc) != 0) {
 		fprintf(stderr, "inbox-loadgen: cannot build the scenario\n");
+		lc_free(def);
 		return 1;
 	}
 	code = lg_publish(conf, &s, &a->po);
 	lg_scenario_free(&s);
+	lc_free(def);
 	return code;
 }
 
 static int lg_verify_main(const struct cfg *conf, struct lg_args *a)
 {
-	return lg_verify(conf, &a->vo);
+	const char *path;
+	struct lc_def *def = lg_lifecycle(conf, a, &path);
+	int code;
+
+	if (def == NULL)
+		return 2;
+	a->vo.def = def;
+	a->vo.lifecycle = path;
+	code = lg_verify(conf, &a->vo);
+	lc_free(def);
+	return code;
 }
 
 /* `dlq unbind|bind`: the chaos run's fault on the DLQ's binding. */

@@ -1,12 +1,14 @@
 /*
  * scenario.c - builds the load scenario from the seed and writes its ledger.
  *
- * Why the expectations are computed and not hard-coded: each order's final
- * state, version and emitted messages come from SPEC's table (spec_oracle.c,
- * typed in from SPEC.md, not the worker's order_decide, so a wrong cell of
- * the worker's table shows up as a mismatch) folded over the
- * canonical sequence, and SPEC.md promises
- * that any arrival order ends there.  The one thing that does depend on
+ * Why the expectations are computed and not hard-coded: each aggregate's
+ * final state, version and emitted messages come from its route (plan.c):
+ * the lifecycle definition folded over the canonical sequence, checked over
+ * every arrival order, and for the order definition held against SPEC's
+ * table (spec_oracle.c, typed in from SPEC.md, not the worker's
+ * order_decide, so a definition that disagrees with SPEC is refused
+ * before anything is published).  SPEC.md promises that any arrival order
+ * ends there.  The one thing that does depend on
  * arrival order is whether an effect is recorded as `applied` or
  * `compensated` (Created, Cancelled, Paid compensates the payment), so the
  * ledger's hard expectation is "one effect", and the outcome it gives for
@@ -23,13 +25,14 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "array.h"
 
-#define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events) */
+#define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events; more for longer routes) */
 #define LG_IMMEDIATE_SPREAD 2000.0 /* key units an immediate copy may trail its original */
 #define LG_EPOCH 1798761600LL /* 2027-01-01T00:00:00Z: occurred_at base */
 
@@ -43,6 +46,8 @@ static const char *const lg_bad_names[] = {
 	[LG_BAD_UNKNOWN_TYPE] = "unknown-type",
 	[LG_BAD_TOO_LARGE] = "too-large",
 	[LG_BAD_BINARY_HEADER] = "binary-header",
+	[LG_BAD_MISSING_DATA] = "missing-data-field",
+	[LG_BAD_INVALID_DATA] = "invalid-data-field",
 };
 _Static_assert(ARRAY_LEN(lg_bad_names) == LG_BAD_COUNT, "one name per enum lg_bad");
 
@@ -57,6 +62,8 @@ static const enum msg_reason lg_bad_reason[] = {
 	[LG_BAD_UNKNOWN_TYPE] = MSG_REASON_UNKNOWN_TYPE,
 	[LG_BAD_TOO_LARGE] = MSG_REASON_TOO_LARGE,
 	[LG_BAD_BINARY_HEADER] = MSG_REASON_MALFORMED_JSON,
+	[LG_BAD_MISSING_DATA] = MSG_REASON_MISSING_FIELD,
+	[LG_BAD_INVALID_DATA] = MSG_REASON_INVALID_FIELD,
 };
 _Static_assert(ARRAY_LEN(lg_bad_reason) == LG_BAD_COUNT, "one reason per enum lg_bad");
 
@@ -83,36 +90,31 @@ static uint32_t lg_below(struct lg_rng *r, uint32_t n)
 	return n == 0 ? 0 : (uint32_t)(lg_next(r) % n);
 }
 
-static const enum msg_type lg_paths[][LG_PATH_MAX] = {
-	[LG_PATH_HAPPY] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED, MSG_SHIPMENT_CREATED },
-	[LG_PATH_CANCEL_NEW] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED },
-	[LG_PATH_CANCEL_PAID] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_ORDER_CANCELLED },
-	[LG_PATH_CANCEL_RESERVED] = { MSG_ORDER_CREATED, MSG_PAYMENT_AUTHORIZED, MSG_INVENTORY_RESERVED,
-	                              MSG_ORDER_CANCELLED },
-	[LG_PATH_INVALID_SHIP] = { MSG_ORDER_CREATED, MSG_ORDER_CANCELLED, MSG_SHIPMENT_CREATED },
-};
-static const unsigned lg_path_len[] = { 4, 2, 3, 4, 3 };
-_Static_assert(ARRAY_LEN(lg_paths) == LG_PATH_COUNT && ARRAY_LEN(lg_path_len) == LG_PATH_COUNT,
-               "one path and one length per enum lg_path");
-
-static const char *lg_source_of(enum msg_type t)
+/* Key space per aggregate per chunk: at least one slot per event. */
+static double lg_slots(const struct lg_scenario *s)
 {
-	switch (t) {
-	case MSG_PAYMENT_AUTHORIZED:
-		return "payments";
-	case MSG_INVENTORY_RESERVED:
-		return "inventory";
-	case MSG_SHIPMENT_CREATED:
-		return "shipping";
-	default:
-		return "orders";
-	}
+	return s->plan.max_len > LG_SLOTS_PER_ORDER ? (double)s->plan.max_len : (double)LG_SLOTS_PER_ORDER;
+}
+
+/* The name a message's type goes under: its alias when it is sent as one. */
+static const char *lg_type_name(const struct lg_scenario *s, const struct lg_msg *m)
+{
+	const struct lc_event *e = &s->plan.def->events[m->ev];
+	return m->alias ? e->aliases[0] : e->type;
 }
 
 double lg_messages_per_order(const struct lg_opts *o)
 {
-	double happy = 1.0 - o->cancel_share - o->invalid_share;
-	double per = happy * 4 + o->cancel_share * (2 + 3 + 4) / 3.0 + o->invalid_share * 3;
+	struct lg_plan p;
+	char err[256];
+	double happy = 1.0 - o->cancel_share - o->invalid_share, branches = 0, per;
+
+	if (o->def == NULL || lg_plan_build(&p, o->def, err, sizeof err) != 0)
+		return 0;
+	for (int b = 1; b <= p.nbranch; b++)
+		branches += p.routes[b].n;
+	per = happy * p.routes[0].n + (p.nbranch > 0 ? o->cancel_share * branches / p.nbranch : 0) +
+	      (p.invalid >= 0 ? o->invalid_share * p.routes[p.invalid].n : 0);
 	return per * (1.0 + o->dup_rate * (1.0 + o->concurrent_dups * 0.5));
 }
 
@@ -180,27 +182,24 @@ static int lg_layout(struct lg_phase *ph, const struct lg_entry *e, size_t n, in
 
 /* The outcome of each event if one worker handled them in this order,
  * holds included: "applied", "held-then-applied", "compensated", ...;
- * SPEC's, from the oracle. */
+ * the definition's (plan.h's fold). */
 static void lg_nominal(struct lg_scenario *s, const uint32_t *seq, unsigned n)
 {
 	static const char *const held_then[] = {
-		[SPEC_APPLIED] = "held-then-applied",
-		[SPEC_HELD] = "held",
-		[SPEC_IGNORED] = "held-then-ignored",
-		[SPEC_COMPENSATED] = "held-then-compensated",
-		[SPEC_DEAD_LETTERED] = "held-then-dead_lettered",
+		[LC_APPLY] = "held-then-applied",
+		[LC_HOLD] = "held",
+		[LC_IGNORE] = "held-then-ignored",
+		[LC_COMPENSATE] = "held-then-compensated",
+		[LC_INVALID] = "held-then-dead_lettered",
 	};
-	enum msg_type ev[LG_PATH_MAX];
-	enum spec_outcome out[LG_PATH_MAX];
-	bool held[LG_PATH_MAX];
-	struct spec_fold f;
+	int ev[LG_ROUTE_MAX];
+	struct lg_fold f;
 
 	for (unsigned i = 0; i < n; i++)
-		ev[i] = s->msgs[seq[i]].type;
-	if (spec_fold(ev, n, out, held, &f) != 0)
-		return; /* informative only; the canonical check below refuses such a path */
+		ev[i] = s->msgs[seq[i]].ev;
+	lg_fold_run(s->plan.def, ev, (int)n, &f);
 	for (unsigned i = 0; i < n; i++)
-		s->msgs[seq[i]].nominal = held[i] ? held_then[out[i]] : spec_outcome_name(out[i]);
+		s->msgs[seq[i]].nominal = f.held[i] ? held_then[f.out[i]] : lc_decision_outcome(f.out[i]);
 }
 
 /* Parse the original body of message idx as the worker would (props NULL:
@@ -219,12 +218,17 @@ static int lg_parse_original(const struct lg_scenario *s, uint32_t idx, const st
 	return 0;
 }
 
+/* For the order definition only: msg_parse knows the order's types and
+ * key, not another lifecycle's (the worker reads those through the
+ * definition), so another lifecycle's classes are not cross-checked here. */
 static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
 	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
 	struct msg parsed;
 	enum msg_reason r;
 
+	if (!s->plan.is_order)
+		return 0;
 	if (lg_parse_original(s, idx, &props, &parsed, &r) != 0)
 		return -1;
 	if (r != m->reason)
@@ -233,12 +237,37 @@ static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t 
 	return 0;
 }
 
+/* The canonical payload hash as SPEC.md defines it (SHA-256 of the body
+ * re-serialised compact with sorted keys), for a lifecycle msg_parse does
+ * not know; 0 or -1. */
+static int lg_hash_canonical(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+{
+	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
+	size_t len;
+	char *body = lg_body(s, &it, &len), *canon = NULL;
+	json_error_t jerr;
+	json_t *root = body != NULL ? json_loadb(body, len, 0, &jerr) : NULL;
+	unsigned int n = 0;
+	int rc = -1;
+
+	if (root != NULL)
+		canon = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+	if (canon != NULL && EVP_Digest(canon, strlen(canon), m->sha256, &n, EVP_sha256(), NULL) == 1 && n == 32)
+		rc = 0;
+	free(canon);
+	json_decref(root);
+	free(body);
+	return rc;
+}
+
 /* Fill sha256 (the canonical payload hash) of a valid message. */
 static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
 	struct msg parsed;
 	enum msg_reason r;
 
+	if (!s->plan.is_order)
+		return lg_hash_canonical(s, m, idx);
 	if (lg_parse_original(s, idx, NULL, &parsed, &r) != 0)
 		return -1;
 	if (r != MSG_REASON_NONE) {
@@ -266,70 +295,100 @@ static int lg_prefix(struct lg_scenario *s, const struct lg_opts *o)
 	return 0;
 }
 
-static enum lg_path lg_pick_path(const struct lg_opts *o, struct lg_rng *r)
+/* A route: the main path, or with cancel_share one of the terminal
+ * branches (an even split), or with invalid_share the invalid route. */
+static int lg_pick_route(const struct lg_scenario *s, struct lg_rng *r)
 {
+	const struct lg_opts *o = &s->opts;
+	const struct lg_plan *p = &s->plan;
 	double u = lg_unit(r);
-	enum lg_path p = LG_PATH_HAPPY;
+	int route = 0;
 
-	if (u < o->cancel_share)
-		p = (enum lg_path)(LG_PATH_CANCEL_NEW + (int)(u / o->cancel_share * 3.0));
-	else if (u < o->cancel_share + o->invalid_share)
-		p = LG_PATH_INVALID_SHIP;
-	return p > LG_PATH_INVALID_SHIP ? LG_PATH_CANCEL_RESERVED : p;
+	if (u < o->cancel_share && p->nbranch > 0)
+		route = 1 + (int)(u / o->cancel_share * (double)p->nbranch);
+	else if (u < o->cancel_share + o->invalid_share && p->invalid >= 0)
+		route = p->invalid;
+	return route > p->nbranch && route != p->invalid ? p->nbranch : route;
 }
 
-/* Order i, its path and its messages in canonical order, each expected as
- * SPEC's table decides it there.  -1 when the path does something the
- * ledger cannot predict (a path table that disagrees with SPEC). */
+/* The aggregate's value of each data field: orders' amount_cents as it
+ * always was (100 .. 100,099), other integers within their bounds, a draw
+ * for a string (lg_field_text), nothing for a datetime (its occurred_at). */
+static void lg_draw_fields(const struct lg_scenario *s, struct lg_order *od, struct lg_rng *r)
+{
+	for (int f = 0; f < s->plan.nfields; f++) {
+		const struct lc_set *set = s->plan.fields[f].set;
+
+		if (set->type == LC_TYPE_INTEGER && set->min <= 100 && set->max >= 100099) {
+			od->data[f] = 100 + (int64_t)lg_below(r, 100000);
+		} else if (set->type == LC_TYPE_INTEGER) {
+			uint64_t span = (uint64_t)set->max - (uint64_t)set->min;
+			od->data[f] = set->min + (int64_t)(span < 1000000 ? lg_next(r) % (span + 1) : lg_next(r) % 1000000);
+		} else if (set->type == LC_TYPE_STRING) {
+			od->data[f] = (int64_t)(lg_next(r) >> 1);
+		}
+	}
+}
+
+/* Aggregate i, its route and its messages in canonical order, each
+ * expected as the route says. */
 static int lg_build_order(struct lg_scenario *s, size_t i, struct lg_rng *r)
 {
 	struct lg_order *od = &s->orders[i];
-	struct spec_order st = { SPEC_NONE, false, false };
+	const struct lg_route *rt;
 
-	od->path = lg_pick_path(&s->opts, r);
+	od->route = lg_pick_route(s, r);
+	rt = &s->plan.routes[od->route];
 	snprintf(od->id, sizeof od->id, "%s-o%zu", s->prefix, i);
-	od->amount_cents = 100 + (int64_t)lg_below(r, 100000);
+	lg_draw_fields(s, od, r);
 	od->first_msg = (uint32_t)s->nmsgs;
-	od->nmsg = lg_path_len[od->path];
+	od->nmsg = (uint32_t)rt->n;
 	for (unsigned k = 0; k < od->nmsg; k++) {
 		struct lg_msg *m = &s->msgs[s->nmsgs++];
-		const struct spec_cell *c;
 
 		snprintf(m->id, sizeof m->id, "%s-%zu-%u", s->prefix, i, k);
 		m->order = (int32_t)i;
-		m->type = lg_paths[od->path][k];
-		m->confirmed_alias = m->type == MSG_PAYMENT_AUTHORIZED && lg_below(r, 10) == 0;
-		m->source = lg_source_of(m->type);
-		c = spec_decide(&st, m->type);
-		if (c != NULL && spec_takes_effect(c->outcome)) {
-			m->expect = LG_EXPECT_EFFECT;
-			od->final_version++;
-			od->emits |= c->emits;
-			st = spec_after(c);
-		} else if (c != NULL && c->outcome == SPEC_DEAD_LETTERED) {
+		m->ev = rt->ev[k];
+		m->alias = s->plan.def->events[m->ev].naliases > 0 && lg_below(r, 10) == 0;
+		m->source = lg_plan_source(&s->plan, m->ev);
+		if (rt->dead[k]) {
 			m->expect = LG_EXPECT_DEAD;
 			m->reason = MSG_REASON_INVALID_TRANSITION;
 		} else {
-			fprintf(stderr, "inbox-loadgen: path %d step %u is %s in canonical order\n", od->path, k,
-			        c != NULL ? spec_outcome_name(c->outcome) : "unknown to SPEC");
-			return -1;
+			m->expect = LG_EXPECT_EFFECT;
 		}
 	}
-	od->final_state = st.status;
+	od->final_state = rt->end;
+	od->final_version = rt->version;
+	od->emits = rt->emits;
 	return 0;
 }
 
 /* Malformed messages, an even spread over the classes, after the valid
- * originals. */
+ * originals: SPEC's eight for the order lifecycle (its ledger stays as it
+ * was), and for another lifecycle the data classes its events allow.  A
+ * malformed message is of the creating event, a data class of the event
+ * that reads (requires) the field. */
 static int lg_build_malformed(struct lg_scenario *s)
 {
+	enum lg_bad classes[LG_BAD_COUNT];
+	int nclasses = 0;
+
+	for (int c = 1; c <= LG_BAD_BINARY_HEADER; c++)
+		classes[nclasses++] = (enum lg_bad)c;
+	if (!s->plan.is_order && s->plan.required_ev >= 0)
+		classes[nclasses++] = LG_BAD_MISSING_DATA;
+	if (!s->plan.is_order && s->plan.data_ev >= 0)
+		classes[nclasses++] = LG_BAD_INVALID_DATA;
 	for (long i = 0; i < s->opts.malformed; i++) {
 		struct lg_msg *m = &s->msgs[s->nmsgs];
 		snprintf(m->id, sizeof m->id, "%s-bad-%ld", s->prefix, i);
 		m->order = -1;
-		m->type = MSG_ORDER_CREATED;
-		m->source = "orders";
-		m->bad = (enum lg_bad)(1 + i % (LG_BAD_COUNT - 1));
+		m->bad = classes[i % nclasses];
+		m->ev = m->bad == LG_BAD_MISSING_DATA   ? s->plan.required_ev
+		        : m->bad == LG_BAD_INVALID_DATA ? s->plan.data_ev
+		                                        : s->plan.routes[0].ev[0];
+		m->source = lg_plan_source(&s->plan, m->ev);
 		m->expect = LG_EXPECT_DEAD;
 		m->reason = lg_bad_reason[m->bad];
 		m->nominal = "dead_lettered";
@@ -414,7 +473,7 @@ static int lg_shuffled_cmp(const void *a, const void *b)
  * that. */
 static void lg_shuffle_order(const struct lg_order *od, int window, struct lg_rng *r, uint32_t *seq)
 {
-	struct lg_shuffled e[LG_PATH_MAX];
+	struct lg_shuffled e[LG_ROUTE_MAX];
 	unsigned n = od->nmsg;
 
 	for (unsigned k = 0; k < n; k++)
@@ -434,8 +493,8 @@ static void lg_order_entries(struct lg_scenario *s, size_t i, struct lg_rng *r, 
 	const struct lg_opts *o = &s->opts;
 	const struct lg_order *od = &s->orders[i];
 	double chunk = (double)o->interleave;
-	double chunk_base = (double)(i / (size_t)o->interleave) * chunk * LG_SLOTS_PER_ORDER;
-	uint32_t seq[LG_PATH_MAX];
+	double chunk_base = (double)(i / (size_t)o->interleave) * chunk * lg_slots(s);
+	uint32_t seq[LG_ROUTE_MAX];
 	unsigned n = od->nmsg;
 
 	lg_shuffle_order(od, o->reorder_window, r, seq);
@@ -461,7 +520,7 @@ static int lg_build_phases(struct lg_scenario *s, struct lg_rng *r)
 {
 	const struct lg_opts *o = &s->opts;
 	size_t il = (size_t)o->interleave, nent = 0, nlate = 0;
-	double span = (double)((s->norders + il - 1) / il) * (double)il * LG_SLOTS_PER_ORDER;
+	double span = (double)((s->norders + il - 1) / il) * (double)il * lg_slots(s);
 	struct lg_entry *ent = malloc((s->originals + s->copies_immediate + s->malformed + 1) * sizeof *ent);
 	struct lg_entry *late = malloc((s->copies_delayed + s->conflict_copies + 1) * sizeof *late);
 	int rc = -1;
@@ -489,15 +548,21 @@ out:
 int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 {
 	struct lg_rng r = { o->seed };
+	char err[512];
 	size_t cap;
 
 	memset(s, 0, sizeof *s);
 	s->opts = *o;
+	if (o->def == NULL || lg_plan_build(&s->plan, o->def, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-loadgen: cannot plan the %s lifecycle: %s\n", o->def ? o->def->aggregate : "(no)",
+		        o->def ? err : "no definition");
+		return -1;
+	}
 	if (lg_prefix(s, o) != 0)
 		return -1;
 	s->norders = (size_t)o->orders;
 	s->orders = calloc(s->norders > 0 ? s->norders : 1, sizeof *s->orders);
-	cap = s->norders * 4 + (size_t)o->malformed + 1;
+	cap = s->norders * (size_t)s->plan.max_len + (size_t)o->malformed + 1;
 	s->msgs = calloc(cap, sizeof *s->msgs);
 	if (s->orders == NULL || s->msgs == NULL)
 		goto fail;
@@ -530,17 +595,17 @@ void lg_scenario_free(struct lg_scenario *s)
 
 void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap)
 {
-	(void)s;
 	if (m->bad == LG_BAD_UNKNOWN_TYPE)
 		snprintf(buf, cap, "order.OrderTeleported");
 	else
-		snprintf(buf, cap, "order.%s", m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type));
+		snprintf(buf, cap, "order.%s", lg_type_name(s, m));
 }
 
-static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap)
+/* later: seconds added (a conflict of a lifecycle without data fields). */
+static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, long later, char *buf, size_t cap)
 {
 	long long t = LG_EPOCH + (m->order >= 0 ? (long long)m->order * 60 : 0) +
-	              (long long)(m - s->msgs) % 60;
+	              (long long)(m - s->msgs) % 60 + later;
 	time_t tt = (time_t)t;
 	struct tm tm;
 
@@ -564,7 +629,7 @@ static char *lg_body_text(const char *buf, size_t cap, int n, size_t *len)
 }
 
 /* The bodies jansson cannot write: NULL for every other message. */
-static char *lg_body_raw(const struct lg_msg *m, const char *order_id, size_t *len)
+static char *lg_body_raw(const struct lg_scenario *s, const struct lg_msg *m, const char *order_id, size_t *len)
 {
 	char buf[512];
 
@@ -578,9 +643,9 @@ static char *lg_body_raw(const struct lg_msg *m, const char *order_id, size_t *l
 		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
 		return lg_body_text(buf, sizeof buf,
 		                    snprintf(buf, sizeof buf,
-		                             "{\"message_id\":\"%s\",\"source\":\"orders\",\"type\":\"OrderCreated\","
-		                             "\"order_id\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}",
-		                             m->id, order_id),
+		                             "{\"message_id\":\"%s\",\"source\":\"%s\",\"type\":\"%s\","
+		                             "\"%s\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}",
+		                             m->id, m->source, lg_type_name(s, m), s->plan.def->key, order_id),
 		                    len);
 	return NULL;
 }
@@ -600,24 +665,76 @@ static int lg_pad(json_t *data, size_t n)
 	return rc;
 }
 
+/* A string field's text from the aggregate's draw: hex digits, the ones
+ * that vary first, cut at the field's max_length. */
+static json_t *lg_field_text(uint64_t draw, int64_t max_length)
+{
+	char buf[17];
+	int n = max_length > 0 && max_length < 16 ? (int)max_length : 16;
+
+	snprintf(buf, sizeof buf, "%016llx", (unsigned long long)draw);
+	buf[n] = '\0';
+	return json_string(buf);
+}
+
+/* data: each field of the plan with the aggregate's value (a malformed
+ * message: 4200, "x"); a conflict changes the first one. */
+static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, const char *when)
+{
+	const struct lg_msg *m = &s->msgs[it->msg];
+	bool conflict = it->variant == LG_VAR_CONFLICT;
+	json_t *data = json_object();
+
+	for (int f = 0; data != NULL && f < s->plan.nfields; f++) {
+		const struct lc_set *set = s->plan.fields[f].set;
+		bool change = conflict && f == 0;
+		json_t *v = NULL;
+
+		if (m->bad == LG_BAD_MISSING_DATA && f == s->plan.required_field)
+			continue;
+		if (m->bad == LG_BAD_INVALID_DATA && f == s->plan.data_field) {
+			/* the wrong JSON type for the field: a number for a string or
+			 * a datetime, a string for an integer */
+			v = set->type == LC_TYPE_INTEGER ? json_string("not a number") : json_integer(12345);
+		} else if (set->type == LC_TYPE_INTEGER) {
+			int64_t x = m->order >= 0 ? s->orders[m->order].data[f] : 4200;
+			if (x < set->min || x > set->max)
+				x = set->min;
+			if (change)
+				x = x <= set->max - 1 - it->copy ? x + 1 + it->copy : x - 1 - it->copy;
+			v = json_integer((json_int_t)x);
+		} else if (set->type == LC_TYPE_STRING) {
+			uint64_t draw = m->order >= 0 ? (uint64_t)s->orders[m->order].data[f] : 0;
+			if (change)
+				draw ^= (uint64_t)(it->copy % 7 + 1) << 60;
+			v = m->order >= 0 || change ? lg_field_text(draw, set->max_length) : json_string("x");
+		} else {
+			v = json_string(when);
+		}
+		if (json_object_set_new(data, set->field, v) != 0) {
+			json_decref(data);
+			data = NULL;
+		}
+	}
+	return data;
+}
+
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
 	const char *order_id = m->order >= 0 ? s->orders[m->order].id : m->id;
-	int64_t amount = m->order >= 0 ? s->orders[m->order].amount_cents : 4200;
-	const char *type = m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type);
+	const char *type = lg_type_name(s, m);
 	char when[32], other[LG_ID_MAX + 8];
 	size_t flags = JSON_COMPACT;
 	json_t *o, *data;
 	char *body = NULL;
 
 	if (m->bad == LG_BAD_BINARY_HEADER || m->bad == LG_BAD_UTF8)
-		return lg_body_raw(m, order_id, len);
-	if (it->variant == LG_VAR_CONFLICT)
-		amount += 1 + it->copy;
+		return lg_body_raw(s, m, order_id, len);
 	if (it->variant == LG_VAR_DUP_RESHAPED)
 		flags = JSON_INDENT(2) | JSON_SORT_KEYS;
-	lg_occurred_at(s, m, when, sizeof when);
+	lg_occurred_at(s, m, it->variant == LG_VAR_CONFLICT && s->plan.nfields == 0 ? 1 + it->copy : 0, when,
+	               sizeof when);
 	if (m->bad == LG_BAD_INVALID)
 		order_id = "not a valid id!";
 	if (m->bad == LG_BAD_UNKNOWN_TYPE)
@@ -625,10 +742,10 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 	snprintf(other, sizeof other, "%s-other", m->id);
 	o = json_pack("{s:s, s:s, s:s}", "message_id", m->bad == LG_BAD_ID_MISMATCH ? other : m->id,
 	              "source", m->source, "type", type);
-	data = json_pack("{s:I}", "amount_cents", (json_int_t)amount);
+	data = lg_data(s, it, when);
 	if (o == NULL || data == NULL)
 		goto out;
-	if (m->bad != LG_BAD_MISSING && json_object_set_new(o, "order_id", json_string(order_id)) != 0)
+	if (m->bad != LG_BAD_MISSING && json_object_set_new(o, s->plan.def->key, json_string(order_id)) != 0)
 		goto out;
 	if (json_object_set_new(o, "occurred_at", json_string(when)) != 0)
 		goto out;
@@ -648,9 +765,28 @@ out:
 	return body;
 }
 
-static const char *lg_emit_names[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
-_Static_assert(SPEC_EMIT_REFUND == 1u << 0 && SPEC_EMIT_RELEASE == 1u << 1 && SPEC_EMIT_ORDER_PAID == 1u << 2,
-               "lg_emit_names is indexed by the SPEC_EMIT_* bit");
+/* The run line's tail naming the definition (--lifecycle only: without
+ * it the ledger stays as it always was): the file as JSON, the names from
+ * the definition, [a-z][a-z0-9_]* (lc_load checks them). */
+static int lg_ledger_lifecycle(const struct lg_scenario *s, FILE *f)
+{
+	const struct lc_def *d = s->plan.def;
+	json_t *name;
+	char *file;
+	int rc;
+
+	if (s->opts.lifecycle == NULL)
+		return fputs("}\n", f) < 0 ? -1 : 0;
+	name = json_string(s->opts.lifecycle);
+	file = name != NULL ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+	json_decref(name);
+	if (file == NULL)
+		return -1;
+	rc = fprintf(f, ",\"lifecycle\":{\"file\":%s,\"aggregate\":\"%s\",\"table\":\"%s\",\"key\":\"%s\"}}\n", file,
+	             d->aggregate, d->table, d->key) < 0 ? -1 : 0;
+	free(file);
+	return rc;
+}
 
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, const char *queue,
                     const char *dlq, const char *verify_queue)
@@ -664,18 +800,20 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 	            "{\"k\":\"run\",\"prefix\":\"%s\",\"seed\":%llu,\"consumer\":\"%s\",\"queue\":\"%s\","
 	            "\"dlq\":\"%s\",\"verify_queue\":\"%s\",\"orders\":%zu,\"messages\":%zu,\"published\":%zu,"
 	            "\"originals\":%zu,\"copies_immediate\":%zu,\"copies_concurrent\":%zu,\"copies_delayed\":%zu,"
-	            "\"conflicts\":%zu,\"malformed\":%zu,\"reorder_window\":%d,\"connections\":%d}\n",
+	            "\"conflicts\":%zu,\"malformed\":%zu,\"reorder_window\":%d,\"connections\":%d",
 	            s->prefix, (unsigned long long)o->seed, consumer, queue, dlq, verify_queue, s->norders,
 	            s->nmsgs, total, s->originals, s->copies_immediate, s->copies_concurrent, s->copies_delayed,
-	            s->conflict_copies, s->malformed, o->reorder_window, o->connections) < 0)
+	            s->conflict_copies, s->malformed, o->reorder_window, o->connections) < 0 ||
+	    lg_ledger_lifecycle(s, f) != 0)
 		return -1;
 	for (size_t i = 0; i < s->norders; i++) {
 		const struct lg_order *od = &s->orders[i];
 		if (fprintf(f, "{\"k\":\"order\",\"id\":\"%s\",\"status\":\"%s\",\"version\":%u,\"emits\":[",
-		            od->id, spec_status_name(od->final_state), od->final_version) < 0)
+		            od->id, s->plan.def->states[od->final_state], od->final_version) < 0)
 			return -1;
-		for (unsigned e = 0, n = 0; e < 3; e++) {
-			if ((od->emits & (1u << e)) && fprintf(f, "%s\"%s\"", n++ ? "," : "", lg_emit_names[e]) < 0)
+		for (int k = 0, n = 0; k < s->plan.def->nemits; k++) {
+			int e = s->plan.emit_order[k];
+			if ((od->emits & (1u << e)) && fprintf(f, "%s\"%s\"", n++ ? "," : "", s->plan.def->emits[e]) < 0)
 				return -1;
 		}
 		if (fputs("]}\n", f) < 0)
@@ -692,7 +830,7 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 		            "\"expect\":\"%s\",\"reason\":\"%s\",\"nominal\":\"%s\",\"class\":\"%s\",\"copies\":%u,"
 		            "\"concurrent\":%u,\"delayed\":%u,\"conflicts\":%u,\"sha256\":\"%s\"}\n",
 		            m->id, m->source, m->order >= 0 ? s->orders[m->order].id : "",
-		            m->confirmed_alias ? "PaymentConfirmed" : msg_type_name(m->type),
+		            lg_type_name(s, m),
 		            m->expect == LG_EXPECT_EFFECT ? "effect" : "dead_lettered", msg_reason_name(m->reason),
 		            m->nominal != NULL ? m->nominal : "", lg_bad_names[m->bad],
 		            1u + m->dup_immediate + m->dup_concurrent + m->dup_delayed, m->dup_concurrent,

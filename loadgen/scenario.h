@@ -19,30 +19,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "lifecycle.h"
 #include "msg.h"
-#include "spec_oracle.h"
+#include "plan.h"
 
 #define LG_ID_MAX 96
 #define LG_PREFIX_MAX 40
 
-/* The event sequences an order can follow.  None of them cancels after
- * shipment: that outcome depends on arrival order (cancel before ship is
- * applied, after it is invalid), so a ledger could not predict it. */
-enum lg_path {
-	LG_PATH_HAPPY = 0,      /* Created, Paid, Reserved, Shipped */
-	LG_PATH_CANCEL_NEW,     /* Created, Cancelled */
-	LG_PATH_CANCEL_PAID,    /* Created, Paid, Cancelled */
-	LG_PATH_CANCEL_RESERVED, /* Created, Paid, Reserved, Cancelled */
-	LG_PATH_INVALID_SHIP,   /* Created, Cancelled + ShipmentCreated: invalid-transition
-	                           whatever the order (it can never apply) */
-	LG_PATH_COUNT
-};
-#define LG_PATH_MAX 4 /* events of the longest path */
+/* The event sequences an aggregate can follow are the routes of its
+ * lifecycle definition (plan.h): for the order definition the main path,
+ * the three cancellations and a cancelled order that also gets a
+ * ShipmentCreated.  None of them cancels after shipment: that outcome
+ * depends on arrival order (cancel before ship is applied, after it is
+ * invalid), so a ledger could not predict it. */
 
 /* What the verifier must find for a message. */
 enum lg_expect {
-	LG_EXPECT_EFFECT = 0, /* exactly one order_events row; outcome applied or compensated */
-	LG_EXPECT_DEAD,       /* a DLQ copy with the reason; no order_events row */
+	LG_EXPECT_EFFECT = 0, /* exactly one <aggregate>_events row; outcome applied or compensated */
+	LG_EXPECT_DEAD,       /* a DLQ copy with the reason; no <aggregate>_events row */
 };
 
 /* Variants of a published item. */
@@ -50,7 +44,8 @@ enum lg_variant {
 	LG_VAR_ORIGINAL = 0,
 	LG_VAR_DUP_SAME,   /* a byte-identical copy */
 	LG_VAR_DUP_RESHAPED, /* same JSON, other key order and white space: still a duplicate */
-	LG_VAR_CONFLICT,   /* same key, other data.amount_cents: payload-conflict */
+	LG_VAR_CONFLICT,   /* same key, another value of the first data field (data.amount_cents
+	                      for orders; occurred_at when there is none): payload-conflict */
 };
 
 /* Malformed classes, one per SPEC.md reason (and three ways to be malformed JSON). */
@@ -58,31 +53,36 @@ enum lg_bad {
 	LG_BAD_NONE = 0,
 	LG_BAD_JSON,        /* cut in the middle */
 	LG_BAD_UTF8,        /* bytes that are not UTF-8 */
-	LG_BAD_MISSING,     /* no order_id */
-	LG_BAD_INVALID,     /* order_id outside the alphabet */
+	LG_BAD_MISSING,     /* no key field (order_id) */
+	LG_BAD_INVALID,     /* key field outside the alphabet */
 	LG_BAD_ID_MISMATCH, /* message-id property differs from the body's */
 	LG_BAD_UNKNOWN_TYPE,
 	LG_BAD_TOO_LARGE,
 	LG_BAD_BINARY_HEADER, /* not JSON, with a header whose value is a byte array that is not UTF-8 */
+	/* Lifecycles other than the order's (whose classes stay SPEC's eight),
+	 * when their events read data fields: */
+	LG_BAD_MISSING_DATA,  /* a required data field left out: missing-field */
+	LG_BAD_INVALID_DATA,  /* a data field of the wrong JSON type: invalid-field */
 	LG_BAD_COUNT
 };
 
+/* One aggregate (an order, a shipment, ...). */
 struct lg_order {
 	char id[LG_ID_MAX];
-	enum lg_path path;
-	int64_t amount_cents;
+	int route;                    /* index into plan.routes */
+	int64_t data[LG_FIELDS_MAX];  /* plan.fields' values: the integer, or the draw a string is made of */
 	uint32_t first_msg; /* its messages are msgs[first_msg .. first_msg + nmsg) in canonical order */
 	uint32_t nmsg;
-	enum spec_status final_state; /* SPEC's table folded over the canonical order */
+	int final_state;              /* the route's end state (plan.h) */
 	unsigned final_version;
-	unsigned emits;               /* SPEC_EMIT_* of the whole sequence */
+	uint32_t emits;               /* bits into def->emits */
 };
 
 struct lg_msg {
 	char id[LG_ID_MAX];
 	int32_t order;          /* -1 for a malformed message */
-	enum msg_type type;
-	bool confirmed_alias;   /* sent as "PaymentConfirmed" */
+	int ev;                 /* event index in the definition */
+	bool alias;             /* sent under the event's first alias ("PaymentConfirmed") */
 	const char *source;
 	enum lg_bad bad;
 	enum lg_expect expect;
@@ -112,6 +112,8 @@ struct lg_phase {
 };
 
 struct lg_opts {
+	const struct lc_def *def; /* the lifecycle: lc_builtin_order's unless --lifecycle */
+	const char *lifecycle;  /* --lifecycle FILE, or NULL: named in the ledger's run line */
 	uint64_t seed;
 	char run[24];           /* run tag; "" = from the clock */
 	long orders;
@@ -130,6 +132,7 @@ struct lg_opts {
 
 struct lg_scenario {
 	struct lg_opts opts;
+	struct lg_plan plan;
 	char prefix[LG_PREFIX_MAX]; /* every message and order id starts with it */
 	struct lg_order *orders;
 	size_t norders;
@@ -141,9 +144,12 @@ struct lg_scenario {
 	size_t copies_immediate, copies_concurrent, copies_delayed, conflict_copies, malformed;
 };
 
-/* Messages per order on average for the given shares, for --messages N. */
+/* Messages per aggregate on average for the given shares, for --messages
+ * N; 0 when o->def has no plan. */
 double lg_messages_per_order(const struct lg_opts *o);
 
+/* Build the scenario of o (o->def required).  Returns 0, or -1 with a
+ * line on stderr. */
 int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o);
 void lg_scenario_free(struct lg_scenario *s);
 
@@ -153,11 +159,13 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
  * carries (not UTF-8, with a NUL inside). */
 extern const unsigned char lg_binary_trace[8];
 
-/* The routing key for an item's message (order.<type>). */
+/* The routing key for an item's message (order.<type>, for every
+ * lifecycle: the queue is bound with order.#, SPEC.md). */
 void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap);
 
-/* Write the ledger as JSON lines: one "run" line, then "order", "msg" and
- * "conflict" lines.  Returns 0 or -1 (errno set). */
+/* Write the ledger as JSON lines: one "run" line, then "order" (one per
+ * aggregate, whatever the lifecycle), "msg" and "conflict" lines.  With
+ * --lifecycle the run line names the definition (aggregate, table, key).  Returns 0 or -1 (errno set). */
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer,
                     const char *queue, const char *dlq, const char *verify_queue);
 

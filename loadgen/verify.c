@@ -184,6 +184,16 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 
 	memset(&st, 0, sizeof st);
 	st.conf = conf;
+	st.def = vo->def;
+	st.lifecycle = vo->lifecycle;
+	{
+		char err[512];
+		if (lg_plan_build(&st.plan, st.def, err, sizeof err) != 0) {
+			fprintf(stderr, "inbox-loadgen: cannot read the %s lifecycle: %s\n", st.def->aggregate, err);
+			return 1;
+		}
+	}
+	lc_schema_tables(st.def, st.tables);
 	lines = calloc((size_t)vo->list_max * 4, sizeof *lines);
 	if (lines == NULL)
 		return 1;

@@ -18,7 +18,7 @@ static int v_cmp_i64(const void *a, const void *b)
 static void v_judge_rows(struct v_state *st, long *effects_expected, long *effects_found, long *dead_expected,
                          long *emits_expected)
 {
-	static const char *const emit_names[V_EMIT_KINDS] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+	const char *events = st->tables[1];
 
 	for (size_t i = 0; i < st->nmsgs; i++) {
 		struct v_msg *m = &st->msgs[i];
@@ -31,12 +31,12 @@ static void v_judge_rows(struct v_state *st, long *effects_expected, long *effec
 			if (m->events == 0)
 				st->miss_effects++;
 			if (m->events == 0)
-				v_add(&st->missing, "%s: no order_events row%s", m->id,
+				v_add(&st->missing, "%s: no %s row%s", m->id, events,
 				      !m->row ? " and no inbox row" : strcmp(m->got_outcome, "held") == 0 ? " (still held)" : "");
 			else if (m->events > 1) {
 				char n[24];
 				snprintf(n, sizeof n, "%lld", (long long)m->events);
-				v_add(&st->doubled, "%s: %s order_events rows", m->id, n);
+				v_add(&st->doubled, "%s: %s %s rows", m->id, n, events);
 			}
 			if (m->row && m->events >= 1 && strcmp(m->got_outcome, "applied") != 0 &&
 			    strcmp(m->got_outcome, "compensated") != 0)
@@ -51,7 +51,7 @@ static void v_judge_rows(struct v_state *st, long *effects_expected, long *effec
 				      m->bare_hits > 0 ? " (a copy without x-inbox-reason came: the delivery limit)" : "");
 			}
 			if (m->events > 0)
-				v_add(&st->doubled, "%s: has an order_events row but must be dead-lettered (%s)", m->id, m->reason);
+				v_add(&st->doubled, "%s: has an %s row but must be dead-lettered (%s)", m->id, events, m->reason);
 			if (malformed && m->row)
 				v_add(&st->wrong, "%s: malformed message has an inbox row (%s)", m->id, m->got_outcome);
 			if (!malformed && m->row && strcmp(m->got_outcome, "dead_lettered") != 0)
@@ -70,21 +70,23 @@ static void v_judge_rows(struct v_state *st, long *effects_expected, long *effec
 		struct v_order *o = &st->orders[i];
 		if (!o->found) {
 			st->miss_orders++;
-			v_add(&st->missing, "%s: no order row (expected %s)", o->id, o->status);
+			v_add(&st->missing, "%s: no %s row (expected %s)", o->id, st->def->aggregate, o->status);
 		} else if (strcmp(o->got_status, o->status) != 0 || o->got_version != (int64_t)o->version) {
 			char exp[64];
 			snprintf(exp, sizeof exp, "%s v%u, found %s v%lld", o->status, o->version, o->got_status,
 			         (long long)o->got_version);
 			v_add(&st->wrong, "%s: expected %s", o->id, exp);
 		}
-		for (unsigned b = 0; b < V_EMIT_KINDS; b++) {
+		/* In the ledger's order (SPEC's for orders). */
+		for (int k = 0; k < st->def->nemits; k++) {
+			int b = st->plan.emit_order[k];
 			if (!(o->emits & (1u << b)))
 				continue;
 			(*emits_expected)++;
 			if (!(o->seen & (1u << b)))
 				st->miss_emits++;
 			if (!(o->seen & (1u << b)))
-				v_add(&st->missing, "%s: %s not emitted", o->id, emit_names[b]);
+				v_add(&st->missing, "%s: %s not emitted", o->id, st->def->emits[b]);
 		}
 	}
 }

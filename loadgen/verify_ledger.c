@@ -68,20 +68,46 @@ void v_add(struct v_list *l, const char *fmt, ...)
 	l->count++;
 }
 
-unsigned v_emit_bit(const char *name)
+uint32_t v_emit_bit(const struct v_state *st, const char *name)
 {
-	if (strcmp(name, "RefundRequested") == 0)
-		return V_EMIT_REFUND;
-	if (strcmp(name, "InventoryReleaseRequested") == 0)
-		return V_EMIT_RELEASE;
-	if (strcmp(name, "OrderPaid") == 0)
-		return V_EMIT_PAID;
+	for (int i = 0; i < st->def->nemits; i++)
+		if (strcmp(name, st->def->emits[i]) == 0)
+			return 1u << i;
 	return 0;
 }
 
 void v_copy(char *dst, size_t cap, json_t *v)
 {
 	snprintf(dst, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
+}
+
+/* The lifecycle the run line names (none: the order's) against the one
+ * verify was given: a ledger of shipments read as orders would report
+ * every shipment missing.  0, or -1 with a message on stderr. */
+static int v_check_lifecycle(const struct v_state *st, json_t *run, const char *path)
+{
+	json_t *lc = json_object_get(run, "lifecycle");
+	const char *agg = json_string_value(json_object_get(lc, "aggregate"));
+	const char *table = json_string_value(json_object_get(lc, "table"));
+	const char *key = json_string_value(json_object_get(lc, "key"));
+	const struct lc_def *d = st->def;
+
+	if (lc == NULL) {
+		if (strcmp(d->aggregate, "order") == 0 && strcmp(d->table, "orders") == 0 && strcmp(d->key, "order_id") == 0)
+			return 0;
+		fprintf(stderr, "inbox-loadgen: %s was published for the order lifecycle, not %s: verify it without"
+		        " --lifecycle (and without INBOX_LIFECYCLE)\n", path, d->aggregate);
+		return -1;
+	}
+	if (agg == NULL || table == NULL || key == NULL || strcmp(agg, d->aggregate) != 0 || strcmp(table, d->table) != 0 ||
+	    strcmp(key, d->key) != 0) {
+		const char *file = json_string_value(json_object_get(lc, "file"));
+		fprintf(stderr, "inbox-loadgen: %s was published for the %s lifecycle (table %s, key %s), not %s (table %s,"
+		        " key %s): verify it with --lifecycle %s\n", path, agg ? agg : "?", table ? table : "?",
+		        key ? key : "?", d->aggregate, d->table, d->key, file ? file : "FILE");
+		return -1;
+	}
+	return 0;
 }
 
 /* The run line: the prefix, and room for the orders and messages it
@@ -111,7 +137,7 @@ static void v_load_order(struct v_state *st, json_t *o)
 	od->version = (unsigned)json_integer_value(json_object_get(o, "version"));
 	json_array_foreach(json_object_get(o, "emits"), i, e) {
 		if (json_is_string(e))
-			od->emits |= v_emit_bit(json_string_value(e));
+			od->emits |= v_emit_bit(st, json_string_value(e));
 	}
 	v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
 	st->norders++;
@@ -162,7 +188,7 @@ int v_load(struct v_state *st, const char *path)
 		if (k == NULL) {
 			/* not a line of ours: skipped */
 		} else if (strcmp(k, "run") == 0) {
-			bad = v_load_run(st, o, &ocap, &mcap) != 0;
+			bad = v_check_lifecycle(st, o, path) != 0 || v_load_run(st, o, &ocap, &mcap) != 0;
 		} else if (st->run == NULL) {
 			fprintf(stderr, "inbox-loadgen: %s: the first line must be the run line\n", path);
 			bad = true;

@@ -17,22 +17,21 @@
 
 #include "cfg.h"
 #include "db.h"
+#include "lifecycle_schema.h"
+#include "plan.h"
 #include "scenario.h"
 
 #define V_REASON_MAX 40
 #define V_DEAD_REASONS 16
-/* Emitted message kinds, the bits of v_order.emits / .seen. */
-#define V_EMIT_REFUND 0x1u
-#define V_EMIT_RELEASE 0x2u
-#define V_EMIT_PAID 0x4u
-#define V_EMIT_KINDS 3
+/* Emitted message kinds, the bits of v_order.emits / .seen, are the
+ * indexes of the definition's emits (def->emits). */
 
 struct v_order {
 	char id[LG_ID_MAX];
 	char status[24];
 	unsigned version;
-	unsigned emits;      /* expected V_EMIT_* */
-	unsigned seen;       /* emitted messages seen */
+	uint32_t emits;      /* expected: bits into def->emits */
+	uint32_t seen;       /* emitted messages seen */
 	bool found;
 	char got_status[24];
 	int64_t got_version;
@@ -72,6 +71,10 @@ struct v_list {
 
 struct v_state {
 	const struct cfg *conf;
+	const struct lc_def *def;     /* the lifecycle (verify's --lifecycle) */
+	const char *lifecycle;        /* its file, or NULL: the built-in order lifecycle */
+	struct lg_plan plan;          /* for the order emits are listed in */
+	char tables[LC_SCHEMA_TABLES][LC_NAME_MAX + 16]; /* the aggregate's table, ledger, locks */
 	char prefix[LG_PREFIX_MAX];
 	char like[LG_PREFIX_MAX + 4];
 	char verify_queue[300];
@@ -117,15 +120,17 @@ const char *v_msg_name(const void *arr, uint32_t i);
 __attribute__((format(printf, 2, 3)))
 void v_add(struct v_list *l, const char *fmt, ...);
 
-/* V_EMIT_* for an emitted type name; 0 when not one we emit. */
-unsigned v_emit_bit(const char *name);
+/* The bit of an emitted type name (its index in def->emits); 0 when the
+ * definition does not emit it. */
+uint32_t v_emit_bit(const struct v_state *st, const char *name);
 /* Copy a JSON string (or "" for anything else) into dst. */
 void v_copy(char *dst, size_t cap, json_t *v);
 /* Whether id (len bytes) belongs to this run (starts with its prefix). */
 bool v_ours(const struct v_state *st, const char *id, size_t len);
 
-/* Read the ledger at path into st.  Returns 0, or -1 with a message on
- * stderr. */
+/* Read the ledger at path into st (st->def set: the ledger's run line
+ * must name the same lifecycle, or none for the order's).  Returns 0, or
+ * -1 with a message on stderr. */
 int v_load(struct v_state *st, const char *path);
 /* Release what v_load and the readers allocated (not the lists' lines). */
 void v_state_free(struct v_state *st);

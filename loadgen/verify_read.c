@@ -356,13 +356,15 @@ static int v_read_events(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
 	struct db_param p[] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
-	char id[MSG_ID_MAX + 1];
+	char id[MSG_ID_MAX + 1], sql[256];
 	int rc, r;
 
 	/* Counted per message id, not per (consumer, source, message_id): a
-	 * second effect of one message is a double whatever else differs. */
-	rc = db_prepare(st->db, &q, "SELECT message_id, COUNT(*) FROM order_events WHERE consumer = ?"
-	                            " AND message_id LIKE ? GROUP BY message_id");
+	 * second effect of one message is a double whatever else differs.
+	 * The table name is the definition's, [a-z][a-z0-9_]* (lc_load). */
+	snprintf(sql, sizeof sql, "SELECT message_id, COUNT(*) FROM `%s` WHERE consumer = ?"
+	         " AND message_id LIKE ? GROUP BY message_id", st->tables[1]);
+	rc = db_prepare(st->db, &q, sql);
 	if (rc == ST_OK)
 		rc = db_stmt_query(q, p, ARRAY_LEN(p));
 	while (rc == ST_OK) {
@@ -376,7 +378,7 @@ static int v_read_events(struct v_state *st)
 		}
 		i = v_map_find(&st->mmap, id, strlen(id), v_msg_name, st->msgs, -1);
 		if (i < 0)
-			v_add(&st->unexpected, "%s: order_events row for a message the ledger does not know%s", id, "");
+			v_add(&st->unexpected, "%s: %s row for a message the ledger does not know", id, st->tables[1]);
 		else
 			st->msgs[i].events = c[1].i64;
 	}
@@ -388,10 +390,11 @@ static int v_read_orders(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
 	struct db_param p[] = { DBP_STR(st->like) };
-	char id[MSG_ORDER_ID_MAX + 1], status[24];
+	char id[MSG_ORDER_ID_MAX + 1], status[24], sql[160];
 	int rc, r;
 
-	rc = db_prepare(st->db, &q, "SELECT id, status, version FROM orders WHERE id LIKE ?");
+	snprintf(sql, sizeof sql, "SELECT id, status, version FROM `%s` WHERE id LIKE ?", st->tables[0]);
+	rc = db_prepare(st->db, &q, sql);
 	if (rc == ST_OK)
 		rc = db_stmt_query(q, p, ARRAY_LEN(p));
 	while (rc == ST_OK) {
@@ -405,7 +408,7 @@ static int v_read_orders(struct v_state *st)
 		}
 		i = v_map_find(&st->omap, id, strlen(id), v_order_name, st->orders, -1);
 		if (i < 0) {
-			v_add(&st->unexpected, "%s: order row the ledger does not know%s", id, "");
+			v_add(&st->unexpected, "%s: %s row the ledger does not know", id, st->def->aggregate);
 			continue;
 		}
 		st->orders[i].found = true;
@@ -559,7 +562,7 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 	json_t *o = json_loadb(d->body, d->len, 0, &jerr);
 	bool ce = json_object_get(o, "specversion") != NULL;
 	const char *type = json_string_value(json_object_get(o, "type"));
-	const char *order = json_string_value(json_object_get(o, ce ? "subject" : "order_id"));
+	const char *order = json_string_value(json_object_get(o, ce ? "subject" : st->def->key));
 	const char *body_id = json_string_value(json_object_get(o, ce ? "id" : "message_id"));
 	char stable[2 * LG_ID_MAX + 2], prop[MSG_ID_MAX + 1] = "";
 	unsigned bit;
@@ -570,7 +573,7 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 		json_decref(o);
 		return;
 	}
-	bit = v_emit_bit(type);
+	bit = v_emit_bit(st, type);
 	i = v_map_find(&st->omap, order, strlen(order), v_order_name, st->orders, -1);
 	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit)) {
 		v_add(&st->unexpected, "%s: emitted %s, not in the ledger", order, type);

@@ -264,6 +264,7 @@ Test(docs, operations_series_table_is_what_metrics_serves)
 
 	metrics_set_threads(1);
 	metrics_dlq_depth(0);
+	cr_assert_eq(metrics_set_lifecycle("order", "orders", "order_id"), 0); /* served once the worker binds it */
 	cr_assert_gt(metrics_render(page, sizeof page), 0);
 	snprintf(path, sizeof path, "%s/doc/operations.md", getenv("INBOX_SOURCE_ROOT"));
 	doc = slurp(path);

@@ -165,3 +165,22 @@ Test(metrics, every_series_fits_the_page_at_the_thread_limit)
 	metrics_set_shards(64);
 	cr_assert_gt(metrics_render(page, sizeof page), 0, "the HTTP handler's page is 64 KiB");
 }
+
+/* The lifecycle a worker runs, as an info series (one per process: every
+ * series of one process is of one aggregate).  Absent until the worker has
+ * bound its definition; the existing series keep their labels. */
+Test(metrics, lifecycle_info_names_the_aggregate)
+{
+	char page[65536];
+
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	cr_assert_null(strstr(page, "inbox_lifecycle_info"), "%s", page);
+	metrics_set_lifecycle("shipment", "shipments", "shipment_id");
+	cr_assert_gt(metrics_render(page, sizeof page), 0);
+	cr_assert_not_null(strstr(page, "\n# TYPE inbox_lifecycle_info gauge\n"), "%s", page);
+	cr_assert_not_null(
+		strstr(page, "\ninbox_lifecycle_info{aggregate=\"shipment\",table=\"shipments\",key=\"shipment_id\"} 1\n"),
+		"%s", page);
+	cr_assert_not_null(strstr(page, "\ninbox_messages_total{outcome=\"applied\"} "), "%s", page);
+	cr_assert_null(strstr(page, "inbox_messages_total{aggregate"), "%s", page);
+}

@@ -13,6 +13,7 @@
 #include "lifecycle.h"
 #include "lifecycle_schema.h"
 #include "log.h"
+#include "metrics.h"
 #include "order.h"
 #include "status.h"
 
@@ -129,6 +130,10 @@ int lifecycle_setup(const struct cfg *conf)
 		goto fail;
 	}
 	order_use(&run_binding);
+	/* /metrics names the aggregate (inbox_lifecycle_info); a name lc_load
+	 * took is always a valid label, so a refusal only means "set before". */
+	if (metrics_set_lifecycle(run_def->aggregate, run_def->table, run_def->key) != 0)
+		LOG(LOG_LEVEL_WARN, "the lifecycle is not named in /metrics", LOG_S("aggregate", run_def->aggregate));
 	return 0;
 fail:
 	lc_free(run_def);

@@ -1,0 +1,430 @@
+/*
+ * plan.c - a load scenario's routes from a lifecycle definition, each
+ * checked over every arrival order.  See plan.h.
+ */
+#include "plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "msg.h"
+#include "spec_oracle.h"
+
+void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold *f)
+{
+	int held[LG_ROUTE_MAX], nheld = 0;
+
+	memset(f, 0, sizeof *f);
+	for (int i = 0; i < n; i++) {
+		struct lc_verdict v = lc_decide(def, f->state, f->marks, ev[i]);
+		bool progress;
+
+		f->out[i] = v.decision;
+		if (v.decision == LC_HOLD) {
+			f->held[i] = true;
+			held[nheld++] = i;
+			continue;
+		}
+		if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
+			continue;
+		f->state = v.next;
+		f->marks = v.marks;
+		f->version++;
+		f->emits |= v.emits;
+		/* Re-evaluated whenever the aggregate changes: oldest first,
+		 * again after every change, until nothing more can go. */
+		do {
+			progress = false;
+			for (int h = 0; h < nheld; h++) {
+				struct lc_verdict hv = lc_decide(def, f->state, f->marks, ev[held[h]]);
+
+				if (hv.decision == LC_HOLD)
+					continue;
+				f->out[held[h]] = hv.decision;
+				if (hv.decision == LC_APPLY || hv.decision == LC_COMPENSATE) {
+					f->state = hv.next;
+					f->marks = hv.marks;
+					f->version++;
+					f->emits |= hv.emits;
+				}
+				memmove(&held[h], &held[h + 1], (size_t)(nheld - h - 1) * sizeof held[0]);
+				nheld--;
+				progress = true;
+				break;
+			}
+		} while (progress);
+	}
+}
+
+static bool lg_takes_effect(enum lc_decision d)
+{
+	return d == LC_APPLY || d == LC_COMPENSATE;
+}
+
+/* The route's expectations from its canonical order; false when an event
+ * ends neither in an effect nor in a dead-letter (held for ever, ignored):
+ * the ledger has no expectation for that. */
+static bool lg_route_expect(const struct lc_def *def, struct lg_route *r)
+{
+	struct lg_fold f;
+
+	lg_fold_run(def, r->ev, r->n, &f);
+	for (int i = 0; i < r->n; i++) {
+		if (!lg_takes_effect(f.out[i]) && f.out[i] != LC_INVALID)
+			return false;
+		r->dead[i] = f.out[i] == LC_INVALID;
+	}
+	r->end = f.state;
+	r->version = f.version;
+	r->emits = f.emits;
+	return true;
+}
+
+/* Every arrival order of the route (Heap's algorithm) ends as the
+ * canonical one: the same state, version and emits, and each message the
+ * same effect or dead-letter. */
+static bool lg_route_stable(const struct lc_def *def, const struct lg_route *r)
+{
+	int perm[LG_ROUTE_MAX], ev[LG_ROUTE_MAX], c[LG_ROUTE_MAX] = { 0 };
+	int i = 1;
+
+	for (int k = 0; k < r->n; k++)
+		perm[k] = k;
+	for (;;) {
+		struct lg_fold f;
+
+		for (int k = 0; k < r->n; k++)
+			ev[k] = r->ev[perm[k]];
+		lg_fold_run(def, ev, r->n, &f);
+		if (f.state != r->end || f.version != r->version || f.emits != r->emits)
+			return false;
+		for (int k = 0; k < r->n; k++)
+			if (!(f.out[k] == LC_INVALID ? r->dead[perm[k]] : lg_takes_effect(f.out[k]) && !r->dead[perm[k]]))
+				return false;
+		while (i < r->n && c[i] >= i) {
+			c[i] = 0;
+			i++;
+		}
+		if (i >= r->n)
+			return true;
+		{
+			int j = i % 2 == 0 ? 0 : c[i], t = perm[j];
+			perm[j] = perm[i];
+			perm[i] = t;
+		}
+		c[i]++;
+		i = 1;
+	}
+}
+
+static void lg_route_describe(const struct lc_def *def, const struct lg_route *r, char *buf, size_t cap)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < r->n && used < cap; k++) {
+		int n = snprintf(buf + used, cap - used, "%s%s", k ? ", " : "", def->events[r->ev[k]].type);
+		if (n < 0)
+			break;
+		used += (size_t)n;
+	}
+}
+
+/* Add r when it has expectations and keeps them over every arrival order;
+ * otherwise say why it is left out (stderr) and return false. */
+static bool lg_route_add(struct lg_plan *p, struct lg_route *r, bool quiet)
+{
+	char what[512];
+
+	if (p->nroutes == LG_ROUTES_MAX)
+		return false;
+	if (!lg_route_expect(p->def, r) || !lg_route_stable(p->def, r)) {
+		if (!quiet) {
+			lg_route_describe(p->def, r, what, sizeof what);
+			fprintf(stderr, "inbox-loadgen: note: route %s left out: its outcome depends on arrival order\n",
+			        what);
+		}
+		return false;
+	}
+	p->routes[p->nroutes++] = *r;
+	if (r->n > p->max_len)
+		p->max_len = r->n;
+	return true;
+}
+
+static int lg_main_route(struct lg_plan *p, struct lg_route *r, char *err, size_t cap)
+{
+	const struct lc_def *d = p->def;
+
+	memset(r, 0, sizeof *r);
+	r->kind = LG_ROUTE_MAIN;
+	for (int e = 0; e < d->nevents && r->n == 0; e++)
+		if (d->events[e].creates == d->path[0])
+			r->ev[r->n++] = e;
+	if (r->n == 0) {
+		snprintf(err, cap, "no event creates %s, the main path's first state", d->states[d->path[0]]);
+		return -1;
+	}
+	for (int k = 0; k + 1 < d->npath; k++) {
+		int found = -1;
+
+		for (int e = 0; e < d->nevents && found < 0; e++) {
+			const struct lc_event *ev = &d->events[e];
+			if (ev->creates == 0 && (ev->from & (1u << d->path[k])) && ev->to == d->path[k + 1])
+				found = e;
+		}
+		if (found < 0) {
+			snprintf(err, cap, "no event moves %s to %s along the main path", d->states[d->path[k]],
+			         d->states[d->path[k + 1]]);
+			return -1;
+		}
+		if (r->n == LG_ROUTE_MAX) {
+			snprintf(err, cap, "the main path has more than %d events", LG_ROUTE_MAX);
+			return -1;
+		}
+		r->ev[r->n++] = found;
+	}
+	return 0;
+}
+
+static bool lg_on_main(const struct lc_def *d, int s)
+{
+	for (int k = 0; k < d->npath; k++)
+		if (d->path[k] == s)
+			return true;
+	return false;
+}
+
+static void lg_branches(struct lg_plan *p, const struct lg_route *main_route)
+{
+	const struct lc_def *d = p->def;
+
+	for (int k = 0; k + 1 < d->npath && k < main_route->n; k++) {
+		for (int e = 0; e < d->nevents; e++) {
+			const struct lc_event *ev = &d->events[e];
+			struct lg_route r;
+
+			if (ev->creates != 0 || !(ev->from & (1u << d->path[k])) || !(d->terminal & (1u << ev->to)) ||
+			    lg_on_main(d, ev->to) || k + 2 > LG_ROUTE_MAX)
+				continue;
+			memset(&r, 0, sizeof r);
+			r.kind = LG_ROUTE_BRANCH;
+			memcpy(r.ev, main_route->ev, (size_t)(k + 1) * sizeof r.ev[0]);
+			r.n = k + 1;
+			r.ev[r.n++] = e;
+			if (lg_route_add(p, &r, false))
+				p->nbranch++;
+		}
+	}
+}
+
+static bool lg_in_route(const struct lg_route *r, int e)
+{
+	for (int k = 0; k < r->n; k++)
+		if (r->ev[k] == e)
+			return true;
+	return false;
+}
+
+/* The first branch that an event can follow only as invalid-transition,
+ * whatever the order: candidates that some order lets apply are skipped
+ * quietly (they are conflicts, not invalid routes). */
+static void lg_invalid_route(struct lg_plan *p)
+{
+	const struct lc_def *d = p->def;
+
+	p->invalid = -1;
+	for (int b = 1; b <= p->nbranch; b++) {
+		const struct lg_route *br = &p->routes[b];
+
+		if (br->n + 1 > LG_ROUTE_MAX)
+			continue;
+		for (int e = 0; e < d->nevents; e++) {
+			struct lg_route r = *br;
+			struct lg_fold f;
+
+			if (lg_in_route(br, e))
+				continue;
+			lg_fold_run(d, br->ev, br->n, &f);
+			if (lc_decide(d, f.state, f.marks, e).decision != LC_INVALID)
+				continue;
+			r.kind = LG_ROUTE_INVALID;
+			r.ev[r.n++] = e;
+			if (lg_route_add(p, &r, true)) {
+				p->invalid = p->nroutes - 1;
+				return;
+			}
+		}
+	}
+}
+
+static void lg_fields(struct lg_plan *p)
+{
+	const struct lc_def *d = p->def;
+
+	p->required_ev = p->required_field = p->data_ev = p->data_field = -1;
+	for (int e = 0; e < d->nevents; e++) {
+		for (int k = 0; k < d->events[e].nsets; k++) {
+			const struct lc_set *s = &d->events[e].sets[k];
+			int have = -1;
+
+			if (s->src != LC_SRC_DATA)
+				continue;
+			for (int f = 0; f < p->nfields; f++)
+				if (strcmp(p->fields[f].set->field, s->field) == 0)
+					have = f;
+			if (have < 0 && p->nfields < LG_FIELDS_MAX) {
+				have = p->nfields;
+				p->fields[p->nfields++].set = s;
+			}
+			if (have < 0)
+				continue;
+			if (p->data_ev < 0) {
+				p->data_ev = e;
+				p->data_field = have;
+			}
+			if (s->required && p->required_ev < 0) {
+				p->required_ev = e;
+				p->required_field = have;
+			}
+		}
+	}
+}
+
+/* SPEC's emitted messages, in the order of its SPEC_EMIT_* bits: the order
+ * the ledger always listed them in. */
+static const char *const lg_spec_emits[] = { "RefundRequested", "InventoryReleaseRequested", "OrderPaid" };
+
+/* SPEC's emit bits as the definition's; false when SPEC emits something
+ * the definition never does. */
+static bool lg_spec_bits_to_def(const struct lc_def *d, unsigned spec, uint32_t *out)
+{
+	*out = 0;
+	for (int b = 0; b < 3; b++) {
+		bool found = false;
+
+		if (!(spec & (1u << b)))
+			continue;
+		for (int i = 0; i < d->nemits; i++)
+			if (strcmp(d->emits[i], lg_spec_emits[b]) == 0) {
+				*out |= 1u << i;
+				found = true;
+			}
+		if (!found)
+			return false;
+	}
+	return true;
+}
+
+/* The order definition's routes against SPEC's table, typed in from
+ * SPEC.md: what the file says must be what SPEC says. */
+static int lg_spec_check(const struct lg_plan *p, char *err, size_t cap)
+{
+	const struct lc_def *d = p->def;
+
+	for (int i = 0; i < p->nroutes; i++) {
+		const struct lg_route *r = &p->routes[i];
+		enum msg_type ev[LG_ROUTE_MAX];
+		enum spec_outcome out[LG_ROUTE_MAX];
+		struct spec_fold f;
+		char what[512];
+		uint32_t bits;
+		bool same;
+
+		for (int k = 0; k < r->n; k++) {
+			const char *name = d->events[r->ev[k]].type;
+			int t = msg_type_from_name(name, strlen(name));
+
+			if (t < 0) {
+				snprintf(err, cap, "the order definition's event %s is not one of SPEC's", name);
+				return -1;
+			}
+			ev[k] = (enum msg_type)t;
+		}
+		same = spec_fold(ev, (size_t)r->n, out, NULL, &f) == 0 &&
+		       strcmp(spec_status_name(f.end.status), d->states[r->end]) == 0 &&
+		       f.version == (int)r->version && lg_spec_bits_to_def(d, f.emits, &bits) && bits == r->emits;
+		for (int k = 0; same && k < r->n; k++)
+			same = (out[k] == SPEC_DEAD_LETTERED) == r->dead[k];
+		if (!same) {
+			lg_route_describe(d, r, what, sizeof what);
+			snprintf(err, cap, "the order definition disagrees with SPEC's table on %s", what);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void lg_emit_order(struct lg_plan *p)
+{
+	const struct lc_def *d = p->def;
+	bool taken[LC_MAX_EMITS] = { false };
+	int n = 0;
+
+	if (p->is_order) {
+		for (int b = 0; b < 3; b++)
+			for (int i = 0; i < d->nemits; i++)
+				if (!taken[i] && strcmp(d->emits[i], lg_spec_emits[b]) == 0) {
+					taken[i] = true;
+					p->emit_order[n++] = i;
+				}
+	}
+	for (int i = 0; i < d->nemits; i++)
+		if (!taken[i])
+			p->emit_order[n++] = i;
+}
+
+int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t cap)
+{
+	struct lg_route main_route;
+
+	memset(p, 0, sizeof *p);
+	p->def = def;
+	p->invalid = -1;
+	p->is_order = strcmp(def->aggregate, "order") == 0 && strcmp(def->table, "orders") == 0 &&
+	              strcmp(def->key, "order_id") == 0;
+	/* The worker refuses such a definition (lifecycle check): a ledger
+	 * for it would predict what no arrival order promises. */
+	{
+		struct lc_check chk;
+		if (!lc_check_order_independence(def, &chk)) {
+			snprintf(err, cap, "the definition is not arrival-order independent: %s", chk.why);
+			return -1;
+		}
+	}
+	if (def->npath < 1) {
+		snprintf(err, cap, "the definition has no main path");
+		return -1;
+	}
+	if (lg_main_route(p, &main_route, err, cap) != 0)
+		return -1;
+	if (!lg_route_add(p, &main_route, false)) {
+		snprintf(err, cap, "the main path's outcome depends on arrival order (or an event of it never takes effect)");
+		return -1;
+	}
+	lg_branches(p, &p->routes[0]);
+	lg_invalid_route(p);
+	lg_fields(p);
+	lg_emit_order(p);
+	if (p->is_order && lg_spec_check(p, err, cap) != 0)
+		return -1;
+	return 0;
+}
+
+const char *lg_plan_source(const struct lg_plan *p, int ev)
+{
+	static const struct {
+		const char *type, *source;
+	} order_sources[] = {
+		{ "PaymentAuthorized", "payments" },
+		{ "InventoryReserved", "inventory" },
+		{ "ShipmentCreated", "shipping" },
+	};
+
+	if (p->is_order) {
+		for (size_t i = 0; i < sizeof order_sources / sizeof order_sources[0]; i++)
+			if (strcmp(p->def->events[ev].type, order_sources[i].type) == 0)
+				return order_sources[i].source;
+	}
+	return p->def->table;
+}
