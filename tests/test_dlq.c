@@ -1083,3 +1083,78 @@ Test(dlq, an_enveloped_dead_letter_is_listed_by_its_own_key_and_replayed)
 	                       " AND source = 'https://payments.example.com/v1'"),
 	             1);
 }
+
+/* ---- a lifecycle of the user's own (issue 27) ----------------------------- */
+
+static void publish_shipment(struct mq *m, const char *id, const char *type, const char *data)
+{
+	char body[512];
+
+	snprintf(body, sizeof body,
+	         "{\"message_id\":\"%s\",\"source\":\"carrier\",\"type\":\"%s\",\"shipment_id\":\"s-dl\"%s%s%s}", id,
+	         type, data != NULL ? ",\"data\":{" : "", data != NULL ? data : "", data != NULL ? "}" : "");
+	itest_publish(m, type, body, id);
+}
+
+/* The tools read a dead letter by the lifecycle the worker runs
+ * (INBOX_LIFECYCLE): a shipment lost after it was delivered is listed by
+ * its shipment and type, shown with its shipment row, and judged by the
+ * shipment's state (still impossible), not as a body that fails the
+ * order's checks. */
+Test(dlq, a_lifecycle_s_dead_letter_is_read_by_its_definition, .timeout = 600)
+{
+	char env[4200], path[4096];
+	const char *lenv[] = { env, NULL };
+	const char *margs[] = { "migrate", NULL };
+	struct db *d;
+	struct mq *m;
+	json_t *doc, *e;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	d = itest_db();
+	cr_assert_eq(db_exec(d, "DROP TABLE IF EXISTS shipments, shipment_events, shipment_locks"), ST_OK, "%s",
+	             db_errmsg(d));
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/shipment.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, lenv), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the shipment lifecycle (status %d)", st);
+	w = itest_worker_logged(1, lenv, dlq_worker_log(0));
+	m = itest_mq();
+	publish_shipment(m, "sdl-1", "ShipmentLabelled", "\"tracking_number\":\"TRK-DL\"");
+	publish_shipment(m, "sdl-2", "ParcelPickedUp", NULL);
+	publish_shipment(m, "sdl-3", "ParcelInTransit", NULL);
+	publish_shipment(m, "sdl-4", "ParcelDelivered", NULL);
+	publish_shipment(m, "sdl-5", "ParcelLost", NULL);
+	mq_close(&m);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 1, 120), 1, "the lost-after-delivered is dead-lettered");
+	itest_wait_queue_empty(itest_cfg()->queue, 60);
+	itest_stop(w, SIGTERM, 30);
+
+	doc = list_json(NULL, lenv);
+	e = json_array_get(json_object_get(doc, "dead_letters"), 0);
+	cr_assert_not_null(e);
+	cr_expect_str_eq(json_string_value(json_object_get(e, "message_id")), "sdl-5");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "order_id")), "s-dl", "the shipment it names");
+	cr_expect_str_eq(json_string_value(json_object_get(e, "reason")), "invalid-transition");
+	json_decref(doc);
+
+	{
+		const char *a[] = { "show", "sdl-5", NULL };
+
+		st = run_dlq(a, lenv, out, sizeof out, "dlq-show");
+	}
+	cr_assert(exited_0(st), "dlq show exit status %d: %s", st, out);
+	cr_expect(strstr(out, "parse:        ok") != NULL, "read by the shipment definition: %s", out);
+	cr_expect(strstr(out, "shipment row: s-dl status Delivered, version 4") != NULL, "%s", out);
+	cr_expect(strstr(out, "tracking_number TRK-DL") != NULL, "the columns its events set: %s", out);
+	{
+		const char *a[] = { "--reason", "invalid-transition", "--dry-run", NULL };
+
+		st = replay(a, lenv);
+	}
+	cr_assert(exited_0(st), "%s", out);
+	cr_expect(strstr(out, "still an impossible transition (shipment s-dl: Delivered)") != NULL, "%s", out);
+	cr_expect(strstr(out, "still-malformed") == NULL, "%s", out);
+	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 1, "a dry run leaves it");
+}

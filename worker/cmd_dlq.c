@@ -26,11 +26,13 @@
 #include "args.h"
 #include "array.h"
 #include "cmd.h"
+#include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
 #include "db.h"
 #include "deadletter.h"
 #include "envelope.h"
 #include "fault.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "mq.h"
 #include "msg.h"
@@ -479,18 +481,49 @@ struct dlq_inbox_row {
 	char at[40];
 };
 
+/* The aggregate's row: its state, and the columns its events set as text
+ * (the bound definition's, order_binding cols). */
+#define DLQ_COL_TEXT 80
 struct dlq_order_row {
 	bool found;
 	char status[32];
 	int64_t version;
 	int64_t flags;
-	bool has_amount;
-	int64_t amount;
-	char paid_at[40];
+	char col[ORDER_COLS_MAX][DLQ_COL_TEXT];
+	bool col_null[ORDER_COLS_MAX];
 };
+
+static int dlq_sql_ledger(char *sql, size_t cap)
+{
+	const struct lc_def *d = order_binding_current()->def;
+	int n = snprintf(sql, cap,
+	                 "SELECT `%s`, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
+	                 " FROM `%s_events` WHERE consumer = ? AND source = ? AND message_id = ?",
+	                 d->key, d->aggregate);
+
+	return n > 0 && (size_t)n < cap ? ST_OK : ST_ERR_INVALID;
+}
+
+static int dlq_sql_row(char *sql, size_t cap)
+{
+	const struct order_binding *b = order_binding_current();
+	size_t len;
+	int n = snprintf(sql, cap, "SELECT status, version, flags");
+
+	for (int c = 0; n > 0 && (size_t)n < cap && c < b->ncols; c++) {
+		len = (size_t)n;
+		n += snprintf(sql + len, cap - len, ", CAST(`%s` AS CHAR)", b->cols[c]);
+	}
+	if (n > 0 && (size_t)n < cap) {
+		len = (size_t)n;
+		n += snprintf(sql + len, cap - len, " FROM `%s` WHERE id = ?", b->def->table);
+	}
+	return n > 0 && (size_t)n < cap ? ST_OK : ST_ERR_INVALID;
+}
 
 static int dlq_db_open(struct dlq_run *r)
 {
+	char sql[4096];
 	int rc = db_open(&r->db, &r->conf->db);
 
 	if (rc == ST_OK)
@@ -500,14 +533,17 @@ static int dlq_db_open(struct dlq_run *r)
 	/* The ledger outlives the inbox rows (retention cleans only those):
 	 * a key without an inbox row whose effect is here was forgotten, not
 	 * never seen (dlq_ledger_judge). */
+	/* The ledger and the row of the lifecycle the worker runs (the bound
+	 * definition's names, validated by lc_load, backtick-quoted): for
+	 * the order definition, order_events and orders. */
 	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_ledger,
-		                "SELECT order_id, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
-		                " FROM order_events WHERE consumer = ? AND source = ? AND message_id = ?");
+		rc = dlq_sql_ledger(sql, sizeof sql);
 	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_order,
-		                "SELECT status, version, flags, amount_cents, COALESCE(CAST(paid_at AS CHAR), '')"
-		                " FROM orders WHERE id = ?");
+		rc = db_prepare(r->db, &r->q_ledger, sql);
+	if (rc == ST_OK)
+		rc = dlq_sql_row(sql, sizeof sql);
+	if (rc == ST_OK)
+		rc = db_prepare(r->db, &r->q_order, sql);
 	/* Only a key the inbox dead-lettered with this very payload: a key
 	 * that was claimed again meanwhile (applied, held) is left alone. */
 	if (rc == ST_OK)
@@ -537,21 +573,26 @@ static int dlq_inbox_lookup(struct dlq_run *r, const struct msg *m, struct dlq_i
 
 static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_order_row *row)
 {
+	const struct order_binding *b = order_binding_current();
 	struct db_param p[] = { DBP_STR(order_id) };
-	struct db_col c[] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64(), DBC_I64(),
-		              DBC_STR(row->paid_at, sizeof row->paid_at) };
+	struct db_col c[3 + ORDER_COLS_MAX] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64() };
 	int got;
 
 	memset(row, 0, sizeof *row);
-	got = db_stmt_query_row(r->q_order, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+	for (int k = 0; k < b->ncols; k++) {
+		struct db_col text = DBC_STR(row->col[k], sizeof row->col[k]);
+
+		c[3 + k] = text;
+	}
+	got = db_stmt_query_row(r->q_order, p, ARRAY_LEN(p), c, (size_t)(3 + b->ncols));
 	if (got < 0)
 		return got;
 	if (got == 1) {
 		row->found = true;
 		row->version = c[1].i64;
 		row->flags = c[2].i64;
-		row->has_amount = !c[3].is_null;
-		row->amount = c[3].i64;
+		for (int k = 0; k < b->ncols; k++)
+			row->col_null[k] = c[3 + k].is_null;
 	}
 	return db_commit(r->db);
 }
@@ -640,17 +681,19 @@ static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verd
 		                                       (unsigned)ord.flags, e->m.type);
 		const char *now = ord.found ? ord.status : "absent";
 
+		const char *agg = order_binding_current()->def->aggregate;
+
 		if (ov.decision == ORDER_HOLD) {
 			*v = DLQ_V_WAITING;
-			snprintf(why, cap, "its prerequisite is still missing (order %s: %s): it would be held again",
+			snprintf(why, cap, "its prerequisite is still missing (%s %s: %s): it would be held again", agg,
 			         e->m.order_id, now);
 		} else if (ov.decision == ORDER_INVALID) {
 			*v = DLQ_V_INVALID;
-			snprintf(why, cap, "still an impossible transition (order %s: %s)", e->m.order_id, now);
+			snprintf(why, cap, "still an impossible transition (%s %s: %s)", agg, e->m.order_id, now);
 		} else {
 			*v = DLQ_V_REOPEN;
-			snprintf(why, cap, "the inbox dead-lettered it (%s); order %s is %s now: the key is reopened"
-			         " and the event %s", in.reason, e->m.order_id, now, order_decision_outcome(ov.decision));
+			snprintf(why, cap, "the inbox dead-lettered it (%s); %s %s is %s now: the key is reopened"
+			         " and the event %s", in.reason, agg, e->m.order_id, now, order_decision_outcome(ov.decision));
 		}
 	}
 	return ST_OK;
@@ -673,7 +716,7 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 	struct dlq_inbox_row in;
 	struct dlq_order_row ord;
 	enum dlq_verdict v;
-	char why[800], sha[65];
+	char why[800], sha[65], label[LC_NAME_MAX + 8];
 	char *props;
 	int rc;
 
@@ -717,17 +760,19 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 		rc = dlq_order_lookup(r, e->m.order_id, &ord);
 		if (rc != ST_OK)
 			return rc;
+		/* "order row:    ", "shipment row: ": the aggregate's name in the
+		 * label's column. */
+		snprintf(label, sizeof label, "%s row:", order_binding_current()->def->aggregate);
 		if (ord.found) {
-			char amount[24];
-			if (ord.has_amount)
-				snprintf(amount, sizeof amount, "%lld", (long long)ord.amount);
-			else
-				snprintf(amount, sizeof amount, "NULL");
-			fprintf(r->out, "order row:    %s status %s, version %lld, flags %lld, amount_cents %s, paid_at %s\n",
-			        e->m.order_id, ord.status, (long long)ord.version, (long long)ord.flags, amount,
-			        ord.paid_at[0] ? ord.paid_at : "NULL");
+			const struct order_binding *b = order_binding_current();
+
+			fprintf(r->out, "%-13s %s status %s, version %lld, flags %lld", label, e->m.order_id, ord.status,
+			        (long long)ord.version, (long long)ord.flags);
+			for (int k = 0; k < b->ncols; k++)
+				fprintf(r->out, ", %s %s", b->cols[k], ord.col_null[k] ? "NULL" : ord.col[k]);
+			fprintf(r->out, "\n");
 		} else {
-			fprintf(r->out, "order row:    %s does not exist\n", e->m.order_id);
+			fprintf(r->out, "%-13s %s does not exist\n", label, e->m.order_id);
 		}
 	}
 	rc = dlq_judge(r, e, &v, why, sizeof why);
@@ -1157,8 +1202,15 @@ static enum args_result dlq_take(int *argc, char **argv, struct cmd_opts *o, cha
  * build migrated, as every command that writes does; the others read. */
 static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
 {
+	int code;
+
 	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && migrate_check_known(conf) != 0)
 		return 1;
+	/* Dead letters are read, judged and shown by the lifecycle the
+	 * worker runs (INBOX_LIFECYCLE; the built-in order one without). */
+	code = lifecycle_setup(conf);
+	if (code != 0)
+		return code;
 	return dlq_main(conf, &o->dlq, stdout);
 }
 
