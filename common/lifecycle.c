@@ -224,6 +224,8 @@ static void pop(struct ctx *c)
 }
 
 static void add_error(struct lc_errors *errs, int line, int col, const char *fmt, va_list ap)
+	__attribute__((format(printf, 4, 0)));
+static void add_error(struct lc_errors *errs, int line, int col, const char *fmt, va_list ap)
 {
 	if (errs->n >= LC_MAX_ERRORS) {
 		errs->more = true;
