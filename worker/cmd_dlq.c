@@ -482,8 +482,10 @@ struct dlq_inbox_row {
 };
 
 /* The aggregate's row: its state, and the columns its events set as text
- * (the bound definition's, order_binding cols). */
-#define DLQ_COL_TEXT 80
+ * (the bound definition's, order_binding cols), each cut to its first
+ * DLQ_COL_CHARS characters (4 bytes each at most) for the screen. */
+#define DLQ_COL_CHARS 64
+#define DLQ_COL_TEXT (4 * DLQ_COL_CHARS + 1)
 struct dlq_order_row {
 	bool found;
 	char status[32];
@@ -512,7 +514,7 @@ static int dlq_sql_row(char *sql, size_t cap)
 
 	for (int c = 0; n > 0 && (size_t)n < cap && c < b->ncols; c++) {
 		len = (size_t)n;
-		n += snprintf(sql + len, cap - len, ", CAST(`%s` AS CHAR)", b->cols[c]);
+		n += snprintf(sql + len, cap - len, ", LEFT(CAST(`%s` AS CHAR), %d)", b->cols[c], DLQ_COL_CHARS);
 	}
 	if (n > 0 && (size_t)n < cap) {
 		len = (size_t)n;
