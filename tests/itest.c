@@ -413,6 +413,17 @@ int itest_log_count(const char *log_path, const char *text)
 	return itest_log_scan(log_path, (const char *const[]){ text, NULL }, true);
 }
 
+int itest_loadgen(const char *const *args, const char *const *env, const char *log_path, int timeout_s)
+{
+	const char *bin = getenv("INBOX_LOADGEN_BIN");
+	int st;
+
+	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
+	st = itest_wait_exit(itest_spawn_program(bin, args, env, log_path, true), timeout_s);
+	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
+	return WEXITSTATUS(st);
+}
+
 bool itest_log_has(const char *log_path, const char *text)
 {
 	return itest_log_scan(log_path, (const char *const[]){ text, NULL }, false) > 0;

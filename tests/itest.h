@@ -60,6 +60,10 @@ pid_t itest_worker_logged(int threads, const char *const *env, const char *log_p
 /* Any program: stderr (and stdout too, when with_stdout) into log_path. */
 pid_t itest_spawn_program(const char *bin, const char *const *args, const char *const *env, const char *log_path,
                           bool with_stdout);
+/* Run inbox-loadgen (INBOX_LOADGEN_BIN) with args and extra env (both
+ * NULL-terminated; env may be NULL), stdout and stderr into log_path;
+ * asserts it exited within timeout_s and returns its exit code. */
+int itest_loadgen(const char *const *args, const char *const *env, const char *log_path, int timeout_s);
 /* /tmp/inbox-itest-PID-NAME.log: a log file named after its test. */
 void itest_log_path(char *buf, size_t cap, const char *name);
 /* SIGTERM, and the process must exit 0 (bounded). */

@@ -23,30 +23,6 @@
 #include "itest.h"
 #include "status.h"
 
-static int lg_run(const char *const *args, const char *log_path, int timeout_s)
-{
-	const char *bin = getenv("INBOX_LOADGEN_BIN");
-	int st;
-
-	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
-	st = itest_wait_exit(itest_spawn_program(bin, args, NULL, log_path, true), timeout_s);
-	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
-	return WEXITSTATUS(st);
-}
-
-static bool file_has(const char *path, const char *a)
-{
-	FILE *f = fopen(path, "r");
-	char line[2048];
-	bool found = false;
-
-	cr_assert_not_null(f, "cannot open %s", path);
-	while (!found && fgets(line, sizeof line, f) != NULL)
-		found = strstr(line, a) != NULL;
-	fclose(f);
-	return found;
-}
-
 /* Migrate with the definition, publish a scenario of it while two workers
  * run it, verify against it.  tables: the definition's own tables, dropped
  * first so that migrate creates them as this build's definition says
@@ -81,16 +57,16 @@ static void run_lifecycle(const char *rel, const char *name, const char *const *
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with %s failed (status %d)", rel, st);
 	w1 = itest_worker(4, env);
 	w2 = itest_worker(4, env);
-	rc = lg_run(pub, plog, 300);
+	rc = itest_loadgen(pub, NULL, plog, 300);
 	if (rc == 0)
-		rc = lg_run(ver, vlog, 300) == 0 ? 0 : 100;
+		rc = itest_loadgen(ver, NULL, vlog, 300) == 0 ? 0 : 100;
 	itest_stop(w1, SIGTERM, 30);
 	itest_stop(w2, SIGTERM, 30);
 	cr_assert_neq(rc, 100, "verify failed, see %s", vlog);
 	cr_assert_eq(rc, 0, "publish failed, see %s", plog);
-	cr_assert(file_has(vlog, "missing 0, doubled 0"), "report lacks the zero counts, see %s", vlog);
-	cr_assert(file_has(vlog, "missing     0 in all"), "see %s", vlog);
-	cr_assert(file_has(vlog, "without the stable id 0)"), "see %s", vlog);
+	cr_assert(itest_log_has(vlog, "missing 0, doubled 0"), "report lacks the zero counts, see %s", vlog);
+	cr_assert(itest_log_has(vlog, "missing     0 in all"), "see %s", vlog);
+	cr_assert(itest_log_has(vlog, "without the stable id 0)"), "see %s", vlog);
 }
 
 Test(lifecycle_load, order_definition_file_verifies_clean, .timeout = 600)

@@ -20,19 +20,6 @@
 #include "itest.h"
 #include "status.h"
 
-/* Run inbox-loadgen with args (NULL-terminated), stdout and stderr into
- * log_path; returns its exit code. */
-static int lg_run(const char *const *args, const char *log_path, int timeout_s)
-{
-	const char *bin = getenv("INBOX_LOADGEN_BIN");
-	int st;
-
-	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
-	st = itest_wait_exit(itest_spawn_program(bin, args, NULL, log_path, true), timeout_s);
-	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
-	return WEXITSTATUS(st);
-}
-
 static void lg_ledger_path(char *buf, size_t cap, const char *name)
 {
 	snprintf(buf, cap, "%s/inbox-lg-%s-%d.jsonl", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name, (int)getpid());
@@ -81,7 +68,7 @@ static void lg_settled_run(const char *ledger, const char *run)
 	int64_t originals;
 
 	snprintf(log, sizeof log, "%s.publish.log", ledger);
-	cr_assert_eq(lg_run(pub, log, 120), 0, "publish failed, see %s", log);
+	cr_assert_eq(itest_loadgen(pub, NULL, log, 120), 0, "publish failed, see %s", log);
 	originals = lg_ledger_int(ledger, "originals");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'", originals, 120),
 	             originals, "the workers did not settle every original");
@@ -118,8 +105,8 @@ Test(loadgen, small_scenario_with_every_duplicate_kind_verifies_clean, .timeout 
 	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
 	w1 = itest_worker(4, NULL);
 	w2 = itest_worker(4, NULL);
-	cr_assert_eq(lg_run(pub, plog, 300), 0, "publish failed, see %s", plog);
-	rc = lg_run(ver, vlog, 300);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 300), 0, "publish failed, see %s", plog);
+	rc = itest_loadgen(ver, NULL, vlog, 300);
 	itest_stop(w1, SIGTERM, 30);
 	itest_stop(w2, SIGTERM, 30);
 	cr_assert_eq(rc, 0, "verify failed, see %s", vlog);
@@ -139,7 +126,7 @@ Test(loadgen, verifier_names_a_removed_effect, .timeout = 600)
 	cr_assert(itest_str1("SELECT message_id FROM order_events WHERE type = ? ORDER BY id LIMIT 1",
 	                     "InventoryReserved", victim, sizeof victim));
 	lg_exec1("DELETE FROM order_events WHERE message_id = ?", victim);
-	cr_assert_neq(lg_run(ver, vlog, 120), 0, "verify passed a database with an effect removed, see %s", vlog);
+	cr_assert_neq(itest_loadgen(ver, NULL, vlog, 120), 0, "verify passed a database with an effect removed, see %s", vlog);
 	cr_assert(lg_file_has(vlog, victim, "no order_events row"), "report does not name %s, see %s", victim, vlog);
 }
 
@@ -161,7 +148,7 @@ Test(loadgen, verifier_names_a_doubled_effect, .timeout = 600)
 	         " to_status, version, applied_at) SELECT order_id, consumer, source, message_id, type, outcome,"
 	         " from_status, to_status, version + 1000, applied_at FROM order_events WHERE message_id = ?",
 	         victim);
-	cr_assert_neq(lg_run(ver, vlog, 120), 0, "verify passed a database with a doubled effect, see %s", vlog);
+	cr_assert_neq(itest_loadgen(ver, NULL, vlog, 120), 0, "verify passed a database with a doubled effect, see %s", vlog);
 	cr_assert(lg_file_has(vlog, victim, "order_events rows"), "report does not name %s, see %s", victim, vlog);
 }
 
@@ -185,11 +172,11 @@ Test(loadgen, dlq_unbind_and_bind, .timeout = 120)
 	lg_ledger_path(log, sizeof log, "dlq-bind");
 	/* itest_mq declares the topology, which binds the DLQ: open it first. */
 	m = itest_mq();
-	cr_assert_eq(lg_run(unbind, log, 60), 0, "dlq unbind failed, see %s", log);
+	cr_assert_eq(itest_loadgen(unbind, NULL, log, 60), 0, "dlq unbind failed, see %s", log);
 	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_ERR_MQ_NACK,
 	             "a dead-letter must be unroutable while the DLQ is unbound");
 	cr_assert_eq(itest_queue_depth(c->dlq), 0);
-	cr_assert_eq(lg_run(bind, log, 60), 0, "dlq bind failed, see %s", log);
+	cr_assert_eq(itest_loadgen(bind, NULL, log, 60), 0, "dlq bind failed, see %s", log);
 	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK, "bound again, the dead-letter must land");
 	mq_close(&m);
 	cr_assert_eq(itest_queue_depth(c->dlq), 1);
@@ -210,7 +197,7 @@ Test(loadgen, binary_header_class_is_published_and_expected_as_malformed_json, .
 	itest_fresh();
 	lg_ledger_path(ledger, sizeof ledger, "binhdr");
 	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
-	cr_assert_eq(lg_run(pub, plog, 60), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 60), 0, "publish failed, see %s", plog);
 	cr_assert(lg_file_has(ledger, "\"class\":\"binary-header\"", "\"reason\":\"malformed-json\""),
 	          "the ledger lacks the binary-header class, see %s", ledger);
 	m = itest_mq();
@@ -262,7 +249,7 @@ Test(loadgen, publisher_republishes_after_a_broker_restart, .timeout = 600)
 	          plog);
 	cr_assert_eq(itest_log_has(plog, "re-published") && !itest_log_has(plog, "after 0 broker faults"), true,
 	             "the publisher saw no broker fault, see %s", plog);
-	rc = lg_run(ver, vlog, 400);
+	rc = itest_loadgen(ver, NULL, vlog, 400);
 	itest_stop(w1, SIGTERM, 60);
 	itest_stop(w2, SIGTERM, 60);
 	cr_assert_eq(rc, 0, "verify failed, see %s", vlog);
@@ -307,7 +294,7 @@ Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout
 	snprintf(v1, sizeof v1, "%s.verify1.log", ledger);
 	snprintf(v2, sizeof v2, "%s.verify2.log", ledger);
 	w1 = itest_worker(2, NULL);
-	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
 	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
@@ -327,10 +314,10 @@ Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout
 	cr_assert_gt(dlq_before, 1, "the run left no dead-letter to read");
 	cr_assert_gt(vq_before, 1, "the run emitted nothing to read");
 
-	cr_assert_eq(lg_run(ver1, v1, 120), 0, "first verify failed, see %s", v1);
+	cr_assert_eq(itest_loadgen(ver1, NULL, v1, 120), 0, "first verify failed, see %s", v1);
 	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v1);
 	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v1);
-	cr_assert_eq(lg_run(ver2, v2, 120), 0, "second verify failed, see %s", v2);
+	cr_assert_eq(itest_loadgen(ver2, NULL, v2, 120), 0, "second verify failed, see %s", v2);
 	cr_assert_eq(itest_queue_depth(c->dlq), dlq_before, "verify removed dead-letters, see %s", v2);
 	cr_assert_eq(itest_queue_depth(vq), vq_before, "verify removed emitted messages, see %s", v2);
 	r1 = lg_slurp(v1);
@@ -351,11 +338,11 @@ Test(loadgen, durations_are_taken_like_the_worker, .timeout = 60)
 	const char *bad[] = { "verify", "--ledger", "/nonexistent/ledger.jsonl", "--timeout", "5 minutes", NULL };
 
 	lg_ledger_path(log, sizeof log, "durations");
-	cr_assert_eq(lg_run(ver, log, 30), 1, "verify --timeout 5m refused, see %s", log);
+	cr_assert_eq(itest_loadgen(ver, NULL, log, 30), 1, "verify --timeout 5m refused, see %s", log);
 	cr_assert(lg_file_has(log, "cannot read", NULL), "verify did not get to the ledger, see %s", log);
-	cr_assert_eq(lg_run(pub, log, 30), 1, "publish refused its durations, see %s", log);
+	cr_assert_eq(itest_loadgen(pub, NULL, log, 30), 1, "publish refused its durations, see %s", log);
 	cr_assert(lg_file_has(log, "cannot write", NULL), "publish did not get to the ledger, see %s", log);
-	cr_assert_eq(lg_run(bad, log, 30), 2, "a bad duration must be a usage error, see %s", log);
+	cr_assert_eq(itest_loadgen(bad, NULL, log, 30), 2, "a bad duration must be a usage error, see %s", log);
 	cr_assert(lg_file_has(log, "--timeout", "bad duration"), "the error does not name the option, see %s", log);
 }
 
@@ -367,7 +354,7 @@ Test(loadgen, help_lists_only_the_settings_it_uses, .timeout = 60)
 	const char *help[] = { "--help", NULL };
 
 	lg_ledger_path(log, sizeof log, "help");
-	cr_assert_eq(lg_run(help, log, 30), 0);
+	cr_assert_eq(itest_loadgen(help, NULL, log, 30), 0);
 	cr_assert(lg_file_has(log, "INBOX_AMQP_URL", NULL), "see %s", log);
 	cr_assert(lg_file_has(log, "INBOX_DB_URL", NULL), "see %s", log);
 	cr_assert(lg_file_has(log, "INBOX_DLQ", NULL), "see %s", log);
@@ -389,7 +376,7 @@ Test(loadgen, progress_line_shows_elapsed_percentage_and_eta, .timeout = 120)
 	itest_fresh();
 	lg_ledger_path(ledger, sizeof ledger, "progress");
 	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
-	cr_assert_eq(lg_run(pub, plog, 60), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 60), 0, "publish failed, see %s", plog);
 	cr_assert(lg_file_has(plog, "ETA --", "elapsed 0:00"), "no first progress line with ETA --, see %s", plog);
 	cr_assert(lg_file_has(plog, "%)", "msg/s"), "no percentage and rate, see %s", plog);
 	cr_assert(lg_file_has(plog, "ETA 0:0", NULL), "no ETA once the rate is known, see %s", plog);
@@ -402,7 +389,7 @@ static void lg_publish_settled(const char *const *pub, const char *ledger, const
 {
 	pid_t w = itest_worker(threads, NULL);
 
-	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
 	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
@@ -417,7 +404,7 @@ static json_t *lg_verify_json(const char *const *ver, const char *vlog)
 	json_t *o;
 	FILE *f;
 
-	cr_assert_eq(lg_run(ver, vlog, 120), 0, "verify --json failed, see %s", vlog);
+	cr_assert_eq(itest_loadgen(ver, NULL, vlog, 120), 0, "verify --json failed, see %s", vlog);
 	f = fopen(vlog, "r");
 	cr_assert_not_null(f);
 	o = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
@@ -475,7 +462,7 @@ Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .ti
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "missing"), "total")), 0);
 	cr_assert(json_is_integer(json_object_get(json_object_get(o, "emitted"), "found")), "see %s", vlog);
 	json_decref(o);
-	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
+	cr_assert_eq(itest_loadgen(txt, NULL, tlog, 120), 0, "verify failed, see %s", tlog);
 	cr_assert(lg_file_has(tlog, "duplicates", "absorbed"), "the text report lacks the duplicates, see %s", tlog);
 }
 
@@ -528,7 +515,7 @@ Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout =
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
 	json_decref(o);
 
-	cr_assert_eq(lg_run(txt, tlog, 120), 0, "verify failed, see %s", tlog);
+	cr_assert_eq(itest_loadgen(txt, NULL, tlog, 120), 0, "verify failed, see %s", tlog);
 	snprintf(line, sizeof line, "held %lld, released %lld (", (long long)held, (long long)released);
 	cr_assert(lg_file_has(tlog, "holds ", line), "the text report lacks '%s', see %s", line, tlog);
 	cr_assert(lg_file_has(tlog, "holds ", "expired 0, still held 0"), "see %s", tlog);
@@ -563,7 +550,7 @@ Test(loadgen, verify_waits_for_a_delivery_held_unacked, .timeout = 600)
 	lg_ledger_path(ledger, sizeof ledger, "held");
 	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
 	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
-	cr_assert_eq(lg_run(pub, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
 	cr_assert_eq(mq_open(&hold, &itest_cfg()->amqp, 0, "itest-holder"), ST_OK);
 	/* A ShipmentCreated: nothing waits for it, so while it is away no
 	 * held event, no outbox row and no ready message says the run is
@@ -620,7 +607,7 @@ Test(loadgen, verify_fails_an_effect_emitted_under_another_id, .timeout = 600)
 	lg_ledger_path(ledger, sizeof ledger, "emitid");
 	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
 	lg_settled_run(ledger, "emitid");
-	cr_assert_eq(lg_run(ver, vlog, 120), 0, "the untouched run must verify, see %s", vlog);
+	cr_assert_eq(itest_loadgen(ver, NULL, vlog, 120), 0, "the untouched run must verify, see %s", vlog);
 	cr_assert(itest_str1("SELECT order_id FROM outbox WHERE type = ? ORDER BY id LIMIT 1", "RefundRequested", order,
 	                     sizeof order), "the run emitted no RefundRequested");
 	snprintf(stable, sizeof stable, "RefundRequested:%s", order);
@@ -634,7 +621,7 @@ Test(loadgen, verify_fails_an_effect_emitted_under_another_id, .timeout = 600)
 	msg.len = strlen(body);
 	msg.message_id = stable;
 	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
-	cr_assert_eq(lg_run(ver, vlog, 120), 0, "a re-publish under the stable id is allowed, see %s", vlog);
+	cr_assert_eq(itest_loadgen(ver, NULL, vlog, 120), 0, "a re-publish under the stable id is allowed, see %s", vlog);
 	/* Under another id. */
 	snprintf(body, sizeof body,
 	         "{\"message_id\":\"other-%s\",\"source\":\"order-status\",\"type\":\"RefundRequested\",\"order_id\":\"%s\"}",
@@ -643,7 +630,7 @@ Test(loadgen, verify_fails_an_effect_emitted_under_another_id, .timeout = 600)
 	snprintf(stable, sizeof stable, "other-%s", order);
 	msg.message_id = stable;
 	cr_assert_eq(mq_publish_confirmed(m, &msg, 10000), ST_OK);
-	cr_assert_neq(lg_run(ver, vlog, 120), 0, "verify passed an effect emitted under a second id, see %s", vlog);
+	cr_assert_neq(itest_loadgen(ver, NULL, vlog, 120), 0, "verify passed an effect emitted under a second id, see %s", vlog);
 	cr_assert(lg_file_has(vlog, order, "RefundRequested"), "report does not name %s, see %s", order, vlog);
 	mq_close(&m);
 }

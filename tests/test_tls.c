@@ -106,15 +106,9 @@ static int loadgen(const char *const *args, const char *amqp_url, const char *db
 {
 	static char amqp_env[2048], db_env[2048];
 	const char *env[] = { amqp_env, db_env, NULL };
-	const char *bin = getenv("INBOX_LOADGEN_BIN");
-	int st;
-
-	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set (run through meson test)");
 	snprintf(amqp_env, sizeof amqp_env, "INBOX_AMQP_URL=%s", amqp_url);
 	snprintf(db_env, sizeof db_env, "INBOX_DB_URL=%s", db_url);
-	st = itest_wait_exit(itest_spawn_program(bin, args, env, log, true), 300);
-	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
-	return WEXITSTATUS(st);
+	return itest_loadgen(args, env, log, 300);
 }
 
 Test(tls, worker_and_loadgen_over_tls_apply_every_message, .timeout = 600)
