@@ -55,6 +55,7 @@
 
 #include "array.h"
 #include "fault.h"
+#include "lifecycle_schema.h"
 #include "log.h"
 #include "outbox.h"
 #include "sqlbuf.h"
@@ -128,6 +129,7 @@ struct inbox_names {
 	char held_where[INBOX_NAME_SQL];  /*  WHERE `<key>` = */
 	char agg_head[2048], agg_tail[8192];
 	char event_head[INBOX_NAME_SQL];
+	char table[LC_SCHEMA_TABLES][LC_NAME_MAX + 16]; /* the aggregate's, its ledger, its locks */
 };
 
 /* A message of the batch, to sort by key. */
@@ -292,22 +294,27 @@ static int inbox_names_build(struct inbox *ib)
 {
 	const struct lc_def *d = ib->bind->def;
 	struct inbox_names *n = &ib->sql;
-	const char *a = d->aggregate, *t = d->table, *k = d->key;
+	const char *t, *ev, *lk, *k = d->key;
 	size_t hl, tl;
 	int w = 0;
 
+	lc_schema_tables(d, n->table);
+	t = n->table[0];
+	ev = n->table[1];
+	lk = n->table[2];
+
 #define NAME(field, ...) (w |= snprintf(n->field, sizeof n->field, __VA_ARGS__) >= (int)sizeof n->field)
-	NAME(lock_rows, "INSERT INTO `%s_locks` (`%s`, held, locks) VALUES ", a, k);
-	NAME(lock_rows_tail, " ON DUPLICATE KEY UPDATE locks = `%s_locks`.locks + 1;", a);
+	NAME(lock_rows, "INSERT INTO `%s` (`%s`, held, locks) VALUES ", lk, k);
+	NAME(lock_rows_tail, " ON DUPLICATE KEY UPDATE locks = `%s`.locks + 1;", lk);
 	NAME(key_in, "`%s` IN (", k);
-	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s_locks` l"
-	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, a, t, k);
-	NAME(read_ledger, "SELECT source, message_id, `%s`, type, payload_sha256 FROM `%s_events` WHERE consumer = ", k, a);
-	NAME(probe, "SELECT `%s` FROM `%s_locks` WHERE ", k, a);
-	NAME(held_set, "UPDATE `%s_locks` SET held = ", a);
+	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s` l"
+	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, lk, t, k);
+	NAME(read_ledger, "SELECT source, message_id, `%s`, type, payload_sha256 FROM `%s` WHERE consumer = ", k, ev);
+	NAME(probe, "SELECT `%s` FROM `%s` WHERE ", k, lk);
+	NAME(held_set, "UPDATE `%s` SET held = ", lk);
 	NAME(held_where, " WHERE `%s` = ", k);
-	NAME(event_head, "INSERT INTO `%s_events` (`%s`, consumer, source, message_id, type, outcome, from_status,"
-	     " to_status, version, applied_at, payload_sha256) VALUES ", a, k);
+	NAME(event_head, "INSERT INTO `%s` (`%s`, consumer, source, message_id, type, outcome, from_status,"
+	     " to_status, version, applied_at, payload_sha256) VALUES ", ev, k);
 	NAME(agg_head, "INSERT INTO `%s` (id, status, version, flags", t);
 	NAME(agg_tail, " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
 	     " flags = VALUES(flags)");
@@ -385,17 +392,17 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	 * as the claim's, then the locking read. */
 	{
 		const struct lc_def *d = ib->bind->def;
+		char (*tb)[LC_NAME_MAX + 16] = ib->sql.table;
 		char q[INBOX_NAME_SQL];
 
-		snprintf(q, sizeof q, "INSERT INTO `%s_locks` (`%s`, held, locks) VALUES (?, 0, 1)"
-		         " ON DUPLICATE KEY UPDATE locks = locks + 1", d->aggregate, d->key);
+		snprintf(q, sizeof q, "INSERT INTO `%s` (`%s`, held, locks) VALUES (?, 0, 1)"
+		         " ON DUPLICATE KEY UPDATE locks = locks + 1", tb[2], d->key);
 		PREP(lock_touch, q);
-		snprintf(q, sizeof q, "SELECT l.held, o.status, o.version, o.flags FROM `%s_locks` l"
-		         " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.`%s` = ? FOR UPDATE", d->aggregate, d->table, d->key,
-		         d->key);
+		snprintf(q, sizeof q, "SELECT l.held, o.status, o.version, o.flags FROM `%s` l"
+		         " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.`%s` = ? FOR UPDATE", tb[2], tb[0], d->key, d->key);
 		PREP(lock_read, q);
-		snprintf(q, sizeof q, "SELECT payload_sha256 FROM `%s_events` WHERE consumer = ? AND source = ?"
-		         " AND message_id = ?", d->aggregate);
+		snprintf(q, sizeof q, "SELECT payload_sha256 FROM `%s` WHERE consumer = ? AND source = ?"
+		         " AND message_id = ?", tb[1]);
 		PREP(ledger_probe, q);
 	}
 	/* A page of the order's held events after a given id

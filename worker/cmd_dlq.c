@@ -33,6 +33,7 @@
 #include "envelope.h"
 #include "fault.h"
 #include "lifecycle.h"
+#include "lifecycle_schema.h"
 #include "log.h"
 #include "mq.h"
 #include "msg.h"
@@ -498,10 +499,14 @@ struct dlq_order_row {
 static int dlq_sql_ledger(char *sql, size_t cap)
 {
 	const struct lc_def *d = order_binding_current()->def;
-	int n = snprintf(sql, cap,
-	                 "SELECT `%s`, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
-	                 " FROM `%s_events` WHERE consumer = ? AND source = ? AND message_id = ?",
-	                 d->key, d->aggregate);
+	char tb[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
+	int n;
+
+	lc_schema_tables(d, tb);
+	n = snprintf(sql, cap,
+	             "SELECT `%s`, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
+	             " FROM `%s` WHERE consumer = ? AND source = ? AND message_id = ?",
+	             d->key, tb[1]);
 
 	return n > 0 && (size_t)n < cap ? ST_OK : ST_ERR_INVALID;
 }
