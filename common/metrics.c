@@ -51,6 +51,7 @@ static struct {
 	atomic_int_fast64_t outbox_pending;
 	atomic_uint_fast64_t outbox_failed;
 	atomic_uint_fast64_t outbox_dispatched;
+	atomic_uint_fast64_t confirm_waits;
 	atomic_int_fast64_t outbox_oldest_ms;
 	atomic_int_fast64_t dlq_depth;       /* stored + 1: 0 means never read */
 	atomic_uint_fast64_t redelivered;
@@ -168,6 +169,11 @@ void metrics_outbox_dispatched(int n)
 {
 	if (n > 0)
 		atomic_fetch_add_explicit(&metrics.outbox_dispatched, (uint_fast64_t)n, memory_order_relaxed);
+}
+
+void metrics_confirm_wait(void)
+{
+	atomic_fetch_add_explicit(&metrics.confirm_waits, 1, memory_order_relaxed);
 }
 
 void metrics_dlq_depth(int64_t n)
@@ -530,6 +536,11 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_dispatched_total counter\n"
 	                "inbox_outbox_dispatched_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.outbox_dispatched));
+	metrics_put(&b, "# HELP inbox_outbox_confirm_waits_total Times a worker thread stopped to wait for the"
+	                " confirms of the outbox rows it published (idle, a dead-letter publish, a full window, stop).\n"
+	                "# TYPE inbox_outbox_confirm_waits_total counter\n"
+	                "inbox_outbox_confirm_waits_total %llu\n",
+	            (unsigned long long)atomic_load(&metrics.confirm_waits));
 	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",

@@ -61,6 +61,8 @@ void metrics_outbox_pending(int64_t n);
 void metrics_outbox_failed(int n);
 /* Outbox rows published from memory by their committing thread. */
 void metrics_outbox_dispatched(int n);
+/* A worker thread waited for its published outbox copies' confirms. */
+void metrics_confirm_wait(void);
 void metrics_outbox_oldest_pending(double seconds);
 /* Messages ready in the DLQ (the janitor's passive declare); the gauge is
  * left out of /metrics until it was read once, and again after a negative

@@ -584,6 +584,50 @@ Test(outbox, pipelined_dispatch_publishes_and_marks_every_row_once, .timeout = 3
 	itest_delete_queue(out);
 }
 
+/* With the default batch and prefetch (100 of 200), a thread draining a
+ * backlog owes half its window after every full batch.  Flushing those acks
+ * must not make it wait for its outbox copies' confirms and write their
+ * marks in a transaction of their own: that is the idle path, and taking it
+ * after every batch undid the pipelining (one wait and one extra commit a
+ * batch, ≥ 20 here).  It waits only when it finds nothing to do. */
+Test(outbox, a_thread_draining_a_backlog_does_not_wait_for_its_confirms, .timeout = 300)
+{
+	enum { ORDERS = 1000 };
+	const char *out = "itest.outbox.nowait";
+	static char page[65536];
+	char env_addr[96], id[32], order[32];
+	int port = itest_metrics_port(0);
+	double waits;
+	struct mq *m;
+	pid_t w;
+
+	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	m = itest_mq();
+	for (int i = 0; i < ORDERS; i++) {
+		snprintf(order, sizeof order, "o-nowait-%d", i);
+		snprintf(id, sizeof id, "nowait-c-%d", i);
+		publish_event(m, id, "OrderCreated", order);
+	}
+	for (int i = 0; i < ORDERS; i++) {
+		snprintf(order, sizeof order, "o-nowait-%d", i);
+		snprintf(id, sizeof id, "nowait-p-%d", i);
+		publish_event(m, id, "PaymentAuthorized", order);
+	}
+	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h",
+	                                      "INBOX_BATCH=100", "INBOX_PREFETCH=200", NULL });
+	cr_assert_eq(itest_wait_metric(port, "inbox_outbox_dispatched_total", ORDERS, ORDERS, page, sizeof page, WAIT_S),
+	             ORDERS, "all published by the committing thread: %s", page);
+	waits = itest_metric(page, "inbox_outbox_confirm_waits_total");
+	cr_assert(waits >= 0 && waits <= 5, "the thread waited for its confirms %.0f times in a backlog of %d batches",
+	          waits, 2 * ORDERS / 100);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_queue_depth(out), ORDERS, "each OrderPaid once");
+	itest_delete_queue(out);
+}
+
 /* A crash between the commit and the publish (the crash-before-dispatch
  * fault): the row stays pending, and the relay of the next worker sweeps
  * it once it is older than INBOX_OUTBOX_SWEEP, under its stable id; the

@@ -411,6 +411,8 @@ static void worker_settle_sent(struct worker *w, bool wait)
 
 	if (w->nsent == 0)
 		return;
+	if (wait)
+		metrics_confirm_wait();
 	rc = wait ? mq_wait_confirms(w->publisher, WORKER_CONFIRM_TIMEOUT_MS) : mq_poll_confirms(w->publisher);
 	if (rc != ST_OK && rc != ST_ERR_MQ_NACK) {
 		worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
@@ -1096,11 +1098,18 @@ void *worker_main(void *arg)
 		if (mq_cancelled(w->consumer) > 0 && worker_consume_again(w) != ST_OK)
 			goto reset;
 		worker_ready(w, true);
-		rc = ST_ERR_TIMEOUT;
 		/* Owe at most half the prefetch window, so the broker's
-		 * next deliveries are on their way before the buffer runs dry. */
-		if (w->ack_pending > 0 && 2 * w->ack_pending < w->t.conf->prefetch)
-			rc = mq_consume(w->consumer, &w->items[0].d, 0);
+		 * next deliveries are on their way before the buffer runs dry.
+		 * Only the acks: with the default batch of half the window this
+		 * comes after every full batch, and the outbox copies in flight
+		 * are not waited for here (that is for a thread with nothing to
+		 * do, below). */
+		rc = ST_OK;
+		if (w->ack_pending > 0 && 2 * w->ack_pending >= w->t.conf->prefetch)
+			rc = worker_ack_flush(w);
+		if (rc != ST_OK)
+			goto reset;
+		rc = mq_consume(w->consumer, &w->items[0].d, 0);
 		if (rc == ST_ERR_TIMEOUT) {
 			/* Nothing more is here (or enough acks are owed): settle
 			 * before waiting, so the broker can send more, and write
