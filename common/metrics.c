@@ -537,7 +537,7 @@ int metrics_render(char *buf, size_t cap)
 	                "inbox_outbox_dispatched_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.outbox_dispatched));
 	metrics_put(&b, "# HELP inbox_outbox_confirm_waits_total Times a worker thread stopped to wait for the"
-	                " confirms of the outbox rows it published (idle, a dead-letter publish, a full window, stop).\n"
+	                " confirms of the outbox rows it published (a dead-letter publish, a full window, stop).\n"
 	                "# TYPE inbox_outbox_confirm_waits_total counter\n"
 	                "inbox_outbox_confirm_waits_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.confirm_waits));

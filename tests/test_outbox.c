@@ -628,6 +628,46 @@ Test(outbox, a_thread_draining_a_backlog_does_not_wait_for_its_confirms, .timeou
 	itest_delete_queue(out);
 }
 
+/* Light traffic: the thread runs out of work after every batch while its
+ * outbox copies are still unconfirmed (a persistent copy is confirmed once
+ * the broker has written it).  It reads their confirms between looks for
+ * deliveries instead of stopping for them: under a steady trickle, a wait
+ * there was added to every message behind it. */
+Test(outbox, an_idle_thread_reads_its_confirms_without_waiting_for_them, .timeout = 300)
+{
+	enum { ORDERS = 20 };
+	const char *out = "itest.outbox.idle";
+	static char page[65536];
+	char env_addr[96], id[32], order[32];
+	int port = itest_metrics_port(0);
+	double waits;
+	struct mq *m;
+	pid_t w;
+
+	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	m = itest_mq();
+	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h", NULL });
+	for (int i = 0; i < ORDERS; i++) {
+		snprintf(order, sizeof order, "o-idle-%d", i);
+		snprintf(id, sizeof id, "idle-c-%d", i);
+		publish_event(m, id, "OrderCreated", order);
+		snprintf(id, sizeof id, "idle-p-%d", i);
+		publish_event(m, id, "PaymentAuthorized", order);
+		cr_assert_eq(itest_wait_metric(port, "inbox_outbox_dispatched_total", i + 1, i + 1, page, sizeof page, WAIT_S),
+		             i + 1, "order %d's OrderPaid published by its thread: %s", i, page);
+	}
+	waits = itest_metric(page, "inbox_outbox_confirm_waits_total");
+	cr_assert_eq(waits, 0, "the idle thread stopped for its confirms %.0f times in %d orders", waits, ORDERS);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NOT NULL", ORDERS, WAIT_S), ORDERS,
+	             "every row marked sent");
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(itest_queue_depth(out), ORDERS, "each OrderPaid once");
+	itest_delete_queue(out);
+}
+
 /* A crash between the commit and the publish (the crash-before-dispatch
  * fault): the row stays pending, and the relay of the next worker sweeps
  * it once it is older than INBOX_OUTBOX_SWEEP, under its stable id; the

@@ -50,6 +50,9 @@
 
 #define WORKER_CONSUME_TIMEOUT_MS 250
 #define WORKER_CONFIRM_TIMEOUT_MS 10000
+/* An idle thread with outbox copies unconfirmed looks for deliveries this
+ * often while it reads their confirms. */
+#define WORKER_CONFIRM_POLL_MS 2
 
 #define WORKER_KV(w) POOL_KV(&(w)->t)
 
@@ -397,6 +400,7 @@ static void worker_publisher_lost(struct worker *w, const char *what)
 	LOG(LOG_LEVEL_DEBUG, what, WORKER_KV(w), LOG_I("transactions", w->nsent),
 	    LOG_S("error", mq_errmsg(w->publisher)));
 	w->nsent = 0;
+	w->sent_since_ms = 0;
 	mq_close(&w->publisher);
 	w->publisher_node++;
 }
@@ -1111,17 +1115,39 @@ void *worker_main(void *arg)
 			goto reset;
 		rc = mq_consume(w->consumer, &w->items[0].d, 0);
 		if (rc == ST_ERR_TIMEOUT) {
-			/* Nothing more is here (or enough acks are owed): settle
-			 * before waiting, so the broker can send more, and write
-			 * the outbox marks no next transaction will carry. */
-			worker_settle_sent(w, true);
-			if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
-			    inbox_flush_marks(w->d.inbox) != ST_OK)
-				LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
-				    LOG_S("error", db_errmsg(w->d.db)));
+			/* Nothing more is here: ack what is settled, so the broker
+			 * can send more.  Outbox copies still unconfirmed are not
+			 * waited for: a persistent copy is confirmed once the
+			 * broker has written it, milliseconds in which deliveries
+			 * keep coming, so the thread reads the confirms that came
+			 * and looks for deliveries again soon (WORKER_CONFIRM_POLL_MS).
+			 * Once all are in, it writes the marks no next
+			 * transaction will carry, and waits for work. */
+			int wait_ms = WORKER_CONSUME_TIMEOUT_MS;
+
+			worker_settle_sent(w, false);
+			if (w->nsent > 0) {
+				/* Bounded per transaction: the oldest one in flight
+				 * gets WORKER_CONFIRM_TIMEOUT_MS from when the thread
+				 * first found it unconfirmed. */
+				if (w->sent_since_ms == 0 || w->sent_oldest != w->sent[0].first) {
+					w->sent_since_ms = pool_now_ms();
+					w->sent_oldest = w->sent[0].first;
+				}
+				wait_ms = WORKER_CONFIRM_POLL_MS;
+				if (pool_now_ms() - w->sent_since_ms > WORKER_CONFIRM_TIMEOUT_MS)
+					worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
+			}
+			if (w->nsent == 0) {
+				w->sent_since_ms = 0;
+				if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
+				    inbox_flush_marks(w->d.inbox) != ST_OK)
+					LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
+					    LOG_S("error", db_errmsg(w->d.db)));
+			}
 			rc = worker_ack_flush(w);
 			if (rc == ST_OK)
-				rc = mq_consume(w->consumer, &w->items[0].d, WORKER_CONSUME_TIMEOUT_MS);
+				rc = mq_consume(w->consumer, &w->items[0].d, wait_ms);
 		}
 		if (rc == ST_ERR_TIMEOUT)
 			continue;

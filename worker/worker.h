@@ -62,6 +62,10 @@ struct worker {
 	 * thread goes on to its next batch while the broker confirms. */
 	struct outbox_sent sent[WORKER_SENT_MAX];
 	int nsent;
+	/* When an idle thread first found sent[0] (publish sequence
+	 * sent_oldest) unconfirmed; 0: not waiting (worker_main). */
+	int64_t sent_since_ms;
+	uint64_t sent_oldest;
 };
 
 /* The batch arrays for conf->batch deliveries: ST_OK or ST_ERR_NOMEM. */
