@@ -1082,6 +1082,36 @@ static void worker_stall(struct worker *w)
 	}
 }
 
+/* A thread that found nothing to do: read the confirms that came, give up
+ * on a transaction unconfirmed for WORKER_CONFIRM_TIMEOUT_MS, write the
+ * marks once all are in; how long to wait for a delivery now. */
+static int worker_idle(struct worker *w)
+{
+	int wait_ms = WORKER_CONSUME_TIMEOUT_MS;
+
+	worker_settle_sent(w, false);
+	if (w->nsent > 0) {
+		/* Bounded per transaction: the oldest one in flight
+		 * gets WORKER_CONFIRM_TIMEOUT_MS from when the thread
+		 * first found it unconfirmed. */
+		if (w->sent_since_ms == 0 || w->sent_oldest != w->sent[0].first) {
+			w->sent_since_ms = pool_now_ms();
+			w->sent_oldest = w->sent[0].first;
+		}
+		wait_ms = WORKER_CONFIRM_POLL_MS;
+		if (pool_now_ms() - w->sent_since_ms > WORKER_CONFIRM_TIMEOUT_MS)
+			worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
+	}
+	if (w->nsent == 0) {
+		w->sent_since_ms = 0;
+		if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
+		    inbox_flush_marks(w->d.inbox) != ST_OK)
+			LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
+			    LOG_S("error", db_errmsg(w->d.db)));
+	}
+	return wait_ms;
+}
+
 void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -1123,28 +1153,8 @@ void *worker_main(void *arg)
 			 * and looks for deliveries again soon (WORKER_CONFIRM_POLL_MS).
 			 * Once all are in, it writes the marks no next
 			 * transaction will carry, and waits for work. */
-			int wait_ms = WORKER_CONSUME_TIMEOUT_MS;
+			int wait_ms = worker_idle(w);
 
-			worker_settle_sent(w, false);
-			if (w->nsent > 0) {
-				/* Bounded per transaction: the oldest one in flight
-				 * gets WORKER_CONFIRM_TIMEOUT_MS from when the thread
-				 * first found it unconfirmed. */
-				if (w->sent_since_ms == 0 || w->sent_oldest != w->sent[0].first) {
-					w->sent_since_ms = pool_now_ms();
-					w->sent_oldest = w->sent[0].first;
-				}
-				wait_ms = WORKER_CONFIRM_POLL_MS;
-				if (pool_now_ms() - w->sent_since_ms > WORKER_CONFIRM_TIMEOUT_MS)
-					worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
-			}
-			if (w->nsent == 0) {
-				w->sent_since_ms = 0;
-				if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
-				    inbox_flush_marks(w->d.inbox) != ST_OK)
-					LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
-					    LOG_S("error", db_errmsg(w->d.db)));
-			}
 			rc = worker_ack_flush(w);
 			if (rc == ST_OK)
 				rc = mq_consume(w->consumer, &w->items[0].d, wait_ms);
