@@ -78,7 +78,10 @@ static void dlq_rebind(void)
 	mq_close(&m);
 }
 
-Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
+/* The same with either dispatch: with the committing thread's, its failed
+ * publish leaves the row to the sweep (after INBOX_OUTBOX_SWEEP, 1 s here),
+ * which retries it as the relay would. */
+static void unroutable_dead_letter(const char *const *env, const char *logname)
 {
 	const char *out = "itest.outbox.out";
 	struct itest_dead got[64];
@@ -90,8 +93,8 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 
 	itest_fresh();
 	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
-	itest_log_path(logf, sizeof logf, "outbox-unroutable");
-	w = itest_worker_logged(1, NULL, logf);
+	itest_log_path(logf, sizeof logf, logname);
+	w = itest_worker_logged(1, env, logf);
 	m = itest_mq();
 	/* o-ship goes all the way to Shipped (emitting OrderPaid)... */
 	publish_event(m, "ship-1", "OrderCreated", "o-ship");
@@ -140,6 +143,17 @@ Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
 	 * one per retry. */
 	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row failing", "message_id=ship-5", NULL }), 1);
 	cr_assert_eq(itest_log_lines(logf, (const char *const[]){ "outbox row recovered", "message_id=ship-5", NULL }), 1);
+}
+
+Test(outbox, unroutable_dead_letter_holds_back_no_other_row, .timeout = 600)
+{
+	unroutable_dead_letter((const char *[]){ "INBOX_OUTBOX_DISPATCH=relay", NULL }, "outbox-unroutable-relay");
+}
+
+Test(outbox, unroutable_dead_letter_holds_back_no_other_row_with_thread_dispatch, .timeout = 600)
+{
+	unroutable_dead_letter((const char *[]){ "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1s", NULL },
+	                       "outbox-unroutable-thread");
 }
 
 Test(outbox, unpublishable_rows_are_retried_alone, .timeout = 600)
