@@ -14,9 +14,10 @@
  *      rows we inserted carry the transaction's random claim token.  Then
  *      the order_locks rows of the batch's orders, sorted by id, created
  *      or bumped (a real write: a certification-based cluster only sees
- *      rows that change); then, read back, the keys that are not ours
- *      (their stored hash says duplicate or conflict) and the locked
- *      orders, and the ledger rows (order_events) of the batch's keys.
+ *      rows that change); then, read back, the keys that are not new
+ *      (another claim's, whose stored hash says duplicate or conflict,
+ *      and ours that the ledger, order_events, knows: forgotten), in one
+ *      range with the ledger joined, and the locked orders.
  *   2. Decide in C (common/order.c), per message in delivery order,
  *      against the order state as it evolves inside the batch; every row
  *      to write goes to the section of its statement (held events, order
@@ -123,7 +124,7 @@ struct inbox_names {
 	char lock_rows_tail[INBOX_NAME_SQL];
 	char key_in[INBOX_NAME_SQL];      /* `<key>` IN ( */
 	char read_aggs[INBOX_NAME_SQL];   /* the locked aggregates, as they stand */
-	char read_ledger[INBOX_NAME_SQL];
+	char read_keys_join[INBOX_NAME_SQL];
 	char probe[INBOX_NAME_SQL];       /* SELECT `<key>` FROM `<locks>` WHERE */
 	char held_set[INBOX_NAME_SQL];    /* UPDATE `<locks>` SET held = */
 	char held_where[INBOX_NAME_SQL];  /*  WHERE `<key>` = */
@@ -309,7 +310,8 @@ static int inbox_names_build(struct inbox *ib)
 	NAME(key_in, "`%s` IN (", k);
 	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s` l"
 	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, lk, t, k);
-	NAME(read_ledger, "SELECT source, message_id, `%s`, type, payload_sha256 FROM `%s` WHERE consumer = ", k, ev);
+	NAME(read_keys_join, " FROM processed_messages p LEFT JOIN `%s` e ON e.consumer = p.consumer"
+	     " AND e.source = p.source AND e.message_id = p.message_id AND p.claim <=> ", ev);
 	NAME(probe, "SELECT `%s` FROM `%s` WHERE ", k, lk);
 	NAME(held_set, "UPDATE `%s` SET held = ", lk);
 	NAME(held_where, " WHERE `%s` = ", k);
@@ -554,22 +556,31 @@ static const struct {
  * list per source (keys are in index order, so a source's keys are
  * together; the range optimiser takes this better than a list of row
  * constructors): ((source = 'a' AND message_id IN (...)) OR (...)). */
-static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q)
+static void inbox_sql_keys_of(struct inbox *ib, struct sqlbuf *q, const char *alias)
 {
 	sqlbuf_sql(q, "(");
 	for (int k = 0; k < ib->nkeys; k++) {
 		const struct msg *m = ib->keymsg[k];
 
 		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
-			sqlbuf_sql(q, k == 0 ? "(source = " : ")) OR (source = ");
+			sqlbuf_sql(q, k == 0 ? "(" : ")) OR (");
+			sqlbuf_sql(q, alias);
+			sqlbuf_sql(q, "source = ");
 			sqlbuf_str(q, m->source);
-			sqlbuf_sql(q, " AND message_id IN (");
+			sqlbuf_sql(q, " AND ");
+			sqlbuf_sql(q, alias);
+			sqlbuf_sql(q, "message_id IN (");
 			sqlbuf_list(q);
 		}
 		sqlbuf_item(q);
 		sqlbuf_str(q, m->message_id);
 	}
 	sqlbuf_sql(q, ")))");
+}
+
+static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q)
+{
+	inbox_sql_keys_of(ib, q, "");
 }
 
 /*
@@ -1369,19 +1380,22 @@ static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsi
 	struct inbox *ib = arg;
 
 	(void)lens;
-	if (stmt == 2 && ncols == 3) {
+	if (stmt == 2 && ncols == 7) {
 		struct inbox_key *k;
 
-		if (v[0] == NULL || v[1] == NULL || v[2] == NULL)
+		if (v[0] == NULL || v[1] == NULL || v[6] == NULL)
 			return ST_ERR_DB;
 		k = inbox_key_find(ib, v[0], v[1]);
 		if (k == NULL)
 			return ST_ERR_DB; /* a row we did not ask for */
-		k->mine = false;
-		snprintf(k->stored, sizeof k->stored, "%s", v[2]);
-		return ST_OK;
-	}
-	if (stmt == 4 && ncols == 5) {
+		if (strcmp(v[6], "1") != 0) {
+			/* Another claim's: its stored hash decides. */
+			if (v[2] == NULL)
+				return ST_ERR_DB;
+			k->mine = false;
+			snprintf(k->stored, sizeof k->stored, "%s", v[2]);
+			return ST_OK;
+		}
 		/*
 		 * A key the claim inserted whose effect the ledger holds: its
 		 * inbox row was deleted by retention (or by hand) and it came
@@ -1392,23 +1406,15 @@ static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsi
 		 * stored inbox row (inbox_known): a duplicate when the payload
 		 * is the same, a conflict otherwise, the first one standing.
 		 * Its inbox row is deleted again in the write (inbox_run), so
-		 * it leaves no row, like any duplicate or conflict.  A key that
-		 * is not ours has its inbox row: that decides, not this.
+		 * it leaves no row, like any duplicate or conflict.
 		 */
-		struct inbox_key *k;
-
-		if (v[0] == NULL || v[1] == NULL || v[2] == NULL || v[3] == NULL)
+		if (v[3] == NULL || v[4] == NULL)
 			return ST_ERR_DB;
-		k = inbox_key_find(ib, v[0], v[1]);
-		if (k == NULL)
-			return ST_ERR_DB;
-		if (!k->mine)
-			return ST_OK;
 		k->mine = false;
 		k->forgotten = true;
-		snprintf(k->stored, sizeof k->stored, "%s", v[4] != NULL ? v[4] : "");
-		snprintf(k->order_id, sizeof k->order_id, "%s", v[2]);
-		snprintf(k->type, sizeof k->type, "%s", v[3]);
+		snprintf(k->stored, sizeof k->stored, "%s", v[5] != NULL ? v[5] : "");
+		snprintf(k->order_id, sizeof k->order_id, "%s", v[3]);
+		snprintf(k->type, sizeof k->type, "%s", v[4]);
 		return ST_OK;
 	}
 	if (stmt == 3 && ncols == 5) {
@@ -1526,17 +1532,30 @@ static void inbox_sql_claim_keys(const struct inbox *ib, struct sqlbuf *q, const
 	sqlbuf_sql(q, " ON DUPLICATE KEY UPDATE claim = processed_messages.claim;");
 }
 
-/* Claim statement 2: the keys that are not ours (their stored hash says
- * duplicate or conflict). */
-static void inbox_sql_not_ours(struct inbox *ib, struct sqlbuf *q)
+/*
+ * Claim statement 2, one row per key that is not new: a key another claim
+ * holds (its stored hash says duplicate or conflict), or a key we inserted
+ * whose effect the ledger holds (uq_order_events_message: it was forgotten,
+ * see inbox_claim_row).  One range over processed_messages, where every key
+ * of the batch has a row now, ours or not; the ledger is looked up only for
+ * ours.  Read after our claim, so no transaction can add a ledger row
+ * meanwhile: only the claimant of a key writes its effect.
+ */
+static void inbox_sql_known_keys(struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "SELECT source, message_id, payload_sha256 FROM processed_messages WHERE consumer = ");
+	sqlbuf_sql(q, "SELECT p.source, p.message_id, p.payload_sha256, e.`");
+	sqlbuf_sql(q, ib->bind->def->key);
+	sqlbuf_sql(q, "`, e.type, e.payload_sha256, p.claim <=> ");
+	sqlbuf_i64(q, ib->token);
+	sqlbuf_sql(q, ib->sql.read_keys_join);
+	sqlbuf_i64(q, ib->token);
+	sqlbuf_sql(q, " WHERE p.consumer = ");
 	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
-	inbox_sql_keys(ib, q);
-	sqlbuf_sql(q, " AND NOT (claim <=> ");
+	inbox_sql_keys_of(ib, q, "p.");
+	sqlbuf_sql(q, " AND (NOT (p.claim <=> ");
 	sqlbuf_i64(q, ib->token);
-	sqlbuf_sql(q, ");");
+	sqlbuf_sql(q, ") OR e.message_id IS NOT NULL);");
 }
 
 /* Claim statement 3: the locked orders, as they stand. */
@@ -1544,20 +1563,6 @@ static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
 {
 	sqlbuf_sql(q, ib->sql.read_aggs);
 	inbox_sql_order_ids(ib, q);
-	sqlbuf_sql(q, ";");
-}
-
-/* Claim statement 4: the ledger rows of the batch's keys
- * (uq_order_events_message): a key we inserted that the ledger knows was
- * forgotten, not new (inbox_claim_row).  Read after our claim, so no
- * transaction can add one meanwhile: only the claimant of a key writes its
- * effect. */
-static void inbox_sql_ledger(struct inbox *ib, struct sqlbuf *q)
-{
-	sqlbuf_sql(q, ib->sql.read_ledger);
-	sqlbuf_str(q, ib->conf->consumer);
-	sqlbuf_sql(q, " AND ");
-	inbox_sql_keys(ib, q);
 }
 
 /* Round trip 1: lock the orders of the batch (sorted), claim its distinct
@@ -1583,9 +1588,8 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	sqlbuf_reset(q);
 	inbox_sql_lock_orders(ib, q);
 	inbox_sql_claim_keys(ib, q, in);
-	inbox_sql_not_ours(ib, q);
+	inbox_sql_known_keys(ib, q);
 	inbox_sql_read_orders(ib, q);
-	inbox_sql_ledger(ib, q);
 	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
