@@ -124,7 +124,8 @@ struct inbox_names {
 	char lock_rows_tail[INBOX_NAME_SQL];
 	char key_in[INBOX_NAME_SQL];      /* `<key>` IN ( */
 	char read_aggs[INBOX_NAME_SQL];   /* the locked aggregates, as they stand */
-	char read_keys_join[INBOX_NAME_SQL];
+	char read_keys[INBOX_NAME_SQL];      /* the keys that are not new, up to the claim token */
+	char read_keys_join[INBOX_NAME_SQL]; /* ... the ledger joined, up to the claim token */
 	char probe[INBOX_NAME_SQL];       /* SELECT `<key>` FROM `<locks>` WHERE */
 	char held_set[INBOX_NAME_SQL];    /* UPDATE `<locks>` SET held = */
 	char held_where[INBOX_NAME_SQL];  /*  WHERE `<key>` = */
@@ -310,6 +311,8 @@ static int inbox_names_build(struct inbox *ib)
 	NAME(key_in, "`%s` IN (", k);
 	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s` l"
 	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, lk, t, k);
+	NAME(read_keys, "SELECT p.source, p.message_id, p.payload_sha256, e.`%s`, e.type, e.payload_sha256,"
+	     " p.claim <=> ", k);
 	NAME(read_keys_join, " FROM processed_messages p LEFT JOIN `%s` e ON e.consumer = p.consumer"
 	     " AND e.source = p.source AND e.message_id = p.message_id AND p.claim <=> ", ev);
 	NAME(probe, "SELECT `%s` FROM `%s` WHERE ", k, lk);
@@ -555,8 +558,9 @@ static const struct {
 /* The batch's distinct keys as a condition on processed_messages, one IN
  * list per source (keys are in index order, so a source's keys are
  * together; the range optimiser takes this better than a list of row
- * constructors): ((source = 'a' AND message_id IN (...)) OR (...)). */
-static void inbox_sql_keys_of(struct inbox *ib, struct sqlbuf *q, const char *alias)
+ * constructors): ((source = 'a' AND message_id IN (...)) OR (...)); alias
+ * ("p." or "") names the table when the statement joins another. */
+static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q, const char *alias)
 {
 	sqlbuf_sql(q, "(");
 	for (int k = 0; k < ib->nkeys; k++) {
@@ -578,10 +582,6 @@ static void inbox_sql_keys_of(struct inbox *ib, struct sqlbuf *q, const char *al
 	sqlbuf_sql(q, ")))");
 }
 
-static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q)
-{
-	inbox_sql_keys_of(ib, q, "");
-}
 
 /*
  * Galera only, the statement before the COMMIT: fail unless this
@@ -607,7 +607,7 @@ static void inbox_claim_guard(struct inbox *ib, struct sqlbuf *q)
 	sqlbuf_sql(q, " AND claim = ");
 	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, " AND ");
-	inbox_sql_keys(ib, q);
+	inbox_sql_keys(ib, q, "");
 	sqlbuf_sql(q, ") <> ");
 	sqlbuf_i64(q, ib->nmine);
 	sqlbuf_sql(q, ");");
@@ -1543,16 +1543,14 @@ static void inbox_sql_claim_keys(const struct inbox *ib, struct sqlbuf *q, const
  */
 static void inbox_sql_known_keys(struct inbox *ib, struct sqlbuf *q)
 {
-	sqlbuf_sql(q, "SELECT p.source, p.message_id, p.payload_sha256, e.`");
-	sqlbuf_sql(q, ib->bind->def->key);
-	sqlbuf_sql(q, "`, e.type, e.payload_sha256, p.claim <=> ");
+	sqlbuf_sql(q, ib->sql.read_keys);
 	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, ib->sql.read_keys_join);
 	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, " WHERE p.consumer = ");
 	sqlbuf_str(q, ib->conf->consumer);
 	sqlbuf_sql(q, " AND ");
-	inbox_sql_keys_of(ib, q, "p.");
+	inbox_sql_keys(ib, q, "p.");
 	sqlbuf_sql(q, " AND (NOT (p.claim <=> ");
 	sqlbuf_i64(q, ib->token);
 	sqlbuf_sql(q, ") OR e.message_id IS NOT NULL);");
