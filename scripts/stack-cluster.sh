@@ -11,6 +11,7 @@
 #   scripts/stack status --cluster        per node; exit 0 all up, 3 none, 1 partial
 #   scripts/stack env --cluster           export lines: the *_URL variables list the three
 #                                         nodes (comma-separated), plus one URL per node
+#                                         (fails the eval when no node of ours runs)
 #   scripts/stack ctl --cluster [--node N] ARGS   rabbitmqctl on node N (default: the first up)
 #   scripts/stack sql --cluster [--node N] ARGS   mariadb as root on node N, db `inbox`
 #   scripts/stack {stop,start,kill,restart}-{db,mq} --cluster --node N
@@ -404,7 +405,14 @@ cl_urls() {  # kind: amqp|db|migrate|test|test_migrate [first node]
 }
 
 cl_env() {
-    local i
+    local i any=0
+    # Any node of ours running will do: the chaos runs and the cluster
+    # tests kill nodes and still read these (refuse_env, scripts/stack).
+    for i in $(seq 1 "$CL_N"); do
+        cl_mq_node "$i"; mq_running && any=1
+        cl_db_node "$i"; db_running && any=1
+    done
+    [ "$any" = 1 ] || STACK_DIR="$CL_DIR" refuse_env "no node running" "scripts/stack up --cluster"
     cat <<EOF
 export INBOX_AMQP_URL=$(cl_urls amqp)
 export INBOX_DB_URL=$(cl_urls db)
