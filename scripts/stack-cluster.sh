@@ -510,7 +510,7 @@ cluster_main() {
                 cl_db_node "$a"; echo "$DB_LOG"
                 cl_mq_node "$a"; [ -e "$MQ_LINK" ] && ls -1 "$(mq_dir)"/log/*.log 2>/dev/null
             done; true ;;
-        help|-h|--help|"") sed -n '2,30p' "$(dirname "$SELF")/stack-cluster.sh" | sed 's/^# \{0,1\}//' ;;
+        help|-h|--help|"") awk 'NR > 1 { if (!/^#/) exit; sub(/^# ?/, ""); print }' "$(dirname "$SELF")/stack-cluster.sh" ;;
         *) die "unknown command '$cmd' for --cluster (see: scripts/stack help --cluster)" ;;
     esac
 }
