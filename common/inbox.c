@@ -582,7 +582,6 @@ static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q, const char *alias
 	sqlbuf_sql(q, ")))");
 }
 
-
 /*
  * Galera only, the statement before the COMMIT: fail unless this
  * transaction still holds its claim.  A node that aborts a transaction for

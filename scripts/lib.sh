@@ -55,17 +55,18 @@ inbox_wait_started() {
     done
 }
 
-# A loopback TCP port nothing listens on now (from 19400 up), for a
-# worker's /metrics in a bench run.
+# inbox_free_port [FROM [TO]] — a loopback TCP port nothing listens on now,
+# the first from FROM to TO (default 19400-19999): a worker's /metrics in a
+# bench run, or next to the default 9464 in the demo.
 inbox_free_port() {
-    local p
-    for p in $(seq 19400 19999); do
+    local p from="${1:-19400}" to="${2:-19999}"
+    for p in $(seq "$from" "$to"); do
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return 0
         fi
     done
-    echo "no free port in 19400-19999" >&2
+    echo "no free port in $from-$to" >&2
     return 1
 }
 

@@ -38,7 +38,7 @@ static void down_init(struct down *d)
 	const char *root = getenv("INBOX_SOURCE_ROOT");
 
 	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is not set");
-	strcpy(d->dir, "/tmp/inbox-stack-test-XXXXXX");
+	snprintf(d->dir, sizeof d->dir, "%s", "/tmp/inbox-stack-test-XXXXXX");
 	cr_assert_not_null(mkdtemp(d->dir));
 	snprintf(d->stack, sizeof d->stack, "INBOX_STACK_DIR=%s %s/scripts/stack", d->dir, root);
 }
