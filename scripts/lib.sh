@@ -55,13 +55,16 @@ inbox_wait_started() {
     done
 }
 
+# inbox_port_open PORT — true when something listens on 127.0.0.1:PORT.
+inbox_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 # inbox_free_port [FROM [TO]] — a loopback TCP port nothing listens on now,
 # the first from FROM to TO (default 19400-19999): a worker's /metrics in a
 # bench run, or next to the default 9464 in the demo.
 inbox_free_port() {
     local p from="${1:-19400}" to="${2:-19999}"
     for p in $(seq "$from" "$to"); do
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+        if ! inbox_port_open "$p"; then
             echo "$p"
             return 0
         fi
