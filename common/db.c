@@ -75,6 +75,7 @@ struct db {
 	struct db_stmt *stmts;
 	bool broken; /* a connection-lost error was seen: reconnect before use */
 	uint64_t round_trips; /* requests sent since db_open (db_round_trips) */
+	int failed_at;        /* db_multi_failed_at */
 	/* The server's max_allowed_packet, read at each connect: a session
 	 * sees the global value of when it connected. */
 	size_t max_packet;
@@ -92,6 +93,7 @@ static int db_map_errno(unsigned e)
 	case ER_LOCK_DEADLOCK:
 		return ST_ERR_DB_DEADLOCK;
 	case ER_LOCK_WAIT_TIMEOUT:
+	case 3572: /* ER_LOCK_NOWAIT: MySQL 8.0's for FOR UPDATE NOWAIT (MariaDB says 1205) */
 		return ST_ERR_DB_LOCK_TIMEOUT;
 	case ER_SUBQUERY_NO_1_ROW:
 		return ST_ERR_DB_CARDINALITY;
@@ -451,6 +453,7 @@ static int db_open_at(struct db **out, const struct cfg_db *conf, int *node, cha
 		why[0] = '\0';
 	if (d == NULL)
 		return ST_ERR_NOMEM;
+	d->failed_at = -1;
 	d->conf = conf;
 	for (const struct cfg_db *n = conf; n != NULL; n = n->next)
 		count++;
@@ -953,11 +956,14 @@ int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg)
 {
 	int rc = ST_OK, status, stmt = 0;
 
+	d->failed_at = -1;
 	if (d->my == NULL)
 		return db_fail(d, CR_SERVER_GONE_ERROR, "not connected");
 	d->round_trips++;
-	if (mysql_real_query(d->my, sql, (unsigned long)len) != 0)
+	if (mysql_real_query(d->my, sql, (unsigned long)len) != 0) {
+		d->failed_at = 0;
 		return db_fail_my(d);
+	}
 	do {
 		MYSQL_RES *res = mysql_store_result(d->my);
 
@@ -975,16 +981,26 @@ int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg)
 			}
 			mysql_free_result(res);
 		} else if (mysql_field_count(d->my) != 0) {
-			/* A result set that could not be read (out of memory, or
-			 * the connection dropped while reading). */
+			/* A result set that could not be read: the statement
+			 * failed while it sent its rows (a lock it could not
+			 * take), the client ran out of memory, or the connection
+			 * dropped while reading. */
+			d->failed_at = rc == ST_OK ? stmt : -1;
 			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
 		}
 		stmt++;
 		status = mysql_next_result(d->my);
-		if (status > 0)
+		if (status > 0) {
+			d->failed_at = rc == ST_OK ? stmt : -1;
 			return rc == ST_OK ? db_fail_my(d) : db_fail_after(d, rc);
+		}
 	} while (status == 0);
 	return rc;
+}
+
+int db_multi_failed_at(const struct db *d)
+{
+	return d->failed_at;
 }
 
 size_t db_escape(struct db *d, char *to, const char *from, size_t len)

@@ -178,6 +178,12 @@ typedef int (*db_row_fn)(void *arg, int stmt, const char *const *vals, const uns
  * open transaction. */
 int db_multi(struct db *d, const char *sql, size_t len, db_row_fn fn, void *arg);
 
+/* The 0-based index of the statement whose error ended the last db_multi
+ * (also one that failed while it sent its rows); -1 when it ran to the
+ * end, or failed without a statement's error (not connected, a row
+ * function's verdict). */
+int db_multi_failed_at(const struct db *d);
+
 /* Escape len bytes of from for a quoted string literal on this connection
  * (its character set, and NO_BACKSLASH_ESCAPES if the server runs with
  * it): to must hold 2 * len + 1 bytes.  Returns the escaped length, or

@@ -96,6 +96,9 @@ enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_N
 /* Claims whose outbox rows were published from memory, marked sent in the
  * next write (inbox_mark_sent). */
 #define INBOX_MARKS_MAX 64
+/* inbox_claim with its NOWAIT lock found an order another transaction
+ * holds (not a status: it never leaves this file). */
+#define INBOX_HELD_ELSEWHERE 1
 
 /* An order of the transaction, locked: its state as it evolves. */
 struct inbox_order {
@@ -1565,7 +1568,20 @@ static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
 /* Round trip 1: lock the orders of the batch (sorted), claim its distinct
  * keys (sorted), and read back the keys that are not ours, the orders and
  * the ledger rows of the keys (inbox_claim_row reads the answers). */
-static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
+/* The claim's rows when its request opens with the NOWAIT lock
+ * (inbox_claim): that statement's rows are not needed, the others are the
+ * claim's own, one statement later. */
+static int inbox_claim_row_locked(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	return stmt == 0 ? ST_OK : inbox_claim_row(arg, stmt - 1, v, lens, ncols);
+}
+
+/* The claim (see the top of the file).  nowait: the request opens by
+ * locking the batch's existing orders without waiting (FOR UPDATE
+ * NOWAIT): if another transaction holds one, that statement fails at once
+ * and nothing of the claim runs (INBOX_HELD_ELSEWHERE; the transaction
+ * holds nothing). */
+static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n, bool nowait)
 {
 	struct sqlbuf *q = &ib->req;
 	int rc;
@@ -1583,6 +1599,11 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	 * and distinct: a duplicate's order costs a lock, and spares a round
 	 * trip. */
 	sqlbuf_reset(q);
+	if (nowait) {
+		sqlbuf_sql(q, ib->sql.probe);
+		inbox_sql_order_ids(ib, q);
+		sqlbuf_sql(q, " FOR UPDATE NOWAIT;");
+	}
 	inbox_sql_lock_orders(ib, q);
 	inbox_sql_claim_keys(ib, q, in);
 	inbox_sql_known_keys(ib, q);
@@ -1591,7 +1612,9 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n)
 	if (rc != ST_OK)
 		return rc;
 	ib->norders = 0;
-	rc = db_multi(ib->db, q->p, q->len, inbox_claim_row, ib);
+	rc = db_multi(ib->db, q->p, q->len, nowait ? inbox_claim_row_locked : inbox_claim_row, ib);
+	if (rc == ST_ERR_DB_LOCK_TIMEOUT && nowait && db_multi_failed_at(ib->db) == 0)
+		return INBOX_HELD_ELSEWHERE;
 	if (rc != ST_OK)
 		return rc;
 	if (ib->norders != ib->nlock)
@@ -1697,7 +1720,7 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 
 /* A batch (n >= 1, room reserved) in the transaction, from the claim to
  * its end: the body of inbox_run and of inbox_run_nowait's part. */
-static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)
+static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool nowait)
 {
 	int rc;
 
@@ -1709,7 +1732,13 @@ static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struc
 	}
 	ib->in = in;
 	ib->npend = 0;
-	rc = inbox_claim(ib, in, n);
+	rc = inbox_claim(ib, in, n, nowait);
+	if (rc == INBOX_HELD_ELSEWHERE) {
+		/* Nothing was claimed and nothing is locked: the caller
+		 * finds out which orders (inbox_run_nowait). */
+		ib->in = NULL;
+		return rc;
+	}
 	ib->nmine = 0;
 	for (int k = 0; rc == ST_OK && k < ib->nkeys; k++)
 		ib->nmine += ib->keys[k].mine ? 1 : 0;
@@ -1752,7 +1781,7 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 	rc = inbox_reserve(ib, n);
 	if (rc != ST_OK)
 		return rc;
-	return inbox_batch(ib, in, n, res);
+	return inbox_batch(ib, in, n, res, false);
 }
 
 /* What the probe found of an order (ib->ostate), and whether a delivery
@@ -1852,7 +1881,12 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 	if (rc != ST_OK)
 		return rc;
 	if (n < 2)
-		return inbox_batch(ib, in, n, res);
+		return inbox_batch(ib, in, n, res, false);
+	/* The common case first: no order of the batch is held elsewhere,
+	 * and the claim's request itself takes their locks. */
+	rc = inbox_batch(ib, in, n, res, true);
+	if (rc != INBOX_HELD_ELSEWHERE)
+		return rc;
 	inbox_claim_index(ib, in, n);
 	rc = inbox_probe(ib);
 	if (rc != ST_OK) {
@@ -1868,7 +1902,7 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 		for (int i = 0; i < n; i++)
 			later[i] = false;
 		*nlater = 0;
-		return inbox_batch(ib, in, n, res);
+		return inbox_batch(ib, in, n, res, false);
 	}
 	for (int i = 0; i < n; i++) {
 		if (later[i]) {
@@ -1878,7 +1912,7 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 		ib->sub_in[k] = in[i];
 		ib->sub_of[k++] = i;
 	}
-	rc = inbox_batch(ib, ib->sub_in, k, ib->sub_res);
+	rc = inbox_batch(ib, ib->sub_in, k, ib->sub_res, false);
 	for (int j = 0; rc == ST_OK && j < k; j++)
 		res[ib->sub_of[j]] = ib->sub_res[j];
 	return rc;

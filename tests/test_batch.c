@@ -404,6 +404,41 @@ Test(batch, releases_of_different_orders_do_not_lock_each_other, .timeout = 120)
  * The batch's lock wait is short (2 s): a batch that waited for a
  * would fail with it rather than hang.
  */
+/* The common case of inbox_run_nowait, no order held elsewhere, costs
+ * what inbox_run costs: the batch's locks are taken without waiting in the
+ * claim's own request (FOR UPDATE NOWAIT), and only a batch that finds
+ * one held pays a round trip to learn which (the probe). */
+Test(batch, a_batch_no_one_else_holds_costs_two_round_trips_without_waiting)
+{
+	struct tb *pre = calloc(1, sizeof *pre), *b = calloc(1, sizeof *b);
+	struct db *d = NULL;
+	struct inbox *ib;
+	bool later[MAXB];
+	int nlater = -1;
+	uint64_t before;
+
+	itest_fresh();
+	ib = open_inbox(&d, itest_cfg());
+	tb_add(pre, "c-a", "OrderCreated", "rt-a");
+	cr_assert_eq(inbox_run(ib, pre->in, 1, pre->res), ST_OK, "%s", db_errmsg(d));
+	tb_add(b, "p-a", "PaymentAuthorized", "rt-a"); /* an order with its lock row */
+	tb_add(b, "c-b", "OrderCreated", "rt-b");      /* a new one */
+	tb_add(b, "c-a", "OrderCreated", "rt-a");      /* stored: duplicate */
+	before = db_round_trips(d);
+	cr_assert_eq(inbox_run_nowait(ib, b->in, b->n, b->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
+	cr_expect_eq(db_round_trips(d) - before, 2, "round trips: %llu", (unsigned long long)(db_round_trips(d) - before));
+	cr_expect_eq(nlater, 0);
+	cr_expect_eq(b->res[0].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[0].outcome));
+	cr_expect_eq(b->res[1].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[1].outcome));
+	cr_expect_eq(b->res[2].outcome, INBOX_DUPLICATE, "%s", inbox_outcome_name(b->res[2].outcome));
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id = 'rt-a' AND status = 'Paid' AND version = 2"), 1);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id = 'rt-b' AND status = 'Created'"), 1);
+	inbox_close(&ib);
+	db_close(&d);
+	free(pre);
+	free(b);
+}
+
 Test(batch, a_batch_settles_the_orders_no_one_holds_and_leaves_the_rest, .timeout = 120)
 {
 	struct tb *pre = calloc(1, sizeof *pre), *b = calloc(1, sizeof *b), *rest = calloc(1, sizeof *rest);
