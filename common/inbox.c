@@ -24,10 +24,13 @@
  *      rows, ledger rows, outbox rows, outcomes, held counts).
  *   3. The write (inbox_flush): those statements and the COMMIT in one
  *      request (the test fault hooks fire just before it).
- * inbox_run_nowait (the worker's batches) sends one round trip before the
- * claim, the probe (inbox_probe): it locks the batch's orders that no one
- * holds without waiting and leaves the deliveries of the others for a
- * second transaction (issue 25; doc/fleet.md).
+ * inbox_run_nowait (the worker's batches) opens the claim's request with
+ * the batch's order locks taken without waiting (FOR UPDATE NOWAIT); only
+ * when one is held elsewhere, and that statement failed before anything
+ * else ran, does it send a round trip before the claim, the probe
+ * (inbox_probe): it locks the batch's orders that no one holds, still
+ * without waiting, and leaves the deliveries of the others for a second
+ * transaction (issue 25; doc/fleet.md).
  * Held events to re-evaluate (an order changed and has some) are read in
  * pages of 64 after writing what is pending (without the COMMIT), so the
  * reads see the batch's own writes; that is the one case with more round

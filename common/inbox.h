@@ -108,9 +108,13 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 
 /*
  * inbox_run, without waiting for an order another transaction holds (one
- * of another process's threads, or of this one's).  One round
- * trip first takes the locks of the batch's orders that no one holds
- * (SELECT ... FOR UPDATE SKIP LOCKED) and reads which exist; a delivery
+ * of another process's threads, or of this one's).  The claim's request
+ * first locks the batch's orders without waiting (FOR UPDATE NOWAIT):
+ * when no one else holds one, the batch runs whole in the round trips of
+ * inbox_run.  Otherwise that statement fails at once, nothing of the
+ * claim has run, and one round trip takes the locks of the batch's orders
+ * that no one holds (SELECT ... FOR UPDATE SKIP LOCKED) and reads which
+ * exist; a delivery
  * whose order is held elsewhere is left for later (later[i], *nlater),
  * and so is every delivery after it that shares its order or its message
  * key (so that nothing overtakes an earlier event of its order, nor an
