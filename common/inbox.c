@@ -201,6 +201,9 @@ struct inbox {
 	int nmine;
 	int nkeys;
 	int nlock; /* distinct orders of the batch (order_ids) */
+	/* inbox_run_nowait: the last NOWAIT lock failed, and no probe since
+	 * found the batch's orders free; go to the probe first. */
+	bool probe_first;
 	/* inbox_run_nowait: per order (order_ids) what the probe found
 	 * (INBOX_O_*), per key whether it is left for later, and the part of
 	 * the batch that runs now with where each came from. */
@@ -1886,10 +1889,16 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 	if (n < 2)
 		return inbox_batch(ib, in, n, res, false);
 	/* The common case first: no order of the batch is held elsewhere,
-	 * and the claim's request itself takes their locks. */
-	rc = inbox_batch(ib, in, n, res, true);
-	if (rc != INBOX_HELD_ELSEWHERE)
-		return rc;
+	 * and the claim's request itself takes their locks.  In a fleet
+	 * whose processes share orders most batches find one held, and then
+	 * the failed lock is a round trip the probe would have spared: after
+	 * a failure the probe goes first, until one finds nothing held. */
+	if (!ib->probe_first) {
+		rc = inbox_batch(ib, in, n, res, true);
+		if (rc != INBOX_HELD_ELSEWHERE)
+			return rc;
+		ib->probe_first = true;
+	}
 	inbox_claim_index(ib, in, n);
 	rc = inbox_probe(ib);
 	if (rc != ST_OK) {
@@ -1898,6 +1907,8 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 		return rc;
 	}
 	*nlater = inbox_leave(ib, in, n, later);
+	if (*nlater == 0)
+		ib->probe_first = false;
 	if (*nlater == 0 || *nlater == n) {
 		/* Nothing held elsewhere, or everything behind it: whole, in
 		 * the transaction that holds the probe's locks (waiting, in

@@ -439,6 +439,56 @@ Test(batch, a_batch_no_one_else_holds_costs_two_round_trips_without_waiting)
 	free(b);
 }
 
+/* After a batch found an order held elsewhere, the next one probes first
+ * (a fleet that shares orders would pay a failed lock on most batches),
+ * and once a probe finds nothing held the lock goes back into the claim. */
+Test(batch, after_a_held_order_the_probe_goes_first_until_none_is_held, .timeout = 120)
+{
+	struct tb *pre = calloc(1, sizeof *pre), *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c),
+	          *e = calloc(1, sizeof *e);
+	struct db *d = NULL, *a = NULL;
+	struct inbox *ib;
+	bool later[MAXB];
+	int nlater = -1;
+	uint64_t before;
+
+	itest_fresh();
+	ib = open_inbox(&d, itest_cfg());
+	tb_add(pre, "c-h", "OrderCreated", "pf-h");
+	cr_assert_eq(inbox_run(ib, pre->in, 1, pre->res), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_open(&a, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(a, "UPDATE order_locks SET locks = locks + 1 WHERE order_id = 'pf-h'"), ST_OK, "%s",
+	             db_errmsg(a));
+	tb_add(b, "p-h", "PaymentAuthorized", "pf-h"); /* held elsewhere: later */
+	tb_add(b, "c-1", "OrderCreated", "pf-1");
+	cr_assert_eq(inbox_run_nowait(ib, b->in, b->n, b->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
+	cr_expect_eq(nlater, 1);
+	cr_assert_eq(db_commit(a), ST_OK);
+
+	tb_add(c, "c-2", "OrderCreated", "pf-2");
+	tb_add(c, "c-3", "OrderCreated", "pf-3");
+	before = db_round_trips(d);
+	cr_assert_eq(inbox_run_nowait(ib, c->in, c->n, c->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
+	cr_expect_eq(db_round_trips(d) - before, 3, "the probe first: %llu round trips",
+	             (unsigned long long)(db_round_trips(d) - before));
+	cr_expect_eq(nlater, 0);
+
+	tb_add(e, "c-4", "OrderCreated", "pf-4");
+	tb_add(e, "c-5", "OrderCreated", "pf-5");
+	before = db_round_trips(d);
+	cr_assert_eq(inbox_run_nowait(ib, e->in, e->n, e->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
+	cr_expect_eq(db_round_trips(d) - before, 2, "the lock back in the claim: %llu round trips",
+	             (unsigned long long)(db_round_trips(d) - before));
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id IN ('pf-1', 'pf-2', 'pf-3', 'pf-4', 'pf-5')"), 5);
+	inbox_close(&ib);
+	db_close(&a);
+	db_close(&d);
+	free(pre);
+	free(b);
+	free(c);
+	free(e);
+}
+
 Test(batch, a_batch_settles_the_orders_no_one_holds_and_leaves_the_rest, .timeout = 120)
 {
 	struct tb *pre = calloc(1, sizeof *pre), *b = calloc(1, sizeof *b), *rest = calloc(1, sizeof *rest);
