@@ -1571,9 +1571,6 @@ static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
 	inbox_sql_order_ids(ib, q);
 }
 
-/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
- * keys (sorted), and read back the keys that are not ours, the orders and
- * the ledger rows of the keys (inbox_claim_row reads the answers). */
 /* The claim's rows when its request opens with the NOWAIT lock
  * (inbox_claim): that statement's rows are not needed, the others are the
  * claim's own, one statement later. */
@@ -1582,11 +1579,13 @@ static int inbox_claim_row_locked(void *arg, int stmt, const char *const *v, con
 	return stmt == 0 ? ST_OK : inbox_claim_row(arg, stmt - 1, v, lens, ncols);
 }
 
-/* The claim (see the top of the file).  nowait: the request opens by
- * locking the batch's existing orders without waiting (FOR UPDATE
- * NOWAIT): if another transaction holds one, that statement fails at once
- * and nothing of the claim runs (INBOX_HELD_ELSEWHERE; the transaction
- * holds nothing). */
+/* Round trip 1: lock the orders of the batch (sorted), claim its distinct
+ * keys (sorted), and read back the keys that are not ours, the orders and
+ * the ledger rows of the keys (inbox_claim_row reads the answers).
+ * nowait: the request opens by locking the batch's existing orders
+ * without waiting (FOR UPDATE NOWAIT): if another transaction holds one,
+ * that statement fails at once and nothing of the claim runs
+ * (INBOX_HELD_ELSEWHERE; the transaction holds nothing). */
 static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n, bool nowait)
 {
 	struct sqlbuf *q = &ib->req;
