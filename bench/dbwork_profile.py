@@ -8,6 +8,7 @@ samples per 1,000 messages compare the two drains' CPU, function by
 function.  The groups are by symbol name, for MariaDB 10.11's exported
 symbols; a named function that matches none is counted in the SQL layer.
 """
+import collections
 import re
 import sys
 
@@ -54,6 +55,13 @@ def group(kind, sym):
     return "SQL layer, other named"
 
 
+def by_group(samples):
+    out = collections.Counter()
+    for (kind, sym), n in samples.items():
+        out[group(kind, sym)] += n
+    return out
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: dbwork_profile.py MESSAGES LOOP.syms POOL.syms "
@@ -66,20 +74,14 @@ def main():
     tl, tp = sum(loop.values()), sum(pool.values())
     print(f"\nserver CPU samples per 1,000 messages (999 Hz: about ms of CPU), {msgs} messages")
     print(f"  {'total':<40} loop {tl * per_k:8.1f}   pool {tp * per_k:8.1f}")
-    groups_l, groups_p = {}, {}
-    for (k, s), n in loop.items():
-        g = group(k, s)
-        groups_l[g] = groups_l.get(g, 0) + n
-    for (k, s), n in pool.items():
-        g = group(k, s)
-        groups_p[g] = groups_p.get(g, 0) + n
+    groups_l, groups_p = by_group(loop), by_group(pool)
     print("\nby group (pool minus loop: where the difference lies)")
-    for g in sorted(set(groups_l) | set(groups_p), key=lambda g: -(groups_p.get(g, 0) - groups_l.get(g, 0))):
+    for g in sorted(set(groups_l) | set(groups_p), key=lambda g: (groups_l[g] - groups_p[g], g)):
         a, b = groups_l.get(g, 0) * per_k, groups_p.get(g, 0) * per_k
         print(f"  {g:<40} loop {a:8.1f}   pool {b:8.1f}   +{b - a:7.1f}")
     print("\nnamed functions, by the pool's excess over the loop (top 30)")
     keys = {k for k in set(loop) | set(pool) if not k[1].startswith("0x")}
-    for k in sorted(keys, key=lambda k: -(pool.get(k, 0) - loop.get(k, 0)))[:30]:
+    for k in sorted(keys, key=lambda k: (loop.get(k, 0) - pool.get(k, 0), k))[:30]:
         a, b = loop.get(k, 0) * per_k, pool.get(k, 0) * per_k
         name = k[1] if len(k[1]) <= 70 else k[1][:67] + "..."
         print(f"  {'[k] ' if k[0] == 'k' else ''}{name:<70} {a:7.1f} {b:7.1f} +{b - a:6.1f}")

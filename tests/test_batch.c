@@ -404,6 +404,16 @@ Test(batch, releases_of_different_orders_do_not_lock_each_other, .timeout = 120)
  * The batch's lock wait is short (2 s): a batch that waited for a
  * would fail with it rather than hang.
  */
+/* inbox_run_nowait over batch b, which must succeed; the round trips it
+ * took. */
+static uint64_t nowait_round_trips(struct inbox *ib, struct db *d, struct tb *b, bool *later, int *nlater)
+{
+	uint64_t before = db_round_trips(d);
+
+	cr_assert_eq(inbox_run_nowait(ib, b->in, b->n, b->res, later, nlater), ST_OK, "%s", db_errmsg(d));
+	return db_round_trips(d) - before;
+}
+
 /* The common case of inbox_run_nowait, no order held elsewhere, costs
  * what inbox_run costs: the batch's locks are taken without waiting in the
  * claim's own request (FOR UPDATE NOWAIT), and only a batch that finds
@@ -415,7 +425,7 @@ Test(batch, a_batch_no_one_else_holds_costs_two_round_trips_without_waiting)
 	struct inbox *ib;
 	bool later[MAXB];
 	int nlater = -1;
-	uint64_t before;
+	uint64_t rt;
 
 	itest_fresh();
 	ib = open_inbox(&d, itest_cfg());
@@ -424,9 +434,8 @@ Test(batch, a_batch_no_one_else_holds_costs_two_round_trips_without_waiting)
 	tb_add(b, "p-a", "PaymentAuthorized", "rt-a"); /* an order with its lock row */
 	tb_add(b, "c-b", "OrderCreated", "rt-b");      /* a new one */
 	tb_add(b, "c-a", "OrderCreated", "rt-a");      /* stored: duplicate */
-	before = db_round_trips(d);
-	cr_assert_eq(inbox_run_nowait(ib, b->in, b->n, b->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
-	cr_expect_eq(db_round_trips(d) - before, 2, "round trips: %llu", (unsigned long long)(db_round_trips(d) - before));
+	rt = nowait_round_trips(ib, d, b, later, &nlater);
+	cr_expect_eq(rt, 2, "round trips: %llu", (unsigned long long)rt);
 	cr_expect_eq(nlater, 0);
 	cr_expect_eq(b->res[0].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[0].outcome));
 	cr_expect_eq(b->res[1].outcome, INBOX_APPLIED, "%s", inbox_outcome_name(b->res[1].outcome));
@@ -450,7 +459,7 @@ Test(batch, after_a_held_order_the_probe_goes_first_until_none_is_held, .timeout
 	struct inbox *ib;
 	bool later[MAXB];
 	int nlater = -1;
-	uint64_t before;
+	uint64_t rt;
 
 	itest_fresh();
 	ib = open_inbox(&d, itest_cfg());
@@ -461,24 +470,20 @@ Test(batch, after_a_held_order_the_probe_goes_first_until_none_is_held, .timeout
 	             db_errmsg(a));
 	tb_add(b, "p-h", "PaymentAuthorized", "pf-h"); /* held elsewhere: later */
 	tb_add(b, "c-1", "OrderCreated", "pf-1");
-	cr_assert_eq(inbox_run_nowait(ib, b->in, b->n, b->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
+	(void)nowait_round_trips(ib, d, b, later, &nlater);
 	cr_expect_eq(nlater, 1);
 	cr_assert_eq(db_commit(a), ST_OK);
 
 	tb_add(c, "c-2", "OrderCreated", "pf-2");
 	tb_add(c, "c-3", "OrderCreated", "pf-3");
-	before = db_round_trips(d);
-	cr_assert_eq(inbox_run_nowait(ib, c->in, c->n, c->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
-	cr_expect_eq(db_round_trips(d) - before, 3, "the probe first: %llu round trips",
-	             (unsigned long long)(db_round_trips(d) - before));
+	rt = nowait_round_trips(ib, d, c, later, &nlater);
+	cr_expect_eq(rt, 3, "the probe first: %llu round trips", (unsigned long long)rt);
 	cr_expect_eq(nlater, 0);
 
 	tb_add(e, "c-4", "OrderCreated", "pf-4");
 	tb_add(e, "c-5", "OrderCreated", "pf-5");
-	before = db_round_trips(d);
-	cr_assert_eq(inbox_run_nowait(ib, e->in, e->n, e->res, later, &nlater), ST_OK, "%s", db_errmsg(d));
-	cr_expect_eq(db_round_trips(d) - before, 2, "the lock back in the claim: %llu round trips",
-	             (unsigned long long)(db_round_trips(d) - before));
+	rt = nowait_round_trips(ib, d, e, later, &nlater);
+	cr_expect_eq(rt, 2, "the lock back in the claim: %llu round trips", (unsigned long long)rt);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE id IN ('pf-1', 'pf-2', 'pf-3', 'pf-4', 'pf-5')"), 5);
 	inbox_close(&ib);
 	db_close(&a);
