@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-cd /work/ab
+cd /work/ab || exit 1
 for r in 1 2 3; do
   for v in nowait plain; do
     if [ $v = plain ]; then export AB_PLAIN=1; else unset AB_PLAIN; fi
@@ -8,4 +8,4 @@ for r in 1 2 3; do
     tail -3 /work/ab/out/$v-$r/table.txt
   done
 done
-echo done $(date +%T)
+echo "done $(date +%T)"

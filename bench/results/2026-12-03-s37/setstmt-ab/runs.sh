@@ -7,4 +7,4 @@ for r in 1 2 3; do
     grep "r1  pool" /work/ab/out2/$v-$r/table.txt
   done
 done
-echo done $(date +%T)
+echo "done $(date +%T)"

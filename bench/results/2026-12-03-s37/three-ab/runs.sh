@@ -10,4 +10,4 @@ for r in 1 2 3; do
     grep "r1  pool" /work/ab/out3/$v-$r/table.txt
   done
 done
-echo done $(date +%T)
+echo "done $(date +%T)"
