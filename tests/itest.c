@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -422,6 +423,24 @@ int itest_loadgen(const char *const *args, const char *const *env, const char *l
 	st = itest_wait_exit(itest_spawn_program(bin, args, env, log_path, true), timeout_s);
 	cr_assert(WIFEXITED(st), "inbox-loadgen did not exit normally (status %d)", st);
 	return WEXITSTATUS(st);
+}
+
+int64_t itest_ledger_int(const char *ledger, const char *key)
+{
+	FILE *f = fopen(ledger, "r");
+	char line[4096];
+	json_error_t jerr;
+	json_t *o;
+	int64_t v;
+
+	cr_assert_not_null(f, "cannot open %s", ledger);
+	cr_assert_not_null(fgets(line, sizeof line, f), "empty ledger");
+	fclose(f);
+	o = json_loads(line, 0, &jerr);
+	cr_assert_not_null(o, "ledger run line: %s", jerr.text);
+	v = json_integer_value(json_object_get(o, key));
+	json_decref(o);
+	return v;
 }
 
 bool itest_log_has(const char *log_path, const char *text)

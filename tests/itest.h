@@ -64,6 +64,9 @@ pid_t itest_spawn_program(const char *bin, const char *const *args, const char *
  * NULL-terminated; env may be NULL), stdout and stderr into log_path;
  * asserts it exited within timeout_s and returns its exit code. */
 int itest_loadgen(const char *const *args, const char *const *env, const char *log_path, int timeout_s);
+/* An integer of the run line (the first) of an inbox-loadgen ledger:
+ * "published", "originals", ... */
+int64_t itest_ledger_int(const char *ledger, const char *key);
 /* /tmp/inbox-itest-PID-NAME.log: a log file named after its test. */
 void itest_log_path(char *buf, size_t cap, const char *name);
 /* SIGTERM, and the process must exit 0 (bounded). */

@@ -8,10 +8,7 @@
  * bulk execution against the server.
  */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <jansson.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -660,15 +657,13 @@ Test(db, a_subquery_of_two_rows_maps_to_its_code)
 Test(db, the_batched_ceiling_claims_every_original_at_eight_threads)
 {
 	const char *minp = getenv("INBOX_MINP_BIN");
-	char ledger[4096], log[4096], line[4096], expect[32];
+	char ledger[4096], log[4096], expect[32];
 	const char *pub[] = { "publish", "--ledger", ledger, "--messages", "5000", "--dup-rate", "0.2",
 	                      "--concurrent-dups", "0", "--delayed-dups", "0", "--conflicts", "0", "--malformed", "0",
 	                      "--invalid-share", "0", "--interleave", "2000", "--reorder-window", "0",
 	                      "--connections", "4", NULL };
 	const char *run[] = { "--threads", "8", "--batch", "100", "--expect", expect, "--idle", "3", NULL };
-	json_t *head;
-	json_int_t published, originals;
-	FILE *f;
+	int64_t published, originals;
 	int st;
 
 	cr_assert_not_null(minp, "INBOX_MINP_BIN is not set (run through meson test)");
@@ -676,15 +671,8 @@ Test(db, the_batched_ceiling_claims_every_original_at_eight_threads)
 	itest_log_path(ledger, sizeof ledger, "ceiling-ledger.jsonl");
 	itest_log_path(log, sizeof log, "ceiling.log");
 	cr_assert_eq(itest_loadgen(pub, NULL, log, 300), 0, "inbox-loadgen publish failed (%s)", log);
-	f = fopen(ledger, "r");
-	cr_assert_not_null(f, "%s: %s", ledger, strerror(errno));
-	cr_assert_not_null(fgets(line, sizeof line, f), "%s: no run line", ledger);
-	fclose(f);
-	head = json_loads(line, 0, NULL);
-	cr_assert_not_null(head, "%s: the run line is not JSON", ledger);
-	published = json_integer_value(json_object_get(head, "published"));
-	originals = json_integer_value(json_object_get(head, "originals"));
-	json_decref(head);
+	published = itest_ledger_int(ledger, "published");
+	originals = itest_ledger_int(ledger, "originals");
 	cr_assert(originals > 0 && published >= originals, "published %lld, originals %lld", (long long)published,
 	          (long long)originals);
 	snprintf(expect, sizeof expect, "%lld", (long long)published);

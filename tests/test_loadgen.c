@@ -25,24 +25,6 @@ static void lg_ledger_path(char *buf, size_t cap, const char *name)
 	snprintf(buf, cap, "%s/inbox-lg-%s-%d.jsonl", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name, (int)getpid());
 }
 
-static int64_t lg_ledger_int(const char *ledger, const char *key)
-{
-	FILE *f = fopen(ledger, "r");
-	char line[4096];
-	json_error_t jerr;
-	json_t *o;
-	int64_t v;
-
-	cr_assert_not_null(f, "cannot open %s", ledger);
-	cr_assert_not_null(fgets(line, sizeof line, f), "empty ledger");
-	fclose(f);
-	o = json_loads(line, 0, &jerr);
-	cr_assert_not_null(o, "ledger run line: %s", jerr.text);
-	v = json_integer_value(json_object_get(o, key));
-	json_decref(o);
-	return v;
-}
-
 static void lg_exec1(const char *sql, const char *arg)
 {
 	struct db *d = itest_db();
@@ -69,7 +51,7 @@ static void lg_settled_run(const char *ledger, const char *run)
 
 	snprintf(log, sizeof log, "%s.publish.log", ledger);
 	cr_assert_eq(itest_loadgen(pub, NULL, log, 120), 0, "publish failed, see %s", log);
-	originals = lg_ledger_int(ledger, "originals");
+	originals = itest_ledger_int(ledger, "originals");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'", originals, 120),
 	             originals, "the workers did not settle every original");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
@@ -296,7 +278,7 @@ Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout
 	w1 = itest_worker(2, NULL);
 	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
-	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	                            itest_ledger_int(ledger, "originals"), 120), itest_ledger_int(ledger, "originals"));
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
 	itest_stop(w1, SIGTERM, 30);
 	/* A dead-letter and an emitted message of another run. */
@@ -391,7 +373,7 @@ static void lg_publish_settled(const char *const *pub, const char *ledger, const
 
 	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
-	                            lg_ledger_int(ledger, "originals"), 120), lg_ledger_int(ledger, "originals"));
+	                            itest_ledger_int(ledger, "originals"), 120), itest_ledger_int(ledger, "originals"));
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
 	itest_stop(w, SIGTERM, 30);
 }
@@ -454,8 +436,8 @@ Test(loadgen, verify_json_has_every_figure_and_they_agree_with_the_database, .ti
 			sum += json_integer_value(v);
 		cr_assert_eq(sum, itest_queue_depth(itest_cfg()->dlq), "see %s", vlog);
 	}
-	copies = lg_ledger_int(ledger, "copies_immediate") + lg_ledger_int(ledger, "copies_concurrent") +
-	         lg_ledger_int(ledger, "copies_delayed");
+	copies = itest_ledger_int(ledger, "copies_immediate") + itest_ledger_int(ledger, "copies_concurrent") +
+	         itest_ledger_int(ledger, "copies_delayed");
 	cr_assert_gt(copies, 0);
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "published")), copies);
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
@@ -510,8 +492,8 @@ Test(loadgen, verify_reports_held_then_released_events_from_the_rows, .timeout =
 	                        " AND outcome = 'applied' AND message_id LIKE ?",
 	                        like),
 	             "see %s", vlog);
-	copies = lg_ledger_int(ledger, "copies_immediate") + lg_ledger_int(ledger, "copies_concurrent") +
-	         lg_ledger_int(ledger, "copies_delayed");
+	copies = itest_ledger_int(ledger, "copies_immediate") + itest_ledger_int(ledger, "copies_concurrent") +
+	         itest_ledger_int(ledger, "copies_delayed");
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(o, "duplicates"), "absorbed")), copies);
 	json_decref(o);
 
