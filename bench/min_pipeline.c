@@ -18,7 +18,9 @@
  * --emit (with --batch): also the least an inbox that emits events can do
  * for them.  After each commit the thread publishes, on a second
  * connection in confirm mode, what the pool emits for the same messages,
- * and waits for the broker's confirms before the ack: each event once, as
+ * and acks the batch once the broker has confirmed them, going on with its
+ * next batches meanwhile (up to MP_PENDING_MAX of them unacked, within the
+ * prefetch window, as the pool does with its dispatch): each event once, as
  * persistent messages to the out exchange under the same routing key,
  * stable message-id, type, correlation id and JSON envelope as the pool's
  * outbox writes (common/outbox.c).  Which events those are it decides
@@ -28,7 +30,10 @@
  * Until s39 it published one bare OrderPaid per PaymentAuthorized
  * delivery instead (22 % of bench/run's backlog, duplicates included,
  * against the pool's 27 %: a ceiling that did a fifth less publishing than
- * the pool it bounds).  No outbox table, no relay: a ceiling, not
+ * the pool it bounds), and it waited for each batch's confirms before it
+ * took the next one: with the pool's events, at 40,000 messages, that
+ * made it slower than the pool (1.18 of it), a ceiling below what it
+ * bounds.  No outbox table, no relay: a ceiling, not
  * exactly-once.  pool / this is the price of the outbox alone.
  *
  * Drains until M messages were handled or nothing came for S seconds, then
@@ -38,7 +43,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <search.h>
+#include <search.h> /* tsearch, tdestroy */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,14 +67,14 @@ struct mp_shared {
 	atomic_long emitted;
 	pthread_mutex_t mu;
 	double first, last;
-	/* --emit's decisions (mp_model), under model_mu: the keys seen and
-	 * the orders, by id (hsearch_r tables that own their keys). */
+	/* --emit's decisions (mp_model), under model_mu: the keys seen (their
+	 * strings) and the orders (struct mp_order), each a tsearch tree that
+	 * owns its nodes.  Not hsearch_r: glibc's hash of a string is
+	 * decided by its first eight characters, which all of a run's keys
+	 * share, and every lookup walked the whole table (strcmp was 56 % of
+	 * the loop's CPU). */
 	pthread_mutex_t model_mu;
-	struct hsearch_data seen, orders;
-	long model_cap, model_used;
-	char **model_keys;           /* every key the tables hold, to free */
-	struct mp_order **model_orders; /* every order, to free */
-	long model_norders;
+	void *seen, *orders;
 	atomic_long model_overflow;
 };
 
@@ -77,6 +82,7 @@ struct mp_shared {
  * events that came before their prerequisite (held, in arrival order). */
 #define MP_HELD_MAX 8
 struct mp_order {
+	char id[72];
 	enum order_state state;
 	unsigned flags;
 	int nheld;
@@ -184,67 +190,75 @@ static int mp_prepare(const struct mq_delivery *d, EVP_MD_CTX *md, struct bench_
 	return 0;
 }
 
-/* The model's tables, sized for --expect deliveries (each a key, and at
- * most an order), between 64 Ki and 8 Mi entries. */
-static int mp_model_open(struct mp_shared *sh)
+static int mp_str_cmp(const void *a, const void *b)
 {
-	long n = sh->expect < (1L << 15) ? (1L << 15) : sh->expect > (1L << 22) ? (1L << 22) : sh->expect;
+	return strcmp(a, b);
+}
 
-	sh->model_cap = 2 * n;
-	memset(&sh->seen, 0, sizeof sh->seen);
-	memset(&sh->orders, 0, sizeof sh->orders);
-	sh->model_keys = calloc((size_t)sh->model_cap, sizeof *sh->model_keys);
-	sh->model_orders = calloc((size_t)sh->model_cap, sizeof *sh->model_orders);
-	/* hsearch_r wants room to spare: twice what is entered. */
-	if (sh->model_keys == NULL || sh->model_orders == NULL || hcreate_r((size_t)(2 * sh->model_cap), &sh->seen) == 0 ||
-	    hcreate_r((size_t)(2 * sh->model_cap), &sh->orders) == 0)
-		return -1;
-	return 0;
+static int mp_order_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct mp_order *)a)->id, ((const struct mp_order *)b)->id);
+}
+
+static void mp_order_free(void *p)
+{
+	struct mp_order *o = p;
+
+	for (int h = 0; h < o->nheld; h++)
+		free(o->held[h].message_id);
+	free(o);
 }
 
 static void mp_model_close(struct mp_shared *sh)
 {
-	if (sh->model_cap == 0)
-		return;
-	hdestroy_r(&sh->seen);
-	hdestroy_r(&sh->orders);
-	for (long i = 0; i < sh->model_used; i++)
-		free(sh->model_keys[i]);
-	for (long i = 0; i < sh->model_norders; i++) {
-		for (int h = 0; h < sh->model_orders[i]->nheld; h++)
-			free(sh->model_orders[i]->held[h].message_id);
-		free(sh->model_orders[i]);
-	}
-	free(sh->model_keys);
-	free(sh->model_orders);
+	tdestroy(sh->seen, free);
+	tdestroy(sh->orders, mp_order_free);
+	sh->seen = sh->orders = NULL;
 }
 
-/* Add key to tab (a copy it then owns): true when it was new, and, with
- * data, *data its value.  False and *data the existing value when it was
- * there; false with *data NULL when the table is full (the model stops
- * knowing, and says so at the end). */
-static bool mp_table_add(struct mp_shared *sh, struct hsearch_data *tab, const char *key, void *value, void **data)
+/* Remember key: true the first time. */
+static bool mp_first_seen(struct mp_shared *sh, const char *key)
 {
-	ENTRY e = { .key = (char *)key, .data = NULL }, *found = NULL;
+	char *copy = strdup(key);
+	char **node;
 
-	*data = NULL;
-	if (hsearch_r(e, FIND, &found, tab) != 0 && found != NULL) {
-		*data = found->data;
-		return false;
-	}
-	if (sh->model_used >= sh->model_cap || (e.key = strdup(key)) == NULL) {
+	if (copy == NULL) {
 		atomic_fetch_add(&sh->model_overflow, 1);
 		return false;
 	}
-	e.data = value;
-	if (hsearch_r(e, ENTER, &found, tab) == 0) {
-		free(e.key);
+	node = tsearch(copy, &sh->seen, mp_str_cmp);
+	if (node == NULL) {
+		free(copy);
 		atomic_fetch_add(&sh->model_overflow, 1);
 		return false;
 	}
-	sh->model_keys[sh->model_used++] = e.key;
-	*data = value;
+	if (*node != copy) {
+		free(copy);
+		return false;
+	}
 	return true;
+}
+
+/* The order of that id, created (no state yet) the first time; NULL when
+ * memory ran out. */
+static struct mp_order *mp_order_of(struct mp_shared *sh, const char *id)
+{
+	struct mp_order *o = calloc(1, sizeof *o), **node;
+
+	if (o == NULL) {
+		atomic_fetch_add(&sh->model_overflow, 1);
+		return NULL;
+	}
+	snprintf(o->id, sizeof o->id, "%s", id);
+	node = tsearch(o, &sh->orders, mp_order_cmp);
+	if (node == NULL) {
+		free(o);
+		atomic_fetch_add(&sh->model_overflow, 1);
+		return NULL;
+	}
+	if (*node != o)
+		free(o);
+	return *node;
 }
 
 /* The emits of verdict v for the event (type, cause) of order o, in the
@@ -315,20 +329,12 @@ static int mp_model(struct mp_shared *sh, const struct bench_msg *m, int k, stru
 	for (int i = 0; i < k; i++) {
 		char key[2 * MSG_WIDE_ID_MAX + 2];
 		struct mp_order *o;
-		void *data;
 		int type = m[i].type != NULL ? order_type_find(m[i].type, strlen(m[i].type)) : -1;
 
 		snprintf(key, sizeof key, "%s\x1f%s", m[i].source, m[i].message_id);
-		if (type < 0 || !mp_table_add(sh, &sh->seen, key, sh, &data))
+		if (type < 0 || !mp_first_seen(sh, key))
 			continue; /* not an event of ours, or a key seen before: no effect */
-		o = calloc(1, sizeof *o);
-		if (o == NULL)
-			continue;
-		if (!mp_table_add(sh, &sh->orders, m[i].order_id, o, &data))
-			free(o);
-		else
-			sh->model_orders[sh->model_norders++] = o;
-		o = data;
+		o = mp_order_of(sh, m[i].order_id);
 		if (o == NULL)
 			continue;
 		if (!mp_decide(o, m[i].order_id, type, m[i].message_id, true, out, &nout, cap, sh))
@@ -353,15 +359,17 @@ static int mp_model(struct mp_shared *sh, const struct bench_msg *m, int k, stru
 }
 
 /* --emit: what the pool emits for the committed batch (mp_model), each as
- * outbox_row_event builds it, published with confirms. */
+ * outbox_row_event builds it, published in confirm mode without waiting:
+ * [*first, *last) are their sequence numbers, settled by mp_settle. */
 static int mp_emit(struct mp_shared *sh, struct mq *pub, const struct bench_msg *m, int k, struct mp_out **out,
-                   int *cap)
+                   int *cap, uint64_t *first, uint64_t *last)
 {
 	int n = mp_model(sh, m, k, out, cap);
 	char ts[32];
 	time_t now = time(NULL);
 	struct tm tm;
 
+	*first = *last = mq_next_seq(pub);
 	if (gmtime_r(&now, &tm) == NULL || strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
 		return ST_ERR_INVALID;
 	for (int i = 0; i < n; i++) {
@@ -394,7 +402,57 @@ static int mp_emit(struct mp_shared *sh, struct mq *pub, const struct bench_msg 
 			return rc;
 	}
 	atomic_fetch_add(&sh->emitted, n);
-	return n > 0 ? mq_wait_confirms(pub, 10000) : ST_OK;
+	*last = mq_next_seq(pub);
+	return ST_OK;
+}
+
+/* A committed batch, acked (cumulatively, up to tag) once the events it
+ * published, sequence numbers [first, last), are confirmed. */
+struct mp_pending {
+	uint64_t tag, first, last;
+	int n;
+};
+#define MP_PENDING_MAX 8
+
+/* Ack the committed batches, oldest first, whose events the broker
+ * confirmed; wait: until every one is.  Without a publisher each is acked
+ * at once. */
+static int mp_settle(struct mp_shared *sh, struct mq *mq, struct mq *pub, struct mp_pending *p, int *np, bool wait)
+{
+	uint64_t tag = 0;
+	long n = 0;
+	int done = 0, rc = ST_OK;
+
+	if (*np == 0)
+		return ST_OK;
+	if (pub != NULL)
+		rc = wait ? mq_wait_confirms(pub, 10000) : mq_poll_confirms(pub);
+	if (rc != ST_OK)
+		return rc;
+	for (; done < *np; done++) {
+		bool confirmed = true;
+
+		for (uint64_t q = p[done].first; confirmed && q < p[done].last; q++) {
+			enum mq_outcome o = mq_outcome(pub, q);
+			if (o != MQ_OUTCOME_PENDING && o != MQ_OUTCOME_ACKED)
+				return ST_ERR_MQ_NACK; /* a ceiling has no outbox to fall back on */
+			confirmed = o == MQ_OUTCOME_ACKED;
+		}
+		if (!confirmed)
+			break;
+		tag = p[done].tag;
+		n += p[done].n;
+	}
+	if (done == 0)
+		return ST_OK;
+	rc = mq_ack(mq, tag, true);
+	memmove(p, p + done, (size_t)(*np - done) * sizeof *p);
+	*np -= done;
+	if (rc == ST_OK) {
+		mp_mark(sh, mp_now());
+		atomic_fetch_add(&sh->handled, n);
+	}
+	return rc;
 }
 
 /* The batched loop (--batch B). */
@@ -406,7 +464,8 @@ static void mp_batched(struct mp_thread *t, struct mq *mq, struct mq *pub, struc
 	struct bench_msg *m = calloc((size_t)cap, sizeof *m);
 	json_t **o = calloc((size_t)cap, sizeof *o);
 	struct mp_out *out = NULL;
-	int out_cap = 0;
+	int out_cap = 0, npending = 0;
+	struct mp_pending pending[MP_PENDING_MAX];
 	double last_seen = mp_now();
 
 	if (d == NULL || m == NULL || o == NULL) {
@@ -414,9 +473,29 @@ static void mp_batched(struct mp_thread *t, struct mq *mq, struct mq *pub, struc
 		goto out;
 	}
 	while (atomic_load(&sh->handled) < sh->expect) {
-		int n = 0, k = 0, rc = mq_consume(mq, &d[0], 500);
+		uint64_t first = 0, last = 0;
+		int n = 0, k = 0, rc;
 
+		/* Committed batches wait for their confirms while the next ones
+		 * run; a full window of them, half the publishes pub.c tracks
+		 * outcomes for, or a prefetch with nothing left to hand out
+		 * waits for them. */
+		rc = mp_settle(sh, mq, pub, pending, &npending,
+		               npending == MP_PENDING_MAX || (pub != NULL && mq_unconfirmed(pub) > MQ_TRACK_MAX / 2));
+		if (rc != ST_OK) {
+			t->rc = rc;
+			break;
+		}
+		rc = mq_consume(mq, &d[0], npending > 0 ? 1 : 500);
 		if (rc == ST_ERR_TIMEOUT) {
+			if (npending > 0) {
+				rc = mp_settle(sh, mq, pub, pending, &npending, true);
+				if (rc != ST_OK) {
+					t->rc = rc;
+					break;
+				}
+				continue;
+			}
 			if (mp_now() - last_seen >= (double)sh->idle_s)
 				break;
 			continue;
@@ -443,7 +522,7 @@ static void mp_batched(struct mp_thread *t, struct mq *mq, struct mq *pub, struc
 		if (rc != ST_OK)
 			fprintf(stderr, "min_pipeline: thread %d: transaction: %s\n", t->index, db_errmsg(tx->db));
 		if (rc == ST_OK && pub != NULL) {
-			rc = mp_emit(sh, pub, m, k, &out, &out_cap);
+			rc = mp_emit(sh, pub, m, k, &out, &out_cap, &first, &last);
 			if (rc != ST_OK)
 				fprintf(stderr, "min_pipeline: thread %d: emit: %s\n", t->index, mq_errmsg(pub));
 		}
@@ -453,15 +532,14 @@ static void mp_batched(struct mp_thread *t, struct mq *mq, struct mq *pub, struc
 			t->rc = rc;
 			break;
 		}
-		rc = mq_ack(mq, d[n - 1].tag, true);
+		pending[npending++] = (struct mp_pending){ .tag = d[n - 1].tag, .first = first, .last = last, .n = n };
 		for (int i = 0; i < n; i++)
 			mq_delivery_release(mq, &d[i]);
-		if (rc != ST_OK) {
+	}
+	while (t->rc == ST_OK && npending > 0) {
+		int rc = mp_settle(sh, mq, pub, pending, &npending, true);
+		if (rc != ST_OK)
 			t->rc = rc;
-			break;
-		}
-		mp_mark(sh, mp_now());
-		atomic_fetch_add(&sh->handled, n);
 	}
 out:
 	free(d);
@@ -597,10 +675,6 @@ int main(int argc, char **argv)
 		sh.prefetch = 2 * sh.batch; /* as the pool's default: two batches in flight */
 	pthread_mutex_init(&sh.mu, NULL);
 	pthread_mutex_init(&sh.model_mu, NULL);
-	if (sh.emit && mp_model_open(&sh) != 0) {
-		fprintf(stderr, "min_pipeline: out of memory\n");
-		return 1;
-	}
 	{
 		/* The queue must exist before the threads consume it. */
 		struct mq *m = NULL;
@@ -634,8 +708,8 @@ int main(int argc, char **argv)
 	}
 	if (atomic_load(&sh.model_overflow) > 0)
 		fprintf(stderr,
-		        "min_pipeline: the emit model lost track of %ld keys, orders or held events (its tables are"
-		        " sized from --expect): the emitted count is short\n",
+		        "min_pipeline: the emit model lost track of %ld keys, orders or held events (out of memory,"
+		        " or more held events of one order than it keeps): the emitted count is short\n",
 		        atomic_load(&sh.model_overflow));
 	free(ts);
 	mp_model_close(&sh);
