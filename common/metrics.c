@@ -52,6 +52,7 @@ static struct {
 	atomic_uint_fast64_t outbox_failed;
 	atomic_uint_fast64_t outbox_dispatched;
 	atomic_uint_fast64_t confirm_waits;
+	atomic_uint_fast64_t splits[METRICS_SPLIT_COUNT], split_deliveries[METRICS_SPLIT_COUNT];
 	atomic_int_fast64_t outbox_oldest_ms;
 	atomic_int_fast64_t dlq_depth;       /* stored + 1: 0 means never read */
 	atomic_uint_fast64_t redelivered;
@@ -174,6 +175,14 @@ void metrics_outbox_dispatched(int n)
 void metrics_confirm_wait(void)
 {
 	atomic_fetch_add_explicit(&metrics.confirm_waits, 1, memory_order_relaxed);
+}
+
+void metrics_batch_split(enum metrics_split why, int n)
+{
+	if (why < 0 || why >= METRICS_SPLIT_COUNT || n <= 0)
+		return;
+	atomic_fetch_add_explicit(&metrics.splits[why], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&metrics.split_deliveries[why], (uint_fast64_t)n, memory_order_relaxed);
 }
 
 void metrics_dlq_depth(int64_t n)
@@ -541,6 +550,20 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_confirm_waits_total counter\n"
 	                "inbox_outbox_confirm_waits_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.confirm_waits));
+	metrics_put(&b, "# HELP inbox_batch_splits_total Batches cut in two because another transaction (by=database,"
+	                " any process) or another thread of this process (by=thread) had one of their orders.\n"
+	                "# TYPE inbox_batch_splits_total counter\n"
+	                "inbox_batch_splits_total{by=\"database\"} %llu\n"
+	                "inbox_batch_splits_total{by=\"thread\"} %llu\n",
+	            (unsigned long long)atomic_load(&metrics.splits[METRICS_SPLIT_DATABASE]),
+	            (unsigned long long)atomic_load(&metrics.splits[METRICS_SPLIT_THREAD]));
+	metrics_put(&b, "# HELP inbox_batch_split_deliveries_total Deliveries those splits moved to a second"
+	                " transaction, settled right after the first.\n"
+	                "# TYPE inbox_batch_split_deliveries_total counter\n"
+	                "inbox_batch_split_deliveries_total{by=\"database\"} %llu\n"
+	                "inbox_batch_split_deliveries_total{by=\"thread\"} %llu\n",
+	            (unsigned long long)atomic_load(&metrics.split_deliveries[METRICS_SPLIT_DATABASE]),
+	            (unsigned long long)atomic_load(&metrics.split_deliveries[METRICS_SPLIT_THREAD]));
 	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",

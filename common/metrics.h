@@ -63,6 +63,14 @@ void metrics_outbox_failed(int n);
 void metrics_outbox_dispatched(int n);
 /* A worker thread waited for its published outbox copies' confirms. */
 void metrics_confirm_wait(void);
+/* A batch cut in two (worker.c, worker_settle_apart): n of its deliveries
+ * went to a second transaction because another transaction held one of
+ * their orders (METRICS_SPLIT_DATABASE: found by the claim's NOWAIT lock,
+ * any process's) or another thread of this process had one in hand
+ * (METRICS_SPLIT_THREAD: worker/inflight.h).  A batch cut for both reasons
+ * counts once under each. */
+enum metrics_split { METRICS_SPLIT_DATABASE = 0, METRICS_SPLIT_THREAD, METRICS_SPLIT_COUNT };
+void metrics_batch_split(enum metrics_split why, int n);
 void metrics_outbox_oldest_pending(double seconds);
 /* Messages ready in the DLQ (the janitor's passive declare); the gauge is
  * left out of /metrics until it was read once, and again after a negative

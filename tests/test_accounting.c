@@ -254,3 +254,50 @@ Test(accounting, every_counter_matches_the_database_and_the_dlq, .timeout = 600)
 	             itest_int("SELECT COUNT(*) FROM processed_messages WHERE outcome = 'applied'"), "see %s", logf);
 	cr_expect_eq(itest_log_sum(logf, " stopped applied=", "held"), 7, "see %s", logf);
 }
+
+/* A batch that names an order another transaction holds is cut in two: the
+ * rest settles at once, the held order's deliveries in a second
+ * transaction that waits for it (worker.c, worker_settle_apart).  An
+ * operator of a fleet sees how often that happens, and how many
+ * deliveries it moved, by why: another transaction in the database (any
+ * process), or another thread of this process (worker/inflight.h). */
+Test(accounting, a_batch_split_by_an_order_held_elsewhere_is_counted, .timeout = 300)
+{
+	static char page[65536];
+	char logf[256], name[96], body[512];
+	struct db *holder = NULL;
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_open(&holder, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_exec(holder, "INSERT INTO order_locks (order_id, held) VALUES ('split-held', 0)"), ST_OK);
+	cr_assert_eq(db_commit(holder), ST_OK);
+	cr_assert_eq(db_exec(holder, "SELECT * FROM order_locks WHERE order_id = 'split-held' FOR UPDATE"), ST_OK);
+	/* Both wait in the queue before the worker starts: one batch. */
+	m = itest_mq();
+	itest_event(body, sizeof body, "split-h1", "OrderCreated", "split-held");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_event(body, sizeof body, "split-f1", "OrderCreated", "split-free");
+	itest_publish(m, "OrderCreated", body, NULL);
+	itest_log_path(logf, sizeof logf, "split-metrics");
+	snprintf(name, sizeof name, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
+	w = itest_worker_logged(1, (const char *[]){ name, NULL }, logf);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'split-f1'", 1, 60), 1,
+	             "the free order is settled while the other is held");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'split-h1'"), 0);
+	cr_assert_eq(itest_wait_metric(itest_metrics_port(0), "inbox_batch_splits_total{by=\"database\"}", 1, 1, page,
+	                               sizeof page, 30),
+	             1, "%s", page);
+	cr_expect_eq(itest_metric(page, "inbox_batch_split_deliveries_total{by=\"database\"}"), 1, "%s", page);
+	cr_expect_eq(itest_metric(page, "inbox_batch_splits_total{by=\"thread\"}"), 0, "one thread: %s", page);
+	cr_expect_eq(itest_metric(page, "inbox_batch_split_deliveries_total{by=\"thread\"}"), 0, "%s", page);
+	/* Let go: the held order's delivery is settled in its own transaction. */
+	db_rollback(holder);
+	db_close(&holder);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'split-h1'", 1, 60), 1);
+	mq_close(&m);
+	st = itest_stop(w, SIGTERM, 60);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit 0 (status %d)", st);
+}

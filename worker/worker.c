@@ -859,6 +859,8 @@ static int worker_settle_apart(struct worker *w, struct item **valid, int n)
 
 		for (int k = 0; k < nfirst; k++)
 			nheld += w->held[k] ? 1 : 0;
+		metrics_batch_split(METRICS_SPLIT_THREAD, nsecond);
+		metrics_batch_split(METRICS_SPLIT_DATABASE, nheld);
 		if (nsecond + nheld == 0)
 			return ST_OK;
 		/* w->later[0..a) is in delivery order: move it to the end
