@@ -179,7 +179,7 @@ void metrics_confirm_wait(void)
 
 void metrics_batch_split(enum metrics_split why, int n)
 {
-	if (why < 0 || why >= METRICS_SPLIT_COUNT || n <= 0)
+	if ((unsigned)why >= METRICS_SPLIT_COUNT || n <= 0)
 		return;
 	atomic_fetch_add_explicit(&metrics.splits[why], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&metrics.split_deliveries[why], (uint_fast64_t)n, memory_order_relaxed);
