@@ -215,49 +215,46 @@ static void mp_model_close(struct mp_shared *sh)
 	sh->seen = sh->orders = NULL;
 }
 
-/* Remember key: true the first time. */
+/* Remember key: true the first time.  Looked up before anything is
+ * allocated: most keys of a batch are known only once. */
 static bool mp_first_seen(struct mp_shared *sh, const char *key)
 {
-	char *copy = strdup(key);
+	char *copy;
 	char **node;
 
-	if (copy == NULL) {
-		atomic_fetch_add(&sh->model_overflow, 1);
+	if (tfind(key, &sh->seen, mp_str_cmp) != NULL)
 		return false;
-	}
-	node = tsearch(copy, &sh->seen, mp_str_cmp);
+	copy = strdup(key);
+	node = copy != NULL ? tsearch(copy, &sh->seen, mp_str_cmp) : NULL;
 	if (node == NULL) {
 		free(copy);
 		atomic_fetch_add(&sh->model_overflow, 1);
-		return false;
-	}
-	if (*node != copy) {
-		free(copy);
 		return false;
 	}
 	return true;
 }
 
 /* The order of that id, created (no state yet) the first time; NULL when
- * memory ran out. */
+ * memory ran out.  Only a new order costs an allocation. */
 static struct mp_order *mp_order_of(struct mp_shared *sh, const char *id)
 {
-	struct mp_order *o = calloc(1, sizeof *o), **node;
+	struct mp_order key, *o, **node;
 
-	if (o == NULL) {
-		atomic_fetch_add(&sh->model_overflow, 1);
-		return NULL;
+	snprintf(key.id, sizeof key.id, "%s", id);
+	node = tfind(&key, &sh->orders, mp_order_cmp);
+	if (node != NULL)
+		return *node;
+	o = calloc(1, sizeof *o);
+	if (o != NULL) {
+		memcpy(o->id, key.id, sizeof o->id);
+		node = tsearch(o, &sh->orders, mp_order_cmp);
 	}
-	snprintf(o->id, sizeof o->id, "%s", id);
-	node = tsearch(o, &sh->orders, mp_order_cmp);
-	if (node == NULL) {
+	if (o == NULL || node == NULL) {
 		free(o);
 		atomic_fetch_add(&sh->model_overflow, 1);
 		return NULL;
 	}
-	if (*node != o)
-		free(o);
-	return *node;
+	return o;
 }
 
 /* The emits of verdict v for the event (type, cause) of order o, in the

@@ -481,6 +481,16 @@ int metrics_set_lifecycle(const char *aggregate, const char *table, const char *
 	return 0;
 }
 
+/* A counter labelled by="database"/"thread" (enum metrics_split). */
+static void metrics_put_splits(struct metrics_buf *b, const char *name, const char *help,
+                               const atomic_uint_fast64_t v[METRICS_SPLIT_COUNT])
+{
+	metrics_put(b,
+	            "# HELP %s %s\n# TYPE %s counter\n%s{by=\"database\"} %llu\n%s{by=\"thread\"} %llu\n",
+	            name, help, name, name, (unsigned long long)atomic_load(&v[METRICS_SPLIT_DATABASE]), name,
+	            (unsigned long long)atomic_load(&v[METRICS_SPLIT_THREAD]));
+}
+
 int metrics_render(char *buf, size_t cap)
 {
 	struct metrics_buf b = { .p = buf, .cap = cap };
@@ -550,20 +560,13 @@ int metrics_render(char *buf, size_t cap)
 	                "# TYPE inbox_outbox_confirm_waits_total counter\n"
 	                "inbox_outbox_confirm_waits_total %llu\n",
 	            (unsigned long long)atomic_load(&metrics.confirm_waits));
-	metrics_put(&b, "# HELP inbox_batch_splits_total Batches cut in two because another transaction (by=database,"
-	                " any process) or another thread of this process (by=thread) had one of their orders.\n"
-	                "# TYPE inbox_batch_splits_total counter\n"
-	                "inbox_batch_splits_total{by=\"database\"} %llu\n"
-	                "inbox_batch_splits_total{by=\"thread\"} %llu\n",
-	            (unsigned long long)atomic_load(&metrics.splits[METRICS_SPLIT_DATABASE]),
-	            (unsigned long long)atomic_load(&metrics.splits[METRICS_SPLIT_THREAD]));
-	metrics_put(&b, "# HELP inbox_batch_split_deliveries_total Deliveries those splits moved to a second"
-	                " transaction, settled right after the first.\n"
-	                "# TYPE inbox_batch_split_deliveries_total counter\n"
-	                "inbox_batch_split_deliveries_total{by=\"database\"} %llu\n"
-	                "inbox_batch_split_deliveries_total{by=\"thread\"} %llu\n",
-	            (unsigned long long)atomic_load(&metrics.split_deliveries[METRICS_SPLIT_DATABASE]),
-	            (unsigned long long)atomic_load(&metrics.split_deliveries[METRICS_SPLIT_THREAD]));
+	metrics_put_splits(&b, "inbox_batch_splits_total",
+	                   "Batches cut in two because another transaction (by=database, any process) or another"
+	                   " thread of this process (by=thread) had one of their orders.",
+	                   metrics.splits);
+	metrics_put_splits(&b, "inbox_batch_split_deliveries_total",
+	                   "Deliveries those splits moved to a second transaction, settled right after the first.",
+	                   metrics.split_deliveries);
 	metrics_put(&b, "# HELP inbox_outbox_oldest_pending_seconds Age of the oldest outbox row not yet sent (0: none).\n"
 	                "# TYPE inbox_outbox_oldest_pending_seconds gauge\n"
 	                "inbox_outbox_oldest_pending_seconds %.3f\n",

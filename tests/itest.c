@@ -216,6 +216,25 @@ bool itest_str1(const char *sql, const char *arg, char *buf, size_t cap)
 	return r == 1;
 }
 
+struct db *itest_hold_order(const char *order_id)
+{
+	struct db *d = NULL;
+	struct db_stmt *create, *lock;
+	struct db_param p[1] = { DBP_STR(order_id) };
+	char got[128];
+	struct db_col c[1] = { DBC_STR(got, sizeof got) };
+
+	cr_assert_eq(db_open(&d, &itest_cfg()->db), ST_OK);
+	cr_assert_eq(db_prepare(d, &create, "INSERT INTO order_locks (order_id, held) VALUES (?, 0)"), ST_OK, "%s",
+	             db_errmsg(d));
+	cr_assert_eq(db_prepare(d, &lock, "SELECT order_id FROM order_locks WHERE order_id = ? FOR UPDATE"), ST_OK,
+	             "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_exec(create, p, ARRAY_LEN(p), NULL), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_stmt_query_row(lock, p, ARRAY_LEN(p), c, ARRAY_LEN(c)), 1, "%s", db_errmsg(d));
+	return d;
+}
+
 int64_t itest_wait_int(const char *sql, int64_t want, int timeout_s)
 {
 	double end = itest_now() + timeout_s;

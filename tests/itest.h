@@ -121,6 +121,12 @@ int64_t itest_ledger_created(const char *prefix);
  * an empty DLQ. */
 void itest_assert_each_applied_once(const char *prefix, int n, int timeout_s);
 
+/* A connection of its own that holds order_id's lock row (created and
+ * committed first, then locked FOR UPDATE in an open transaction), as
+ * another transaction of another process would: the caller lets go with
+ * db_rollback and closes it. */
+struct db *itest_hold_order(const char *order_id);
+
 /* Messages ready in a queue (passive declare). */
 uint32_t itest_queue_depth(const char *queue);
 /* Poll until queue holds want ready messages or timeout_s passes; returns

@@ -271,10 +271,7 @@ Test(accounting, a_batch_split_by_an_order_held_elsewhere_is_counted, .timeout =
 	int st;
 
 	itest_fresh();
-	cr_assert_eq(db_open(&holder, &itest_cfg()->db), ST_OK);
-	cr_assert_eq(db_exec(holder, "INSERT INTO order_locks (order_id, held) VALUES ('split-held', 0)"), ST_OK);
-	cr_assert_eq(db_commit(holder), ST_OK);
-	cr_assert_eq(db_exec(holder, "SELECT * FROM order_locks WHERE order_id = 'split-held' FOR UPDATE"), ST_OK);
+	holder = itest_hold_order("split-held");
 	/* Both wait in the queue before the worker starts: one batch. */
 	m = itest_mq();
 	itest_event(body, sizeof body, "split-h1", "OrderCreated", "split-held");

@@ -252,11 +252,8 @@ Test(faults, second_signal_exits_at_once_and_keeps_the_message, .timeout = 300)
 	int st;
 
 	itest_fresh();
-	cr_assert_eq(db_open(&holder, &itest_cfg()->db), ST_OK);
 	/* Another transaction holds the order's lock row. */
-	cr_assert_eq(db_exec(holder, "INSERT INTO order_locks (order_id, held) VALUES ('o-stuck', 0)"), ST_OK);
-	cr_assert_eq(db_commit(holder), ST_OK);
-	cr_assert_eq(db_exec(holder, "SELECT * FROM order_locks WHERE order_id = 'o-stuck' FOR UPDATE"), ST_OK);
+	holder = itest_hold_order("o-stuck");
 	itest_log_path(logf, sizeof logf, "second-signal");
 	w = itest_worker_logged(1, NULL, logf);
 	m = itest_mq();
