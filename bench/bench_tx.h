@@ -32,9 +32,9 @@ struct bench_tx {
  * "for key 'PRIMARY'", seen here from 2 threads up), and IGNORE drops the
  * row as if it were a duplicate: the ceiling lost 5-20 % of its claims at
  * 8 threads, silently, and so did less than the work it stands for
- * (bench/README, s38; why the server's ids collide was not found, and a
- * synthetic loop of batches did not reproduce it: tests/test_db.c drives
- * the loop itself).  Ids from one counter, above every row the tables held
+ * (found on 2026-12-04, fixed in 3652fe4; why the server's ids collide
+ * was not found, and a synthetic loop of batches did not reproduce it:
+ * bench/check_ceilings.c drives the loop itself).  Ids from one counter, above every row the tables held
  * when the first connection opened, never collide. */
 static _Atomic uint64_t bench_tx_next_id;
 
