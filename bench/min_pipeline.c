@@ -27,7 +27,7 @@
  * from memory (mp_model: each key's first delivery, the order's state and
  * flags, held events released when their order moves on) with the pool's
  * own state machine (order_decide), where the pool reads the order row.
- * Until s39 it published one bare OrderPaid per PaymentAuthorized
+ * Until 2899e57 it published one bare OrderPaid per PaymentAuthorized
  * delivery instead (22 % of bench/run's backlog, duplicates included,
  * against the pool's 27 %: a ceiling that did a fifth less publishing than
  * the pool it bounds), and it waited for each batch's confirms before it
