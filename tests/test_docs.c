@@ -9,8 +9,9 @@
  * not cfg.c's internals, so that it checks what a user sees.  Likewise the
  * operator's guide's table of /metrics series (doc/operations.md) against
  * what metrics_render serves; the README's *Layout* against the folders
- * and files of the tree; and every relative link of the README, doc/ and
- * bench/README.md against the files and headings it points to.
+ * of the tree, and each code folder's own README against the files in it;
+ * and every relative link of the README, doc/ and the folders' READMEs
+ * against the files and headings it points to.
  */
 #include <criterion/criterion.h>
 #include <ctype.h>
@@ -370,18 +371,6 @@ static bool has_ext(const char *t)
 	return false;
 }
 
-/* Folders whose layout row names every file: modules without their
- * extension (common/, loadgen/, worker/), scripts without any. */
-static bool names_every_file(const char *folder)
-{
-	static const char *const all[] = {"common", "worker", "loadgen", "scripts", "bench"};
-
-	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-		if (strcmp(folder, all[i]) == 0)
-			return true;
-	return false;
-}
-
 /* Whether the row text [p, end) names FILE: as itself, by its stem (x for
  * x.c and x.h), or by its sibling (x.c for x.h). */
 static bool row_names(const char *p, const char *end, const char *file)
@@ -414,8 +403,9 @@ static bool is_build_dir(const char *root, const char *name)
 }
 
 /* The README's *Layout*: every folder of the tree has a row, every row's
- * folder exists, every file a row names is there, and the rows of the
- * code and script folders name every file in them. */
+ * folder exists, and every file or folder a row names is there.  The rows
+ * say what a folder is for; the files are named in the folder's own
+ * README (docs/folder_readmes_name_their_files). */
 Test(docs, readme_layout_is_the_tree)
 {
 	const char *root = getenv("INBOX_SOURCE_ROOT");
@@ -459,19 +449,10 @@ Test(docs, readme_layout_is_the_tree)
 				ok = path_is(root, tok, false); /* a path from the root */
 			} else if (tok[strlen(tok) - 1] == '/') {
 				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
-				ok = path_is(root, rel, true);
+				ok = path_is(root, rel, true) || path_is(root, tok, true);
 			} else if (has_ext(tok)) {
 				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
 				ok = path_is(root, rel, false);
-			} else if (names_every_file(folder) && strcmp(folder, "worker") != 0 &&
-			           strcmp(folder, "loadgen") != 0) {
-				/* common/'s modules by stem; scripts without extension. */
-				snprintf(rel, sizeof rel, "%s/%s", folder, tok);
-				ok = path_is(root, rel, false);
-				snprintf(rel, sizeof rel, "%s/%s.c", folder, tok);
-				ok = ok || path_is(root, rel, false);
-				snprintf(rel, sizeof rel, "%s/%s.h", folder, tok);
-				ok = ok || path_is(root, rel, false);
 			} else {
 				continue; /* a program's or command's name */
 			}
@@ -480,23 +461,6 @@ Test(docs, readme_layout_is_the_tree)
 				bad++;
 			}
 		}
-		if (!names_every_file(folder))
-			continue;
-		snprintf(path, sizeof path, "%s/%s", root, folder);
-		d = opendir(path);
-		cr_assert_not_null(d, "cannot read %s", path);
-		while ((e = readdir(d)) != NULL) {
-			char rel[512];
-
-			snprintf(rel, sizeof rel, "%s/%s", folder, e->d_name);
-			if (e->d_name[0] == '.' || strcmp(e->d_name, "meson.build") == 0 || path_is(root, rel, true))
-				continue;
-			if (!row_names(text, end, e->d_name)) {
-				cr_log_error("README layout: the %s/ row does not name %s", folder, e->d_name);
-				bad++;
-			}
-		}
-		closedir(d);
 	}
 	d = opendir(root);
 	cr_assert_not_null(d);
@@ -536,6 +500,160 @@ Test(docs, readme_layout_is_the_tree)
 	cr_assert_gt(nf, 10);
 	cr_assert_eq(bad, 0, "%d differences between README.md's layout and the tree", bad);
 	free(doc);
+}
+
+/* The folders whose own README.md names every file and folder in them. */
+static const char *const docs_readme_folders[] = { "common", "worker", "loadgen", "scripts", "bench", "tests" };
+
+#define DOCS_ENTRIES 256
+
+struct docs_entry {
+	char name[256];
+	bool dir;
+};
+
+/* Add NAME to the folder's entries once (a folder's files all name it). */
+static void entry_add(struct docs_entry *v, int *n, const char *name, size_t len, bool dir)
+{
+	for (int i = 0; i < *n; i++)
+		if (strlen(v[i].name) == len && strncmp(v[i].name, name, len) == 0)
+			return;
+	cr_assert_lt(*n, DOCS_ENTRIES, "more entries than the test holds");
+	snprintf(v[*n].name, sizeof v[0].name, "%.*s", (int)len, name);
+	v[(*n)++].dir = dir;
+}
+
+/* What is directly in ROOT/FOLDER: its tracked files and the folders that
+ * hold tracked files, as git lists them (a build's or a stack's output is
+ * not the tree's); the folder as it is on disk where git cannot say (a
+ * tree unpacked without .git). */
+static int folder_entries(const char *root, const char *folder, struct docs_entry *v)
+{
+	char cmd[8192], path[4096], *buf = NULL;
+	size_t cap = 0, prefix = strlen(folder) + 1;
+	ssize_t len;
+	int n = 0, st;
+	FILE *git;
+	DIR *d;
+	struct dirent *e;
+
+	cr_assert_null(strchr(root, '\''), "a source root with a quote: %s", root);
+	snprintf(cmd, sizeof cmd, "git -C '%s' ls-files -z -- '%s/' 2>/dev/null", root, folder);
+	git = popen(cmd, "r");
+	if (git != NULL) {
+		while ((len = getdelim(&buf, &cap, '\0', git)) > 0) {
+			const char *rel = buf + prefix, *slash;
+
+			if ((size_t)len <= prefix || strncmp(buf, folder, prefix - 1) != 0)
+				continue;
+			slash = strchr(rel, '/');
+			entry_add(v, &n, rel, slash != NULL ? (size_t)(slash - rel) : strlen(rel), slash != NULL);
+		}
+		free(buf);
+		st = pclose(git);
+		if (st == 0 && n > 0)
+			return n;
+		n = 0;
+	}
+	snprintf(path, sizeof path, "%s/%s", root, folder);
+	d = opendir(path);
+	cr_assert_not_null(d, "cannot read %s", path);
+	while ((e = readdir(d)) != NULL) {
+		char rel[512];
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(rel, sizeof rel, "%s/%s", folder, e->d_name);
+		entry_add(v, &n, e->d_name, strlen(e->d_name), path_is(root, rel, true));
+	}
+	closedir(d);
+	return n;
+}
+
+/* Whether the text names the folder NAME/ (or FOLDER/NAME/). */
+static bool text_names_dir(const char *p, const char *end, const char *folder, const char *name)
+{
+	char tok[256], a[256], b[512];
+
+	snprintf(a, sizeof a, "%s/", name);
+	snprintf(b, sizeof b, "%s/%s/", folder, name);
+	for (const char *q = p; (q = next_code(q, end, tok, sizeof tok)) != NULL;)
+		if (strcmp(tok, a) == 0 || strcmp(tok, b) == 0)
+			return true;
+	return false;
+}
+
+/* FOLDER/README.md names every tracked file directly in FOLDER (as itself,
+ * by its stem, by its sibling, or as FOLDER/file) and every folder in it
+ * (as `name/`), and every file name it gives without a path is there; a
+ * folder in it with a README.md of its own is held to the same.  Returns
+ * the differences. */
+static int check_folder_readme(const char *root, const char *folder, int depth)
+{
+	struct docs_entry *v = calloc(DOCS_ENTRIES, sizeof *v);
+	char path[4096], own[300], tok[256];
+	const char *end;
+	char *doc;
+	int n, bad = 0;
+
+	cr_assert_not_null(v);
+	snprintf(own, sizeof own, "%s/README.md", folder);
+	if (!path_is(root, own, false)) {
+		cr_log_error("%s/ has no README.md naming its files", folder);
+		free(v);
+		return 1;
+	}
+	snprintf(path, sizeof path, "%s/%s/README.md", root, folder);
+	doc = slurp(path);
+	end = doc + strlen(doc);
+	n = folder_entries(root, folder, v);
+	for (int i = 0; i < n; i++) {
+		char rel[512], full[600];
+
+		snprintf(rel, sizeof rel, "%s/%s", folder, v[i].name);
+		if (v[i].dir) {
+			if (!text_names_dir(doc, end, folder, v[i].name)) {
+				cr_log_error("%s/README.md does not name the folder %s/", folder, v[i].name);
+				bad++;
+			}
+			snprintf(full, sizeof full, "%s/README.md", rel);
+			if (depth < 4 && path_is(root, full, false))
+				bad += check_folder_readme(root, rel, depth + 1);
+			continue;
+		}
+		if (strcmp(v[i].name, "README.md") == 0)
+			continue;
+		if (!row_names(doc, end, v[i].name) && !row_names(doc, end, rel)) {
+			cr_log_error("%s/README.md does not name %s", folder, v[i].name);
+			bad++;
+		}
+	}
+	for (const char *q = doc; (q = next_code(q, end, tok, sizeof tok)) != NULL;) {
+		char rel[512];
+
+		if (not_a_name(tok) || strchr(tok, '/') != NULL || !has_ext(tok))
+			continue;
+		snprintf(rel, sizeof rel, "%s/%s", folder, tok);
+		if (!path_is(root, rel, false)) {
+			cr_log_error("%s/README.md names %s, which is not there", folder, tok);
+			bad++;
+		}
+	}
+	free(doc);
+	free(v);
+	return bad;
+}
+
+/* Each code and script folder's README names its files: the README's
+ * *Layout* says what a folder is for, the folder says what is in it. */
+Test(docs, folder_readmes_name_their_files)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	int bad = 0;
+
+	for (size_t i = 0; i < sizeof docs_readme_folders / sizeof docs_readme_folders[0]; i++)
+		bad += check_folder_readme(root, docs_readme_folders[i], 0);
+	cr_assert_eq(bad, 0, "%d differences between the folders and their READMEs", bad);
 }
 
 /* GitHub's anchor of a heading: lower case, spaces to '-', everything but
@@ -684,7 +802,11 @@ Test(docs, links_in_the_documents_reach_their_files_and_headings)
 	cr_assert_not_null(realpath(root, rootreal));
 	bad += check_links(root, rootreal, "README.md", &links);
 	cr_assert_gt(links, 5, "the README links to %d documents", links);
-	bad += check_links(root, rootreal, "bench/README.md", &links);
+	for (size_t i = 0; i < sizeof docs_readme_folders / sizeof docs_readme_folders[0]; i++) {
+		snprintf(rel, sizeof rel, "%s/README.md", docs_readme_folders[i]);
+		if (path_is(root, rel, false))
+			bad += check_links(root, rootreal, rel, &links);
+	}
 	snprintf(path, sizeof path, "%s/doc", root);
 	d = opendir(path);
 	cr_assert_not_null(d, "no doc/ folder");
