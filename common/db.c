@@ -16,9 +16,12 @@
 #include <openssl/x509.h>
 #include <mysqld_error.h>
 #include <errmsg.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "addr.h"
@@ -308,6 +311,30 @@ static int db_tls_files(struct db *d, const struct cfg_db *c)
 	return what != NULL ? ST_ERR_TLS_CERT : ST_OK;
 }
 
+/* The read and write time-outs bound the connector's own waits; a send
+ * the kernel cannot deliver (a link dropped without a reset) is bounded
+ * the same way by TCP_USER_TIMEOUT, and an idle connection is probed by
+ * keepalive (issue 43).  Not for a Unix socket. */
+static int db_bound_socket(struct db *d)
+{
+	int fd = (int)mysql_get_socket(d->my), domain = 0, on = 1, idle = DB_READ_TIMEOUT_S / 2, intvl = 1,
+	    cnt = DB_READ_TIMEOUT_S / 2;
+	unsigned user_ms = DB_READ_TIMEOUT_S * 1000u;
+	socklen_t len = sizeof domain;
+
+	if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0)
+		return db_fail(d, CR_UNKNOWN_ERROR, "cannot read the connection's socket");
+	if (domain != AF_INET && domain != AF_INET6)
+		return ST_OK;
+	if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms) != 0)
+		return db_fail(d, CR_UNKNOWN_ERROR, "cannot set keepalive and user time-out");
+	return ST_OK;
+}
+
 static int db_connect_one(struct db *d)
 {
 	const struct cfg_db *c = d->node;
@@ -343,6 +370,11 @@ static int db_connect_one(struct db *d)
 	if (mysql_real_connect(d->my, c->host, c->user, c->password, c->database,
 	                       (unsigned)c->port, c->socket, CLIENT_FOUND_ROWS | CLIENT_MULTI_STATEMENTS) == NULL)
 		goto fail;
+	if (db_bound_socket(d) != ST_OK) {
+		mysql_close(d->my);
+		d->my = NULL;
+		return ST_ERR_DB_CONN;
+	}
 	/* Autocommit off: the first statement opens the transaction, which
 	 * saves one round trip per message over sending BEGIN. */
 	if (mysql_autocommit(d->my, 0) != 0)

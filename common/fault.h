@@ -14,6 +14,9 @@
  *                  until the pool stops (the watchdog test, test_notify.c)
  *   dlq-replay-after-confirm  `dlq replay`: a copy confirmed, its dead
  *                  letter not yet acked: the process kills itself
+ *   verify-stop-before-requeue  `inbox-loadgen verify`: a queue browsed,
+ *                  its messages not yet handed back: the process stops
+ *                  itself (SIGSTOP), a verifier whose link went silent
  * The default build compiles fault_hit to false, so nothing here can fire in
  * production.
  */

@@ -19,10 +19,12 @@
 #include <amqp_tcp_socket.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -118,7 +120,14 @@ static int mq_reply(struct mq *m, amqp_rpc_reply_t r, const char *what)
 
 int mq_rpc(struct mq *m, const char *what)
 {
-	return mq_reply(m, amqp_get_rpc_reply(m->conn), what);
+	amqp_rpc_reply_t r = amqp_get_rpc_reply(m->conn);
+
+	/* An RPC that ran out of its time-out (mq_bound_socket): rabbitmq-c
+	 * has closed the socket (simple_rpc_inner), so the link is lost, not
+	 * a wait to try again. */
+	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT)
+		return mq_fail(m, ST_ERR_MQ_CONN, what, "no reply within the link's time-out");
+	return mq_reply(m, r, what);
 }
 
 /*
@@ -279,12 +288,67 @@ static int mq_tls_fail(struct mq *m, int status)
 }
 
 
+/*
+ * Every wait on the link has a bound (issue 43: a broker cut off without a
+ * reset left threads blocked for minutes in a channel.close that could
+ * never be answered, and the watchdog went silent).  One bound per
+ * connection, from its heartbeat: twice the interval (what rabbitmq-c's
+ * heartbeat takes to notice silence), at least MQ_BOUND_MIN_S (a busy
+ * broker's declare), at most MQ_BOUND_MAX_S, which is also the bound of a
+ * connection without heartbeats.  It bounds:
+ *   - the TCP connect (and at most MQ_CONNECT_MAX_S, as before);
+ *   - the login handshake and every RPC (amqp_set_handshake_timeout,
+ *     amqp_set_rpc_timeout); an RPC that runs out is a lost link (mq_reply);
+ *   - a send that cannot leave (TCP_USER_TIMEOUT: the kernel gives the
+ *     connection up when what it sent stays unacknowledged that long;
+ *     rabbitmq-c's own sends wait without a deadline);
+ *   - an idle link (TCP keepalive, probing from half the bound on, under
+ *     the same user time-out).
+ * The longest of them, with the connect before it, stays inside half the
+ * unit's WatchdogSec (90 s: a thread may spend 45 s in one step), so a
+ * dead link never withholds a watchdog ping.
+ */
+#define MQ_BOUND_MIN_S 5
+#define MQ_BOUND_MAX_S 20
+#define MQ_CONNECT_MAX_S 10
+_Static_assert(MQ_CONNECT_MAX_S + MQ_BOUND_MAX_S < 45, "a connect and one bounded wait fit half the WatchdogSec");
+
+int mq_link_bound_s(int heartbeat_s)
+{
+	int b = heartbeat_s > 0 && heartbeat_s <= MQ_BOUND_MAX_S ? 2 * heartbeat_s : MQ_BOUND_MAX_S;
+
+	return b < MQ_BOUND_MIN_S ? MQ_BOUND_MIN_S : b > MQ_BOUND_MAX_S ? MQ_BOUND_MAX_S : b;
+}
+
+/* The socket's side of the bound (above); a failure is the connection's
+ * (it could not be bounded), never ignored. */
+static int mq_bound_socket(struct mq *m, int bound_s)
+{
+	int fd = amqp_get_sockfd(m->conn);
+	int on = 1, idle = bound_s / 2 > 0 ? bound_s / 2 : 1, intvl = 1, cnt = bound_s - idle > 0 ? bound_s - idle : 1;
+	unsigned user_ms = (unsigned)bound_s * 1000u;
+	struct timeval tv = { .tv_sec = bound_s };
+
+	if (fd < 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, "socket", "no socket after connect");
+	if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms) != 0)
+		return mq_fail(m, ST_ERR_MQ_CONN, "socket", "cannot set keepalive and user time-out");
+	if (amqp_set_handshake_timeout(m->conn, &tv) != AMQP_STATUS_OK ||
+	    amqp_set_rpc_timeout(m->conn, &tv) != AMQP_STATUS_OK)
+		return mq_fail(m, ST_ERR_MQ_CONN, "socket", "cannot set the handshake and RPC time-outs");
+	return ST_OK;
+}
+
 /* The socket, TLS when configured, and the TCP (and TLS) connect, each
  * failure said as the cause the user can act on. */
-static int mq_connect_socket(struct mq *m, const struct cfg_amqp *conf)
+static int mq_connect_socket(struct mq *m, const struct cfg_amqp *conf, int bound_s)
 {
 	amqp_socket_t *sock = conf->tls ? amqp_ssl_socket_new(m->conn) : amqp_tcp_socket_new(m->conn);
-	struct timeval tv = { .tv_sec = 10 };
+	struct timeval tv = { .tv_sec = bound_s < MQ_CONNECT_MAX_S ? bound_s : MQ_CONNECT_MAX_S };
 	int rc, status;
 
 	if (sock == NULL)
@@ -311,6 +375,8 @@ static int mq_connect_socket(struct mq *m, const struct cfg_amqp *conf)
 	if (conf->tls && status != AMQP_STATUS_OK && status != AMQP_STATUS_TIMEOUT)
 		return mq_tls_fail(m, status);
 	rc = mq_status(m, status, "connect");
+	if (rc == ST_OK)
+		rc = mq_bound_socket(m, bound_s);
 	return rc == ST_ERR_TIMEOUT ? ST_ERR_MQ_CONN : rc;
 }
 
@@ -340,6 +406,8 @@ static int mq_login(struct mq *m, const struct cfg_amqp *conf, int heartbeat_s, 
 	rc = mq_reply(m, amqp_login_with_properties(m->conn, conf->vhost, 0, 131072, heartbeat_s,
 	                                            &props, AMQP_SASL_METHOD_PLAIN, conf->user,
 	                                            conf->password), "login");
+	if (rc == ST_ERR_TIMEOUT) /* the handshake's bound (mq_bound_socket): the link is lost */
+		return mq_fail(m, ST_ERR_MQ_CONN, "login", "no reply within the link's time-out");
 	if (rc != ST_OK)
 		return rc;
 	if (amqp_channel_open(m->conn, MQ_CHANNEL) == NULL) {
@@ -366,7 +434,7 @@ int mq_open_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, c
 		free(m);
 		return ST_ERR_NOMEM;
 	}
-	rc = mq_connect_socket(m, conf);
+	rc = mq_connect_socket(m, conf, mq_link_bound_s(heartbeat_s));
 	if (rc == ST_OK)
 		rc = mq_login(m, conf, heartbeat_s, name);
 	if (rc == ST_OK) {
@@ -451,7 +519,10 @@ void mq_close(struct mq **mp)
 	if (m->has_got)
 		amqp_destroy_message(&m->got);
 	if (!m->broken) {
-		/* Polite close; its failure changes nothing for us. */
+		/* Polite close, bounded by the RPC time-out (mq_bound_socket);
+		 * its failure changes nothing for us.  A link known to be
+		 * lost (broken, or mq_drop) is closed without it: a reply
+		 * that cannot come is not waited for. */
 		(void)amqp_channel_close(m->conn, MQ_CHANNEL, AMQP_REPLY_SUCCESS);
 		(void)amqp_connection_close(m->conn, AMQP_REPLY_SUCCESS);
 	}
@@ -459,6 +530,13 @@ void mq_close(struct mq **mp)
 		LOG0(LOG_LEVEL_DEBUG, "amqp_destroy_connection reported an error");
 	free(m);
 	*mp = NULL;
+}
+
+void mq_drop(struct mq **mp)
+{
+	if (mp != NULL && *mp != NULL)
+		(*mp)->broken = true;
+	mq_close(mp);
 }
 
 const char *mq_errmsg(const struct mq *m)

@@ -89,6 +89,14 @@ int mq_open_from(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, 
 int mq_open_from_why(struct mq **out, const struct cfg_amqp *conf, int heartbeat_s, const char *name, int *node,
                      char *why, size_t cap);
 void mq_close(struct mq **m);
+/* Close a link known or suspected lost (no confirm came, the peer went
+ * silent): without the channel.close/connection.close handshake, whose
+ * reply cannot come.  NULL-safe, clears the pointer. */
+void mq_drop(struct mq **m);
+/* The bound, in seconds, of every wait on a connection opened with this
+ * heartbeat: connect (at most 10 s), login, each RPC, a send that cannot
+ * leave (TCP_USER_TIMEOUT), an idle link (TCP keepalive).  See mq.c. */
+int mq_link_bound_s(int heartbeat_s);
 /* A short human line for the last broker error (for logs). */
 const char *mq_errmsg(const struct mq *m);
 /* Whether a failure other than a time-out ended the connection's use. */

@@ -239,6 +239,31 @@ int mq_poll_confirms(struct mq *m)
 	return ST_OK;
 }
 
+int mq_keepalive(struct mq *m)
+{
+	if (m->broken)
+		return ST_ERR_MQ_CONN;
+	for (;;) {
+		amqp_frame_t f;
+		struct timeval tv = { 0, 0 };
+		int st, rc;
+
+		amqp_maybe_release_buffers(m->conn);
+		st = amqp_simple_wait_frame_noblock(m->conn, &f, &tv);
+		if (st == AMQP_STATUS_TIMEOUT) {
+			m->pub.nacked = false; /* as mq_poll_confirms: outcomes are per publish */
+			return ST_OK;          /* nothing more has come */
+		}
+		if (st != AMQP_STATUS_OK)
+			return mq_status(m, st, "keepalive");
+		/* A confirm that came is settled as mq_poll_confirms would;
+		 * a close ends the connection. */
+		rc = pub_take_frame(m, &f);
+		if (rc != ST_OK)
+			return rc;
+	}
+}
+
 int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms)
 {
 	int rc = mq_confirm_select(m);

@@ -58,6 +58,13 @@ int mq_confirm_select(struct mq *m);
 int mq_publish(struct mq *m, const struct mq_message *msg);
 int mq_wait_confirms(struct mq *m, int timeout_ms);
 int mq_publish_confirmed(struct mq *m, const struct mq_message *msg, int timeout_ms);
+/* Service an idle publisher without waiting: rabbitmq-c sends its
+ * heartbeat and notices the broker's silence only inside a call, so a
+ * connection with heartbeats that publishes seldom is kept alive (and a
+ * dead one found) by calling this now and then, well inside the interval.
+ * Reads what has come (confirms are settled, a close fails it):
+ * ST_OK, or the error that ended the connection. */
+int mq_keepalive(struct mq *m);
 /* mq_publish with MQ_HEADER_PUBLISHED_US added as an int64 header (the
  * worker reads it as a number); for the load generator and benchmarks. */
 int mq_publish_at(struct mq *m, const struct mq_message *msg, int64_t published_us);

@@ -8,12 +8,14 @@
  */
 #include "verify_read.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "deadletter.h"
+#include "fault.h"
 #include "log.h"
 #include "mq.h"
 #include "publish.h"
@@ -128,12 +130,15 @@ static int v_dead_letters_there(struct v_state *st, bool *ok)
  * judged: an inbox row for each valid original, and in the DLQ at least
  * one copy per message that must be dead-lettered and per conflicting
  * copy (other runs' dead letters only make the DLQ longer). */
-static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *dead)
+static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *dead, int64_t *emitted)
 {
 	*rows = json_integer_value(json_object_get(st->run, "originals"));
 	*dead = 0;
 	for (size_t i = 0; i < st->nmsgs; i++)
 		*dead += (st->msgs[i].effect ? 0 : 1) + st->msgs[i].conflicts;
+	*emitted = 0;
+	for (size_t i = 0; i < st->norders; i++)
+		*emitted += __builtin_popcount(st->orders[i].emits);
 }
 
 /*
@@ -154,7 +159,7 @@ static void v_expected_traces(const struct v_state *st, int64_t *rows, int64_t *
  */
 /* What v_wait_idle counts each round. */
 struct v_traces {
-	uint32_t ready, dead;
+	uint32_t ready, dead, emitted;
 	int64_t held, pending, rows;
 };
 
@@ -165,7 +170,7 @@ static int v_connect(struct v_state *st, struct mq **m, char *last_err, size_t c
 	int rc = ST_OK;
 
 	if (*m == NULL) {
-		rc = mq_open_why(m, &st->conf->amqp, 0, "inbox-loadgen-verify", last_err, cap);
+		rc = mq_open_why(m, &st->conf->amqp, st->conf->heartbeat_s, "inbox-loadgen-verify", last_err, cap);
 		if (st_refusal(rc)) {
 			log_refused(rc, "amqp", st->conf->amqp.user, st->conf->amqp.redacted, last_err);
 			return rc;
@@ -189,6 +194,8 @@ static int v_count_traces(struct v_state *st, struct mq **m, struct v_traces *t,
 
 	if (rc == ST_OK)
 		rc = mq_queue_counts(*m, st->conf->dlq, &t->dead, NULL);
+	if (rc == ST_OK && st->verify_queue[0] != '\0')
+		rc = mq_queue_counts(*m, st->verify_queue, &t->emitted, NULL);
 	if (rc != ST_OK) {
 		snprintf(last_err, cap, "queue counts: %s", mq_errmsg(*m));
 		mq_close(m);
@@ -212,14 +219,16 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 	struct mq *m = NULL;
 	double end = lg_mono() + timeout_s, stable_since = 0, last_probe = 0;
 	bool probed = false; /* the DLQ was read by id and found short */
-	int64_t last_rows = -1, expected, dead_expected;
+	int64_t last_rows = -1, expected, dead_expected, emit_expected;
 	bool tty = isatty(2) != 0;
 	char last_err[256] = "";
 	int rc = ST_OK;
 
-	v_expected_traces(st, &expected, &dead_expected);
+	v_expected_traces(st, &expected, &dead_expected, &emit_expected);
+	if (st->verify_queue[0] == '\0')
+		emit_expected = 0; /* a ledger from before the verify queue: not counted */
 	for (;;) {
-		struct v_traces t = { 0, 0, 0, 0, 0 };
+		struct v_traces t = { 0, 0, 0, 0, 0, 0 };
 		double now;
 
 		rc = v_connect(st, &m, last_err, sizeof last_err);
@@ -235,8 +244,13 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 			}
 			/* The DLQ is read by id only once the counts say it can
 			 * be complete, and then at most every two seconds. */
+			/* The emitted queue too: a browse that another verifier
+			 * lost its link in the middle of leaves its messages
+			 * unacked until the broker gives that connection up
+			 * (its heartbeat); judged before, they would be missing
+			 * here and there again later (issue 43). */
 			if (t.ready == 0 && t.held == 0 && t.pending == 0 && t.rows >= expected && t.dead >= dead_expected &&
-			    now - stable_since >= 1.0 && now - last_probe >= 2.0) {
+			    t.emitted >= emit_expected && now - stable_since >= 1.0 && now - last_probe >= 2.0) {
 				bool there = false;
 
 				last_probe = now;
@@ -255,9 +269,10 @@ int v_wait_idle(struct v_state *st, int timeout_s)
 			}
 			fprintf(stderr,
 			        "%sinbox-loadgen: not idle after %d s (ready %u, held %lld, outbox pending %lld, rows %lld/%lld,"
-			        " dead letters %u/%lld%s); verifying anyway\n", tty ? "\n" : "", timeout_s, t.ready,
-			        (long long)t.held, (long long)t.pending, (long long)t.rows, (long long)expected, t.dead,
-			        (long long)dead_expected, probed ? ", but not every one the run needs" : "");
+			        " dead letters %u/%lld%s, emitted %u/%lld); verifying anyway\n", tty ? "\n" : "", timeout_s,
+			        t.ready, (long long)t.held, (long long)t.pending, (long long)t.rows, (long long)expected, t.dead,
+			        (long long)dead_expected, probed ? ", but not every one the run needs" : "", t.emitted,
+			        (long long)emit_expected);
 			break;
 		}
 		if (tty && rc == ST_OK)
@@ -456,7 +471,11 @@ static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct
 	char why[300];
 	int rc;
 
-	rc = mq_open_why(&m, &st->conf->amqp, 0, "inbox-loadgen-verify", why, sizeof why);
+	/* Heartbeats on: should this verifier's link go silent with the
+	 * messages in hand, the broker gives the connection up and puts them
+	 * back within two intervals (without, it held them until TCP gave up,
+	 * and the next verify found them missing: issue 43). */
+	rc = mq_open_why(&m, &st->conf->amqp, st->conf->heartbeat_s, "inbox-loadgen-verify", why, sizeof why);
 	if (rc == ST_OK)
 		rc = mq_queue_counts(m, queue, &ready, NULL);
 	if (st_refusal(rc))
@@ -488,6 +507,8 @@ static int v_browse(struct v_state *st, const char *queue, void (*on_msg)(struct
 		on_msg(st, &d);
 		mq_delivery_release(m, &d);
 	}
+	if (fault_hit("verify-stop-before-requeue"))
+		(void)raise(SIGSTOP); /* test hook: the messages stay unacked on a silent link */
 	for (size_t i = 0; i < n && rc == ST_OK; i++) {
 		rc = mq_reject(m, tags[i], true);
 		if (rc != ST_OK)

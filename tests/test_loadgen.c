@@ -309,6 +309,74 @@ Test(loadgen, verify_twice_gives_the_same_report_and_leaves_the_queues, .timeout
 	free(r2);
 }
 
+/* Whether pid is stopped (state T in /proc/PID/stat). */
+static bool lg_stopped(pid_t pid)
+{
+	char path[64], buf[256], *p;
+	FILE *f;
+	bool stopped = false;
+
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return false;
+	if (fgets(buf, sizeof buf, f) != NULL && (p = strrchr(buf, ')')) != NULL)
+		stopped = p[1] == ' ' && p[2] == 'T';
+	fclose(f);
+	return stopped;
+}
+
+/* Issue 43, item 9: a verifier whose link went silent in the middle of a
+ * browse (here: it stops itself with the emitted messages in hand, as a
+ * blackholed link leaves them unacked on the broker) must not make the
+ * next verify of the same ledger report them missing.  The next one waits
+ * until the broker has them back (the silent one's heartbeat runs out),
+ * and gives the first one's report. */
+Test(loadgen, verify_after_a_verifier_lost_its_link_mid_browse_gives_the_same_report, .timeout = 600)
+{
+	char ledger[256], plog[300], v1[300], v2[300], v3[300];
+	const char *pub[] = { "publish", "--ledger", ledger, "--run", "lost", "--orders", "30", "--malformed", "6",
+	                      "--delayed-dups", "0", "--connections", "2", NULL };
+	const char *ver[] = { "verify", "--ledger", ledger, "--timeout", "60", NULL };
+	/* The DLQ is read twice first (by id while waiting, then browsed):
+	 * skip both, stop in the emitted queue's browse. */
+	const char *lost_env[] = { "INBOX_FAULT=verify-stop-before-requeue", "INBOX_FAULT_SKIP=2", "INBOX_HEARTBEAT=2",
+	                           NULL };
+	const char *bin = getenv("INBOX_LOADGEN_BIN");
+	pid_t w1, lost;
+	char *r1, *r3;
+	int st;
+
+	itest_fresh();
+	cr_assert_not_null(bin, "INBOX_LOADGEN_BIN is not set");
+	lg_ledger_path(ledger, sizeof ledger, "lost");
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(v1, sizeof v1, "%s.verify1.log", ledger);
+	snprintf(v2, sizeof v2, "%s.verify2.log", ledger);
+	snprintf(v3, sizeof v3, "%s.verify3.log", ledger);
+	w1 = itest_worker(2, NULL);
+	cr_assert_eq(itest_loadgen(pub, NULL, plog, 120), 0, "publish failed, see %s", plog);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'",
+	                            itest_ledger_int(ledger, "originals"), 120), itest_ledger_int(ledger, "originals"));
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
+	itest_stop(w1, SIGTERM, 30);
+	cr_assert_eq(itest_loadgen(ver, NULL, v1, 120), 0, "first verify failed, see %s", v1);
+
+	lost = itest_spawn_program(bin, ver, lost_env, v2, true);
+	for (int i = 0; i < 600 && !lg_stopped(lost); i++)
+		usleep(100 * 1000);
+	cr_assert(lg_stopped(lost), "the verifier did not stop in its browse, see %s", v2);
+
+	cr_assert_eq(itest_loadgen(ver, NULL, v3, 120), 0, "a verify after the lost one failed, see %s", v3);
+	kill(lost, SIGKILL);
+	cr_assert_eq(waitpid(lost, &st, 0), lost);
+	r1 = lg_slurp(v1);
+	r3 = lg_slurp(v3);
+	cr_assert_str_eq(r1, r3, "two verifications of one run differ: %s and %s", v1, v3);
+	free(r1);
+	free(r3);
+}
+
 /* Durations as the worker takes them: `--timeout 5m` is five minutes, not
  * a usage error (the ledger is missing, so verify stops at reading it). */
 Test(loadgen, durations_are_taken_like_the_worker, .timeout = 60)

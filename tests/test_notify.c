@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "itest.h"
+#include "notify_sock.h"
 
 #ifndef WAIT_S
 #define WAIT_S 120
@@ -33,76 +34,6 @@
  * times the longest idle step of a thread (250 ms), so that a loaded
  * machine does not withhold pings by itself. */
 #define WATCHDOG_USEC "WATCHDOG_USEC=4000000"
-
-struct sock {
-	int fd;
-	char path[108]; /* "" for an abstract name */
-	char env[140];  /* NOTIFY_SOCKET=... */
-};
-
-/* Bind the manager's socket: a file path, or an abstract name (the
- * '@' form of NOTIFY_SOCKET), as systemd uses both. */
-static void sock_bind(struct sock *s, const char *name, bool abstract)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	socklen_t len;
-	int n;
-
-	s->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(s->fd, 0, "socket: %s", strerror(errno));
-	if (abstract) {
-		n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "inbox-notify-%d-%s", (int)getpid(), name);
-		len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-		s->path[0] = '\0';
-		snprintf(s->env, sizeof s->env, "NOTIFY_SOCKET=@%s", sa.sun_path + 1);
-	} else {
-		n = snprintf(s->path, sizeof s->path, "/tmp/inbox-notify-%d-%s.sock", (int)getpid(), name);
-		cr_assert_lt(n, (int)sizeof s->path);
-		unlink(s->path);
-		memcpy(sa.sun_path, s->path, (size_t)n + 1);
-		len = (socklen_t)sizeof sa;
-		snprintf(s->env, sizeof s->env, "NOTIFY_SOCKET=%s", s->path);
-	}
-	cr_assert_eq(bind(s->fd, (struct sockaddr *)&sa, len), 0, "bind: %s", strerror(errno));
-}
-
-static void sock_close(struct sock *s)
-{
-	close(s->fd);
-	if (s->path[0] != '\0')
-		unlink(s->path);
-}
-
-/* The next datagram into buf (NUL-terminated); false when none came within
- * timeout_s. */
-static bool sock_recv(struct sock *s, char *buf, size_t cap, int timeout_s)
-{
-	struct pollfd p = { .fd = s->fd, .events = POLLIN };
-	ssize_t r;
-	int rc;
-
-	do
-		rc = poll(&p, 1, timeout_s * 1000);
-	while (rc < 0 && errno == EINTR);
-	cr_assert_geq(rc, 0, "poll: %s", strerror(errno));
-	if (rc == 0)
-		return false;
-	r = recv(s->fd, buf, cap - 1, 0);
-	cr_assert_geq(r, 0, "recv: %s", strerror(errno));
-	buf[r] = '\0';
-	return true;
-}
-
-/* Whether a message holds the assignment line (e.g. "READY=1"). */
-static bool has_line(const char *msg, const char *line)
-{
-	size_t n = strlen(line);
-
-	for (const char *p = msg; (p = strstr(p, line)) != NULL; p += n)
-		if ((p == msg || p[-1] == '\n') && (p[n] == '\0' || p[n] == '\n'))
-			return true;
-	return false;
-}
 
 /* Read messages until one holds line; fails the test after WAIT_S without
  * one.  Counts on the way what held other lines (may be NULL). */

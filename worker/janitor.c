@@ -51,7 +51,10 @@ static void janitor_relay(struct janitor *j)
 		if (j->publisher == NULL) {
 			char why[POOL_WHY_MAX];
 
-			rc = mq_open_from_why(&j->publisher, &j->t.conf->amqp, 0, j->t.name, &j->publisher_node, why, sizeof why);
+			/* Heartbeats on (serviced by janitor_keepalive between
+			 * rounds): a dead link is found, not waited on. */
+			rc = mq_open_from_why(&j->publisher, &j->t.conf->amqp, j->t.conf->heartbeat_s, j->t.name,
+			                      &j->publisher_node, why, sizeof why);
 			if (st_refusal(rc) && !j->t.link[POOL_LINK_AMQP].ever_up) {
 				(void)pool_refused(&j->t, POOL_LINK_AMQP, NULL, why, rc);
 				return;
@@ -72,7 +75,7 @@ static void janitor_relay(struct janitor *j)
 			    JANITOR_KV(j), LOG_I("sent", r.sent),
 			    LOG_S("error", broker ? mq_errmsg(j->publisher) : db_errmsg(j->d.db)));
 			if (broker) {
-				mq_close(&j->publisher);
+				mq_drop(&j->publisher); /* its close could wait on a dead link */
 				j->publisher_node++;
 			}
 			return;
@@ -157,7 +160,12 @@ static void janitor_dlq_depth(struct janitor *j)
 {
 	uint32_t depth = 0;
 
-	if (j->probe == NULL && mq_open(&j->probe, &j->t.conf->amqp, 0, j->t.name) != ST_OK) {
+	/* The relay's step before this one may have spent a connect's bound
+	 * on a dead link: that was progress, and so is each bounded step. */
+	pool_beat();
+	/* Heartbeats on: the passive declare every second services them, and
+	 * the declare itself is bounded (mq.h, mq_link_bound_s). */
+	if (j->probe == NULL && mq_open(&j->probe, &j->t.conf->amqp, j->t.conf->heartbeat_s, j->t.name) != ST_OK) {
 		metrics_dlq_depth(-1);
 		return;
 	}
@@ -166,7 +174,7 @@ static void janitor_dlq_depth(struct janitor *j)
 		return;
 	}
 	metrics_dlq_depth(-1);
-	mq_close(&j->probe);
+	mq_drop(&j->probe); /* a missing queue closed the channel, or the link is lost */
 }
 
 /* Wait for a worker's wake-up (outbox rows committed), at most
@@ -238,6 +246,11 @@ void *janitor_main(void *arg)
 		/* No broker connection to keep alive while it waits. */
 		if (pool_thread_ends(&j->t, pool_db_up(&j->t, &j->d, NULL, NULL)))
 			break;
+		if (j->publisher != NULL && mq_keepalive(j->publisher) != ST_OK) {
+			/* an idle publisher whose link failed: the next round opens another */
+			mq_drop(&j->publisher);
+			j->publisher_node++;
+		}
 		janitor_relay(j);
 		last_relay = now = pool_now_ms();
 		if (now - last_housekeeping >= JANITOR_HOUSEKEEPING_MS) {

@@ -53,6 +53,8 @@
 /* An idle thread with outbox copies unconfirmed looks for deliveries this
  * often while it reads their confirms. */
 #define WORKER_CONFIRM_POLL_MS 2
+/* How often an idle publisher is serviced (worker_keepalive). */
+#define WORKER_KEEPALIVE_MS 500
 
 #define WORKER_KV(w) POOL_KV(&(w)->t)
 
@@ -159,6 +161,8 @@ static int worker_ack_flush(struct worker *w)
  * what it holds after the stop flag (a retry's backoff, a database
  * reconnect, both bounded by their callers), and waits the whole ms.
  */
+static void worker_keepalive(struct worker *w);
+
 static void worker_pause(struct worker *w, int ms, bool stopping)
 {
 	int64_t end = pool_now_ms() + ms;
@@ -176,6 +180,7 @@ static void worker_pause(struct worker *w, int ms, bool stopping)
 		if (step <= 0)
 			return;
 		pool_beat();
+		worker_keepalive(w);
 		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK) {
 			/* no consumer, or it failed: the ack will say so */
 			struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
@@ -298,9 +303,12 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		if (w->publisher == NULL) {
-			/* Heartbeats off: the publisher sits idle between
-			 * dead-letters and nothing would service them. */
-			rc = mq_open_from(&w->publisher, &w->t.conf->amqp, 0, w->t.name, &w->publisher_node);
+			/* Heartbeats on, as for the consumer: the thread
+			 * services the idle publisher (worker_keepalive), and
+			 * a link that went silent is found within the
+			 * heartbeat instead of by a close that never returns. */
+			rc = mq_open_from(&w->publisher, &w->t.conf->amqp, w->t.conf->heartbeat_s, w->t.name,
+			                  &w->publisher_node);
 			if (rc != ST_OK)
 				return rc;
 		}
@@ -401,8 +409,28 @@ static void worker_publisher_lost(struct worker *w, const char *what)
 	    LOG_S("error", mq_errmsg(w->publisher)));
 	w->nsent = 0;
 	w->sent_since_ms = 0;
-	mq_close(&w->publisher);
+	/* No confirm came or the link failed: its close would wait for a
+	 * reply that may never come. */
+	mq_drop(&w->publisher);
 	w->publisher_node++;
+}
+
+/* The publisher between its publishes (heartbeats on, see
+ * worker_publish): serviced at most every WORKER_KEEPALIVE_MS, from the
+ * thread's loop and its waits, well inside any heartbeat interval.  One
+ * that failed is dropped; the next publish opens another. */
+static void worker_keepalive(struct worker *w)
+{
+	int64_t now;
+
+	if (w->publisher == NULL)
+		return;
+	now = pool_now_ms();
+	if (now - w->keepalive_ms < WORKER_KEEPALIVE_MS)
+		return;
+	w->keepalive_ms = now;
+	if (mq_keepalive(w->publisher) != ST_OK)
+		worker_publisher_lost(w, "publisher lost while idle");
 }
 
 /* Read the confirms of the copies published from memory (all of them
@@ -458,7 +486,8 @@ static void worker_dispatch(struct worker *w)
 	if (fault_hit("crash-before-dispatch"))
 		raise(SIGKILL); /* test hook: committed, not published */
 	if (w->publisher == NULL) {
-		rc = mq_open_from(&w->publisher, &w->t.conf->amqp, 0, w->t.name, &w->publisher_node);
+		rc = mq_open_from(&w->publisher, &w->t.conf->amqp, w->t.conf->heartbeat_s, w->t.name,
+		                  &w->publisher_node);
 		if (rc != ST_OK) {
 			LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay: no publisher", WORKER_KV(w),
 			    LOG_I("rows", mem->n), LOG_S("error", st_strerror(rc)));
@@ -1092,6 +1121,7 @@ static int worker_idle(struct worker *w)
 	int wait_ms = WORKER_CONSUME_TIMEOUT_MS;
 
 	worker_settle_sent(w, false);
+	worker_keepalive(w);
 	if (w->nsent > 0) {
 		/* Bounded per transaction: the oldest one in flight
 		 * gets WORKER_CONFIRM_TIMEOUT_MS from when the thread
@@ -1125,6 +1155,7 @@ void *worker_main(void *arg)
 		int rc;
 
 		pool_beat();
+		worker_keepalive(w); /* a busy thread's publisher too: it may not publish for long */
 		rc = worker_db_up(w);
 
 		if (rc == ST_OK)

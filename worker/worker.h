@@ -33,6 +33,7 @@ struct worker {
 	 * failed, so a thread goes to another node instead of waiting. */
 	int consumer_node;
 	int publisher_node;
+	int64_t keepalive_ms; /* when the publisher was last serviced (worker_keepalive) */
 	/* The queues this thread consumes: indexes for mq_consume_queue_name
 	 * (one, 0, in shared ordering; its shards in sharded ordering). */
 	int shard[64];
