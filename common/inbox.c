@@ -82,8 +82,15 @@
  * the routing key escaped, ids, names, the dead-letter headers and the
  * statement's head. */
 #define INBOX_ROW_OVERHEAD (2u * INBOX_PROPS_COLUMN_MAX + 8192u)
-/* Held events listed per round trip while releasing. */
-#define INBOX_RELEASE_PAGE 64
+/* What one read of held events carries back at most (inbox_held_read):
+ * the bytes of their stored values, each row counted INBOX_HELD_ROW_COST
+ * more for its ids and names, and always the first row, however large.
+ * The claim reads the held events of the batch's orders within it, so a
+ * batch releases them without a round trip of its own (issue 43: one read
+ * per held event kept a batch open for a minute on a slow link); an order
+ * whose held events outgrow it is read on a page at a time. */
+#define INBOX_HELD_READ_MAX (4u * 1024u * 1024u)
+#define INBOX_HELD_ROW_COST 512u
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
  * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
  * The header only measures latency, so a value out of range is dropped
@@ -115,6 +122,12 @@ struct inbox_order {
 	int pending;
 	/* Not yet written: the row (dirty), the held count (held_dirty). */
 	bool dirty, held_dirty;
+	/* Its held events read with the claim (inbox_held_read): hcount rows
+	 * of ib->hrows from hfirst, the last one's id hlast; hall: they are
+	 * all of them (else the rest is read a page at a time). */
+	int hfirst, hcount;
+	int64_t hlast;
+	bool hall;
 	/* Per set column (order_binding cols): the value the last event that
 	 * took effect gave it, as SQL text at ib->vals.p + col[c] - 1; 0: none
 	 * (the column keeps what it has). */
@@ -160,12 +173,24 @@ struct inbox_key {
 	char type[MSG_TYPE_NAME_MAX + 1];
 };
 
+/* A held event read back whole (inbox_held_read).  Its values, in the
+ * order of the read's columns (HV_*), are NUL-terminated in ib->hbuf at
+ * off[], len[] bytes each, SQL NULL where null has the bit. */
+enum { HV_ORDER, HV_SOURCE, HV_MID, HV_TYPE, HV_RK, HV_PROPS, HV_BODY, HV_EVENT, HV_CONTEXT, HV_N };
+struct inbox_hrow {
+	int64_t id;
+	size_t off[HV_N];
+	size_t len[HV_N];
+	unsigned null;
+	int64_t matched; /* n: the rows of its order the read's condition matched */
+	bool settled;    /* released in this transaction: its row is deleted in the write */
+};
+
 struct inbox {
 	struct db *db;
 	const struct cfg *conf;
 	struct db_stmt *lock_touch;
 	struct db_stmt *lock_read;
-	struct db_stmt *held_list;
 	struct db_stmt *held_get;
 	struct db_stmt *expired_list;
 	struct db_stmt *ledger_probe;
@@ -179,6 +204,13 @@ struct inbox {
 	size_t event_cap;
 	char *context;
 	size_t context_cap;
+	/* Held events read back whole (inbox_held_read), in the order their
+	 * order's lifecycle runs them (by order, oldest first): each value
+	 * NUL-terminated in hbuf, found by its offset (hbuf grows). */
+	struct inbox_hrow *hrows;
+	int nhrows, hrows_cap;
+	char *hbuf;
+	size_t hlen, hcap;
 	/* The batch in hand, grown to the largest batch seen: per message its
 	 * hash and key, per key its claim, the orders locked. */
 	int cap;
@@ -419,10 +451,6 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		         " AND message_id = ?", tb[1]);
 		PREP(ledger_probe, q);
 	}
-	/* A page of the order's held events after a given id
-	 * (ix_held_events_order). */
-	PREP(held_list, "SELECT id, source, message_id, type FROM held_events WHERE order_id = ? AND consumer = ?"
-	                " AND id > ? ORDER BY id LIMIT ?");
 	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body, event, context FROM held_events"
 	               " WHERE id = ? AND consumer = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
@@ -489,6 +517,8 @@ void inbox_close(struct inbox **ibp)
 	free(ib->props);
 	free(ib->event);
 	free(ib->context);
+	free(ib->hrows);
+	free(ib->hbuf);
 	free(ib->hex);
 	free(ib->key_of);
 	free(ib->sorted);
@@ -798,6 +828,13 @@ static void inbox_forget(struct inbox *ib)
 		sqlbuf_trim(&ib->w[s], INBOX_SQL_KEEP);
 	sqlbuf_trim(&ib->req, INBOX_SQL_KEEP);
 	sqlbuf_trim(&ib->vals, INBOX_SQL_KEEP);
+	ib->nhrows = 0;
+	ib->hlen = 0;
+	if (ib->hcap > INBOX_SQL_KEEP) {
+		free(ib->hbuf);
+		ib->hbuf = NULL;
+		ib->hcap = 0;
+	}
 	ib->norders = 0;
 	ib->nkeys = 0;
 }
@@ -923,8 +960,7 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 	return ST_OK;
 }
 
-/* A held event as listed for re-evaluation: what the decision needs.  The
- * rest of it is read only once it can take effect. */
+/* A held event's key and type, as it is parsed again (inbox_held_parse). */
 struct inbox_held {
 	int64_t id;
 	char source[MSG_WIDE_SOURCE_MAX + 1];
@@ -1049,21 +1085,202 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
 	return rc;
 }
 
-/* Re-evaluate one listed held event on the locked order.  One that must
- * still wait is left alone (*settled false); any other is read whole,
+static int inbox_col_i64(const char *v, int64_t *out);
+static struct inbox_order *inbox_find_order(struct inbox *ib, const char *id);
+
+/* One row of a read of held events (inbox_sql_held_read: id, the HV_*
+ * values, n) into ib->hrows.  Every value is checked against its column's
+ * width here, so the rest of the file reads them as the strings they are. */
+static int inbox_hrow_add(struct inbox *ib, const char *const *v, const unsigned long *lens, int ncols)
+{
+	static const size_t cap[HV_N] = {
+		[HV_ORDER] = MSG_ORDER_ID_MAX, [HV_SOURCE] = MSG_WIDE_SOURCE_MAX, [HV_MID] = MSG_WIDE_ID_MAX,
+		[HV_TYPE] = MSG_TYPE_NAME_MAX, [HV_RK] = 255, [HV_PROPS] = INBOX_PROPS_COLUMN_MAX,
+		[HV_BODY] = INBOX_BODY_COLUMN_MAX, [HV_EVENT] = INBOX_BODY_COLUMN_MAX,
+		[HV_CONTEXT] = INBOX_PROPS_COLUMN_MAX,
+	};
+	struct inbox_hrow *r;
+	size_t need = 0;
+	int64_t id, n;
+
+	if (ncols != HV_N + 2 || inbox_col_i64(v[0], &id) != ST_OK || inbox_col_i64(v[HV_N + 1], &n) != ST_OK)
+		return ST_ERR_DB;
+	for (int c = 0; c < HV_N; c++) {
+		bool nullable = c == HV_PROPS || c == HV_EVENT || c == HV_CONTEXT;
+
+		if ((v[1 + c] == NULL && !nullable) || lens[1 + c] > cap[c])
+			return ST_ERR_DB; /* the schema's widths and ours disagree */
+		need += lens[1 + c] + 1;
+	}
+	if (ib->nhrows == ib->hrows_cap) {
+		int ncap = ib->hrows_cap > 0 ? 2 * ib->hrows_cap : 64;
+		void *p = realloc(ib->hrows, (size_t)ncap * sizeof *ib->hrows);
+
+		if (p == NULL)
+			return ST_ERR_NOMEM;
+		ib->hrows = p;
+		ib->hrows_cap = ncap;
+	}
+	if (ib->hcap - ib->hlen < need) {
+		size_t ncap = ib->hcap > 0 ? 2 * ib->hcap : 64 * 1024;
+		void *p;
+
+		while (ncap - ib->hlen < need)
+			ncap *= 2;
+		p = realloc(ib->hbuf, ncap);
+		if (p == NULL)
+			return ST_ERR_NOMEM;
+		ib->hbuf = p;
+		ib->hcap = ncap;
+	}
+	r = &ib->hrows[ib->nhrows++];
+	*r = (struct inbox_hrow){ .id = id, .matched = n };
+	for (int c = 0; c < HV_N; c++) {
+		r->off[c] = ib->hlen;
+		r->len[c] = lens[1 + c];
+		if (v[1 + c] == NULL)
+			r->null |= 1u << c;
+		else
+			memcpy(ib->hbuf + ib->hlen, v[1 + c], lens[1 + c]);
+		ib->hbuf[ib->hlen + lens[1 + c]] = '\0';
+		ib->hlen += lens[1 + c] + 1;
+	}
+	return ST_OK;
+}
+
+/* Value c of held row r: NUL-terminated, or NULL for SQL NULL. */
+static const char *inbox_hval(const struct inbox *ib, const struct inbox_hrow *r, int c)
+{
+	return (r->null & (1u << c)) != 0 ? NULL : ib->hbuf + r->off[c];
+}
+
+/*
+ * A read of held events back whole, by order and oldest first (the order
+ * in which their order's lifecycle runs them): those of the orders listed
+ * with an id above after, or the rows listed by id.  It carries at most
+ * INBOX_HELD_READ_MAX (always the first row): the window sums what the
+ * rows before each one hold, and the join reads the values of only the
+ * rows within it.  n is how many rows of its order the condition matched,
+ * within the bound or not, so the reader knows whether it has them all.
+ * One statement, so it goes in the claim's request as well as alone.
+ */
+static void inbox_sql_held_read(struct inbox *ib, struct sqlbuf *q, const char *const *orders, int norders,
+                                const int64_t *ids, int nids, int64_t after)
+{
+	int n = orders != NULL ? norders : nids;
+
+	sqlbuf_sql(q, "SELECT h.id, h.order_id, h.source, h.message_id, h.type, h.routing_key, h.props, h.body,"
+	              " h.event, h.context, t.n FROM (SELECT id, COUNT(*) OVER (PARTITION BY order_id) AS n,"
+	              " COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(props), 0) + COALESCE(LENGTH(event), 0)"
+	              " + COALESCE(LENGTH(context), 0) + ");
+	sqlbuf_i64(q, INBOX_HELD_ROW_COST);
+	sqlbuf_sql(q, ") OVER (ORDER BY order_id, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS ahead"
+	              " FROM held_events WHERE consumer = ");
+	sqlbuf_str(q, ib->conf->consumer);
+	sqlbuf_sql(q, orders != NULL ? " AND order_id IN (" : " AND id IN (");
+	sqlbuf_list(q);
+	for (int i = 0; i < n; i++) {
+		sqlbuf_item(q);
+		if (orders != NULL)
+			sqlbuf_str(q, orders[i]);
+		else
+			sqlbuf_i64(q, ids[i]);
+	}
+	sqlbuf_sql(q, ") AND id > ");
+	sqlbuf_i64(q, after);
+	sqlbuf_sql(q, ") t JOIN held_events h ON h.id = t.id WHERE t.ahead < ");
+	sqlbuf_i64(q, INBOX_HELD_READ_MAX);
+	sqlbuf_sql(q, " ORDER BY h.order_id, h.id;");
+}
+
+/* Give each locked order its held events among ib->hrows (read with the
+ * claim, by order): a run of rows of one order.  hall: they are all it
+ * has (n says how many matched), or it has none; else the rest is read a
+ * page at a time on release.  A second run of one order (ids equal under
+ * the column's collation) is left to those pages. */
+static int inbox_held_assign(struct inbox *ib)
+{
+	for (int i = 0; i < ib->norders; i++)
+		ib->orders[i].hall = ib->orders[i].held == 0;
+	for (int i = 0, j; i < ib->nhrows; i = j) {
+		const char *oid = inbox_hval(ib, &ib->hrows[i], HV_ORDER);
+		struct inbox_order *o = inbox_find_order(ib, oid);
+
+		for (j = i + 1; j < ib->nhrows && strcmp(inbox_hval(ib, &ib->hrows[j], HV_ORDER), oid) == 0; j++)
+			;
+		if (o == NULL)
+			return ST_ERR_DB; /* a row we did not ask for */
+		if (o->hcount > 0) {
+			o->hall = false;
+			continue;
+		}
+		o->hfirst = i;
+		o->hcount = j - i;
+		o->hlast = ib->hrows[j - 1].id;
+		o->hall = ib->hrows[i].matched == j - i;
+	}
+	return ST_OK;
+}
+
+static int inbox_held_page_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	return stmt == 0 ? inbox_hrow_add(arg, v, lens, ncols) : ST_ERR_DB;
+}
+
+/* Read the next page of order o's held events, those above after, onto
+ * the end of ib->hrows (one round trip); *complete: none is left beyond
+ * them. */
+static int inbox_held_page(struct inbox *ib, const struct inbox_order *o, int64_t after, bool *complete)
+{
+	struct sqlbuf *q = &ib->req;
+	const char *id = o->id;
+	int from = ib->nhrows, rc;
+
+	sqlbuf_reset(q);
+	inbox_sql_held_read(ib, q, &id, 1, NULL, 0, after);
+	rc = sqlbuf_err(q);
+	if (rc == ST_OK)
+		rc = db_multi(ib->db, q->p, q->len, inbox_held_page_row, ib);
+	sqlbuf_reset(q);
+	*complete = ib->nhrows == from || ib->hrows[from].matched == ib->nhrows - from;
+	return rc;
+}
+
+/* A held row as the release reads it: h its key and type, x its
+ * canonical event and context, raw its routing key, properties and body
+ * (borrowed from ib->hbuf until the rows are cut). */
+static void inbox_hrow_event(const struct inbox *ib, const struct inbox_hrow *r, struct inbox_held *h,
+                             struct inbox_held_more *x, struct inbox_event *raw)
+{
+	h->id = r->id;
+	snprintf(h->source, sizeof h->source, "%s", inbox_hval(ib, r, HV_SOURCE));
+	snprintf(h->message_id, sizeof h->message_id, "%s", inbox_hval(ib, r, HV_MID));
+	snprintf(h->type, sizeof h->type, "%s", inbox_hval(ib, r, HV_TYPE));
+	*raw = (struct inbox_event){
+		.source = h->source, .message_id = h->message_id, .type_name = h->type,
+		.body = inbox_hval(ib, r, HV_BODY), .len = r->len[HV_BODY], .routing_key = inbox_hval(ib, r, HV_RK),
+		.props = inbox_hval(ib, r, HV_PROPS),
+	};
+	x->event = inbox_hval(ib, r, HV_EVENT);
+	x->event_len = r->len[HV_EVENT];
+	env_context_from_json(inbox_hval(ib, r, HV_CONTEXT), &x->ctx);
+}
+
+/* Re-evaluate one held event, read back whole, on the locked order.  One
+ * that must still wait is left alone (*settled false); any other is
  * parsed again and carried out exactly as if it had just arrived, then
  * leaves held_events.  *changed: the order row changed. */
-static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const struct inbox_held *listed,
+static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const struct inbox_hrow *r,
                              struct inbox_result *res, bool *settled, bool *changed)
 {
+	const char *type = inbox_hval(ib, r, HV_TYPE);
 	struct inbox_held h;
 	struct inbox_held_more x;
 	struct inbox_event raw, ev;
 	struct order_verdict v;
 	struct msg m;
 	enum msg_reason reason;
-	char rk[256];
-	int t = msg_type_from_name(listed->type, strlen(listed->type));
+	int t = msg_type_from_name(type, r->len[HV_TYPE]);
 	int rc;
 
 	*settled = false;
@@ -1073,9 +1290,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	v = order_decide(o->state, o->flags, (enum msg_type)t);
 	if (v.decision == ORDER_HOLD)
 		return ST_OK;
-	rc = inbox_held_load(ib, listed->id, &h, &x, rk, sizeof rk, &raw);
-	if (rc != ST_OK)
-		return rc == ST_ERR_NOT_FOUND ? ST_ERR_DB : rc; /* listed under the order's lock: cannot vanish */
+	inbox_hrow_event(ib, r, &h, &x, &raw);
 	raw.order_id = o->id;
 	/* Its lines carry its trace (the worker's are of the delivery in hand). */
 	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
@@ -1104,35 +1319,58 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	return ST_OK;
 }
 
-/* List up to cap held events of the order with an id above after, in id
- * order, reading the result to its end (the connection is then free for
- * the statements that settle them). */
-static int inbox_held_page(struct inbox *ib, const char *order_id, int64_t after, struct inbox_held *page,
-                           int cap, int *n)
+/* Re-evaluate the held rows [from, to) of ib->hrows (all of order o's),
+ * oldest first, those not settled yet. */
+static int inbox_release_rows(struct inbox *ib, struct inbox_order *o, int from, int to, struct inbox_result *res,
+                              int *released, bool *progress)
 {
-	struct db_param p[4] = { DBP_STR(order_id), DBP_STR(ib->conf->consumer), DBP_I64(after), DBP_I64(cap) };
-	struct inbox_held spill; /* LIMIT keeps the rows within cap; this is for safety */
-	int rc = db_stmt_query(ib->held_list, p, ARRAY_LEN(p));
+	for (int i = from; i < to && o->held > 0; i++) {
+		bool settled, changed;
+		int rc;
 
-	*n = 0;
-	if (rc != ST_OK)
-		return rc;
-	for (;;) {
-		struct inbox_held *h = *n < cap ? &page[*n] : &spill;
-		struct db_col c[4] = {
-			DBC_I64(), DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
-			DBC_STR(h->type, sizeof h->type),
-		};
-		int r = db_stmt_fetch(ib->held_list, c, ARRAY_LEN(c));
-
-		if (r < 0)
-			return r;
-		if (r == 0)
-			return ST_OK;
-		h->id = c[0].i64;
-		if (*n < cap)
-			(*n)++;
+		if (ib->hrows[i].settled)
+			continue;
+		rc = inbox_release_one(ib, o, &ib->hrows[i], res, &settled, &changed);
+		if (rc != ST_OK)
+			return rc;
+		if (settled) {
+			ib->hrows[i].settled = true;
+			o->held--;
+			o->held_dirty = true;
+			(*released)++;
+			*progress = *progress || changed;
+		}
 	}
+	return ST_OK;
+}
+
+/* The held events of order o that the claim's read left out (they
+ * outgrew it), a page at a time after the last one it read; each page is
+ * forgotten once looked at, so memory stays at one read.  Rows a page
+ * releases leave held_events (the write so far is sent) before the next
+ * page is read, so a later pass never reads them again. */
+static int inbox_release_paged(struct inbox *ib, struct inbox_order *o, struct inbox_result *res, int *released,
+                               bool *progress)
+{
+	int64_t after = o->hlast;
+	int mark = ib->nhrows;
+	size_t mark_len = ib->hlen;
+	bool complete = false;
+	int rc = ST_OK;
+
+	while (rc == ST_OK && !complete && o->held > 0) {
+		if (ib->w[W_DEL].len > 0)
+			rc = inbox_flush(ib, false);
+		if (rc == ST_OK)
+			rc = inbox_held_page(ib, o, after, &complete);
+		if (rc == ST_OK)
+			rc = inbox_release_rows(ib, o, mark, ib->nhrows, res, released, progress);
+		if (ib->nhrows > mark)
+			after = ib->hrows[ib->nhrows - 1].id;
+		ib->nhrows = mark;
+		ib->hlen = mark_len;
+	}
+	return rc;
 }
 
 /* Re-evaluate the order's events held in memory earlier in this batch, in
@@ -1181,47 +1419,24 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
 }
 
 /* Re-evaluate every held event of the order, oldest first — those in
- * held_events a page at a time, then those held in memory in this batch —
- * in passes until a pass leaves the order as it found it: an event skipped
- * early in a pass may apply after a later one changed the order.  What the
- * transaction decided so far is written before each page is listed, so
- * the list sees the batch's own releases.  Memory stays at one page
- * whatever the number of held events. */
+ * held_events (read with the claim, and any the claim's read left out a
+ * page at a time), then those held in memory in this batch — in passes
+ * until a pass leaves the order as it found it: an event skipped early in
+ * a pass may apply after a later one changed the order.  Passes over what
+ * the claim read cost no round trip, however many events wait. */
 static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res)
 {
-	struct inbox_held page[INBOX_RELEASE_PAGE];
 	bool progress = true;
 	int released = 0, rc = ST_OK;
 
 	while (rc == ST_OK && progress && (o->held > 0 || o->pending > 0)) {
-		int64_t after = 0;
-		int n = 0;
-
 		progress = false;
-		while (rc == ST_OK && o->held > 0) {
-			rc = inbox_flush(ib, false);
-			if (rc == ST_OK)
-				rc = inbox_held_page(ib, o->id, after, page, INBOX_RELEASE_PAGE, &n);
-			for (int i = 0; rc == ST_OK && i < n && o->held > 0; i++) {
-				bool settled, changed;
-
-				rc = inbox_release_one(ib, o, &page[i], res, &settled, &changed);
-				if (rc == ST_OK && settled) {
-					o->held--;
-					o->held_dirty = true;
-					released++;
-					progress = progress || changed;
-				}
-			}
-			if (n > 0)
-				after = page[n - 1].id;
-			if (n < INBOX_RELEASE_PAGE)
-				break;
-		}
+		rc = inbox_release_rows(ib, o, o->hfirst, o->hfirst + o->hcount, res, &released, &progress);
+		if (rc == ST_OK && !o->hall)
+			rc = inbox_release_paged(ib, o, res, &released, &progress);
 		if (rc == ST_OK)
 			rc = inbox_release_pending(ib, o, res, &released, &progress);
 	}
-	inbox_trim(ib);
 	if (rc != ST_OK)
 		return rc;
 	res->released += released;
@@ -1380,9 +1595,9 @@ static struct inbox_key *inbox_key_find(struct inbox *ib, const char *source, co
 
 /* The claim's result rows (statements 0 and 1 lock the orders and insert
  * the keys): statement 2 lists the keys that are not ours
- * (source, message_id, stored hash), statement 3 the locked orders
- * (order_id, held, status, version, flags), statement 4 the ledger rows of
- * the batch's keys (source, message_id, order_id, type, hash or NULL). */
+ * (source, message_id, stored hash, and the ledger's row of ours),
+ * statement 3 the locked orders (order_id, held, status, version, flags),
+ * statement 4 their held events read back whole (inbox_sql_held_read). */
 static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
 {
 	struct inbox *ib = arg;
@@ -1434,6 +1649,8 @@ static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsi
 			return ST_ERR_DB;
 		return inbox_order_fill(&ib->orders[ib->norders++], v[0], held, v[2], version, flags);
 	}
+	if (stmt == 4)
+		return inbox_hrow_add(ib, v, lens, ncols);
 	return ST_ERR_DB;
 }
 
@@ -1580,8 +1797,10 @@ static int inbox_claim_row_locked(void *arg, int stmt, const char *const *v, con
 }
 
 /* Round trip 1: lock the orders of the batch (sorted), claim its distinct
- * keys (sorted), and read back the keys that are not ours, the orders and
- * the ledger rows of the keys (inbox_claim_row reads the answers).
+ * keys (sorted), and read back the keys that are not ours (with the
+ * ledger rows of ours), the orders, and their held events whole, up to
+ * what one read carries (inbox_claim_row reads the answers): a batch that
+ * releases held events needs no round trip of its own to read them.
  * nowait: the request opens by locking the batch's existing orders
  * without waiting (FOR UPDATE NOWAIT): if another transaction holds one,
  * that statement fails at once and nothing of the claim runs
@@ -1613,10 +1832,14 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n, bool 
 	inbox_sql_claim_keys(ib, q, in);
 	inbox_sql_known_keys(ib, q);
 	inbox_sql_read_orders(ib, q);
+	sqlbuf_sql(q, ";");
+	inbox_sql_held_read(ib, q, ib->order_ids, ib->nlock, NULL, 0, 0);
 	rc = sqlbuf_err(q);
 	if (rc != ST_OK)
 		return rc;
 	ib->norders = 0;
+	ib->nhrows = 0;
+	ib->hlen = 0;
 	rc = db_multi(ib->db, q->p, q->len, nowait ? inbox_claim_row_locked : inbox_claim_row, ib);
 	if (rc == ST_ERR_DB_LOCK_TIMEOUT && nowait && db_multi_failed_at(ib->db) == 0)
 		return INBOX_HELD_ELSEWHERE;
@@ -1625,7 +1848,7 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n, bool 
 	if (ib->norders != ib->nlock)
 		return ST_ERR_DB; /* every order was just written */
 	qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
-	return ST_OK;
+	return inbox_held_assign(ib);
 }
 
 /* A message whose key is not new: a duplicate when it carries the

@@ -523,6 +523,68 @@ Test(holds, one_expiry_pass_expires_every_row_it_asked_for)
 	db_close(&d);
 }
 
+/* Hold one event through the inbox API (its own batch). */
+static void hold_one(struct inbox *ib, struct db *d, const struct cfg *conf, const char *order, char letter)
+{
+	char body[1024];
+	struct msg msg;
+	struct inbox_result res;
+
+	saga_event(body, sizeof body, order, letter, 0, 0);
+	cr_assert_eq(msg_parse(body, strlen(body), (size_t)conf->max_body, NULL, &msg), MSG_REASON_NONE);
+	struct inbox_in in = { .msg = &msg, .body = body, .len = strlen(body), .routing_key = "order.itest" };
+	cr_assert_eq(inbox_run(ib, &in, 1, &res), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(res.outcome, INBOX_HELD);
+}
+
+/* A pass of hold expiry costs the same round trips for one expired row as
+ * for 64 (issue 43: four round trips a row, each in a transaction of its
+ * own, before), here with two rows of one order among them. */
+Test(holds, an_expiry_pass_costs_the_same_round_trips_however_many_rows)
+{
+	enum { ORDERS = 32 };
+	struct cfg conf;
+	struct db *d = NULL;
+	struct inbox *ib = NULL;
+	uint64_t before, one, many;
+	int expired = -1;
+	char order[32];
+
+	itest_fresh();
+	conf = *itest_cfg();
+	conf.hold_ttl_s = 0; /* every hold is past its TTL at once */
+	cr_assert_eq(db_open(&d, &conf.db), ST_OK);
+	cr_assert_eq(inbox_open(&ib, d, &conf), ST_OK);
+	hold_one(ib, d, &conf, "exp1", 'S');
+	before = db_round_trips(d);
+	cr_assert_eq(inbox_expire_holds(ib, 64, &expired), ST_OK, "%s", db_errmsg(d));
+	one = db_round_trips(d) - before;
+	cr_assert_eq(expired, 1);
+	for (int i = 0; i < ORDERS; i++) {
+		snprintf(order, sizeof order, "expm-%d", i);
+		hold_one(ib, d, &conf, order, 'S');
+		hold_one(ib, d, &conf, order, 'R');
+	}
+	before = db_round_trips(d);
+	cr_assert_eq(inbox_expire_holds(ib, 64, &expired), ST_OK, "%s", db_errmsg(d));
+	many = db_round_trips(d) - before;
+	cr_assert_eq(expired, 2 * ORDERS);
+	cr_expect(one <= 3, "a pass expiring 1 row: %llu round trips", (unsigned long long)one);
+	cr_expect_eq(many, one, "a pass expiring %d rows: %llu round trips, 1 row: %llu", 2 * ORDERS,
+	             (unsigned long long)many, (unsigned long long)one);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
+	cr_assert_eq(itest_int("SELECT COALESCE(SUM(held), 0) FROM order_locks"), 0);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"
+	                       " WHERE outcome = 'dead_lettered' AND reason = 'hold-expired'"),
+	             2 * ORDERS + 1);
+	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM outbox WHERE exchange = ? AND body LIKE '%\"expm-7-R\"%'",
+	                        conf.dlx), 1, "each dead-letter copy carries its own body");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_locks WHERE order_id LIKE 'expm-%' AND locks >= 3"), ORDERS,
+	             "each order's lock was written by the pass");
+	inbox_close(&ib);
+	db_close(&d);
+}
+
 /* A body held under the default INBOX_MAX_BODY, and the worker restarted
  * with a smaller one. */
 enum { BIG_PAD = 20000 };
