@@ -91,6 +91,8 @@
  * whose held events outgrow it is read on a page at a time. */
 #define INBOX_HELD_READ_MAX (4u * 1024u * 1024u)
 #define INBOX_HELD_ROW_COST 512u
+/* Held events one pass of hold expiry takes at most (inbox_expire_holds). */
+#define INBOX_EXPIRE_MAX 64
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
  * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
  * The header only measures latency, so a value out of range is dropped
@@ -194,16 +196,6 @@ struct inbox {
 	struct db_stmt *held_get;
 	struct db_stmt *expired_list;
 	struct db_stmt *ledger_probe;
-	/* A held event read back: grown by db_stmt_fetch (DBC_GROW) to fit
-	 * the stored row, reused, and shrunk again after an oversized one. */
-	char *body;
-	size_t body_cap;
-	char *props;
-	size_t props_cap;
-	char *event;
-	size_t event_cap;
-	char *context;
-	size_t context_cap;
 	/* Held events read back whole (inbox_held_read), in the order their
 	 * order's lifecycle runs them (by order, oldest first): each value
 	 * NUL-terminated in hbuf, found by its offset (hbuf grows). */
@@ -434,8 +426,12 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		if (rc != ST_OK)                                \
 			goto fail;                              \
 	} while (0)
-	/* Hold expiry locks one order outside a batch: the same real write
-	 * as the claim's, then the locking read. */
+	/* Never run: the claim reads the ledger's hashes, and (since issue
+	 * 43) the claim and hold expiry lock orders and read held events, in
+	 * requests of their own.  Prepared so that a schema without those
+	 * tables and columns (migrations 0015, 0017 not run) is refused at
+	 * start, with the remedy (pool_db_up), instead of failing every
+	 * batch. */
 	{
 		const struct lc_def *d = ib->bind->def;
 		char (*tb)[LC_NAME_MAX + 16] = ib->sql.table;
@@ -455,10 +451,6 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	               " WHERE id = ? AND consumer = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
-	/* Never run: the claim reads the ledger's hashes in its own request.
-	 * Prepared so that a schema without them (migration 0015 not run)
-	 * is refused at start, with the remedy (pool_db_up), instead of
-	 * failing every batch. */
 #undef PREP
 	/* The request: at most what the server takes (sqlbuf's default
 	 * ceiling); the sections: cut into requests by inbox_flush. */
@@ -513,10 +505,6 @@ void inbox_close(struct inbox **ibp)
 		return;
 	ib = *ibp;
 	/* Statements belong to the db and die with it. */
-	free(ib->body);
-	free(ib->props);
-	free(ib->event);
-	free(ib->context);
 	free(ib->hrows);
 	free(ib->hbuf);
 	free(ib->hex);
@@ -968,70 +956,14 @@ struct inbox_held {
 	char type[MSG_TYPE_NAME_MAX + 1];
 };
 
-/* Read with the rest of a held event (inbox_held_load), kept apart from
- * the listing (a page of 64 stays small): the canonical event of an
- * enveloped message (NULL: native, the body is the event) and what it
- * carries into what it causes. */
+/* Read with the rest of a held event (inbox_hrow_event): the canonical
+ * event of an enveloped message (NULL: native, the body is the event) and
+ * what it carries into what it causes. */
 struct inbox_held_more {
 	const char *event;
 	size_t event_len;
 	struct env_context ctx;
 };
-
-/* Give back the memory of an oversized held event read back (one larger
- * than today's INBOX_MAX_BODY, and than the properties' column, so a small
- * setting does not make every release reallocate). */
-static void inbox_trim(struct inbox *ib)
-{
-	if (ib->body_cap > (size_t)ib->conf->max_body + 1 && ib->body_cap > INBOX_PROPS_COLUMN_MAX + 1) {
-		free(ib->body);
-		ib->body = NULL;
-		ib->body_cap = 0;
-	}
-	if (ib->event_cap > (size_t)ib->conf->max_body + 1 && ib->event_cap > INBOX_PROPS_COLUMN_MAX + 1) {
-		free(ib->event);
-		ib->event = NULL;
-		ib->event_cap = 0;
-	}
-}
-
-/* Read a held event whole: h gets its key and type, ev its routing key (in
- * rk), properties and body (in the inbox's buffers, grown to fit the stored
- * row up to the columns' widths).  ev->order_id is the caller's.
- * ST_ERR_NOT_FOUND: the row is gone. */
-static int inbox_held_load(struct inbox *ib, int64_t id, struct inbox_held *h, struct inbox_held_more *x, char *rk,
-                           size_t rk_cap, struct inbox_event *ev)
-{
-	struct db_param p[2] = { DBP_I64(id), DBP_STR(ib->conf->consumer) };
-	struct db_col c[8] = {
-		DBC_STR(h->source, sizeof h->source), DBC_STR(h->message_id, sizeof h->message_id),
-		DBC_STR(h->type, sizeof h->type), DBC_STR(rk, rk_cap),
-		DBC_GROW(&ib->props, &ib->props_cap, INBOX_PROPS_COLUMN_MAX),
-		DBC_GROW(&ib->body, &ib->body_cap, INBOX_BODY_COLUMN_MAX),
-		DBC_GROW(&ib->event, &ib->event_cap, INBOX_BODY_COLUMN_MAX),
-		DBC_GROW(&ib->context, &ib->context_cap, INBOX_PROPS_COLUMN_MAX),
-	};
-	int rc = db_stmt_query(ib->held_get, p, ARRAY_LEN(p));
-	int r;
-
-	if (rc != ST_OK)
-		return rc;
-	r = db_stmt_fetch(ib->held_get, c, ARRAY_LEN(c));
-	if (r < 0)
-		return r;
-	if (r == 0)
-		return ST_ERR_NOT_FOUND;
-	db_stmt_done(ib->held_get);
-	h->id = id;
-	*ev = (struct inbox_event){
-		.source = h->source, .message_id = h->message_id, .type_name = h->type, .body = ib->body,
-		.len = c[5].len, .routing_key = rk, .props = c[4].is_null ? NULL : ib->props,
-	};
-	x->event = c[6].is_null ? NULL : ib->event;
-	x->event_len = c[6].len;
-	env_context_from_json(c[7].is_null ? NULL : ib->context, &x->ctx);
-	return ST_OK;
-}
 
 /* Parse a held event's stored body again, as it was parsed when it
  * arrived: the key and type it was held under stand for the AMQP
@@ -1643,7 +1575,7 @@ static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsi
 	if (stmt == 3 && ncols == 5) {
 		int64_t held, version = 0, flags = 0;
 
-		if (ib->norders >= ib->nkeys || v[0] == NULL || inbox_col_i64(v[1], &held) != ST_OK)
+		if (ib->norders >= ib->cap || v[0] == NULL || inbox_col_i64(v[1], &held) != ST_OK)
 			return ST_ERR_DB;
 		if (v[2] != NULL && (inbox_col_i64(v[3], &version) != ST_OK || inbox_col_i64(v[4], &flags) != ST_OK))
 			return ST_ERR_DB;
@@ -2154,133 +2086,171 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 	return rc;
 }
 
-/* Lock one order outside a batch (hold expiry) and read it into the
- * transaction's one order slot. */
-static int inbox_lock_one(struct inbox *ib, const char *order_id, struct inbox_order **out)
-{
-	char status[32];
-	struct db_col c[4] = { DBC_I64(), DBC_STR(status, sizeof status), DBC_I64(), DBC_I64() };
-	struct db_param p[1] = { DBP_STR(order_id) };
-	struct inbox_order *o;
-	int rc, r;
-
-	rc = inbox_reserve(ib, 1);
-	if (rc == ST_OK)
-		rc = db_stmt_exec(ib->lock_touch, p, ARRAY_LEN(p), NULL);
-	if (rc == ST_OK)
-		rc = db_stmt_query(ib->lock_read, p, ARRAY_LEN(p));
-	if (rc != ST_OK)
-		return rc;
-	r = db_stmt_fetch(ib->lock_read, c, ARRAY_LEN(c));
-	if (r < 0)
-		return r;
-	if (r == 0)
-		return ST_ERR_DB; /* we just wrote it */
-	db_stmt_done(ib->lock_read);
-	o = &ib->orders[0];
-	if (inbox_order_fill(o, order_id, c[0].i64, c[1].is_null ? NULL : status, c[2].i64, c[3].i64) != ST_OK)
-		return ST_ERR_DB;
-	ib->norders = 1;
-	*out = o;
-	return ST_OK;
-}
-
-/* Dead-letter one expired held event in a transaction of its own, under
- * its order's lock; *done is false when its order settled it meanwhile. */
-static int inbox_expire_one(struct inbox *ib, int64_t id, const char *order_id, bool *done)
-{
-	struct inbox_order *o = NULL;
-	struct inbox_held h;
-	struct inbox_held_more x;
-	struct inbox_event ev;
-	char rk[256], detail[160];
-	int rc;
-
-	*done = false;
-	outbox_mem_reset(&ib->emit);
-	ib->dispatch = false; /* the relay publishes what expiry writes */
-	rc = inbox_lock_one(ib, order_id, &o);
-	if (rc == ST_OK)
-		rc = inbox_held_load(ib, id, &h, &x, rk, sizeof rk, &ev);
-	if (rc == ST_ERR_NOT_FOUND)
-		return inbox_end(ib, ST_OK, false); /* released meanwhile; only the lock was written */
-	if (rc != ST_OK)
-		return inbox_end(ib, rc, false);
-	ev.order_id = order_id;
-	snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite", h.type,
-	         ib->conf->hold_ttl_s);
-	rc = inbox_w_dead_letter(ib, &ev, "hold-expired", detail);
-	if (rc == ST_OK) {
-		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
-		sqlbuf_item(&ib->w[W_DEL]);
-		sqlbuf_i64(&ib->w[W_DEL], id);
-		o->held = o->held > 0 ? o->held - 1 : 0;
-		o->held_dirty = true;
-	}
-	/* No fault hooks here: those stand for a message's transaction. */
-	rc = inbox_end(ib, rc, false);
-	if (rc != ST_OK)
-		return rc;
-	*done = true;
-	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
-	LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", h.message_id), LOG_S("order", order_id), LOG_S("type", h.type),
-	    LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
-	log_trace_clear();
-	return ST_OK;
-}
-
 /* A held event past its TTL, as listed. */
 struct inbox_expiring {
 	int64_t id;
 	char order_id[MSG_ORDER_ID_MAX + 1];
 };
 
+/* What the log says of an expired hold once its transaction committed. */
+struct inbox_expired {
+	char message_id[MSG_WIDE_ID_MAX + 1];
+	char order_id[MSG_ORDER_ID_MAX + 1];
+	char type[MSG_TYPE_NAME_MAX + 1];
+	struct env_context ctx;
+};
+
+/* Up to limit held events past the TTL, oldest first (one round trip; it
+ * takes no lock, and the transaction it opens goes on). */
+static int inbox_expire_list(struct inbox *ib, struct inbox_expiring *rows, int limit, int *n)
+{
+	struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
+	struct inbox_expiring spill; /* LIMIT keeps the rows within limit; spill is for safety */
+	int rc = db_stmt_query(ib->expired_list, p, ARRAY_LEN(p));
+
+	*n = 0;
+	while (rc == ST_OK) {
+		struct inbox_expiring *r = *n < limit ? &rows[*n] : &spill;
+		struct db_col c[2] = { DBC_I64(), DBC_STR(r->order_id, sizeof r->order_id) };
+		int f = db_stmt_fetch(ib->expired_list, c, ARRAY_LEN(c));
+
+		if (f <= 0)
+			return f;
+		r->id = c[0].i64;
+		if (*n < limit)
+			(*n)++;
+	}
+	return rc;
+}
+
+/* The expiry request's rows: statement 0 locks the orders (no rows), 1
+ * reads them and 2 the listed held events still there, as the claim's
+ * statements 3 and 4 do. */
+static int inbox_expire_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+{
+	return stmt == 0 ? ST_ERR_DB : inbox_claim_row(arg, stmt + 2, v, lens, ncols);
+}
+
+/* Lock the orders of the n listed rows (sorted, the claim's real write)
+ * and read them and those rows whole in one round trip.  A row its order
+ * released meanwhile is not read; nor one past what a read carries (the
+ * next pass takes it). */
+static int inbox_expire_read(struct inbox *ib, const struct inbox_expiring *rows, int n)
+{
+	struct sqlbuf *q = &ib->req;
+	int64_t ids[INBOX_EXPIRE_MAX];
+	int k = 0, rc;
+
+	for (int i = 0; i < n; i++) {
+		ib->order_ids[i] = rows[i].order_id;
+		ids[i] = rows[i].id;
+	}
+	qsort(ib->order_ids, (size_t)n, sizeof *ib->order_ids, inbox_str_cmp);
+	for (int i = 0; i < n; i++)
+		if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
+			ib->order_ids[k++] = ib->order_ids[i];
+	ib->nlock = k;
+	sqlbuf_reset(q);
+	inbox_sql_lock_orders(ib, q);
+	inbox_sql_read_orders(ib, q);
+	sqlbuf_sql(q, ";");
+	inbox_sql_held_read(ib, q, NULL, 0, ids, n, 0);
+	rc = sqlbuf_err(q);
+	ib->norders = 0;
+	ib->nhrows = 0;
+	ib->hlen = 0;
+	if (rc == ST_OK)
+		rc = db_multi(ib->db, q->p, q->len, inbox_expire_row, ib);
+	sqlbuf_reset(q);
+	if (rc == ST_OK && ib->norders != ib->nlock)
+		rc = ST_ERR_DB; /* every order was just written */
+	if (rc == ST_OK)
+		qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
+	return rc;
+}
+
+/* Dead-letter every held row read back (past its TTL, under its order's
+ * lock) into the write: its copy through the outbox, its outcome, its
+ * row deleted, its order's held count.  log[*n]: what to log of each. */
+static int inbox_expire_write(struct inbox *ib, struct inbox_expired *log, int *n)
+{
+	for (int i = 0; i < ib->nhrows; i++) {
+		const struct inbox_hrow *r = &ib->hrows[i];
+		struct inbox_order *o = inbox_find_order(ib, inbox_hval(ib, r, HV_ORDER));
+		struct inbox_held h;
+		struct inbox_held_more x;
+		struct inbox_event ev;
+		char detail[160];
+		int rc;
+
+		if (o == NULL)
+			return ST_ERR_DB; /* a row we did not ask for */
+		inbox_hrow_event(ib, r, &h, &x, &ev);
+		ev.order_id = o->id;
+		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
+		         h.type, ib->conf->hold_ttl_s);
+		rc = inbox_w_dead_letter(ib, &ev, "hold-expired", detail);
+		if (rc != ST_OK)
+			return rc;
+		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
+		sqlbuf_item(&ib->w[W_DEL]);
+		sqlbuf_i64(&ib->w[W_DEL], r->id);
+		o->held = o->held > 0 ? o->held - 1 : 0;
+		o->held_dirty = true;
+		snprintf(log[*n].message_id, sizeof log[*n].message_id, "%s", h.message_id);
+		snprintf(log[*n].order_id, sizeof log[*n].order_id, "%s", o->id);
+		snprintf(log[*n].type, sizeof log[*n].type, "%s", h.type);
+		log[*n].ctx = x.ctx;
+		(*n)++;
+	}
+	return ST_OK;
+}
+
+/*
+ * One pass of hold expiry, in one transaction of three round trips however
+ * many rows it expires: list them, lock their orders and read them back
+ * whole, then the write and the COMMIT (before issue 43 each row had a
+ * transaction of four round trips).  A row released meanwhile by a batch
+ * that held its order is passed over; only its order's lock was written.
+ */
 int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 {
-	enum { MAXN = 64 };
-	struct inbox_expiring rows[MAXN], spill; /* LIMIT keeps the rows within MAXN; spill is for safety */
-	int n = 0, rc;
+	struct inbox_expiring rows[INBOX_EXPIRE_MAX];
+	struct inbox_expired *log = NULL;
+	int n = 0, nlog = 0, rc;
 
 	*expired = 0;
-	if (limit > MAXN)
-		limit = MAXN;
+	if (limit > INBOX_EXPIRE_MAX)
+		limit = INBOX_EXPIRE_MAX;
 	if (limit <= 0)
 		return ST_OK;
-	{
-		struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
-		rc = db_stmt_query(ib->expired_list, p, ARRAY_LEN(p));
-		if (rc != ST_OK)
-			goto rollback;
-		for (;;) {
-			struct inbox_expiring *r = n < MAXN ? &rows[n] : &spill;
-			struct db_col c[2] = { DBC_I64(), DBC_STR(r->order_id, sizeof r->order_id) };
-			int f = db_stmt_fetch(ib->expired_list, c, ARRAY_LEN(c));
-			if (f < 0) {
-				rc = f;
-				goto rollback;
-			}
-			if (f == 0)
-				break;
-			r->id = c[0].i64;
-			if (n < MAXN)
-				n++;
-		}
+	rc = inbox_expire_list(ib, rows, limit, &n);
+	if (rc != ST_OK || n == 0) {
+		db_rollback(ib->db); /* end the read-only transaction */
+		return rc;
 	}
-	db_rollback(ib->db); /* end the read-only transaction */
-	for (int i = 0; i < n; i++) {
-		bool done;
-
-		rc = inbox_expire_one(ib, rows[i].id, rows[i].order_id, &done);
-		if (rc != ST_OK)
-			goto rollback;
-		if (done)
-			(*expired)++;
+	rc = inbox_reserve(ib, n);
+	if (rc == ST_OK) {
+		log = malloc((size_t)n * sizeof *log);
+		rc = log != NULL ? ST_OK : ST_ERR_NOMEM;
 	}
-	inbox_trim(ib);
-	return ST_OK;
-rollback:
-	db_rollback(ib->db);
-	inbox_trim(ib);
+	outbox_mem_reset(&ib->emit);
+	ib->dispatch = false; /* the relay publishes what expiry writes */
+	if (rc == ST_OK)
+		rc = inbox_expire_read(ib, rows, n);
+	if (rc == ST_OK)
+		rc = inbox_expire_write(ib, log, &nlog);
+	/* No fault hooks here: those stand for a message's transaction. */
+	rc = inbox_end(ib, rc, false);
+	for (int i = 0; rc == ST_OK && i < nlog; i++) {
+		log_trace_set(log[i].ctx.trace_id, log[i].ctx.span_id);
+		LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", log[i].message_id), LOG_S("order", log[i].order_id),
+		    LOG_S("type", log[i].type), LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
+		log_trace_clear();
+	}
+	if (rc == ST_OK)
+		*expired = nlog;
+	free(log);
 	return rc;
 }
 

@@ -209,8 +209,8 @@ static void janitor_housekeeping(struct janitor *j)
 
 	if (inbox_expire_holds(j->d.inbox, JANITOR_HOLDS_PER_PASS, &expired) != ST_OK)
 		LOG(LOG_LEVEL_WARN, "hold expiry failed", LOG_S("error", db_errmsg(j->d.db)));
-	/* counted even when the pass failed later: each one
-	 * expired in a committed transaction of its own */
+	/* 0 when the pass failed: it is one transaction (issue 43), and
+	 * nothing of it was committed */
 	metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, expired);
 	if (expired > 0)
 		janitor_relay(j);
