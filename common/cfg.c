@@ -280,11 +280,16 @@ static const struct cfg_setting cfg_settings[] = {
 	  "`application/vnd.masstransit+json` MassTransit, anything else native.  See doc/envelopes.md." },
 	{ "INBOX_TYPE_MAP", "type-map", NULL, NULL, "", K_TYPE_MAP, F(type_map), 0, 0, NULL,
 	  "producer event types to ours: theirs=Ours,... (com.example.payment.authorized=PaymentAuthorized)",
+	  "Ours is a type or alias of the definition that runs (INBOX_LIFECYCLE), judged once it is loaded.  "
 	  "For MassTransit the key is the message URN without `urn:message:`; an unmapped type that is "
 	  "one of ours (for MassTransit: whose last `:` segment is) needs no entry." },
 	{ "INBOX_ORDER_ID_FIELD", "order-id-field", NULL, NULL, "", K_FIELD, F(order_id_field), 0, 0, NULL,
-	  "where an envelope's order id is: subject, or a dotted path into the data (data.order.id); "
-	  "empty: subject for CloudEvents, orderId for MassTransit", NULL },
+	  "where an envelope's key (order id) is: subject, a dotted path into the data (data.order.id), or one "
+	  "field per envelope (cloudevents=subject,masstransit=message.order.id); empty: subject for CloudEvents, "
+	  "the definition's key in camelCase (orderId) for MassTransit",
+	  "A single value applies to the envelopes it fits: subject to CloudEvents, message.PATH to MassTransit, "
+	  "any other path to both; an envelope it does not fit keeps its default.  A value that fits no envelope "
+	  "INBOX_ENVELOPE receives (any value under native) is refused at start.  See doc/envelopes.md." },
 	{ "INBOX_EMIT_ENVELOPE", "emit-envelope", NULL, NULL, "native", K_ENUM, F(emit_envelope), 0, 0,
 	  emit_envelope_choices, "the envelope of emitted events: native, or cloudevents (structured mode)", NULL },
 	{ "INBOX_OUTBOX_DISPATCH", "outbox-dispatch", NULL, NULL, "thread", K_ENUM, F(outbox_dispatch), 0, 0,
@@ -327,9 +332,24 @@ static int check_name(const char *v, long max, char *reason, size_t n)
 	return -1;
 }
 
+/* A name lc_load takes for an event type: a letter, then letters, digits
+ * or '_', at most 64 (lifecycle.c's name_ok). */
+static bool type_name_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > 64 || !((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z')))
+		return false;
+	for (size_t i = 1; i < n; i++)
+		if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= 'a' && s[i] <= 'z') || is_digit(s[i]) || s[i] == '_'))
+			return false;
+	return true;
+}
+
 /* INBOX_TYPE_MAP: comma-separated theirs=Ours pairs, theirs 1-255
- * printable characters without ',' and '=', Ours one of our event types.
- * The envelope layer (common/envelope.c) scans the checked string. */
+ * printable characters without ',' and '=', Ours a type name.  Whether
+ * Ours is a type of the definition that runs is judged once that is
+ * loaded (env_check_settings): here the built-in one is bound, and a
+ * user's definition has other types.  The envelope layer
+ * (common/envelope.c) scans the checked string. */
 static int check_type_map(const char *v, char *reason, size_t n)
 {
 	const char *p = v;
@@ -351,9 +371,10 @@ static int check_type_map(const char *v, char *reason, size_t n)
 				return -1;
 			}
 		}
-		if (msg_type_from_name(eq + 1, (size_t)(end - eq - 1)) < 0) {
-			addr_errf(reason, n, "'%.*s' is not one of our event types: '%s'", (int)(end - eq - 1), eq + 1,
-			          shown);
+		if (!type_name_ok(eq + 1, (size_t)(end - eq - 1))) {
+			addr_errf(reason, n,
+			          "'%.*s' is not an event type name (a letter, then letters, digits or _; at most 64): '%s'",
+			          (int)((end - eq - 1) > CFG_ECHO_MAX ? CFG_ECHO_MAX : (end - eq - 1)), eq + 1, shown);
 			return -1;
 		}
 		p = comma != NULL ? comma + 1 : end;
@@ -365,34 +386,169 @@ static int check_type_map(const char *v, char *reason, size_t n)
 	return 0;
 }
 
-/* INBOX_ORDER_ID_FIELD: "subject", or dot-separated names of
- * [A-Za-z0-9_$-] (a path into the data; "data." in front is optional). */
-static int check_field(const char *v, char *reason, size_t n)
+/* A path into an envelope's data: dot-separated names of [A-Za-z0-9_$-],
+ * at most 255 characters. */
+static bool path_ok(const char *v, size_t len)
 {
-	char shown[CFG_ECHO_MAX + 4];
-	size_t seg = 0, len = strlen(v);
+	size_t seg = 0;
 
-	if (len == 0 || strcmp(v, "subject") == 0)
-		return 0;
+	if (len == 0 || len > 255)
+		return false;
 	for (size_t i = 0; i <= len; i++) {
-		char c = v[i];
+		char c = i < len ? v[i] : '\0';
 
 		if (c == '.' || c == '\0') {
 			if (seg == 0)
-				goto bad;
+				return false;
 			seg = 0;
 			continue;
 		}
 		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || is_digit(c) || c == '_' || c == '-' ||
 		      c == '$'))
-			goto bad;
+			return false;
 		seg++;
 	}
-	if (len <= 255)
-		return 0;
-bad:
+	return true;
+}
+
+/* "subject" or a path, as one entry of INBOX_ORDER_ID_FIELD. */
+static bool field_ok(const char *v, size_t len)
+{
+	return (len == 7 && memcmp(v, "subject", 7) == 0) || path_ok(v, len);
+}
+
+static bool has_prefix(const char *v, size_t len, const char *prefix)
+{
+	size_t pl = strlen(prefix);
+
+	return len > pl && memcmp(v, prefix, pl) == 0;
+}
+
+const char *cfg_order_id_field(const char *v, enum cfg_envelope env, size_t *len)
+{
+	const char *want = env == CFG_ENVELOPE_CLOUDEVENTS ? "cloudevents=" : "masstransit=";
+	size_t wl = strlen(want);
+
+	if (v == NULL || v[0] == '\0' || (env != CFG_ENVELOPE_CLOUDEVENTS && env != CFG_ENVELOPE_MASSTRANSIT))
+		return NULL;
+	if (strchr(v, '=') == NULL) {
+		*len = strlen(v);
+		/* subject is CloudEvents' attribute; message is MassTransit's
+		 * name for its data; any other path is into either's data. */
+		if (strcmp(v, "subject") == 0)
+			return env == CFG_ENVELOPE_CLOUDEVENTS ? v : NULL;
+		if (has_prefix(v, *len, "message."))
+			return env == CFG_ENVELOPE_MASSTRANSIT ? v : NULL;
+		return v;
+	}
+	for (const char *p = v; *p != '\0';) {
+		const char *comma = strchr(p, ',');
+		const char *end = comma != NULL ? comma : p + strlen(p);
+
+		if ((size_t)(end - p) > wl && memcmp(p, want, wl) == 0) {
+			*len = (size_t)(end - p - (ptrdiff_t)wl);
+			return p + wl;
+		}
+		p = comma != NULL ? comma + 1 : end;
+	}
+	return NULL;
+}
+
+/* INBOX_ORDER_ID_FIELD: "subject", a path into the data, or one field per
+ * envelope, "cloudevents=FIELD,masstransit=FIELD" (either may be left
+ * out: that envelope keeps its default).  cfg_order_id_field reads it. */
+static int check_field(const char *v, char *reason, size_t n)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	bool seen_ce = false, seen_mt = false;
+
 	addr_echo(shown, sizeof shown, v);
-	addr_errf(reason, n, "must be subject or a dotted path such as data.order.id: '%s'", shown);
+	if (v[0] == '\0')
+		return 0;
+	if (strchr(v, '=') == NULL) {
+		if (field_ok(v, strlen(v)))
+			return 0;
+		goto bad;
+	}
+	for (const char *p = v; *p != '\0';) {
+		const char *comma = strchr(p, ',');
+		const char *end = comma != NULL ? comma : p + strlen(p);
+		const char *eq = memchr(p, '=', (size_t)(end - p));
+		size_t nl;
+		bool *seen;
+
+		if (eq == NULL || eq == p || !field_ok(eq + 1, (size_t)(end - eq - 1)))
+			goto bad;
+		nl = (size_t)(eq - p);
+		if (nl == 6 && memcmp(p, "native", 6) == 0) {
+			addr_errf(reason, n, "a native message carries its key in its own field; name cloudevents or "
+			                     "masstransit: '%s'", shown);
+			return -1;
+		}
+		if (nl == 11 && memcmp(p, "cloudevents", 11) == 0) {
+			seen = &seen_ce;
+		} else if (nl == 11 && memcmp(p, "masstransit", 11) == 0) {
+			seen = &seen_mt;
+			if ((size_t)(end - eq - 1) == 7 && memcmp(eq + 1, "subject", 7) == 0) {
+				addr_errf(reason, n, "a MassTransit message has no subject (a path into its message, e.g. "
+				                     "masstransit=message.orderId): '%s'", shown);
+				return -1;
+			}
+		} else {
+			addr_errf(reason, n, "'%.*s' is not an envelope (cloudevents or masstransit): '%s'",
+			          (int)(nl > CFG_ECHO_MAX ? CFG_ECHO_MAX : nl), p, shown);
+			return -1;
+		}
+		if (*seen) {
+			addr_errf(reason, n, "%.*s is named twice: '%s'", (int)nl, p, shown);
+			return -1;
+		}
+		*seen = true;
+		p = comma != NULL ? comma + 1 : end;
+		if (comma != NULL && *p == '\0')
+			goto bad;
+	}
+	return 0;
+bad:
+	addr_errf(reason, n, "must be subject, a dotted path such as data.order.id, or "
+	                     "cloudevents=FIELD,masstransit=FIELD: '%s'", shown);
+	return -1;
+}
+
+/* INBOX_ORDER_ID_FIELD must apply to an envelope the worker receives
+ * under its INBOX_ENVELOPE: a value no delivery would read is a mistake
+ * to say at start, not a dead letter per message. */
+static int check_field_fits(const struct cfg *c, char *err, size_t errlen)
+{
+	static const char *const hint[] = {
+		[CFG_ENVELOPE_NATIVE] = "a native message carries its key in its own field",
+		[CFG_ENVELOPE_CLOUDEVENTS] = "for CloudEvents: subject, data.PATH, PATH or cloudevents=FIELD",
+		[CFG_ENVELOPE_MASSTRANSIT] = "for MassTransit: message.PATH, PATH or masstransit=FIELD",
+		[CFG_ENVELOPE_AUTO] = "",
+	};
+	char shown[CFG_ECHO_MAX + 4];
+	size_t len;
+	bool fits;
+
+	if (c->order_id_field == NULL || c->order_id_field[0] == '\0')
+		return 0;
+	switch (c->envelope) {
+	case CFG_ENVELOPE_CLOUDEVENTS:
+	case CFG_ENVELOPE_MASSTRANSIT:
+		fits = cfg_order_id_field(c->order_id_field, c->envelope, &len) != NULL;
+		break;
+	case CFG_ENVELOPE_AUTO:
+		fits = true; /* every value check_field takes fits one of the two */
+		break;
+	default:
+		fits = false;
+		break;
+	}
+	if (fits)
+		return 0;
+	addr_echo(shown, sizeof shown, c->order_id_field);
+	addr_errf(err, errlen, "INBOX_ORDER_ID_FIELD: applies to no envelope that INBOX_ENVELOPE=%s receives (%s): '%s'",
+	          envelope_choices[c->envelope], hint[c->envelope], shown);
 	return -1;
 }
 
@@ -733,6 +889,8 @@ enum cfg_result cfg_load(struct cfg *out, int argc, char **argv, char *err, size
 		        out->prefetch, out->batch);
 		goto fail;
 	}
+	if (check_field_fits(out, err, errlen) != 0)
+		goto fail;
 	return CFG_OK;
 fail:
 	cfg_free(out);

@@ -140,7 +140,8 @@ struct cfg {
 	char *lifecycle;            /* INBOX_LIFECYCLE "", a definition file; "": the built-in one */
 	enum cfg_envelope envelope; /* INBOX_ENVELOPE native */
 	char *type_map;             /* INBOX_TYPE_MAP "theirs=Ours,...", checked; "" = none */
-	char *order_id_field;       /* INBOX_ORDER_ID_FIELD "subject" or a dotted path; "" = per envelope */
+	char *order_id_field;       /* INBOX_ORDER_ID_FIELD "subject", a dotted path, or
+	                             * "cloudevents=F,masstransit=F"; "" = per envelope (cfg_order_id_field) */
 	enum cfg_emit_envelope emit_envelope; /* INBOX_EMIT_ENVELOPE native */
 	enum cfg_outbox_dispatch outbox_dispatch; /* INBOX_OUTBOX_DISPATCH relay */
 	long outbox_sweep_s;        /* INBOX_OUTBOX_SWEEP 30s [1s, 1d]: the relay's delay for dispatched rows */
@@ -194,6 +195,12 @@ void cfg_print_doc(FILE *f, enum cfg_doc_format fmt, bool (*keep)(const char *en
 
 /* Whole seconds as the largest unit that divides them: 604800 -> "7d". */
 void cfg_format_duration(char *dst, size_t dstlen, long s);
+
+/* The order id field INBOX_ORDER_ID_FIELD (the checked value v) gives env
+ * (cloudevents or masstransit): "subject" or a path (len bytes, not
+ * NUL-terminated), or NULL when it names none for env (the envelope's
+ * default applies). */
+const char *cfg_order_id_field(const char *v, enum cfg_envelope env, size_t *len);
 
 /* Building blocks, exposed for tests, loadgen and the other readers of
  * settings.  Each returns 0 or -1 with a reason in err (without the

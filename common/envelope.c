@@ -34,6 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+
+#include "order.h"
 
 /* Untrusted values quoted in a detail are cut to this many bytes. */
 #define ENV_QUOTE_MAX 48
@@ -449,18 +452,55 @@ static void env_keep_known(const char *field, const struct env_found *f, struct 
 	json_decref(owned);
 }
 
+/* A definition's key (a lower-case SQL name, lc_load checked) as the
+ * camelCase property a MassTransit message carries it in. */
+static void env_key_camel(const char *key, char *out, size_t cap)
+{
+	size_t n = 0;
+	bool up = false;
+
+	for (const char *p = key; *p != '\0' && n + 1 < cap; p++) {
+		if (*p == '_') {
+			up = n > 0;
+			continue;
+		}
+		out[n++] = up && *p >= 'a' && *p <= 'z' ? (char)(*p - 'a' + 'A') : *p;
+		up = false;
+	}
+	out[n] = '\0';
+}
+
 /* The canonical event of f, validated and hashed by msg_parse_event; its
  * JSON into *event. */
 static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, struct msg *out, char **event)
 {
-	char order_name[300];
-	const char *field = conf->order_id_field != NULL && conf->order_id_field[0] != '\0'
-	                        ? conf->order_id_field
-	                        : (f->mt ? "orderId" : "subject");
+	char order_name[320], field[260];
+	size_t flen = 0;
+	const char *given = cfg_order_id_field(conf->order_id_field,
+	                                       f->mt ? CFG_ENVELOPE_MASSTRANSIT : CFG_ENVELOPE_CLOUDEVENTS, &flen);
 	const char *ours;
 	size_t olen = 0;
 	json_t *ev = NULL, *oid, *owned = NULL;
 	enum msg_reason r = MSG_REASON_INVALID_FIELD;
+
+	/* The key's field: INBOX_ORDER_ID_FIELD where it names one for this
+	 * envelope, else the envelope's default -- CloudEvents' subject, or
+	 * the definition's key in MassTransit's camelCase (order_id ->
+	 * orderId, shipment_id -> shipmentId), as a native message carries
+	 * the key itself.  MassTransit's data is its message: "message." in
+	 * front is that envelope's own name for it. */
+	if (given != NULL && flen < sizeof field) {
+		if (f->mt && flen > 8 && memcmp(given, "message.", 8) == 0) {
+			given += 8;
+			flen -= 8;
+		}
+		memcpy(field, given, flen);
+		field[flen] = '\0';
+	} else if (f->mt) {
+		env_key_camel(order_binding_current()->def->key, field, sizeof field);
+	} else {
+		snprintf(field, sizeof field, "subject");
+	}
 
 	/* The order id's name as the producer knows it. */
 	if (strcmp(field, "subject") == 0)
@@ -487,11 +527,6 @@ static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, s
 		goto out;
 	if (f->data != NULL && json_object_set(ev, "data", f->data) != 0)
 		goto nomem;
-	if (strcmp(field, "subject") == 0 && f->mt) {
-		env_detail(out, "INBOX_ORDER_ID_FIELD is subject, which a MassTransit message does not have");
-		r = MSG_REASON_MISSING_FIELD;
-		goto out;
-	}
 	oid = find_order_id(field, f, &owned);
 	if (oid != NULL && json_object_set(ev, "order_id", oid) != 0)
 		goto nomem;
@@ -636,6 +671,21 @@ out:
 	return r;
 }
 
+/* An AMQP 0-9-1 timestamp (seconds since the epoch, UTC) as the RFC 3339
+ * time our event carries; false past 9999-12-31T23:59:59Z. */
+static bool env_stamp(size_t seconds, char *out, size_t cap)
+{
+	time_t t;
+	struct tm tm;
+
+	if (seconds > 253402300799u)
+		return false;
+	t = (time_t)seconds;
+	if (gmtime_r(&t, &tm) == NULL)
+		return false;
+	return strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) > 0;
+}
+
 static enum msg_reason ce_binary(const struct cfg *conf, const struct env_delivery *d, struct msg *out,
                                  struct env_context *ctx, char **event)
 {
@@ -646,14 +696,29 @@ static enum msg_reason ce_binary(const struct cfg *conf, const struct env_delive
 	};
 	const char *val[6];
 	size_t len[6];
+	char stamp[32];
 	json_t *data = NULL;
 	enum msg_reason r;
 
+	/* The AMQP binding carries each attribute in its own AMQP type, or in
+	 * its canonical string form: String, URI-reference and URI ones are
+	 * strings either way; time, a Timestamp, may be an AMQP timestamp. */
 	for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
 		char key[48];
+		enum env_hdr h = ce_header(d, attrs[i], &val[i], &len[i], key, sizeof key);
 
-		if (ce_header(d, attrs[i], &val[i], &len[i], key, sizeof key) == ENV_HDR_OTHER) {
-			env_detail(out, "header %s must be a string", key);
+		if (h == ENV_HDR_TIMESTAMP && strcmp(attrs[i], "time") == 0) {
+			if (!env_stamp(len[i], stamp, sizeof stamp)) {
+				env_detail(out, "header %s: the AMQP timestamp %zu is after the year 9999", key, len[i]);
+				return MSG_REASON_INVALID_FIELD;
+			}
+			val[i] = stamp;
+			len[i] = strlen(stamp);
+		} else if (h == ENV_HDR_OTHER || h == ENV_HDR_TIMESTAMP) {
+			if (strcmp(attrs[i], "time") == 0)
+				env_detail(out, "header %s must be an AMQP timestamp or an RFC 3339 string", key);
+			else
+				env_detail(out, "header %s must be a string", key);
 			return MSG_REASON_INVALID_FIELD;
 		}
 	}
@@ -866,4 +931,30 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
 	if (ctx != NULL && ctx->correlation_id[0] == '\0')
 		(void)set_correlation(ctx, d->correlation_id, d->correlation_id_len);
 	return r;
+}
+
+int env_check_settings(const struct cfg *conf, char *err, size_t errlen)
+{
+	const struct lc_def *def = order_binding_current()->def;
+	const char *p = conf->type_map != NULL ? conf->type_map : "";
+
+	while (*p != '\0') {
+		const char *comma = strchr(p, ',');
+		const char *end = comma != NULL ? comma : p + strlen(p);
+		const char *eq = memchr(p, '=', (size_t)(end - p));
+
+		/* cfg_load checked the shape: eq is there, Ours not empty. */
+		if (eq != NULL && msg_type_from_name(eq + 1, (size_t)(end - eq - 1)) < 0) {
+			char types[256] = "";
+			size_t used = 0;
+
+			for (int i = 0; i < def->nevents && used < sizeof types; i++)
+				used += (size_t)snprintf(types + used, sizeof types - used, "%s, ", def->events[i].type);
+			snprintf(err, errlen, "INBOX_TYPE_MAP: '%.*s' is not an event type of the %s lifecycle (%sor an "
+			         "alias): '%.*s'", (int)(end - eq - 1), eq + 1, def->aggregate, types, (int)(end - p), p);
+			return -1;
+		}
+		p = comma != NULL ? comma + 1 : end;
+	}
+	return 0;
 }

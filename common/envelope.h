@@ -26,10 +26,12 @@
 #include "cfg.h"
 #include "msg.h"
 
-/* A header of the delivery: ENV_HDR_ABSENT, ENV_HDR_STRING (*val, *len
- * point at its bytes, not NUL-terminated) or ENV_HDR_OTHER (present, not a
- * string). */
-enum env_hdr { ENV_HDR_ABSENT = 0, ENV_HDR_STRING, ENV_HDR_OTHER };
+/* A header of the delivery, by the AMQP type it came in (CloudEvents' AMQP
+ * binding carries each attribute in its own type): ENV_HDR_ABSENT,
+ * ENV_HDR_STRING (*val, *len point at its bytes, not NUL-terminated),
+ * ENV_HDR_TIMESTAMP (*val NULL, *len its seconds since the epoch, as AMQP
+ * 0-9-1's timestamp carries it) or ENV_HDR_OTHER (present, another type). */
+enum env_hdr { ENV_HDR_ABSENT = 0, ENV_HDR_STRING, ENV_HDR_TIMESTAMP, ENV_HDR_OTHER };
 typedef enum env_hdr (*env_header_fn)(const void *arg, const char *key, const char **val, size_t *len);
 
 struct env_delivery {
@@ -74,6 +76,16 @@ enum cfg_envelope env_detect(const struct cfg *conf, const struct env_delivery *
  */
 enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, size_t max_body, struct msg *out,
                           struct env_context *ctx, char **event);
+
+/*
+ * The settings that name a type or a field, judged against the definition
+ * that runs (call after order_use): each right-hand side of INBOX_TYPE_MAP
+ * must be one of its event types or aliases.  0, or -1 with one line in err
+ * that starts with the setting's name (the caller exits 2).  What needs no
+ * definition (the map's shape, INBOX_ORDER_ID_FIELD against INBOX_ENVELOPE)
+ * cfg_load judged already.
+ */
+int env_check_settings(const struct cfg *conf, char *err, size_t errlen);
 
 /* The context's traceparent for what the message causes:
  * "00-<trace id>-<span id>-<flags>" into out (ENV_TRACEPARENT_LEN + 1

@@ -836,13 +836,20 @@ static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
 }
 
 /* env_header_fn over the delivery's AMQP headers: long strings and byte
- * arrays are strings. */
+ * arrays are strings, a timestamp is one. */
 static enum env_hdr mq_env_header(const void *arg, const char *key, const char **val, size_t *len)
 {
 	const amqp_field_value_t *v = props_header(&((const amqp_message_t *)arg)->properties, key);
 
 	if (v == NULL)
 		return ENV_HDR_ABSENT;
+	/* CloudEvents' AMQP binding sends a Timestamp attribute (time) as an
+	 * AMQP timestamp: seconds since the epoch in AMQP 0-9-1. */
+	if (v->kind == AMQP_FIELD_KIND_TIMESTAMP && v->value.u64 <= SIZE_MAX) {
+		*val = NULL;
+		*len = (size_t)v->value.u64;
+		return ENV_HDR_TIMESTAMP;
+	}
 	if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
 		return ENV_HDR_OTHER;
 	*val = v->value.bytes.bytes;

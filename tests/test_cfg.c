@@ -1213,3 +1213,72 @@ Test(cfg, each_kind_judges_an_option_in_its_own_order)
 	amqp_bad("amqps://u:hunter2@h/v?verify=verify_none&&x=1", "bad URL: empty option");
 	db_bad("mysql://w:hunter2@h/inbox?ssl=1&&ssl-verify=1", "bad URL: empty option");
 }
+
+/* ---- settings that name a type or a field (issue 43, item 2) ------------- */
+
+/* The map's right-hand sides are judged by the definition that runs, once
+ * it is loaded (env_check_settings): cfg takes any type name. */
+Test(cfg, the_type_map_takes_any_type_name_for_the_definition_to_judge)
+{
+	struct cfg c;
+
+	setenv("INBOX_TYPE_MAP", "com.example.labelled=ShipmentLabelled", 1);
+	LOAD_OK(&c, NULL);
+	cr_expect_str_eq(c.type_map, "com.example.labelled=ShipmentLabelled");
+	cfg_free(&c);
+	unsetenv("INBOX_TYPE_MAP");
+	expect_env_err("INBOX_TYPE_MAP", "x=not-a-type",
+	               "INBOX_TYPE_MAP: 'not-a-type' is not an event type name (a letter, then letters, digits or _; "
+	               "at most 64): 'x=not-a-type'");
+}
+
+Test(cfg, the_order_id_field_takes_one_field_per_envelope)
+{
+	struct cfg c;
+
+	setenv("INBOX_ENVELOPE", "auto", 1);
+	setenv("INBOX_ORDER_ID_FIELD", "cloudevents=subject,masstransit=message.order.id", 1);
+	LOAD_OK(&c, NULL);
+	cfg_free(&c);
+	setenv("INBOX_ORDER_ID_FIELD", "masstransit=orderRef", 1);
+	LOAD_OK(&c, NULL);
+	cfg_free(&c);
+	expect_env_err("INBOX_ORDER_ID_FIELD", "a..b",
+	               "INBOX_ORDER_ID_FIELD: must be subject, a dotted path such as data.order.id, or "
+	               "cloudevents=FIELD,masstransit=FIELD: 'a..b'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "kafka=subject",
+	               "INBOX_ORDER_ID_FIELD: 'kafka' is not an envelope (cloudevents or masstransit): 'kafka=subject'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "native=order_id",
+	               "INBOX_ORDER_ID_FIELD: a native message carries its key in its own field; name cloudevents or "
+	               "masstransit: 'native=order_id'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "masstransit=subject",
+	               "INBOX_ORDER_ID_FIELD: a MassTransit message has no subject (a path into its message, e.g. "
+	               "masstransit=message.orderId): 'masstransit=subject'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "cloudevents=subject,cloudevents=data.id",
+	               "INBOX_ORDER_ID_FIELD: cloudevents is named twice: 'cloudevents=subject,cloudevents=data.id'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "cloudevents=",
+	               "INBOX_ORDER_ID_FIELD: must be subject, a dotted path such as data.order.id, or "
+	               "cloudevents=FIELD,masstransit=FIELD: 'cloudevents='");
+	unsetenv("INBOX_ENVELOPE");
+}
+
+/* A value that fits no envelope the worker receives is refused. */
+Test(cfg, an_order_id_field_that_fits_no_envelope_received_is_refused)
+{
+	setenv("INBOX_ENVELOPE", "native", 1);
+	expect_env_err("INBOX_ORDER_ID_FIELD", "subject",
+	               "INBOX_ORDER_ID_FIELD: applies to no envelope that INBOX_ENVELOPE=native receives (a native "
+	               "message carries its key in its own field): 'subject'");
+	setenv("INBOX_ENVELOPE", "masstransit", 1);
+	expect_env_err("INBOX_ORDER_ID_FIELD", "subject",
+	               "INBOX_ORDER_ID_FIELD: applies to no envelope that INBOX_ENVELOPE=masstransit receives (for "
+	               "MassTransit: message.PATH, PATH or masstransit=FIELD): 'subject'");
+	expect_env_err("INBOX_ORDER_ID_FIELD", "cloudevents=data.id",
+	               "INBOX_ORDER_ID_FIELD: applies to no envelope that INBOX_ENVELOPE=masstransit receives (for "
+	               "MassTransit: message.PATH, PATH or masstransit=FIELD): 'cloudevents=data.id'");
+	setenv("INBOX_ENVELOPE", "cloudevents", 1);
+	expect_env_err("INBOX_ORDER_ID_FIELD", "message.orderId",
+	               "INBOX_ORDER_ID_FIELD: applies to no envelope that INBOX_ENVELOPE=cloudevents receives (for "
+	               "CloudEvents: subject, data.PATH, PATH or cloudevents=FIELD): 'message.orderId'");
+	unsetenv("INBOX_ENVELOPE");
+}

@@ -199,3 +199,22 @@ Test(cli, help_and_version_win_in_every_command)
 	cr_expect_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", "send --help", true, out, sizeof out), 0);
 	cr_expect_not_null(strstr(out, "send ROUTING_KEY BODY"), "%s", out);
 }
+
+/* INBOX_TYPE_MAP is judged by the definition that runs (issue 43, item
+ * 2): under the shipment lifecycle a map to an order type is refused by
+ * every command that reads messages with it, before any connection. */
+Test(cli, the_type_map_is_judged_by_the_lifecycle_that_runs)
+{
+	static const char *const cmds[] = { "run", "dlq list" };
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char env[4200], err[1024];
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s/lifecycles/shipment.json INBOX_TYPE_MAP=x=OrderCreated", root);
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		cr_expect_eq(run(env, cmds[i], err, sizeof err), 2, "%s: %s", cmds[i], err);
+		cr_expect_str_eq(err, "inbox-worker: INBOX_TYPE_MAP: 'OrderCreated' is not an event type of the shipment "
+		                      "lifecycle (ShipmentLabelled, ParcelPickedUp, ParcelInTransit, ParcelDelivered, "
+		                      "ParcelLost, ParcelReturned, or an alias): 'x=OrderCreated'\n");
+	}
+}

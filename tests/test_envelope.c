@@ -11,20 +11,28 @@
 #include <string.h>
 
 #include "envelope.h"
+#include "lifecycle.h"
+#include "order.h"
 
 #define MAX_BODY 65536
 #define TP "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 struct hdr {
 	const char *key, *val;
-	bool other; /* present, not a string */
+	int other; /* HDR_STRING (false), HDR_OTHER (true: present, not a string), HDR_TS */
 };
+#define HDR_TS 2 /* an AMQP timestamp: val is its seconds since the epoch */
 
 static enum env_hdr lookup(const void *arg, const char *key, const char **val, size_t *len)
 {
 	for (const struct hdr *h = arg; h->key != NULL; h++) {
 		if (strcmp(h->key, key) != 0)
 			continue;
+		if (h->other == HDR_TS) {
+			*val = NULL;
+			*len = (size_t)strtoull(h->val, NULL, 10);
+			return ENV_HDR_TIMESTAMP;
+		}
 		if (h->other)
 			return ENV_HDR_OTHER;
 		*val = h->val;
@@ -256,9 +264,6 @@ Test(envelope, incomplete_cloudevents_name_the_attribute)
 	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
 	                  "\"subject\":\"o\",\"datacontenttype\":\"text/plain\",\"data\":\"hi\"}",
 	              ct, NULL, MSG_REASON_INVALID_FIELD, "datacontenttype");
-	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"s\",\"type\":\"OrderCreated\","
-	                  "\"subject\":\"o\",\"data\":[1]}",
-	              ct, NULL, MSG_REASON_INVALID_FIELD, "data");
 	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"1\",", ct, NULL, MSG_REASON_MALFORMED_JSON, "CloudEvents");
 	expect_reason(&c, "[{\"specversion\":\"1.0\"}]", "application/cloudevents-batch+json", NULL,
 	              MSG_REASON_MALFORMED_JSON, "batch");
@@ -470,4 +475,206 @@ Test(envelope, too_large_before_any_parse)
 
 	cr_expect_eq(env_parse(&c, &d, 1, &m, NULL, &event), MSG_REASON_TOO_LARGE);
 	cr_expect_null(event);
+}
+
+/* ---- the CloudEvents AMQP binding's types (issue 43, item 6) ------------- */
+
+/* In binary mode an attribute comes in its AMQP type: a Timestamp as an
+ * AMQP timestamp (over AMQP 0-9-1, seconds since the epoch) is the time,
+ * and hashes as the same time written as a string would. */
+Test(envelope, binary_mode_time_as_an_amqp_timestamp_is_occurred_at)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, CE_MAP, NULL);
+	static const struct hdr stamped[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "A234-1234-1234", false },
+		{ "cloudEvents:source", "https://payments.example.com/v1", false },
+		{ "cloudEvents:type", "com.example.payment.authorized", false },
+		{ "cloudEvents:subject", "o-1", false },
+		{ "cloudEvents:time", "1796169600", HDR_TS }, /* 2026-12-02T00:00:00Z */
+		{ NULL, NULL, false },
+	};
+	static const struct hdr as_string[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "A234-1234-1234", false },
+		{ "cloudEvents:source", "https://payments.example.com/v1", false },
+		{ "cloudEvents:type", "com.example.payment.authorized", false },
+		{ "cloudEvents:subject", "o-1", false },
+		{ "cloudEvents:time", "2026-12-02T00:00:00Z", false }, { NULL, NULL, false },
+	};
+	static const struct hdr not_a_time[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "1", false },
+		{ "cloudEvents:source", "/s", false }, { "cloudEvents:type", "OrderCreated", false },
+		{ "cloudEvents:subject", "o-1", false }, { "cloudEvents:time", "x", true },
+		{ NULL, NULL, false },
+	};
+	static const struct hdr id_as_timestamp[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "7", HDR_TS },
+		{ "cloudEvents:source", "/s", false }, { "cloudEvents:type", "OrderCreated", false },
+		{ NULL, NULL, false },
+	};
+	struct msg a, b;
+	char *e1 = NULL, *e2 = NULL;
+
+	cr_assert_eq(run(&c, "{\"amount_cents\":1}", "application/json", stamped, NULL, &a, NULL, &e1), MSG_REASON_NONE,
+	             "%s", a.detail);
+	cr_expect_str_eq(a.occurred_at, "2026-12-02T00:00:00Z");
+	cr_assert_eq(run(&c, "{\"amount_cents\":1}", "application/json", as_string, NULL, &b, NULL, &e2), MSG_REASON_NONE,
+	             "%s", b.detail);
+	cr_expect_eq(memcmp(a.sha256, b.sha256, 32), 0, "a timestamp and its string are one payload");
+	cr_expect_str_eq(e1, e2);
+	free(e1);
+	free(e2);
+	/* A time in neither form, and a String attribute as a timestamp,
+	 * stay refused, each naming the header. */
+	expect_reason(&c, "{}", "application/json", not_a_time, MSG_REASON_INVALID_FIELD, "cloudEvents:time");
+	expect_reason(&c, "{}", "application/json", id_as_timestamp, MSG_REASON_INVALID_FIELD, "cloudEvents:id");
+}
+
+/* CloudEvents' data is any JSON value: an array, a string, a number, a
+ * boolean, null.  A definition whose event reads no data field applies it;
+ * a data field it requires is missing, as from an object without it. */
+Test(envelope, data_may_be_any_json_value)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const char *const values[] = { "[1,2]", "\"hello\"", "42", "true", "false", "null", "{}" };
+	static const struct hdr created[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "b-1", false },
+		{ "cloudEvents:source", "/s", false }, { "cloudEvents:type", "OrderCreated", false },
+		{ "cloudEvents:subject", "o-1", false }, { NULL, NULL, false },
+	};
+	char body[512];
+
+	for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+		struct msg m;
+		char *event = NULL;
+
+		snprintf(body, sizeof body,
+		         "{\"specversion\":\"1.0\",\"id\":\"s-1\",\"source\":\"/s\",\"type\":\"OrderCreated\","
+		         "\"subject\":\"o-1\",\"data\":%s}", values[i]);
+		cr_expect_eq(run(&c, body, "application/cloudevents+json", NULL, NULL, &m, NULL, &event), MSG_REASON_NONE,
+		             "structured, data %s: %s", values[i], m.detail);
+		free(event);
+		event = NULL;
+		cr_expect_eq(run(&c, values[i], "application/json", created, NULL, &m, NULL, &event), MSG_REASON_NONE,
+		             "binary, data %s: %s", values[i], m.detail);
+		free(event);
+	}
+	/* PaymentAuthorized reads data.amount_cents, not required: absent. */
+	{
+		struct msg m;
+		char *event = NULL;
+
+		cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"s-2\",\"source\":\"/s\",\"type\":\"PaymentAuthorized\","
+		                     "\"subject\":\"o-1\",\"data\":[4200]}",
+		                 "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+		             MSG_REASON_NONE, "%s", m.detail);
+		cr_expect_eq(amount_of(&m), 0);
+		free(event);
+	}
+}
+
+/* ---- a user's definition (issue 43, item 2) ------------------------------ */
+
+static struct lc_def *ship_def;
+static struct order_binding ship_binding;
+
+/* lifecycles/shipment.json as the definition that runs. */
+static void use_shipment(void)
+{
+	char path[4096], why[512];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	struct lc_errors errs;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(path, sizeof path, "%s/lifecycles/shipment.json", root);
+	ship_def = lc_load_file(path, &errs);
+	cr_assert_not_null(ship_def, "%s: %s", path, errs.e[0].text);
+	cr_assert_eq(order_bind(ship_def, &ship_binding, why, sizeof why), 0, "%s", why);
+	order_use(&ship_binding);
+}
+
+/* The type map is judged by the definition that runs: its types and
+ * aliases, not the built-in order's. */
+Test(envelope, the_type_map_is_judged_by_the_definition_that_runs)
+{
+	struct cfg ok = conf_of(CFG_ENVELOPE_AUTO, "com.example.labelled=ShipmentLabelled,x=PickedUp", "");
+	struct cfg bad = conf_of(CFG_ENVELOPE_AUTO, "com.example.labelled=ShipmentLabelled,x=OrderCreated", "");
+	struct cfg builtin = conf_of(CFG_ENVELOPE_AUTO, "x=OrderCreated,y=PaymentConfirmed", "");
+	char err[512];
+	struct msg m;
+	char *event = NULL;
+
+	cr_expect_eq(env_check_settings(&builtin, err, sizeof err), 0, "%s", err);
+	use_shipment();
+	cr_assert_eq(env_check_settings(&ok, err, sizeof err), 0, "%s", err);
+	cr_expect_eq(env_check_settings(&bad, err, sizeof err), -1);
+	cr_expect_str_eq(err, "INBOX_TYPE_MAP: 'OrderCreated' is not an event type of the shipment lifecycle "
+	                      "(ShipmentLabelled, ParcelPickedUp, ParcelInTransit, ParcelDelivered, ParcelLost, "
+	                      "ParcelReturned, or an alias): 'x=OrderCreated'");
+	cr_assert_eq(run(&ok, "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"/carrier\",\"type\":\"com.example.labelled\","
+	                      "\"subject\":\"s-1\",\"data\":{\"tracking_number\":\"TRK-1\"}}",
+	                 "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "s-1");
+	cr_expect_str_eq(m.type_name, "ShipmentLabelled");
+	free(event);
+	/* A required data field of the definition, where data is not an
+	 * object: missing, as from an object without it. */
+	expect_reason(&ok, "{\"specversion\":\"1.0\",\"id\":\"2\",\"source\":\"/carrier\",\"type\":\"ShipmentLabelled\","
+	                   "\"subject\":\"s-2\",\"data\":\"TRK-2\"}",
+	              "application/cloudevents+json", NULL, MSG_REASON_MISSING_FIELD, "data.tracking_number");
+}
+
+/* INBOX_ORDER_ID_FIELD applies to the envelopes it fits: subject to
+ * CloudEvents alone, so that under auto a MassTransit message keeps its
+ * default; the per-envelope form names each. */
+Test(envelope, the_order_id_field_applies_to_the_envelopes_it_fits)
+{
+	struct cfg subject = conf_of(CFG_ENVELOPE_AUTO, NULL, "subject");
+	struct cfg each = conf_of(CFG_ENVELOPE_AUTO, NULL, "cloudevents=data.order.id,masstransit=message.order.ref");
+	static const char mt[] = "{\"messageId\":\"m-1\",\"messageType\":[\"urn:message:Sales:OrderCreated\"],"
+	                         "\"message\":{\"orderId\":\"o-1\",\"order\":{\"ref\":\"o-2\"}}}";
+	static const char ce[] = "{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"/s\",\"type\":\"OrderCreated\","
+	                         "\"subject\":\"o-3\",\"data\":{\"order\":{\"id\":\"o-4\"}}}";
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&subject, mt, "application/vnd.masstransit+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "o-1");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&subject, ce, "application/cloudevents+json", NULL, NULL, &m, NULL, &event), MSG_REASON_NONE,
+	             "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "o-3");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&each, mt, "application/vnd.masstransit+json", NULL, NULL, &m, NULL, &event), MSG_REASON_NONE,
+	             "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "o-2");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&each, ce, "application/cloudevents+json", NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s",
+	             m.detail);
+	cr_expect_str_eq(m.order_id, "o-4");
+	free(event);
+}
+
+/* The key's default name follows the definition: a MassTransit message of
+ * the shipment lifecycle (key shipment_id) carries message.shipmentId, as
+ * one of orders carries message.orderId. */
+Test(envelope, the_masstransit_key_follows_the_definition)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_MASSTRANSIT, NULL, NULL);
+	static const char body[] = "{\"messageId\":\"m-1\",\"messageType\":[\"urn:message:Carrier:ParcelPickedUp\"],"
+	                           "\"message\":{\"shipmentId\":\"s-7\"}}";
+	struct msg m;
+	char *event = NULL;
+
+	use_shipment();
+	cr_assert_eq(run(&c, body, NULL, NULL, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_str_eq(m.order_id, "s-7");
+	free(event);
+	expect_reason(&c, "{\"messageId\":\"m-2\",\"messageType\":[\"urn:message:Carrier:ParcelPickedUp\"],"
+	                  "\"message\":{\"orderId\":\"s-7\"}}",
+	              NULL, NULL, MSG_REASON_MISSING_FIELD, "message.shipmentId");
 }

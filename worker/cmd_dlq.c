@@ -1209,6 +1209,7 @@ static enum args_result dlq_take(int *argc, char **argv, struct cmd_opts *o, cha
  * build migrated, as every command that writes does; the others read. */
 static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
 {
+	char err[512];
 	int code;
 
 	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && migrate_check_known(conf) != 0)
@@ -1218,6 +1219,11 @@ static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
 	code = lifecycle_setup(conf);
 	if (code != 0)
 		return code;
+	/* and read by the worker's envelope settings, judged by that lifecycle */
+	if (env_check_settings(conf, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-worker: %s\n", err);
+		return 2;
+	}
 	return dlq_main(conf, &o->dlq, stdout);
 }
 

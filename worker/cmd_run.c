@@ -5,15 +5,25 @@
 #include "cmd.h"
 #include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
+#include "envelope.h"
 #include "pool.h"
 
 /* The lifecycle definition is loaded, checked and bound before any thread
- * starts (exit 2: it cannot run), and a database that a newer build
- * migrated is refused: this build's statements may not fit it. */
+ * starts (exit 2: it cannot run), the settings that name its types judged
+ * by it, and a database that a newer build migrated is refused: this
+ * build's statements may not fit it. */
 static int run_main(const struct cfg *conf, const struct cmd_opts *o)
 {
+	char err[512];
+
 	(void)o;
-	if (lifecycle_setup(conf) != 0 || lifecycle_schema_check(conf) != 0)
+	if (lifecycle_setup(conf) != 0)
+		return 2; /* said */
+	if (env_check_settings(conf, err, sizeof err) != 0) {
+		fprintf(stderr, "inbox-worker: %s\n", err);
+		return 2;
+	}
+	if (lifecycle_schema_check(conf) != 0)
 		return 2; /* said */
 	return migrate_check_known(conf) != 0 ? 1 : pool_main(conf);
 }
