@@ -456,3 +456,52 @@ Test(envelopes, the_cloudevents_sdk_for_javascript_as_producer)
 	cr_expect_str_eq(jstr(p, "correlation_id"), "o-sdk-cancelled");
 	json_decref(p);
 }
+
+/* A user's definition through the envelopes (issue 43, items 2 and 6): the
+ * type map names the shipment lifecycle's types, INBOX_ORDER_ID_FIELD=subject
+ * leaves MassTransit its default (the key in camelCase, shipmentId), a
+ * binary-mode time that is an AMQP timestamp is the occurred_at the
+ * definition records, and data that is an array or a string is applied by
+ * an event that reads no data field. */
+Test(envelopes, a_users_lifecycle_through_every_envelope, .timeout = 600)
+{
+	char lc[4200], path[4096], body[2048], props[2048], got[64];
+	const char *env[] = { lc, "INBOX_ENVELOPE=auto", "INBOX_ORDER_ID_FIELD=subject",
+		              "INBOX_TYPE_MAP=com.example.labelled=ShipmentLabelled,com.example.picked=ParcelPickedUp", NULL };
+	const char *margs[] = { "migrate", NULL };
+	struct db *d;
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	d = itest_db();
+	cr_assert_eq(db_exec(d, "DROP TABLE IF EXISTS shipments, shipment_events, shipment_locks"), ST_OK);
+	snprintf(lc, sizeof lc, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/shipment.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, env), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the shipment lifecycle (status %d)", st);
+	m = itest_mq();
+	/* s-1: binary mode, time as an AMQP timestamp (2026-12-02T00:00:00Z) */
+	publish(m, "ShipmentLabelled", "{\"tracking_number\":\"TRK-1\"}",
+	        "{\"content_type\":\"application/json\",\"headers\":{\"cloudEvents:specversion\":\"1.0\","
+	        "\"cloudEvents:id\":\"l-1\",\"cloudEvents:source\":\"/carrier\",\"cloudEvents:type\":\"com.example.labelled\","
+	        "\"cloudEvents:subject\":\"s-1\",\"cloudEvents:time\":{\"$timestamp\":1796169600}}}");
+	/* s-1: structured, data an array */
+	ce_structured(body, sizeof body, "p-1", "/carrier", "com.example.picked", "s-1", "[1,2]", NULL);
+	publish(m, "ParcelPickedUp", body, ce_ct);
+	/* s-2: labelled by MassTransit (its key: message.shipmentId), picked up
+	 * in binary mode with a string for data */
+	publish(m, "ShipmentLabelled",
+	        "{\"messageId\":\"7a1c0000-0000-4000-8000-0000000000s2\",\"messageType\":[\"urn:message:Carrier:"
+	        "ShipmentLabelled\"],\"message\":{\"shipmentId\":\"s-2\",\"tracking_number\":\"TRK-2\"}}",
+	        mt_ct);
+	ce_binary_props(props, sizeof props, "cloudEvents:", "p-2", "/carrier", "com.example.picked", "s-2", NULL);
+	publish(m, "ParcelPickedUp", "\"hello\"", props);
+	w = worker(env);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM shipments WHERE status = 'PickedUp'", 2, WAIT_S), 2);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert(itest_str1("SELECT DATE_FORMAT(labelled_at, '%Y-%m-%dT%H:%i:%sZ') FROM shipments WHERE id = ?", "s-1",
+	                     got, sizeof got));
+	cr_expect_str_eq(got, "2026-12-02T00:00:00Z");
+}
