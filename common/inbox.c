@@ -244,7 +244,7 @@ struct inbox {
 	 * to mark sent in the next write (common/outbox.h). */
 	struct outbox_mem emit;
 	bool dispatch;
-	int64_t marks[INBOX_MARKS_MAX];
+	struct outbox_mark marks[INBOX_MARKS_MAX];
 	int nmarks;
 	/* The request being built, and the rows of each write statement. */
 	struct sqlbuf req;
@@ -497,6 +497,13 @@ int inbox_limits(const struct inbox *ib, char *why, size_t cap)
 	return ST_ERR_INVALID;
 }
 
+static void inbox_marks_clear(struct inbox *ib)
+{
+	for (int i = 0; i < ib->nmarks; i++)
+		outbox_mark_free(&ib->marks[i]);
+	ib->nmarks = 0;
+}
+
 void inbox_close(struct inbox **ibp)
 {
 	struct inbox *ib;
@@ -521,6 +528,7 @@ void inbox_close(struct inbox **ibp)
 	free(ib->sub_res);
 	free(ib->sub_of);
 	outbox_mem_free(&ib->emit);
+	inbox_marks_clear(ib);
 	sqlbuf_free(&ib->req);
 	sqlbuf_free(&ib->vals);
 	for (int s = 0; s < W_NSECT; s++)
@@ -579,7 +587,7 @@ static const struct {
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
-	[W_MARK] = { "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (", ")" },
+	[W_MARK] = { NULL, NULL }, /* whole statements: outbox_sql_marks */
 };
 
 /* The batch's distinct keys as a condition on processed_messages, one IN
@@ -765,10 +773,8 @@ static int inbox_flush(struct inbox *ib, bool commit)
 			r->held_dirty = false;
 		}
 	}
-	for (int i = 0; commit && i < ib->nmarks; i++) {
-		sqlbuf_item(&ib->w[W_MARK]);
-		sqlbuf_i64(&ib->w[W_MARK], ib->marks[i]);
-	}
+	if (commit)
+		outbox_sql_marks(&ib->w[W_MARK], ib->marks, ib->nmarks);
 	for (int s = 0; s < W_NSECT; s++) {
 		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
 			rc = sqlbuf_err(&ib->w[s]);
@@ -1869,7 +1875,7 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 		}
 	}
 	if (rc == ST_OK) {
-		ib->nmarks = 0; /* written with the COMMIT */
+		inbox_marks_clear(ib); /* written with the COMMIT */
 	} else {
 		db_rollback(ib->db);
 		outbox_mem_reset(&ib->emit); /* nothing of it was committed */
@@ -2254,17 +2260,21 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 	return rc;
 }
 
-const struct outbox_mem *inbox_emitted(const struct inbox *ib)
+struct outbox_mem *inbox_emitted(struct inbox *ib)
 {
 	return &ib->emit;
 }
 
-bool inbox_mark_sent(struct inbox *ib, int64_t claim)
+int inbox_mark_sent(struct inbox *ib, const struct outbox_sent *sent)
 {
+	int rc;
+
 	if (ib->nmarks >= INBOX_MARKS_MAX)
-		return false;
-	ib->marks[ib->nmarks++] = claim;
-	return true;
+		return INBOX_MARKS_FULL;
+	rc = outbox_mark_of(sent, &ib->marks[ib->nmarks]);
+	if (rc == ST_OK)
+		ib->nmarks++;
+	return rc;
 }
 
 int inbox_marks_pending(const struct inbox *ib)

@@ -132,14 +132,18 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
                      int *nlater);
 
 /* The outbox rows the last committed transaction wrote, tagged with its
- * claim, for the caller to publish now (outbox_dispatch); empty after a
- * failed one.  Valid until the next inbox call. */
-const struct outbox_mem *inbox_emitted(const struct inbox *ib);
+ * claim, for the caller to publish now: outbox_dispatch takes them (and
+ * gives the inbox its emptied room back); empty after a failed one.  Valid
+ * until the next inbox call. */
+struct outbox_mem *inbox_emitted(struct inbox *ib);
 
-/* The rows of claim were published and confirmed: mark them sent in the
- * next transaction's write (no round trip of its own).  false: INBOX_MARKS
- * are pending already; inbox_flush_marks first. */
-bool inbox_mark_sent(struct inbox *ib, int64_t claim);
+/* The copies of sent (settled) were published: mark the rows of those
+ * acked sent in the next transaction's write (no round trip of its own),
+ * leaving the others to the sweep.  ST_OK; INBOX_MARKS_FULL: as many marks
+ * as one write carries are pending already, inbox_flush_marks first;
+ * ST_ERR_NOMEM. */
+#define INBOX_MARKS_FULL 1
+int inbox_mark_sent(struct inbox *ib, const struct outbox_sent *sent);
 int inbox_marks_pending(const struct inbox *ib);
 
 /* Write the pending marks in a transaction of their own (an idle thread:

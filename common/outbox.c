@@ -328,15 +328,69 @@ int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outb
 	return rc;
 }
 
-void outbox_sql_mark_sent(struct sqlbuf *b, const int64_t *claims, int n)
+void outbox_sql_marks(struct sqlbuf *b, const struct outbox_mark *mk, int n)
 {
-	sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (");
-	sqlbuf_list(b);
+	bool open = false;
+
 	for (int i = 0; i < n; i++) {
+		if (mk[i].nexcept > 0)
+			continue;
+		if (!open) {
+			sqlbuf_stmt(b);
+			sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (");
+			sqlbuf_list(b);
+			open = true;
+		}
 		sqlbuf_item(b);
-		sqlbuf_i64(b, claims[i]);
+		sqlbuf_i64(b, mk[i].claim);
 	}
-	sqlbuf_sql(b, ");");
+	if (open)
+		sqlbuf_sql(b, ");");
+	for (int i = 0; i < n; i++) {
+		if (mk[i].nexcept == 0)
+			continue;
+		sqlbuf_stmt(b);
+		sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim = ");
+		sqlbuf_i64(b, mk[i].claim);
+		sqlbuf_sql(b, " AND message_id NOT IN (");
+		sqlbuf_list(b);
+		for (int k = 0; k < mk[i].nexcept; k++) {
+			sqlbuf_item(b);
+			sqlbuf_str(b, mk[i].except[k]);
+		}
+		sqlbuf_sql(b, ");");
+	}
+}
+
+int outbox_mark_of(const struct outbox_sent *sent, struct outbox_mark *mk)
+{
+	int failed = sent->n - sent->acked;
+
+	*mk = (struct outbox_mark){ .claim = sent->claim };
+	if (failed == 0)
+		return ST_OK;
+	mk->except = calloc((size_t)failed, sizeof *mk->except);
+	if (mk->except == NULL)
+		return ST_ERR_NOMEM;
+	for (int i = 0; i < sent->n; i++) {
+		if (sent->ok[i])
+			continue;
+		mk->except[mk->nexcept] = strdup(sent->mem.v[i].message_id);
+		if (mk->except[mk->nexcept] == NULL) {
+			outbox_mark_free(mk);
+			return ST_ERR_NOMEM;
+		}
+		mk->nexcept++;
+	}
+	return ST_OK;
+}
+
+void outbox_mark_free(struct outbox_mark *mk)
+{
+	for (int k = 0; k < mk->nexcept; k++)
+		free(mk->except[k]);
+	free(mk->except);
+	*mk = (struct outbox_mark){ 0 };
 }
 
 /* ---- the relay -------------------------------------------------------- */
@@ -860,41 +914,64 @@ int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s)
 #define OUTBOX_DISPATCH_WINDOW 128
 _Static_assert(OUTBOX_DISPATCH_WINDOW < MQ_TRACK_MAX, "a window's outcomes must all be remembered");
 
-/* Whether every publish from seq first to last (exclusive) was acked. */
-static bool outbox_all_acked(const struct mq *pub, uint64_t first, uint64_t last)
-{
-	for (uint64_t q = first; q < last; q++)
-		if (mq_outcome(pub, q) != MQ_OUTCOME_ACKED)
-			return false;
-	return true;
-}
-
 /*
  * As the relay publishes a row (outbox_publish), from the copy: emitted
  * events pipelined, a dead-letter copy (mandatory) with nothing else in
  * flight so that a return is its own, and a row for an exchange the worker
  * does not declare alone.  What cannot be published from here (a copy
- * whose headers do not parse, a broker error) is not charged to its row:
- * the row is left unmarked and the sweep publishes it with the relay's
- * per-row failure handling.
+ * whose headers do not parse) is not charged to its row: the row is left
+ * unmarked and the sweep publishes it with the relay's per-row failure
+ * handling, while the copies after it go on.
  */
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool wait,
+static int outbox_sent_room(struct outbox_sent *sent, int n)
+{
+	if (n > sent->cap) {
+		uint64_t *seq = realloc(sent->seq, (size_t)n * sizeof *seq);
+		bool *ok;
+
+		if (seq == NULL)
+			return ST_ERR_NOMEM;
+		sent->seq = seq;
+		ok = realloc(sent->ok, (size_t)n * sizeof *ok);
+		if (ok == NULL)
+			return ST_ERR_NOMEM;
+		sent->ok = ok;
+		sent->cap = n;
+	}
+	return ST_OK;
+}
+
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, struct outbox_mem *mem, bool wait,
                     struct outbox_sent *sent)
 {
+	struct outbox_mem swap;
 	uint64_t first;
 	int rc;
 
-	*sent = (struct outbox_sent){ .claim = mem->claim, .n = mem->n };
-	if (mem->n == 0) {
-		sent->settled = sent->all = true;
+	outbox_mem_reset(&sent->mem);
+	swap = sent->mem;
+	sent->mem = *mem;
+	*mem = swap;
+	sent->claim = sent->mem.claim;
+	sent->n = sent->mem.n;
+	sent->acked = 0;
+	sent->settled = false;
+	sent->first = sent->last = mq_next_seq(pub);
+	rc = outbox_sent_room(sent, sent->n);
+	if (rc != ST_OK)
+		return rc;
+	for (int i = 0; i < sent->n; i++)
+		sent->seq[i] = 0, sent->ok[i] = false;
+	if (sent->n == 0) {
+		sent->settled = true;
 		return ST_OK;
 	}
 	rc = mq_confirm_select(pub);
 	if (rc != ST_OK)
 		return rc;
-	first = mq_next_seq(pub);
-	for (int i = 0; i < mem->n; i++) {
-		const struct outbox_msg *c = &mem->v[i];
+	sent->first = first = mq_next_seq(pub);
+	for (int i = 0; i < sent->n; i++) {
+		const struct outbox_msg *c = &sent->mem.v[i];
 		struct mq_header h[OUTBOX_HEADERS_MAX];
 		json_t *keep = NULL;
 		bool declared = strcmp(c->exchange, conf->out_exchange) == 0 || strcmp(c->exchange, conf->dlx) == 0;
@@ -903,14 +980,14 @@ int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_
 			.props_json = c->props, .message_id = c->message_id, .type = c->type, .headers = h,
 			.mandatory = strcmp(c->exchange, conf->dlx) == 0,
 		};
+		uint64_t seq;
 
 		m.nheaders = outbox_headers(c->headers, &keep, h, OUTBOX_HEADERS_MAX);
 		if (m.nheaders < 0 || strlen(c->message_id) > OUTBOX_SHORTSTR_MAX ||
 		    strlen(c->exchange) > OUTBOX_SHORTSTR_MAX || strlen(c->routing_key) > OUTBOX_SHORTSTR_MAX ||
 		    strlen(c->type) > OUTBOX_SHORTSTR_MAX) {
 			json_decref(keep);
-			sent->settled = true;
-			return ST_OK; /* the sweep charges it to its row */
+			continue; /* the sweep charges it to its row */
 		}
 		/* A mandatory copy (or one to an exchange we do not declare)
 		 * goes with nothing else in flight; the others in windows. */
@@ -922,26 +999,20 @@ int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_
 				return rc;
 			}
 		}
-		if (mq_unconfirmed(pub) == 0) {
-			if (!outbox_all_acked(pub, first, mq_next_seq(pub))) {
-				json_decref(keep);
-				sent->settled = true;
-				return ST_OK; /* one was returned or nacked: the sweep has them all */
-			}
+		if (mq_unconfirmed(pub) == 0)
 			first = mq_next_seq(pub);
-		}
+		seq = mq_next_seq(pub);
 		rc = mq_publish(pub, &m);
 		json_decref(keep);
-		if (rc == ST_ERR_INVALID) {
-			sent->settled = true;
-			return ST_OK; /* stored properties that do not parse: the sweep charges the row */
-		}
+		if (rc == ST_ERR_INVALID)
+			continue; /* stored properties that do not parse: the sweep charges the row */
+		if (rc == ST_OK)
+			sent->seq[i] = seq;
 		if (rc == ST_OK && (m.mandatory || !declared))
 			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
 		if (outbox_broker_error(rc))
 			return rc;
 	}
-	sent->first = first;
 	sent->last = mq_next_seq(pub);
 	if (!wait)
 		return ST_OK; /* outbox_dispatch_settled tells when they are */
@@ -956,15 +1027,22 @@ bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent)
 {
 	if (sent->settled)
 		return true;
-	sent->all = true;
-	for (uint64_t q = sent->first; q < sent->last; q++) {
-		enum mq_outcome o = mq_outcome(pub, q);
-
-		if (o == MQ_OUTCOME_PENDING)
+	for (int i = 0; i < sent->n; i++)
+		if (sent->seq[i] != 0 && mq_outcome(pub, sent->seq[i]) == MQ_OUTCOME_PENDING)
 			return false;
-		if (o != MQ_OUTCOME_ACKED)
-			sent->all = false;
+	sent->acked = 0;
+	for (int i = 0; i < sent->n; i++) {
+		sent->ok[i] = sent->seq[i] != 0 && mq_outcome(pub, sent->seq[i]) == MQ_OUTCOME_ACKED;
+		sent->acked += sent->ok[i];
 	}
 	sent->settled = true;
 	return true;
+}
+
+void outbox_sent_free(struct outbox_sent *sent)
+{
+	outbox_mem_free(&sent->mem);
+	free(sent->seq);
+	free(sent->ok);
+	*sent = (struct outbox_sent){ 0 };
 }

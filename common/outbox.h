@@ -59,8 +59,8 @@ struct outbox_round {
  * writes rows keeps a copy of each (struct outbox_mem) and tags them with
  * its claim token (outbox.claim, migration 0018); right after its COMMIT
  * the same thread publishes the copies itself (outbox_dispatch, with
- * confirms) and, when every one was confirmed, marks the rows sent in the
- * write of its next transaction (outbox_sql_mark_sent: by claim, no round
+ * confirms) and marks the rows whose copies were confirmed sent in the
+ * write of its next transaction (outbox_sql_marks: by claim, no round
  * trip of its own), or in a transaction of its own once it is idle.  The
  * relay (outbox_relay) takes a tagged row only when it is older than
  * INBOX_OUTBOX_SWEEP: one no thread published or marked (a crash between
@@ -86,33 +86,61 @@ struct outbox_mem {
 void outbox_mem_reset(struct outbox_mem *mem);
 void outbox_mem_free(struct outbox_mem *mem);
 
-/* What became of one transaction's copies published from memory: the
- * publishes first..last (exclusive) of the publisher not yet known, or
- * settled; all: every one confirmed (acked, not returned), so the rows of
- * claim may be marked sent. */
+/* One transaction's copies published from memory.  outbox_dispatch
+ * takes the copies out of the transaction's mem (a swap: mem gets this
+ * record's emptied room back) and keeps them until each publish has its
+ * outcome: a row's fate is its own, so a copy returned, nacked or not
+ * publishable from here leaves that row alone to the sweep while the rows
+ * beside it are published and marked.  first..last (exclusive): the
+ * publisher's sequence numbers used; seq[i]: copy i's, 0 when it was not
+ * published; ok[i], once settled: copy i was acked. */
 struct outbox_sent {
 	int64_t claim;
+	struct outbox_mem mem;
+	uint64_t *seq;
+	bool *ok;
+	int cap;
 	uint64_t first, last;
-	int n;
-	bool settled, all;
+	int n, acked;
+	bool settled;
 };
 
 /* Publish the copies in mem on pub, with confirms (pipelined; a
- * dead-letter copy, which is mandatory, alone).  wait: return when every
- * one is confirmed (sent->settled); otherwise return once they are
- * written, and outbox_dispatch_settled says later, after the publisher's
- * confirms are read (mq_poll_confirms, mq_wait_confirms): the committing
- * thread goes on to its next batch while the broker confirms.  Returns
- * ST_OK or the broker error that ended it (the rest are left to the
- * sweep). */
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, const struct outbox_mem *mem, bool wait,
+ * dead-letter copy, which is mandatory, alone, so that a return is its
+ * own).  sent takes mem's copies (see above) and is reused from one
+ * transaction to the next; its room is freed by outbox_sent_free.  wait:
+ * return when every one is confirmed (sent->settled); otherwise return
+ * once they are written, and outbox_dispatch_settled says later, after
+ * the publisher's confirms are read (mq_poll_confirms, mq_wait_confirms):
+ * the committing thread goes on to its next batch while the broker
+ * confirms.  Returns ST_OK, ST_ERR_NOMEM, or the broker error that ended
+ * it (every row of sent is then the sweep's). */
+int outbox_dispatch(struct mq *pub, const struct cfg *conf, struct outbox_mem *mem, bool wait,
                     struct outbox_sent *sent);
-/* Whether every publish of sent has its outcome (then sent->all says if
- * they were all acked); false while one is unconfirmed. */
+/* Whether every publish of sent has its outcome (then sent->ok and
+ * sent->acked say which were acked); false while one is unconfirmed. */
 bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent);
+void outbox_sent_free(struct outbox_sent *sent);
 
-/* "UPDATE outbox SET sent_at ... WHERE claim IN (...);" for n claims. */
-void outbox_sql_mark_sent(struct sqlbuf *b, const int64_t *claims, int n);
+/* The rows of one transaction to mark sent: all of claim's, but the
+ * message ids in except (owned), whose copies were not acked. */
+struct outbox_mark {
+	int64_t claim;
+	char **except;
+	int nexcept;
+};
+
+/* The mark of a settled sent (ST_OK, ST_ERR_NOMEM); its release. */
+int outbox_mark_of(const struct outbox_sent *sent, struct outbox_mark *mk);
+void outbox_mark_free(struct outbox_mark *mk);
+
+/* The one statement that marks rows sent, as whole statements of b
+ * (sqlbuf_stmt): "UPDATE outbox SET sent_at ... WHERE claim IN (...)" for
+ * the marks with nothing excepted, one with "AND message_id NOT IN (...)"
+ * for each of the others.  A row whose id an unacked copy of the same
+ * transaction shares is left to the sweep too: it goes out again under
+ * the same id, a duplicate downstream, never a loss. */
+void outbox_sql_marks(struct sqlbuf *b, const struct outbox_mark *mk, int n);
 
 /* An event the worker emits, in SPEC.md's envelope, to conf->out_exchange
  * with routing key order.<type>.  Its message id, "<type>:<order id>", is

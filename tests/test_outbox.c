@@ -724,3 +724,63 @@ Test(outbox, a_crash_between_commit_and_publish_leaves_the_row_to_the_sweep, .ti
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events WHERE order_id = 'o-crash'"), 2);
 	cr_assert_eq(itest_drain(out, got, 8, 0, 0), 0, "nothing more on the queue");
 }
+
+/* Issue 43, item 1: one batch commits order A's events, a dead-letter copy
+ * the broker returns (nothing bound to the DLX) and order C's events.  Each
+ * row's fate is its own: A's and C's rows leave once, published and marked
+ * by the committing thread (the sweep would wait an hour), and only the
+ * returned copy is left pending.  The worker is stopped while the seven
+ * deliveries are published, so that they reach it as one batch. */
+Test(outbox, a_returned_copy_costs_its_neighbours_nothing_with_thread_dispatch, .timeout = 300)
+{
+	const char *out = "itest.outbox.mem";
+	static struct itest_dead got[16];
+	static char page[65536];
+	char env_addr[96];
+	int port = itest_metrics_port(0), n;
+	struct mq *m;
+	pid_t w;
+
+	snprintf(env_addr, sizeof env_addr, "INBOX_METRICS_ADDR=127.0.0.1:%d", port);
+	itest_fresh();
+	itest_bind_queue(out, itest_cfg()->out_exchange, "#");
+	w = itest_worker(1, (const char *[]){ env_addr, "INBOX_OUTBOX_DISPATCH=thread", "INBOX_OUTBOX_SWEEP=1h",
+	                                      "INBOX_BATCH=16", NULL });
+	m = itest_mq();
+	/* o-b shipped: a later cancellation of it is dead-lettered. */
+	publish_event(m, "b-1", "OrderCreated", "o-b");
+	publish_event(m, "b-2", "PaymentAuthorized", "o-b");
+	publish_event(m, "b-3", "InventoryReserved", "o-b");
+	publish_event(m, "b-4", "ShipmentCreated", "o-b");
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4, WAIT_S), 4);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
+	cr_assert_eq(itest_drain(out, got, 16, 1, WAIT_S), 1, "OrderPaid:o-b");
+	dlq_unbind();
+	cr_assert_eq(kill(w, SIGSTOP), 0);
+	publish_event(m, "a-1", "OrderCreated", "o-a");
+	publish_event(m, "a-2", "PaymentAuthorized", "o-a");
+	publish_event(m, "a-3", "OrderCancelled", "o-a");
+	publish_event(m, "b-5", "OrderCancelled", "o-b");
+	publish_event(m, "c-1", "OrderCreated", "o-c");
+	publish_event(m, "c-2", "PaymentAuthorized", "o-c");
+	publish_event(m, "c-3", "OrderCancelled", "o-c");
+	cr_assert_eq(kill(w, SIGCONT), 0);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 10, WAIT_S), 10);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE order_id IN ('o-a', 'o-c') AND sent_at IS NULL",
+	                            0, 60),
+	             0, "the rows beside the returned copy are published and marked by the thread");
+	n = itest_drain(out, got, 16, 4, WAIT_S);
+	cr_assert_eq(count_id(got, n, "OrderPaid:o-a"), 1, "%d messages", n);
+	cr_assert_eq(count_id(got, n, "RefundRequested:o-a"), 1, "%d messages", n);
+	cr_assert_eq(count_id(got, n, "OrderPaid:o-c"), 1, "%d messages", n);
+	cr_assert_eq(count_id(got, n, "RefundRequested:o-c"), 1, "%d messages", n);
+	cr_assert_eq(n, 4, "each once, nothing re-published (%d messages)", n);
+	cr_assert_eq(itest_wait_metric(port, "inbox_outbox_dispatched_total", 5, 5, page, sizeof page, WAIT_S), 5,
+	             "five rows confirmed by the committing thread: %s", page);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"), 1, "only the returned copy");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id = 'b-5' AND sent_at IS NULL"), 1);
+	itest_stop_ok(w);
+	mq_close(&m);
+	dlq_rebind();
+	cr_assert_eq(itest_drain(out, got, 16, 0, 0), 0, "nothing more on orders.out");
+}

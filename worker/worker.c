@@ -105,6 +105,9 @@ void worker_free(struct worker *w)
 	free(w->later);
 	free(w->first);
 	free(w->held);
+	for (int i = 0; i < WORKER_SENT_MAX; i++)
+		outbox_sent_free(&w->sent[i]);
+	w->nsent = 0;
 	w->items = NULL;
 	w->ins = NULL;
 	w->res = NULL;
@@ -435,10 +438,13 @@ static void worker_keepalive(struct worker *w)
 
 /* Read the confirms of the copies published from memory (all of them
  * when wait, else those that have come) and have the rows of every
- * transaction whose copies were all acked marked sent in the next write.
- * A copy returned or nacked leaves its transaction's rows to the relay. */
+ * settled transaction whose copies were acked marked sent in the next
+ * write.  A copy returned or nacked leaves its own row to the relay, and
+ * only it.  The settled records go to the end of the ring with their
+ * room, for the next transactions. */
 static void worker_settle_sent(struct worker *w, bool wait)
 {
+	struct outbox_sent done_v[WORKER_SENT_MAX];
 	int rc, done = 0;
 
 	if (w->nsent == 0)
@@ -453,17 +459,21 @@ static void worker_settle_sent(struct worker *w, bool wait)
 	while (done < w->nsent && outbox_dispatch_settled(w->publisher, &w->sent[done])) {
 		const struct outbox_sent *s = &w->sent[done++];
 
-		if (!s->all)
-			continue; /* the relay charges the row that failed */
-		metrics_outbox_dispatched(s->n);
+		if (s->acked == 0)
+			continue; /* the relay charges the rows that failed */
+		metrics_outbox_dispatched(s->acked);
 		if (w->d.inbox == NULL)
 			continue; /* the database went away meanwhile: the relay's, after the sweep delay */
-		if (!inbox_mark_sent(w->d.inbox, s->claim) &&
-		    (inbox_flush_marks(w->d.inbox) != ST_OK || !inbox_mark_sent(w->d.inbox, s->claim)))
+		rc = inbox_mark_sent(w->d.inbox, s);
+		if (rc == INBOX_MARKS_FULL && inbox_flush_marks(w->d.inbox) == ST_OK)
+			rc = inbox_mark_sent(w->d.inbox, s);
+		if (rc != ST_OK)
 			LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
-			    WORKER_KV(w), LOG_I("rows", s->n));
+			    WORKER_KV(w), LOG_I("rows", s->acked));
 	}
-	memmove(w->sent, w->sent + done, (size_t)(w->nsent - done) * sizeof w->sent[0]);
+	memcpy(done_v, w->sent, (size_t)done * sizeof w->sent[0]);
+	memmove(w->sent, w->sent + done, (size_t)(WORKER_SENT_MAX - done) * sizeof w->sent[0]);
+	memcpy(w->sent + WORKER_SENT_MAX - done, done_v, (size_t)done * sizeof w->sent[0]);
 	w->nsent -= done;
 }
 
@@ -477,8 +487,7 @@ static void worker_settle_sent(struct worker *w, bool wait)
  * publisher's outcome ring still remembers, are in flight at once. */
 static void worker_dispatch(struct worker *w)
 {
-	const struct outbox_mem *mem = inbox_emitted(w->d.inbox);
-	struct outbox_sent sent;
+	struct outbox_mem *mem = inbox_emitted(w->d.inbox);
 	int rc;
 
 	if (mem->n == 0)
@@ -502,14 +511,18 @@ static void worker_dispatch(struct worker *w)
 		worker_settle_sent(w, true);
 	if (w->publisher == NULL)
 		return; /* lost while settling: the relay has these too */
-	rc = outbox_dispatch(w->publisher, w->t.conf, mem, false, &sent);
+	rc = outbox_dispatch(w->publisher, w->t.conf, mem, false, &w->sent[w->nsent]);
+	if (rc == ST_ERR_NOMEM) {
+		LOG(LOG_LEVEL_WARN, "outbox rows left to the relay: out of memory", WORKER_KV(w));
+		return;
+	}
 	if (rc != ST_OK) {
 		worker_publisher_lost(w, "outbox rows left to the relay");
 		return;
 	}
 	/* Its confirms are read before the next dispatch: a poll right now
 	 * would find none and cost a system call a batch. */
-	w->sent[w->nsent++] = sent;
+	w->nsent++;
 }
 
 /* Run the transaction over the valid items of a batch, retrying the whole
