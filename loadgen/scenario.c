@@ -728,8 +728,8 @@ static char *lg_body_raw(const struct lg_scenario *s, const struct lg_msg *m, co
 		/* Not JSON at all: what matters is the header publish adds, whose
 		 * value does not serialise to JSON when the worker copies the
 		 * properties into the dead-letter. */
-		return lg_body_text(buf, 160,
-		                    snprintf(buf, 160, "binary-header poison %s: this body is not JSON", m->id), len);
+		return lg_body_text(buf, sizeof buf,
+		                    snprintf(buf, sizeof buf, "binary-header poison %s: this body is not JSON", m->id), len);
 	if (m->bad == LG_BAD_UTF8 && s->opts.envelope == LG_ENV_CE_BINARY)
 		return lg_body_text(buf, sizeof buf, snprintf(buf, sizeof buf, "{\"note\":\"caf\xe9 \xff\xfe\"}"), len);
 	if (m->bad == LG_BAD_UTF8 && s->opts.envelope == LG_ENV_CE)
