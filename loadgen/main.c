@@ -2,7 +2,7 @@
  * main.c - inbox-loadgen: the duplicate-injection publisher and the
  * verifier that proves every effect happened exactly once.
  *
- *   inbox-loadgen publish --ledger FILE [--lifecycle FILE] [scenario options] [connection options]
+ *   inbox-loadgen publish --ledger FILE [--lifecycle FILE] [--envelope E] [scenario options] [connection options]
  *   inbox-loadgen verify  --ledger FILE [--lifecycle FILE] [--timeout S] [connection options]
  *   inbox-loadgen dlq unbind|bind [connection options]
  *
@@ -70,6 +70,7 @@ struct lg_args {
 	struct lg_verify_opts vo;
 	const char *message_id; /* send */
 	const char *lifecycle;  /* publish, verify: --lifecycle FILE */
+	const char *envelope;   /* publish: --envelope NAME (lg_envelope_names) */
 	const char *pos[2];     /* the words after the command: dlq unbind|bind; send ROUTING_KEY BODY */
 };
 
@@ -104,6 +105,11 @@ static const struct args_opt lg_opt_table[] = {
 	{ "--lifecycle", P | V, ARGS_STR, 0, 0, A(lifecycle), 0, "FILE",
 	  "the lifecycle definition to plan (publish) and verify against, as the worker's INBOX_LIFECYCLE "
 	  "(default: INBOX_LIFECYCLE, else the built-in order lifecycle)" },
+	{ "--envelope", P, ARGS_STR, 0, 0, A(envelope), 0, "E",
+	  "how each message is sent: native (our format), cloudevents (CloudEvents 1.0 structured mode: "
+	  "application/cloudevents+json) or cloudevents-binary (cloudEvents:* headers, the data as the body); "
+	  "in CloudEvents the sources are URIs and part of the ids 150 characters, and the worker must read "
+	  "them (INBOX_ENVELOPE cloudevents or auto)" },
 	{ "--timeout", V, ARGS_DUR_INT, 1, 86400, A(vo.timeout_s), 0, "D", "wait at most D for the worker to go idle" },
 	{ "--list", V, ARGS_INT, 1, 100000, A(vo.list_max), 0, "N", "ids listed per problem kind" },
 	{ "--json", V, ARGS_FLAG, 0, 0, A(vo.json), 0, NULL,
@@ -211,6 +217,14 @@ static int lg_args_check(enum lg_cmd cmd, struct lg_args *a, char *err, size_t e
 	if (a->sc.concurrent_dups + a->sc.delayed_dups > 1.0) {
 		snprintf(err, errlen, "--concurrent-dups: with --delayed-dups more than 1");
 		return -1;
+	}
+	if (a->envelope != NULL) {
+		int e = args_find(lg_envelope_names, LG_ENV_COUNT, a->envelope);
+		if (e < 0) {
+			snprintf(err, errlen, "--envelope: '%s' is not native, cloudevents or cloudevents-binary", a->envelope);
+			return -1;
+		}
+		a->sc.envelope = (enum lg_envelope)e;
 	}
 	return 0;
 }

@@ -145,8 +145,12 @@ static int lg_publish_item(struct lg_run *r, struct mq *m, const struct lg_item 
 	const struct lg_scenario *s = r->s;
 	const struct lg_msg *msg = &s->msgs[it->msg];
 	const char *order_id = msg->order >= 0 ? s->orders[msg->order].id : msg->id;
-	struct mq_header h[1] = { { "order_id", order_id } };
+	struct mq_header h[1 + LG_CE_HEADERS] = { { "order_id", order_id } };
+	struct lg_ce_vals ce;
 	char rk[64];
+	/* The message-id property carries the id in every envelope: what the
+	 * DLQ copies are told apart by (verify), as most AMQP producers of
+	 * CloudEvents set it too. */
 	struct mq_message out = {
 		.exchange = r->conf->exchange, .routing_key = rk, .message_id = msg->id,
 		.headers = h, .nheaders = 1, .mandatory = true,
@@ -154,6 +158,18 @@ static int lg_publish_item(struct lg_run *r, struct mq *m, const struct lg_item 
 	size_t len = 0;
 	char *body = lg_body(s, it, &len);
 	int rc;
+
+	if (s->opts.envelope == LG_ENV_CE)
+		out.props_json = "{\"content_type\":\"application/cloudevents+json\"}";
+	if (s->opts.envelope == LG_ENV_CE_BINARY) {
+		int n = lg_ce_headers(s, it, h + 1, LG_CE_HEADERS, &ce);
+		if (n < 0) {
+			free(body);
+			lg_run_fail(r, "headers", "cannot build the CloudEvents headers");
+			return ST_ERR_NOMEM;
+		}
+		out.nheaders += n;
+	}
 
 	if (body == NULL) {
 		lg_run_fail(r, "body", "cannot build a message body");

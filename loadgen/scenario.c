@@ -51,6 +51,10 @@ static const char *const lg_bad_names[] = {
 };
 _Static_assert(ARRAY_LEN(lg_bad_names) == LG_BAD_COUNT, "one name per enum lg_bad");
 
+const char *const lg_envelope_names[LG_ENV_COUNT] = {
+	[LG_ENV_NATIVE] = "native", [LG_ENV_CE] = "cloudevents", [LG_ENV_CE_BINARY] = "cloudevents-binary",
+};
+
 /* The reason SPEC.md gives for each malformed class. */
 static const enum msg_reason lg_bad_reason[] = {
 	[LG_BAD_NONE] = MSG_REASON_NONE,
@@ -227,7 +231,7 @@ static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t 
 	struct msg parsed;
 	enum msg_reason r;
 
-	if (!s->plan.is_order)
+	if (!s->plan.is_order || s->opts.envelope != LG_ENV_NATIVE)
 		return 0;
 	if (lg_parse_original(s, idx, &props, &parsed, &r) != 0)
 		return -1;
@@ -260,12 +264,46 @@ static int lg_hash_canonical(const struct lg_scenario *s, struct lg_msg *m, uint
 	return rc;
 }
 
+static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, const char *when);
+static void lg_occurred_at(const struct lg_scenario *s, const struct lg_msg *m, long later, char *buf, size_t cap);
+
+/* The payload hash of a message that came in an envelope, as SPEC.md
+ * defines it (Envelopes): SHA-256 of the event in canonical form, the
+ * mapped fields (message_id, source, type, order_id, occurred_at) and the
+ * data, compact JSON with sorted keys — built here from the scenario, not
+ * read back from the worker's envelope layer; 0 or -1. */
+static int lg_hash_envelope(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
+{
+	struct lg_item it = { idx, LG_VAR_ORIGINAL, 0 };
+	char when[32], *canon = NULL;
+	json_t *data, *ev;
+	unsigned int n = 0;
+	int rc = -1;
+
+	lg_occurred_at(s, m, 0, when, sizeof when);
+	data = lg_data(s, &it, when);
+	ev = data != NULL ? json_pack("{s:s, s:s, s:s, s:s, s:s, s:O}", "message_id", m->id, "source", m->source,
+	                              "type", lg_type_name(s, m), "order_id", s->orders[m->order].id,
+	                              "occurred_at", when, "data", data)
+	                  : NULL;
+	if (ev != NULL)
+		canon = json_dumps(ev, JSON_COMPACT | JSON_SORT_KEYS);
+	if (canon != NULL && EVP_Digest(canon, strlen(canon), m->sha256, &n, EVP_sha256(), NULL) == 1 && n == 32)
+		rc = 0;
+	free(canon);
+	json_decref(ev);
+	json_decref(data);
+	return rc;
+}
+
 /* Fill sha256 (the canonical payload hash) of a valid message. */
 static int lg_hash(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
 	struct msg parsed;
 	enum msg_reason r;
 
+	if (s->opts.envelope != LG_ENV_NATIVE)
+		return lg_hash_envelope(s, m, idx);
 	if (!s->plan.is_order)
 		return lg_hash_canonical(s, m, idx);
 	if (lg_parse_original(s, idx, NULL, &parsed, &r) != 0)
@@ -330,6 +368,55 @@ static void lg_draw_fields(const struct lg_scenario *s, struct lg_order *od, str
 	}
 }
 
+/* A CloudEvents producer's keys for message idx (the native ones stay in
+ * our alphabet): its source a URI naming the producer, for every other
+ * message one longer than 64 characters, and for every third message an
+ * id of 150 characters with the '/' a real producer's ids have — what
+ * SPEC's envelope accepts (1..255 each) and every table the message
+ * reaches must hold.  The id still starts with the run's prefix, which
+ * verify selects by. */
+static void lg_ce_keys(struct lg_scenario *s, struct lg_msg *m, size_t idx)
+{
+	enum { LONG_ID = 150 };
+	size_t n;
+
+	if (s->opts.envelope == LG_ENV_NATIVE)
+		return;
+	m->source = s->ce_sources[(size_t)m->ev * 2 + idx % 2];
+	if (idx % 3 != 1)
+		return;
+	n = strlen(m->id);
+	n += (size_t)snprintf(m->id + n, sizeof m->id - n, "/checkout/eu-west-1/attempt/");
+	for (uint64_t h = 0x9e3779b97f4a7c15ULL * (idx + 1); n < LONG_ID && n + 1 < sizeof m->id; n++) {
+		h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+		m->id[n] = "0123456789abcdef"[h >> 60];
+	}
+	m->id[n] = '\0';
+}
+
+/* The two CloudEvents sources of each event of the definition: the
+ * producer the native scenario names (payments, inventory, the table) as
+ * a URI, and the same with an instance, past 64 characters. */
+static int lg_ce_sources(struct lg_scenario *s)
+{
+	int nev = s->plan.def->nevents;
+
+	if (s->opts.envelope == LG_ENV_NATIVE)
+		return 0;
+	s->ce_sources = calloc((size_t)nev * 2, sizeof *s->ce_sources);
+	if (s->ce_sources == NULL)
+		return -1;
+	for (int e = 0; e < nev; e++) {
+		const char *who = lg_plan_source(&s->plan, e);
+
+		snprintf(s->ce_sources[e * 2], LG_CE_SOURCE_MAX,
+		         "https://%s.example.com/region/eu-west-1/service/checkout", who);
+		snprintf(s->ce_sources[e * 2 + 1], LG_CE_SOURCE_MAX,
+		         "https://%s.example.com/region/eu-west-1/service/checkout/instance/i-0a1b2c3d4e5f", who);
+	}
+	return 0;
+}
+
 /* Aggregate i, its route and its messages in canonical order, each
  * expected as the route says. */
 static int lg_build_order(struct lg_scenario *s, size_t i, struct lg_rng *r)
@@ -351,6 +438,7 @@ static int lg_build_order(struct lg_scenario *s, size_t i, struct lg_rng *r)
 		m->ev = rt->ev[k];
 		m->alias = s->plan.def->events[m->ev].naliases > 0 && lg_below(r, 10) == 0;
 		m->source = lg_plan_source(&s->plan, m->ev);
+		lg_ce_keys(s, m, s->nmsgs - 1);
 		if (rt->dead[k]) {
 			m->expect = LG_EXPECT_DEAD;
 			m->reason = MSG_REASON_INVALID_TRANSITION;
@@ -389,6 +477,7 @@ static int lg_build_malformed(struct lg_scenario *s)
 		        : m->bad == LG_BAD_INVALID_DATA ? s->plan.data_ev
 		                                        : s->plan.routes[0].ev[0];
 		m->source = lg_plan_source(&s->plan, m->ev);
+		lg_ce_keys(s, m, s->nmsgs);
 		m->expect = LG_EXPECT_DEAD;
 		m->reason = lg_bad_reason[m->bad];
 		m->nominal = "dead_lettered";
@@ -564,7 +653,7 @@ int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o)
 	s->orders = calloc(s->norders > 0 ? s->norders : 1, sizeof *s->orders);
 	cap = s->norders * (size_t)s->plan.max_len + (size_t)o->malformed + 1;
 	s->msgs = calloc(cap, sizeof *s->msgs);
-	if (s->orders == NULL || s->msgs == NULL)
+	if (s->orders == NULL || s->msgs == NULL || lg_ce_sources(s) != 0)
 		goto fail;
 	for (size_t i = 0; i < s->norders; i++)
 		if (lg_build_order(s, i, &r) != 0)
@@ -587,6 +676,8 @@ void lg_scenario_free(struct lg_scenario *s)
 	free(s->msgs);
 	free(s->main.slots);
 	free(s->late.slots);
+	free(s->ce_sources);
+	s->ce_sources = NULL;
 	s->orders = NULL;
 	s->msgs = NULL;
 	s->main.slots = NULL;
@@ -637,8 +728,17 @@ static char *lg_body_raw(const struct lg_scenario *s, const struct lg_msg *m, co
 		/* Not JSON at all: what matters is the header publish adds, whose
 		 * value does not serialise to JSON when the worker copies the
 		 * properties into the dead-letter. */
-		return lg_body_text(buf, 160,
-		                    snprintf(buf, 160, "binary-header poison %s: this body is not JSON", m->id), len);
+		return lg_body_text(buf, sizeof buf,
+		                    snprintf(buf, sizeof buf, "binary-header poison %s: this body is not JSON", m->id), len);
+	if (m->bad == LG_BAD_UTF8 && s->opts.envelope == LG_ENV_CE_BINARY)
+		return lg_body_text(buf, sizeof buf, snprintf(buf, sizeof buf, "{\"note\":\"caf\xe9 \xff\xfe\"}"), len);
+	if (m->bad == LG_BAD_UTF8 && s->opts.envelope == LG_ENV_CE)
+		return lg_body_text(buf, sizeof buf,
+		                    snprintf(buf, sizeof buf,
+		                             "{\"specversion\":\"1.0\",\"id\":\"%s\",\"source\":\"%s\",\"type\":\"%s\","
+		                             "\"subject\":\"%s\",\"data\":{\"note\":\"caf\xe9 \xff\xfe\"}}",
+		                             m->id, m->source, lg_type_name(s, m), order_id),
+		                    len);
 	if (m->bad == LG_BAD_UTF8)
 		/* jansson cannot build invalid UTF-8, so this one is written by hand. */
 		return lg_body_text(buf, sizeof buf,
@@ -719,6 +819,56 @@ static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, co
 	return data;
 }
 
+/* The specversion a message claims: 1.0, or for the class that in our
+ * own format is a message-id property against the body's (a CloudEvent
+ * has no second place for its id) a version the worker must refuse,
+ * invalid-field as well. */
+static const char *lg_ce_specversion(const struct lg_msg *m)
+{
+	return m->bad == LG_BAD_ID_MISMATCH ? "0.3" : "1.0";
+}
+
+/* A structured-mode CloudEvent of m: the mapped attributes (SPEC.md,
+ * Envelopes) and the data; the order id as the subject, left out for the
+ * class without one. */
+static json_t *lg_ce_event(const struct lg_scenario *s, const struct lg_msg *m, const char *type,
+                           const char *order_id, const char *when, json_t *data)
+{
+	json_t *ce = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:O}", "specversion", lg_ce_specversion(m), "id", m->id,
+	                       "source", m->source, "type", type, "time", when, "datacontenttype", "application/json",
+	                       "data", data);
+
+	(void)s;
+	if (ce != NULL && m->bad != LG_BAD_MISSING && json_object_set_new(ce, "subject", json_string(order_id)) != 0) {
+		json_decref(ce);
+		ce = NULL;
+	}
+	return ce;
+}
+
+int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct mq_header *h, int cap,
+                  struct lg_ce_vals *vals)
+{
+	const struct lg_msg *m = &s->msgs[it->msg];
+	int n = 0;
+
+	if (cap < LG_CE_HEADERS)
+		return -1;
+	lg_occurred_at(s, m, it->variant == LG_VAR_CONFLICT && s->plan.nfields == 0 ? 1 + it->copy : 0, vals->time,
+	               sizeof vals->time);
+	snprintf(vals->subject, sizeof vals->subject, "%s",
+	         m->bad == LG_BAD_INVALID ? "not a valid id!" : m->order >= 0 ? s->orders[m->order].id : m->id);
+	h[n++] = (struct mq_header){ "cloudEvents:specversion", lg_ce_specversion(m) };
+	h[n++] = (struct mq_header){ "cloudEvents:id", m->id };
+	h[n++] = (struct mq_header){ "cloudEvents:source", m->source };
+	h[n++] = (struct mq_header){ "cloudEvents:type",
+		                     m->bad == LG_BAD_UNKNOWN_TYPE ? "OrderTeleported" : lg_type_name(s, m) };
+	h[n++] = (struct mq_header){ "cloudEvents:time", vals->time };
+	if (m->bad != LG_BAD_MISSING)
+		h[n++] = (struct mq_header){ "cloudEvents:subject", vals->subject };
+	return n;
+}
+
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
@@ -753,6 +903,17 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 		goto out;
 	if (json_object_set(o, "data", data) != 0)
 		goto out;
+	if (s->opts.envelope != LG_ENV_NATIVE) {
+		/* The same event as a CloudEvent: structured, the attributes
+		 * and the data in the body; binary, the data alone (the
+		 * attributes are headers, lg_ce_headers). */
+		json_t *ce = s->opts.envelope == LG_ENV_CE_BINARY ? json_incref(data) : lg_ce_event(s, m, type, order_id,
+		                                                                                       when, data);
+		json_decref(o);
+		o = ce;
+		if (o == NULL)
+			goto out;
+	}
 	body = json_dumps(o, flags);
 	if (body == NULL)
 		goto out;
@@ -794,16 +955,18 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 	const struct lg_opts *o = &s->opts;
 	size_t total = s->main.items + s->late.items;
 
-	/* Every string written here is from our id alphabet or a fixed name,
-	 * so no JSON escaping is needed. */
+	/* Every string written here is from our id alphabet, a fixed name, or
+	 * a CloudEvents id or source of lg_ce_keys (letters, digits, "-", "/",
+	 * ":", "."), so no JSON escaping is needed. */
 	if (fprintf(f,
 	            "{\"k\":\"run\",\"prefix\":\"%s\",\"seed\":%llu,\"consumer\":\"%s\",\"queue\":\"%s\","
 	            "\"dlq\":\"%s\",\"verify_queue\":\"%s\",\"orders\":%zu,\"messages\":%zu,\"published\":%zu,"
 	            "\"originals\":%zu,\"copies_immediate\":%zu,\"copies_concurrent\":%zu,\"copies_delayed\":%zu,"
-	            "\"conflicts\":%zu,\"malformed\":%zu,\"reorder_window\":%d,\"connections\":%d",
+	            "\"conflicts\":%zu,\"malformed\":%zu,\"reorder_window\":%d,\"connections\":%d,\"envelope\":\"%s\"",
 	            s->prefix, (unsigned long long)o->seed, consumer, queue, dlq, verify_queue, s->norders,
 	            s->nmsgs, total, s->originals, s->copies_immediate, s->copies_concurrent, s->copies_delayed,
-	            s->conflict_copies, s->malformed, o->reorder_window, o->connections) < 0 ||
+	            s->conflict_copies, s->malformed, o->reorder_window, o->connections,
+	            lg_envelope_names[o->envelope]) < 0 ||
 	    lg_ledger_lifecycle(s, f) != 0)
 		return -1;
 	for (size_t i = 0; i < s->norders; i++) {

@@ -21,9 +21,12 @@
 
 #include "lifecycle.h"
 #include "msg.h"
+#include "pub.h"
 #include "plan.h"
 
-#define LG_ID_MAX 96
+/* Wide enough for a CloudEvents id (MSG_WIDE_ID_MAX): with --envelope
+ * cloudevents part of the ids are long, as real producers' are. */
+#define LG_ID_MAX (MSG_WIDE_ID_MAX + 1)
 #define LG_PREFIX_MAX 40
 
 /* The event sequences an aggregate can follow are the routes of its
@@ -111,6 +114,18 @@ struct lg_phase {
 	size_t items;          /* non-hole slots */
 };
 
+/* How each message is put on the wire (--envelope): our own format, or
+ * CloudEvents 1.0 in structured or binary mode (SPEC.md, Envelopes).  The
+ * scenario and its expectations are the same; in CloudEvents the ids and
+ * sources are a real producer's (URIs, some longer than 64 characters,
+ * some ids of 150), and the malformed classes are the envelope's own
+ * forms of the same faults. */
+enum lg_envelope { LG_ENV_NATIVE = 0, LG_ENV_CE, LG_ENV_CE_BINARY, LG_ENV_COUNT };
+extern const char *const lg_envelope_names[LG_ENV_COUNT];
+
+/* A CloudEvents source: a URI of up to this many characters. */
+#define LG_CE_SOURCE_MAX 128
+
 struct lg_opts {
 	const struct lc_def *def; /* the lifecycle: lc_builtin_order's unless --lifecycle */
 	const char *lifecycle;  /* --lifecycle FILE, or NULL: named in the ledger's run line */
@@ -128,6 +143,7 @@ struct lg_opts {
 	long malformed;
 	int connections;
 	long max_body;          /* from the configuration: too-large must exceed it */
+	enum lg_envelope envelope;
 };
 
 struct lg_scenario {
@@ -142,6 +158,10 @@ struct lg_scenario {
 	struct lg_phase late;    /* delayed copies and conflicts */
 	size_t originals;        /* valid originals (each gets one inbox row) */
 	size_t copies_immediate, copies_concurrent, copies_delayed, conflict_copies, malformed;
+	/* CloudEvents sources, two per event of the definition (a short one
+	 * and one longer than 64 characters), LG_CE_SOURCE_MAX each; NULL in
+	 * the native envelope.  Messages point into it. */
+	char (*ce_sources)[LG_CE_SOURCE_MAX];
 };
 
 /* Messages per aggregate on average for the given shares, for --messages
@@ -153,8 +173,21 @@ double lg_messages_per_order(const struct lg_opts *o);
 int lg_scenario_build(struct lg_scenario *s, const struct lg_opts *o);
 void lg_scenario_free(struct lg_scenario *s);
 
-/* The body of one published item, malloc'd (caller frees), length in *len. */
+/* The body of one published item, malloc'd (caller frees), length in *len:
+ * in the native envelope the event, in CloudEvents structured mode the
+ * event as a CloudEvent, in binary mode its data alone. */
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len);
+
+/* CloudEvents binary mode: the cloudEvents:* headers of a message (the
+ * attributes its structured form carries), in h (cap entries) with their
+ * values in vals.  Returns how many, or -1 when cap is too small. */
+#define LG_CE_HEADERS 6
+struct lg_ce_vals {
+	char time[32];
+	char subject[LG_ID_MAX];
+};
+int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct mq_header *h, int cap,
+                  struct lg_ce_vals *vals);
 /* The bytes of the binary `trace` header a LG_BAD_BINARY_HEADER message
  * carries (not UTF-8, with a NUL inside). */
 extern const unsigned char lg_binary_trace[8];

@@ -84,7 +84,7 @@ static void v_delivery_id(const struct mq_delivery *d, char *buf, size_t cap);
  * expects, or a conflict's. */
 static void v_on_dead_probe(struct v_state *st, const struct mq_delivery *d)
 {
-	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
+	char id[MSG_WIDE_ID_MAX + 8], reason[V_REASON_MAX];
 	long i;
 
 	v_delivery_id(d, id, sizeof id);
@@ -291,7 +291,7 @@ static int v_read_inbox(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
 	struct db_param p[] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
-	char id[MSG_ID_MAX + 1], outcome[20], reason[V_REASON_MAX], sha[65];
+	char id[MSG_WIDE_ID_MAX + 1], outcome[20], reason[V_REASON_MAX], sha[65];
 	size_t cap = 1024;
 	int rc, r;
 
@@ -371,7 +371,7 @@ static int v_read_events(struct v_state *st)
 {
 	struct db_stmt *q = NULL;
 	struct db_param p[] = { DBP_STR(st->conf->consumer), DBP_STR(st->like) };
-	char id[MSG_ID_MAX + 1], sql[256];
+	char id[MSG_WIDE_ID_MAX + 1], sql[256];
 	int rc, r;
 
 	/* Counted per message id, not per (consumer, source, message_id): a
@@ -542,7 +542,7 @@ static void v_tally_reason(struct v_state *st, const char *reason)
 
 static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 {
-	char id[MSG_ID_MAX + 8], reason[V_REASON_MAX];
+	char id[MSG_WIDE_ID_MAX + 8], reason[V_REASON_MAX];
 	struct v_msg *m;
 	long i;
 
@@ -585,7 +585,7 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 	const char *type = json_string_value(json_object_get(o, "type"));
 	const char *order = json_string_value(json_object_get(o, ce ? "subject" : st->def->key));
 	const char *body_id = json_string_value(json_object_get(o, ce ? "id" : "message_id"));
-	char stable[2 * LG_ID_MAX + 2], prop[MSG_ID_MAX + 1] = "";
+	char stable[2 * LG_ID_MAX + 2], prop[MSG_WIDE_ID_MAX + 1] = "";
 	unsigned bit;
 	long i;
 

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "db.h"
 #include "itest.h"
 #include "spec_oracle.h"
 #include "status.h"
@@ -595,3 +596,99 @@ Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 
 	                       " WHERE message_id <> CONCAT(order_id, '-', version - 1)"),
 	             0);
 }
+
+/*
+ * The saga over the matrix of issue 43, part C: a scenario of
+ * inbox-loadgen (every arrival order within the window, duplicates of
+ * every kind, conflicts, malformed messages) published to two workers and
+ * verified against the plan of the definition that runs, for
+ *   lifecycle {built-in order, lifecycles/shipment.json}
+ *   x envelope {native, CloudEvents structured, CloudEvents binary}
+ *   x dispatch {thread, relay} (INBOX_OUTBOX_DISPATCH).
+ * Not the full product (12 cells): a covering design of 6 in which every
+ * pair of values of two factors meets at least once — a seam opens
+ * between two features, and each pair is where it would show.  Every
+ * lifecycle meets every envelope (6 = 2 x 3, the largest pair product),
+ * and the dispatch alternates so that each lifecycle and each envelope
+ * meets both dispatch modes.  CloudEvents structured also emits as
+ * CloudEvents (INBOX_EMIT_ENVELOPE), which verify reads; binary runs the
+ * worker with INBOX_ENVELOPE=auto, structured with cloudevents.  One
+ * cell: doc/testing.md, "The matrix".
+ */
+struct cell {
+	const char *lifecycle; /* a file of the tree, or NULL: the built-in one */
+	const char *envelope;  /* inbox-loadgen publish --envelope */
+	const char *dispatch;
+};
+
+static void run_cell(const struct cell *c, const char *name)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char file[1024] = "", env_lc[1100], env_d[64], ledger[256], plog[300], vlog[300];
+	const char *env[6] = { env_d };
+	const char *migrate[] = { "migrate", NULL };
+	const char *pub[24] = { "publish", "--ledger", ledger, "--orders", "150", "--conflicts", "5", "--malformed", "16",
+	                        "--invalid-share", "0.05", "--connections", "4", "--reorder-window", "3",
+	                        "--settle-timeout", "120", "--envelope", c->envelope };
+	const char *ver[12] = { "verify", "--ledger", ledger, "--timeout", "120" };
+	int ne = 1, np = 19, nv = 5, st, rc;
+	pid_t w1, w2;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(env_d, sizeof env_d, "INBOX_OUTBOX_DISPATCH=%s", c->dispatch);
+	if (strcmp(c->envelope, "cloudevents") == 0) {
+		env[ne++] = "INBOX_ENVELOPE=cloudevents";
+		env[ne++] = "INBOX_EMIT_ENVELOPE=cloudevents";
+	} else if (strcmp(c->envelope, "cloudevents-binary") == 0) {
+		env[ne++] = "INBOX_ENVELOPE=auto";
+	}
+	itest_fresh();
+	if (c->lifecycle != NULL) {
+		static const char *const tables[] = { "shipment_events", "shipment_locks", "shipments" };
+		snprintf(file, sizeof file, "%s/%s", root, c->lifecycle);
+		snprintf(env_lc, sizeof env_lc, "INBOX_LIFECYCLE=%s", file);
+		env[ne++] = env_lc;
+		pub[np++] = ver[nv++] = "--lifecycle";
+		pub[np++] = ver[nv++] = file;
+		/* itest_fresh drops the order's tables; a definition's own are
+		 * dropped here, so migrate creates them as this build says. */
+		for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+			char sql[160];
+			snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS `%s`", tables[i]);
+			cr_assert_eq(db_exec(itest_db(), sql), ST_OK, "%s: %s", sql, db_errmsg(itest_db()));
+		}
+	}
+	env[ne] = NULL;
+	pub[np] = NULL;
+	ver[nv] = NULL;
+	snprintf(ledger, sizeof ledger, "/tmp/inbox-itest-%d-matrix-%s.jsonl", (int)getpid(), name);
+	snprintf(plog, sizeof plog, "%s.publish.log", ledger);
+	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
+	st = itest_wait_exit(itest_spawn(migrate, env), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: migrate failed (status %d)", name, st);
+	w1 = itest_worker(3, env);
+	w2 = itest_worker(3, env);
+	rc = itest_loadgen(pub, NULL, plog, 300);
+	if (rc == 0)
+		rc = itest_loadgen(ver, NULL, vlog, 300) == 0 ? 0 : 100;
+	stop_ok(w1);
+	stop_ok(w2);
+	cr_assert_eq(rc == 100 ? 0 : rc, 0, "%s: publish failed, see %s", name, plog);
+	cr_assert_eq(rc, 0, "%s: verify found what the ledger does not expect, see %s", name, vlog);
+	cr_assert(itest_log_has(vlog, "missing 0, doubled 0"), "%s: see %s", name, vlog);
+	cr_assert(itest_log_has(vlog, "without the stable id 0)"), "%s: see %s", name, vlog);
+}
+
+#define SHIPMENT "lifecycles/shipment.json"
+#define CELL(lc, lcname, env, envname, disp)                                                              \
+	Test(saga, matrix_##lcname##_##envname##_##disp, .timeout = 600)                                   \
+	{                                                                                                   \
+		static const struct cell c = { lc, env, #disp };                                            \
+		run_cell(&c, #lcname "-" #envname "-" #disp);                                               \
+	}
+CELL(NULL, builtin, "native", native, thread)
+CELL(NULL, builtin, "cloudevents", cloudevents, relay)
+CELL(NULL, builtin, "cloudevents-binary", cloudevents_binary, thread)
+CELL(SHIPMENT, shipment, "native", native, relay)
+CELL(SHIPMENT, shipment, "cloudevents", cloudevents, thread)
+CELL(SHIPMENT, shipment, "cloudevents-binary", cloudevents_binary, relay)
