@@ -505,3 +505,60 @@ Test(envelopes, a_users_lifecycle_through_every_envelope, .timeout = 600)
 	                     got, sizeof got));
 	cr_expect_str_eq(got, "2026-12-02T00:00:00Z");
 }
+
+/* Issue 43, item 3: a user's lifecycle takes CloudEvents keys as wide as
+ * SPEC allows (255 characters of source and of id), as the built-in one
+ * does; and a ledger created narrow by an older version is widened by
+ * migrate, its rows kept. */
+Test(envelopes, a_users_lifecycle_takes_cloudevents_keys_of_any_width, .timeout = 600)
+{
+	char lc[4200], path[4096], body[2048], src[256], id[256], got[512];
+	const char *env[] = { lc, "INBOX_ENVELOPE=auto", NULL };
+	const char *margs[] = { "migrate", NULL };
+	struct db *d;
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	d = itest_db();
+	cr_assert_eq(db_exec(d, "DROP TABLE IF EXISTS shipments, shipment_events, shipment_locks"), ST_OK);
+	snprintf(lc, sizeof lc, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/shipment.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, env), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the shipment lifecycle (status %d)", st);
+	/* The ledger as the code before this test made it, with a row. */
+	cr_assert_eq(db_exec(d, "ALTER TABLE shipment_events MODIFY source VARCHAR(64) CHARACTER SET ascii COLLATE"
+	                        " ascii_bin NOT NULL, MODIFY message_id VARCHAR(128) CHARACTER SET ascii COLLATE"
+	                        " ascii_bin NOT NULL"),
+	             ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_exec(d, "INSERT INTO shipment_events (shipment_id, consumer, source, message_id, type, outcome,"
+	                        " from_status, to_status, version, applied_at) VALUES ('s-old', 'c', 'carrier', 'old-1',"
+	                        " 'ShipmentLabelled', 'applied', 'None', 'Labelled', 1, NOW(6))"),
+	             ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+	st = itest_wait_exit(itest_spawn(margs, env), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate widens the narrow ledger (status %d)", st);
+	cr_expect_eq(itest_int("SELECT CHARACTER_MAXIMUM_LENGTH FROM information_schema.columns WHERE table_schema ="
+	                       " DATABASE() AND table_name = 'shipment_events' AND column_name = 'source'"),
+	             255);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM shipment_events WHERE message_id = 'old-1'"), 1, "its rows kept");
+
+	memset(src, 'a', sizeof src);
+	memcpy(src, "https://carrier.example.com/", 28);
+	src[200] = '\0';
+	memset(id, 'i', sizeof id);
+	id[250] = '\0';
+	ce_structured(body, sizeof body, id, src, "ShipmentLabelled", "s-wide", "{\"tracking_number\":\"TRK-W\"}", NULL);
+	m = itest_mq();
+	publish(m, "ShipmentLabelled", body, ce_ct);
+	w = worker(env);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM shipments WHERE id = 's-wide'", 1, WAIT_S), 1,
+	             "applied, not dead-lettered");
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert(itest_str1("SELECT source FROM shipment_events WHERE shipment_id = ?", "s-wide", got, sizeof got));
+	cr_expect_str_eq(got, src);
+	cr_assert(itest_str1("SELECT message_id FROM shipment_events WHERE shipment_id = ?", "s-wide", got, sizeof got));
+	cr_expect_str_eq(got, id);
+	cr_expect_eq(itest_queue_depth(itest_cfg()->dlq), 0);
+}

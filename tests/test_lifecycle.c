@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lifecycle.h"
+#include "lifecycle_schema.h"
 #include "msg.h"
 #include "order.h"
 
@@ -665,4 +666,35 @@ Test(lifecycle, integer_bounds_are_the_definitions_and_said_as_declared)
 	order_use(NULL);
 	lc_free(d);
 	free(text);
+}
+
+/* Issue 43, item 3: a column two events set is as wide as the widest
+ * declaration (the first one's width cut the second's valid values), and a
+ * definition's ledger holds every key the envelopes accept (255 characters
+ * of source and of id), as order_events does since migration 0017. */
+Test(lifecycle, every_table_holds_what_the_worker_accepts_into_it)
+{
+	static const char text[] = HEAD
+	        "\"states\": [\"A\", \"B\"], \"main_path\": [\"A\", \"B\"], \"terminal\": [\"B\"],\n"
+	        "\"events\": [\n"
+	        " {\"type\": \"Made\", \"creates\": \"A\", \"sets\": {\"note\": {\"from\": \"data.note\", \"type\": \"string\","
+	        " \"max_length\": 10}}},\n"
+	        " {\"type\": \"Done\", \"from\": [\"A\"], \"to\": \"B\", \"sets\": {\"note\": {\"from\": \"data.note\","
+	        " \"type\": \"string\", \"max_length\": 200}}}\n"
+	        "]}\n";
+	static char ddl[16384];
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+	char want[96];
+
+	if (d == NULL)
+		lc_errors_print(&errs, "test", stderr);
+	cr_assert_not_null(d);
+	cr_assert_eq(lc_schema_ddl(d, ddl, sizeof ddl), 0);
+	cr_expect(strstr(ddl, "`note` VARCHAR(200)") != NULL, "the widest declaration: %s", ddl);
+	snprintf(want, sizeof want, "`source` VARCHAR(%d)", MSG_WIDE_SOURCE_MAX);
+	cr_expect(strstr(ddl, want) != NULL, "%s: %s", want, ddl);
+	snprintf(want, sizeof want, "`message_id` VARCHAR(%d)", MSG_WIDE_ID_MAX);
+	cr_expect(strstr(ddl, want) != NULL, "%s: %s", want, ddl);
+	lc_free(d);
 }
