@@ -8,6 +8,7 @@
  * (the order schema's status is VARCHAR(24), more than its longest state).
  */
 #include "lifecycle_schema.h"
+#include "msg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -81,6 +82,13 @@ static void add_fmt(struct need *nd, int *n, int table, const char *column, enum
 }
 
 #define ID "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL"
+/* One rule for every width: a column is as wide as the widest value the
+ * worker accepts into it.  The key columns take what the envelopes accept
+ * (msg.h: a CloudEvent's source and id, 255 each, as migration 0017 made
+ * order_events); a column several events set, the widest declaration. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define WIDE_KEY(n) "VARCHAR(" STR(n) ") CHARACTER SET ascii COLLATE ascii_bin NOT NULL"
 
 /* The required columns, in table order; a set column appears once even if
  * several events set it (the first one's type stands: lc_load does not
@@ -98,9 +106,18 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 			const struct lc_set *st = &d->events[e].sets[k];
 			bool seen = false;
 
-			for (int i = 0; i < n; i++) {
-				if (nd[i].table == 0 && strcmp(nd[i].column, st->column) == 0)
-					seen = true;
+			for (int i = 0; i < n && !seen; i++) {
+				if (nd[i].table != 0 || strcmp(nd[i].column, st->column) != 0)
+					continue;
+				seen = true;
+				if (nd[i].family == F_VARCHAR && st->type == LC_TYPE_STRING &&
+				    st->max_length > nd[i].length) {
+					nd[i].length = st->max_length;
+					snprintf(nd[i].ddl_buf, sizeof nd[i].ddl_buf,
+					         "VARCHAR(%lld) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+					         (long long)st->max_length);
+					nd[i].ddl = nd[i].ddl_buf;
+				}
 			}
 			if (seen)
 				continue;
@@ -132,8 +149,8 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 	add(nd, &n, 1, "id", F_INT, 0, "BIGINT UNSIGNED NOT NULL AUTO_INCREMENT");
 	add(nd, &n, 1, d->key, F_VARCHAR, 64, ID);
 	add(nd, &n, 1, "consumer", F_VARCHAR, 64, ID);
-	add(nd, &n, 1, "source", F_VARCHAR, 64, ID);
-	add(nd, &n, 1, "message_id", F_VARCHAR, 128, "VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL");
+	add(nd, &n, 1, "source", F_VARCHAR, MSG_WIDE_SOURCE_MAX, WIDE_KEY(MSG_WIDE_SOURCE_MAX));
+	add(nd, &n, 1, "message_id", F_VARCHAR, MSG_WIDE_ID_MAX, WIDE_KEY(MSG_WIDE_ID_MAX));
 	add_fmt(nd, &n, 1, "type", F_VARCHAR, ew, "VARCHAR(%d) CHARACTER SET ascii NOT NULL", ew < 32 ? 32 : ew);
 	add(nd, &n, 1, "outcome", F_VARCHAR, 16, "VARCHAR(16) CHARACTER SET ascii NOT NULL");
 	/* "None" is the from_status of a creation */
@@ -299,4 +316,37 @@ int lc_schema_compare(const struct lc_def *d, const struct lc_column *cols, int 
 		}
 	}
 	return ndiff;
+}
+
+int lc_schema_widen(const struct lc_def *d, const struct lc_column *cols, int n, char *buf, size_t cap)
+{
+	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16], ignored[256];
+	struct out o = { buf, cap, 0, false };
+	int ndiff = 0, nn, nalter = 0;
+
+	if (cap == 0)
+		return -1;
+	buf[0] = '\0';
+	nn = needs(d, nd, ignored, sizeof ignored, &ndiff);
+	if (ndiff > 0)
+		return 0; /* not a definition whose tables can be written: lc_schema_compare says why */
+	lc_schema_tables(d, names);
+	for (int i = 0; i < nn; i++) {
+		for (int k = 0; k < n; k++) {
+			bool known;
+			enum family f;
+
+			if (strcmp(cols[k].table, names[nd[i].table]) != 0 || strcmp(cols[k].column, nd[i].column) != 0)
+				continue;
+			f = family_of(cols[k].data_type, &known);
+			if (known && f == nd[i].family && (f == F_VARCHAR || f == F_CHAR) && cols[k].length < nd[i].length) {
+				put(&o, "ALTER TABLE `%s` MODIFY COLUMN `%s` %s;\n", names[nd[i].table], nd[i].column,
+				    nd[i].ddl);
+				nalter++;
+			}
+			break;
+		}
+	}
+	return o.full ? -1 : nalter;
 }

@@ -45,4 +45,13 @@ struct lc_column {
  */
 int lc_schema_compare(const struct lc_def *def, const struct lc_column *cols, int n, char *diff, size_t cap);
 
+/*
+ * The statements that widen the existing columns (cols, n) that are of
+ * the right type but narrower than def needs (a table an older version
+ * created, before one rule decided the widths): ALTER TABLE ... MODIFY,
+ * ';'-separated, into buf.  Widening keeps every row.  Returns how many,
+ * or -1 when cap is too small.
+ */
+int lc_schema_widen(const struct lc_def *def, const struct lc_column *cols, int n, char *buf, size_t cap);
+
 #endif

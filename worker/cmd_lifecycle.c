@@ -219,6 +219,25 @@ int lifecycle_migrate(const struct cfg *conf)
 	rc = db_exec_script(db, ddl, strlen(ddl));
 	if (rc == ST_OK)
 		rc = read_columns(db, d, cols, &n);
+	if (rc == ST_OK) {
+		/* A column narrower than what the worker accepts into it (an
+		 * older version's width): widened, its rows kept. */
+		int nalter = lc_schema_widen(d, cols, n, ddl, sizeof ddl);
+
+		if (nalter < 0) {
+			LOG(LOG_LEVEL_ERROR, "the lifecycle's tables cannot be widened as DDL",
+			    LOG_S("lifecycle", conf->lifecycle));
+			goto cleanup;
+		}
+		if (nalter > 0) {
+			rc = db_exec_script(db, ddl, strlen(ddl));
+			if (rc == ST_OK) {
+				LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
+				    LOG_I("columns", nalter));
+				rc = read_columns(db, d, cols, &n);
+			}
+		}
+	}
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_ERROR, "creating the lifecycle's tables failed", LOG_S("error", db_errmsg(db)));
 		goto cleanup;
