@@ -133,3 +133,43 @@ Test(lifecycle_cmd, run_refuses_what_it_cannot_run_in_one_line)
 		cr_expect(strncmp(err, cases[i].want, strlen(cases[i].want)) == 0, "%s\nwant: %s", err, cases[i].want);
 	}
 }
+
+/* Issue 43, item 5: one judgement of a definition.  A column the worker
+ * keeps itself is refused by the loader, naming the line, so check,
+ * schema, migrate, run and dlq all refuse it alike; and check's exit says
+ * what it printed: "cannot run it" is exit 1, not 0. */
+static void write_def(const char *path, const char *sets)
+{
+	FILE *f = fopen(path, "w");
+
+	cr_assert_not_null(f);
+	fprintf(f, "{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t\", \"key\": \"k\",\n"
+	           "\"states\": [\"A\", \"B\"], \"main_path\": [\"A\", \"B\"], \"terminal\": [\"B\"],\n"
+	           "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	           "  {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"B\",\n"
+	           "   \"sets\": {%s}}]}\n",
+	        sets);
+	cr_assert_eq(fclose(f), 0);
+}
+
+Test(lifecycle_cmd, check_refuses_a_column_the_worker_keeps_and_what_it_cannot_run)
+{
+	const char *path = "/tmp/test_lifecycle_cmd_judge.json";
+	char args[256];
+
+	write_def(path, "\"created_at\": {\"from\": \"occurred_at\", \"type\": \"datetime\"}");
+	snprintf(args, sizeof args, "lifecycle check %s", path);
+	cr_expect_eq(run("", args, out, sizeof out, err, sizeof err), 1, "out: %s", out);
+	cr_expect(strstr(err, "/tmp/test_lifecycle_cmd_judge.json:5:") != NULL && strstr(err, "created_at") != NULL,
+	          "the line and the column: %s", err);
+	snprintf(args, sizeof args, "lifecycle schema %s", path);
+	cr_expect_eq(run("", args, out, sizeof out, err, sizeof err), 1);
+	cr_expect(strstr(err, ":5:") != NULL && strstr(err, "created_at") != NULL, "%s", err);
+
+	write_def(path, "\"note\": {\"from\": \"data.note\", \"type\": \"string\", \"max_length\": 2000}");
+	snprintf(args, sizeof args, "lifecycle check %s", path);
+	cr_expect_eq(run("", args, out, sizeof out, err, sizeof err), 1, "out: %s err: %s", out, err);
+	cr_expect(strstr(out, "this worker cannot run it") != NULL || strstr(err, "this worker cannot run it") != NULL,
+	          "out: %s err: %s", out, err);
+	unlink(path);
+}
