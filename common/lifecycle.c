@@ -290,6 +290,16 @@ static bool name_ok(const char *s)
 	return true;
 }
 
+bool lc_column_reserved(const char *column)
+{
+	static const char *const kept[] = { "id", "status", "version", "flags", "created_at", "updated_at", NULL };
+
+	for (int k = 0; kept[k] != NULL; k++)
+		if (strcmp(column, kept[k]) == 0)
+			return true;
+	return false;
+}
+
 /* SQL identifiers (table, key, columns): a strict alphabet, so that they can
  * be quoted into DDL without escaping and never carry anything else. */
 static bool ident_ok(const char *s)
@@ -485,6 +495,12 @@ static void parse_sets(struct ctx *c, struct lc_event *ev, json_t *obj)
 		memset(st, 0, sizeof *st);
 		if (!ident_ok(col)) {
 			err(c, "column \"%s\" must be a lower-case SQL name ([a-z][a-z0-9_]*, at most 64), like \"paid_at\"", col);
+			pop(c);
+			continue;
+		}
+		if (lc_column_reserved(col)) {
+			err(c, "column \"%s\" is one the worker keeps itself (id, status, version, flags, created_at, "
+			       "updated_at): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
 			pop(c);
 			continue;
 		}

@@ -126,6 +126,10 @@ struct lc_errors {
  * Returns a new definition (lc_free it), or NULL with errs filled.  Allocation
  * failure is reported as an error at line 0.
  */
+/* A column of the aggregate's table the worker writes itself, which no
+ * event may set: lc_load refuses it at its line, and every command that
+ * loads a definition (check, schema, migrate, run, dlq) with it. */
+bool lc_column_reserved(const char *column);
 struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs);
 /* lc_load of a file; a file that cannot be read is one error at line 0. */
 struct lc_def *lc_load_file(const char *path, struct lc_errors *errs);

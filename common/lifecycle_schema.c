@@ -121,9 +121,7 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 			}
 			if (seen)
 				continue;
-			if (strcmp(st->column, "id") == 0 || strcmp(st->column, "status") == 0 ||
-			    strcmp(st->column, "version") == 0 || strcmp(st->column, "flags") == 0 ||
-			    strcmp(st->column, "created_at") == 0 || strcmp(st->column, "updated_at") == 0) {
+			if (lc_column_reserved(st->column)) { /* lc_load refuses it; kept for a def built by hand */
 				snprintf(diff, cap, "%s sets \"%s\", a column the worker keeps itself: name it otherwise\n",
 				         d->events[e].type, st->column);
 				(*ndiff)++;

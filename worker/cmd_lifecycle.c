@@ -60,6 +60,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	struct lc_def *d;
 	char why[512];
 	bool ok;
+	int code;
 
 	if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
 		fprintf(out, "%s\n\n"
@@ -94,12 +95,18 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	fprintf(out, "arrival order: independent (%ld sets of event types, each alone and with one type twice, "
 	             "%ld arrival orders simulated; %ld sets skipped as conflicts between terminal states)\n",
 	        chk.sets, chk.runs, chk.conflicts);
-	if (order_bind(d, &b, why, sizeof why) == 0)
+	/* The same judgement as run's (lifecycle_setup): what it refuses,
+	 * check refuses, with the same exit as any other refusal. */
+	if (order_bind(d, &b, why, sizeof why) == 0) {
 		fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);
-	else
+		code = 0;
+	} else {
 		fprintf(out, "this worker cannot run it: %s\n", why);
+		fprintf(err, "%s: this worker cannot run it: %s\n", argv[2], why);
+		code = 1;
+	}
 	lc_free(d);
-	return 0;
+	return code;
 }
 
 /* Kept for the process's life: order_decide reads it from every thread. */
