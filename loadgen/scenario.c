@@ -375,6 +375,18 @@ static void lg_draw_fields(const struct lg_scenario *s, struct lg_order *od, str
  * SPEC's envelope accepts (1..255 each) and every table the message
  * reaches must hold.  The id still starts with the run's prefix, which
  * verify selects by. */
+/* The aggregate id of a malformed message, which belongs to no planned
+ * aggregate: its id as first written, before lg_ce_keys lengthened it
+ * past what an aggregate id may be (a message must be malformed only in
+ * the way its class says). */
+static const char *lg_own_aggregate(const struct lg_msg *m, char *buf, size_t cap)
+{
+	size_t n = strcspn(m->id, "/");
+
+	snprintf(buf, cap, "%.*s", (int)n, m->id);
+	return buf;
+}
+
 static void lg_ce_keys(struct lg_scenario *s, struct lg_msg *m, size_t idx)
 {
 	enum { LONG_ID = 150 };
@@ -856,8 +868,12 @@ int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct 
 		return -1;
 	lg_occurred_at(s, m, it->variant == LG_VAR_CONFLICT && s->plan.nfields == 0 ? 1 + it->copy : 0, vals->time,
 	               sizeof vals->time);
-	snprintf(vals->subject, sizeof vals->subject, "%s",
-	         m->bad == LG_BAD_INVALID ? "not a valid id!" : m->order >= 0 ? s->orders[m->order].id : m->id);
+	if (m->bad == LG_BAD_INVALID)
+		snprintf(vals->subject, sizeof vals->subject, "not a valid id!");
+	else if (m->order >= 0)
+		snprintf(vals->subject, sizeof vals->subject, "%s", s->orders[m->order].id);
+	else
+		lg_own_aggregate(m, vals->subject, sizeof vals->subject);
 	h[n++] = (struct mq_header){ "cloudEvents:specversion", lg_ce_specversion(m) };
 	h[n++] = (struct mq_header){ "cloudEvents:id", m->id };
 	h[n++] = (struct mq_header){ "cloudEvents:source", m->source };
@@ -872,7 +888,8 @@ int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct 
 char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
-	const char *order_id = m->order >= 0 ? s->orders[m->order].id : m->id;
+	char own[LG_ID_MAX + 1];
+	const char *order_id = m->order >= 0 ? s->orders[m->order].id : lg_own_aggregate(m, own, sizeof own);
 	const char *type = lg_type_name(s, m);
 	char when[32], other[LG_ID_MAX + 8];
 	size_t flags = JSON_COMPACT;
