@@ -81,6 +81,9 @@ Test(lifecycle_schema, migrate_creates_the_shipment_tables_and_says_what_an_exis
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE()"
 	                       " AND table_name = 'shipments' AND column_name = 'delivered_at'"),
 	             0, "migrate changed nothing in an existing table");
+	cr_expect_eq(itest_int("SELECT character_maximum_length FROM information_schema.columns WHERE"
+	                       " table_schema = DATABASE() AND table_name = 'shipments' AND column_name = 'tracking_number'"),
+	             20, "migrate widens nothing in a table that differs otherwise");
 	drop_shipment_tables();
 }
 

@@ -226,9 +226,16 @@ int lifecycle_migrate(const struct cfg *conf)
 	rc = db_exec_script(db, ddl, strlen(ddl));
 	if (rc == ST_OK)
 		rc = read_columns(db, d, cols, &n);
-	if (rc == ST_OK) {
-		/* A column narrower than what the worker accepts into it (an
-		 * older version's width): widened, its rows kept. */
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_ERROR, "creating the lifecycle's tables failed", LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
+	if (ndiff > 0) {
+		/* Columns narrower than what the worker accepts into them (an
+		 * older version's widths) are widened, their rows kept, but only
+		 * when that is all that differs: a table that differs otherwise
+		 * is the user's to change, and migrate changes none of it. */
 		int nalter = lc_schema_widen(d, cols, n, ddl, sizeof ddl);
 
 		if (nalter < 0) {
@@ -236,20 +243,19 @@ int lifecycle_migrate(const struct cfg *conf)
 			    LOG_S("lifecycle", conf->lifecycle));
 			goto cleanup;
 		}
-		if (nalter > 0) {
+		if (nalter == ndiff) {
 			rc = db_exec_script(db, ddl, strlen(ddl));
-			if (rc == ST_OK) {
-				LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
-				    LOG_I("columns", nalter));
+			if (rc == ST_OK)
 				rc = read_columns(db, d, cols, &n);
+			if (rc != ST_OK) {
+				LOG(LOG_LEVEL_ERROR, "widening the lifecycle's columns failed", LOG_S("error", db_errmsg(db)));
+				goto cleanup;
 			}
+			LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
+			    LOG_I("columns", nalter));
+			ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
 		}
 	}
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "creating the lifecycle's tables failed", LOG_S("error", db_errmsg(db)));
-		goto cleanup;
-	}
-	ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
 	if (ndiff == 0) {
 		LOG(LOG_LEVEL_INFO, "the lifecycle's tables match its definition", LOG_S("lifecycle", conf->lifecycle),
 		    LOG_S("table", d->table));
