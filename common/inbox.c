@@ -908,7 +908,7 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
 			if (v.emits & (1u << i)) {
 				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL,
-				                      d->emits[i], ev->order_id, ev->message_id, ev->type_name, ev->ctx);
+				                      i, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
 				nrows++;
 			}
 		}

@@ -30,6 +30,7 @@
  * proves it for the file at hand instead of trusting it.
  */
 #include "lifecycle.h"
+#include "lifecycle_emit.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -1063,7 +1064,9 @@ static void parse_top(struct ctx *c, json_t *root)
 {
 	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
 		                                "terminal", "events", NULL };
+	char why[320];
 	json_t *v;
+	int line;
 
 	if (!json_is_object(root)) {
 		err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
@@ -1084,6 +1087,10 @@ static void parse_top(struct ctx *c, json_t *root)
 	parse_path(c, root);
 	if (!parse_events(c, root))
 		return;
+	if (c->errs->n == 0 && lc_emit_split(c->def, why, sizeof why, &line) != 0) {
+		err_line(c->errs, line, 0, "%s", why);
+		return;
+	}
 	assign_marks(c->def);
 }
 
@@ -1312,6 +1319,16 @@ void lc_print_table(const struct lc_def *d, FILE *f)
 	for (int m = 0; m < d->nmarks; m++)
 		fprintf(f, " %s", d->events[d->marks[m]].type);
 	fprintf(f, "%s\n", d->nmarks == 0 ? " none" : "");
+	/* What a consumer downstream deduplicates by. */
+	fprintf(f, "\nemitted, each under its own message-id:");
+	for (int k = 0; k < d->nemits; k++) {
+		char key[LC_NAME_MAX + 3], id[3 * LC_NAME_MAX + 8];
+
+		snprintf(key, sizeof key, "<%s>", d->key);
+		if (lc_emit_id(d, k, key, id, sizeof id) >= 0)
+			fprintf(f, " %s", id);
+	}
+	fprintf(f, "%s\n", d->nemits == 0 ? " none" : "");
 }
 
 /* ---- the arrival-order property ------------------------------------------- */

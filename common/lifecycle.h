@@ -95,7 +95,10 @@ struct lc_def {
 	uint32_t terminal;       /* bit s: state s is terminal */
 	struct lc_event events[LC_MAX_EVENTS];
 	int nevents;
+	/* Emitted kinds (lifecycle_emit.h): a type, and the event whose
+	 * effect it is when several are (its stable id names it), else -1. */
 	char emits[LC_MAX_EMITS][LC_NAME_MAX + 1];
+	int emit_cause[LC_MAX_EMITS];
 	int nemits;
 	int marks[LC_MAX_EVENTS]; /* mark bit -> event index */
 	int nmarks;

@@ -55,6 +55,7 @@
 
 #include "array.h"
 #include "deadletter.h"
+#include "lifecycle_emit.h"
 #include "log.h"
 #include "order.h"
 #include "msg.h"
@@ -256,20 +257,24 @@ out:
 	return s;
 }
 
-int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, const char *type,
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
                      const struct env_context *ctx)
 {
-	char id[MSG_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
+	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
 	char *body = NULL, *props = NULL;
 	const struct lc_def *def = order_binding_current()->def;
+	const char *type;
 	json_t *o;
 	int rc = outbox_now(ts, sizeof ts);
 
 	if (rc != ST_OK)
 		return rc;
-	/* Cut as the columns and AMQP would: ids fit, ours are short. */
-	snprintf(id, sizeof id, "%s:%s", type, order_id);
+	/* Names, key and cause are bounded (64 each): an id always fits the
+	 * outbox's 255, so it is never cut into another event's id. */
+	if (lc_emit_id(def, emit, order_id, id, sizeof id) < 0)
+		return ST_ERR_INVALID;
+	type = def->emits[emit];
 	/* The aggregate's name and key are the lifecycle definition's
 	 * ("order", "order_id" for the built-in one). */
 	snprintf(rk, sizeof rk, "%s.%s", def->aggregate, type);

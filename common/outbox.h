@@ -142,14 +142,16 @@ void outbox_mark_free(struct outbox_mark *mk);
  * the same id, a duplicate downstream, never a loss. */
 void outbox_sql_marks(struct sqlbuf *b, const struct outbox_mark *mk, int n);
 
-/* An event the worker emits, in SPEC.md's envelope, to conf->out_exchange
- * with routing key order.<type>.  Its message id, "<type>:<order id>", is
- * stable per order and type, so that a re-publish after a crash is
+/* An event the worker emits, kind emit of the running definition
+ * (lifecycle_emit.h), in SPEC.md's envelope, to conf->out_exchange with
+ * routing key <aggregate>.<type>.  Its message id, lc_emit_id's
+ * "<type>:<order id>" (":<cause>" when several events emit the type), names
+ * this one event of the order, so that a re-publish after a crash is
  * recognisable downstream.  cause_*: the event that caused it (data);
  * ctx (NULL: nothing) what it carried: the trace continued and the
  * correlation id (props), with conf->emit_envelope's envelope.
  * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
-int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, const char *type,
+int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
                      const struct env_context *ctx);
 

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "array.h"
+#include "lifecycle_emit.h"
 
 #define LG_SLOTS_PER_ORDER 8  /* key space per order per chunk (>= events; more for longer routes) */
 #define LG_IMMEDIATE_SPREAD 2000.0 /* key units an immediate copy may trail its original */
@@ -993,7 +994,12 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 			return -1;
 		for (int k = 0, n = 0; k < s->plan.def->nemits; k++) {
 			int e = s->plan.emit_order[k];
-			if ((od->emits & (1u << e)) && fprintf(f, "%s\"%s\"", n++ ? "," : "", s->plan.def->emits[e]) < 0)
+			char label[2 * LC_NAME_MAX + 2];
+
+			if (!(od->emits & (1u << e)))
+				continue;
+			if (lc_emit_label(s->plan.def, e, label, sizeof label) < 0 ||
+			    fprintf(f, "%s\"%s\"", n++ ? "," : "", label) < 0)
 				return -1;
 		}
 		if (fputs("]}\n", f) < 0)

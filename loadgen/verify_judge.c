@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lifecycle_emit.h"
+
 static int v_cmp_i64(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -85,8 +87,12 @@ static void v_judge_rows(struct v_state *st, long *effects_expected, long *effec
 			(*emits_expected)++;
 			if (!(o->seen & (1u << b)))
 				st->miss_emits++;
-			if (!(o->seen & (1u << b)))
-				v_add(&st->missing, "%s: %s not emitted", o->id, st->def->emits[b]);
+			if (!(o->seen & (1u << b))) {
+				char label[2 * LC_NAME_MAX + 2];
+
+				(void)lc_emit_label(st->def, b, label, sizeof label);
+				v_add(&st->missing, "%s: %s not emitted", o->id, label);
+			}
 		}
 	}
 }

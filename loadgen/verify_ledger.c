@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lifecycle_emit.h"
+
 static uint64_t v_hash(const char *s, size_t n)
 {
 	uint64_t h = 1469598103934665603ULL;
@@ -68,12 +70,11 @@ void v_add(struct v_list *l, const char *fmt, ...)
 	l->count++;
 }
 
-uint32_t v_emit_bit(const struct v_state *st, const char *name)
+uint32_t v_emit_bit(const struct v_state *st, const char *label)
 {
-	for (int i = 0; i < st->def->nemits; i++)
-		if (strcmp(name, st->def->emits[i]) == 0)
-			return 1u << i;
-	return 0;
+	int k = lc_emit_find_label(st->def, label);
+
+	return k < 0 ? 0 : 1u << k;
 }
 
 void v_copy(char *dst, size_t cap, json_t *v)

@@ -120,9 +120,10 @@ const char *v_msg_name(const void *arr, uint32_t i);
 __attribute__((format(printf, 2, 3)))
 void v_add(struct v_list *l, const char *fmt, ...);
 
-/* The bit of an emitted type name (its index in def->emits); 0 when the
- * definition does not emit it. */
-uint32_t v_emit_bit(const struct v_state *st, const char *name);
+/* The bit of an emitted kind by its label (lc_emit_label: the type, or
+ * "<type>:<cause>"; its index in def->emits); 0 when the definition does
+ * not emit it. */
+uint32_t v_emit_bit(const struct v_state *st, const char *label);
 /* Copy a JSON string (or "" for anything else) into dst. */
 void v_copy(char *dst, size_t cap, json_t *v);
 /* Whether id (len bytes) belongs to this run (starts with its prefix). */

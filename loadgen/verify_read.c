@@ -16,6 +16,7 @@
 
 #include "deadletter.h"
 #include "fault.h"
+#include "lifecycle_emit.h"
 #include "log.h"
 #include "mq.h"
 #include "publish.h"
@@ -572,11 +573,36 @@ static void v_on_dead(struct v_state *st, const struct mq_delivery *d)
 
 /* An emitted message: its kind counted for its order, and its id held to
  * the rule downstream consumers deduplicate by: every copy of one effect
- * carries the stable id "<type>:<order>" as its AMQP message-id (and, when
- * the body names an id, the same there).  A copy under that id again is a
- * re-publish (the outbox is at-least-once: allowed); one under another id,
- * or without one, is an effect a consumer would take twice: WRONG.  Native
- * and CloudEvents (structured: "id", "subject") bodies. */
+ * carries its kind's stable id (lc_emit_id: "<type>:<order>", or
+ * "<type>:<order>:<cause>" for a type several events emit) as its AMQP
+ * message-id (and, when the body names an id, the same there).  A copy
+ * under that id again is a re-publish (the outbox is at-least-once:
+ * allowed); one under another id, or without one, is an effect a consumer
+ * would take twice: WRONG.  Native and CloudEvents (structured: "id",
+ * "subject") bodies. */
+static unsigned v_emit_kind(const struct v_state *st, const char *type, const char *order, const char *prop,
+                            char *stable, size_t cap)
+{
+	unsigned first = 0;
+
+	stable[0] = '\0';
+	for (int k = 0; k < st->def->nemits; k++) {
+		char id[LG_ID_MAX];
+
+		if (strcmp(st->def->emits[k], type) != 0 || lc_emit_id(st->def, k, order, id, sizeof id) < 0)
+			continue;
+		if (first == 0) {
+			first = 1u << k;
+			snprintf(stable, cap, "%s", id);
+		}
+		if (strcmp(id, prop) == 0) {
+			snprintf(stable, cap, "%s", id);
+			return 1u << k;
+		}
+	}
+	return first; /* of the type, but under no id of its kinds: stable says the first */
+}
+
 static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 {
 	json_error_t jerr;
@@ -585,7 +611,7 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 	const char *type = json_string_value(json_object_get(o, "type"));
 	const char *order = json_string_value(json_object_get(o, ce ? "subject" : st->def->key));
 	const char *body_id = json_string_value(json_object_get(o, ce ? "id" : "message_id"));
-	char stable[2 * LG_ID_MAX + 2], prop[MSG_WIDE_ID_MAX + 1] = "";
+	char stable[LG_ID_MAX], prop[MSG_WIDE_ID_MAX + 1] = "";
 	unsigned bit;
 	long i;
 
@@ -594,16 +620,15 @@ static void v_on_emitted(struct v_state *st, const struct mq_delivery *d)
 		json_decref(o);
 		return;
 	}
-	bit = v_emit_bit(st, type);
+	if (d->props.message_id != NULL)
+		snprintf(prop, sizeof prop, "%.*s", (int)d->props.message_id_len, d->props.message_id);
+	bit = v_emit_kind(st, type, order, prop, stable, sizeof stable);
 	i = v_map_find(&st->omap, order, strlen(order), v_order_name, st->orders, -1);
 	if (i < 0 || bit == 0 || !(st->orders[i].emits & bit)) {
 		v_add(&st->unexpected, "%s: emitted %s, not in the ledger", order, type);
 		json_decref(o);
 		return;
 	}
-	snprintf(stable, sizeof stable, "%s:%s", type, order);
-	if (d->props.message_id != NULL)
-		snprintf(prop, sizeof prop, "%.*s", (int)d->props.message_id_len, d->props.message_id);
 	if (prop[0] == '\0' || strcmp(prop, stable) != 0 || (body_id != NULL && strcmp(body_id, stable) != 0))
 		st->wrong_ids++;
 	if (prop[0] == '\0')

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lifecycle.h"
+#include "lifecycle_emit.h"
 #include "lifecycle_schema.h"
 #include "msg.h"
 #include "order.h"
@@ -697,4 +698,84 @@ Test(lifecycle, every_table_holds_what_the_worker_accepts_into_it)
 	snprintf(want, sizeof want, "`message_id` VARCHAR(%d)", MSG_WIDE_ID_MAX);
 	cr_expect(strstr(ddl, want) != NULL, "%s: %s", want, ddl);
 	lc_free(d);
+}
+
+/* ---- one id per emitted event (issue 43, item 4) -------------------------- */
+
+static void expect_id(const struct lc_def *d, int k, const char *want)
+{
+	char id[256];
+
+	cr_assert_geq(lc_emit_id(d, k, "o-1", id, sizeof id), 0, "kind %d has an id", k);
+	cr_expect_str_eq(id, want);
+}
+
+static int kind_of(const struct lc_def *d, uint32_t emits, const char *type)
+{
+	int found = -1;
+
+	for (int k = 0; k < d->nemits; k++) {
+		if ((emits & (1u << k)) && strcmp(d->emits[k], type) == 0) {
+			cr_expect_eq(found, -1, "one %s in one verdict", type);
+			found = k;
+		}
+	}
+	return found;
+}
+
+Test(lifecycle, each_emitted_event_has_one_id_derived_from_its_cause)
+{
+	struct lc_def *d = load_builtin();
+	char id[256];
+	int paid = lc_event_find(d, "PaymentAuthorized"), cancel = lc_event_find(d, "OrderCancelled");
+	int cancelled = lc_state_find(d, "Cancelled");
+	struct lc_verdict v;
+
+	/* The built-in types have one cause each: their ids are unchanged. */
+	cr_assert_eq(d->nemits, 3);
+	expect_id(d, 0, "OrderPaid:o-1");
+	expect_id(d, 1, "RefundRequested:o-1");
+	expect_id(d, 2, "InventoryReleaseRequested:o-1");
+	/* The refund is the payment's: one kind, whether the cancellation
+	 * owed it or the payment came after the cancellation. */
+	v = lc_decide(d, lc_state_find(d, "Paid"), 1u << d->events[paid].mark, cancel);
+	cr_assert_eq(v.decision, LC_APPLY);
+	cr_expect_eq(kind_of(d, v.emits, "RefundRequested"), 1);
+	v = lc_decide(d, cancelled, 0, paid);
+	cr_assert_eq(v.decision, LC_COMPENSATE);
+	cr_expect_eq(kind_of(d, v.emits, "RefundRequested"), 1);
+	cr_expect_eq(kind_of(d, v.emits, "OrderPaid"), 0);
+	lc_free(d);
+
+	/* Three transitions emit CustomerNotified: three kinds, three ids. */
+	d = load_source_file("tests/lifecycles/ticket_notifies_thrice.json");
+	cr_assert_eq(d->nemits, 4);
+	expect_id(d, 0, "CustomerNotified:o-1:TicketOpened");
+	expect_id(d, 1, "CustomerNotified:o-1:TicketAssigned");
+	expect_id(d, 2, "CustomerNotified:o-1:TicketClosed");
+	expect_id(d, 3, "AgentPaged:o-1");
+	cr_expect_eq(lc_emit_label(d, 1, id, sizeof id), (int)strlen("CustomerNotified:TicketAssigned"));
+	cr_expect_str_eq(id, "CustomerNotified:TicketAssigned");
+	cr_expect_eq(lc_emit_find_label(d, "CustomerNotified:TicketClosed"), 2);
+	cr_expect_eq(lc_emit_find_label(d, "CustomerNotified"), -1, "the type alone names none of the three");
+	v = lc_decide(d, lc_state_find(d, "Opened"), 0, lc_event_find(d, "TicketAssigned"));
+	cr_expect_eq(v.emits, (1u << 1) | (1u << 3));
+	cr_expect_eq(lc_emit_id(d, 0, "o-1", id, 10), -1, "an id is never cut");
+	lc_free(d);
+}
+
+Test(lifecycle, a_definition_that_emits_two_events_under_one_id_is_refused)
+{
+	/* The payment emits OrderPaid, and the cancellation that compensates
+	 * it would emit OrderPaid again: both are the payment's, one id. */
+	char *text = builtin_with("\"emit\": \"RefundRequested\"", "\"emit\": \"OrderPaid\"");
+	const char *at = strstr(text, "\"type\": \"OrderCancelled\"");
+	int line = 1;
+
+	for (const char *p = text; p < at; p++)
+		line += *p == '\n';
+	expect_error(text, line - 1, 0,
+	             "\"OrderPaid\" is emitted when PaymentAuthorized takes effect and again when OrderCancelled "
+	             "compensates it: one aggregate would emit two events under one id");
+	free(text);
 }
