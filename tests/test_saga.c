@@ -16,6 +16,8 @@
 
 #include "db.h"
 #include "itest.h"
+#include "lifecycle.h"
+#include "lifecycle_schema.h"
 #include "spec_oracle.h"
 #include "status.h"
 
@@ -602,13 +604,15 @@ Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 
  * inbox-loadgen (every arrival order within the window, duplicates of
  * every kind, conflicts, malformed messages) published to two workers and
  * verified against the plan of the definition that runs, for
- *   lifecycle {built-in order, lifecycles/shipment.json}
+ *   lifecycle {built-in order, lifecycles/shipment.json,
+ *              tests/lifecycles/ticket_notifies_thrice.json (one type
+ *              emitted by three events, each under its own id)}
  *   x envelope {native, CloudEvents structured, CloudEvents binary}
  *   x dispatch {thread, relay} (INBOX_OUTBOX_DISPATCH).
- * Not the full product (12 cells): a covering design of 6 in which every
+ * Not the full product (18 cells): a covering design of 9 in which every
  * pair of values of two factors meets at least once — a seam opens
  * between two features, and each pair is where it would show.  Every
- * lifecycle meets every envelope (6 = 2 x 3, the largest pair product),
+ * lifecycle meets every envelope (9 = 3 x 3, the largest pair product),
  * and the dispatch alternates so that each lifecycle and each envelope
  * meets both dispatch modes.  CloudEvents structured also emits as
  * CloudEvents (INBOX_EMIT_ENVELOPE), which verify reads; binary runs the
@@ -644,16 +648,23 @@ static void run_cell(const struct cell *c, const char *name)
 	}
 	itest_fresh();
 	if (c->lifecycle != NULL) {
-		static const char *const tables[] = { "shipment_events", "shipment_locks", "shipments" };
+		char tables[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
+		struct lc_errors errs;
+		struct lc_def *def;
+
 		snprintf(file, sizeof file, "%s/%s", root, c->lifecycle);
+		def = lc_load_file(file, &errs);
+		cr_assert_not_null(def, "%s loads", file);
+		lc_schema_tables(def, tables);
+		lc_free(def);
 		snprintf(env_lc, sizeof env_lc, "INBOX_LIFECYCLE=%s", file);
 		env[ne++] = env_lc;
 		pub[np++] = ver[nv++] = "--lifecycle";
 		pub[np++] = ver[nv++] = file;
 		/* itest_fresh drops the order's tables; a definition's own are
 		 * dropped here, so migrate creates them as this build says. */
-		for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
-			char sql[160];
+		for (size_t i = 0; i < LC_SCHEMA_TABLES; i++) {
+			char sql[sizeof tables + 32];
 			snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS `%s`", tables[i]);
 			cr_assert_eq(db_exec(itest_db(), sql), ST_OK, "%s: %s", sql, db_errmsg(itest_db()));
 		}
@@ -680,6 +691,7 @@ static void run_cell(const struct cell *c, const char *name)
 }
 
 #define SHIPMENT "lifecycles/shipment.json"
+#define TICKET "tests/lifecycles/ticket_notifies_thrice.json"
 #define CELL(lc, lcname, env, envname, disp)                                                              \
 	Test(saga, matrix_##lcname##_##envname##_##disp, .timeout = 600)                                   \
 	{                                                                                                   \
@@ -692,3 +704,6 @@ CELL(NULL, builtin, "cloudevents-binary", cloudevents_binary, thread)
 CELL(SHIPMENT, shipment, "native", native, relay)
 CELL(SHIPMENT, shipment, "cloudevents", cloudevents, thread)
 CELL(SHIPMENT, shipment, "cloudevents-binary", cloudevents_binary, relay)
+CELL(TICKET, ticket, "native", native, thread)
+CELL(TICKET, ticket, "cloudevents", cloudevents, relay)
+CELL(TICKET, ticket, "cloudevents-binary", cloudevents_binary, thread)
