@@ -625,11 +625,41 @@ struct cell {
 	const char *dispatch;
 };
 
+/* The accounting suite's rule, for every cell: the two workers' counters,
+ * added, say what the database and the DLQ hold.  Each key ends in one
+ * row of processed_messages and is counted once, in its final outcome, by
+ * whichever worker settled it; every dead letter is one DLQ copy. */
+static void cell_accounts(const char *name)
+{
+	static char page[2][65536];
+	static const char *const outcomes[] = { "applied", "ignored", "compensated" };
+	double sum;
+
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(itest_http_get(itest_metrics_port(k), "/metrics", page[k], sizeof page[k]), 200,
+		             "%s: worker %d's /metrics", name, k);
+	for (size_t i = 0; i < sizeof outcomes / sizeof outcomes[0]; i++) {
+		char metric[96], q[160];
+
+		snprintf(metric, sizeof metric, "inbox_messages_total{outcome=\"%s\"}", outcomes[i]);
+		snprintf(q, sizeof q, "SELECT COUNT(*) FROM processed_messages WHERE outcome = '%s'", outcomes[i]);
+		sum = itest_metric(page[0], metric) + itest_metric(page[1], metric);
+		cr_expect_eq((int64_t)sum, itest_int(q), "%s: %s, both workers, against the inbox rows", name, metric);
+	}
+	sum = itest_metric(page[0], "inbox_messages_total{outcome=\"dead_lettered\"}") +
+	      itest_metric(page[1], "inbox_messages_total{outcome=\"dead_lettered\"}");
+	cr_expect_eq((uint32_t)sum, itest_queue_depth(itest_cfg()->dlq), "%s: every dead letter is one DLQ copy", name);
+	sum = itest_metric(page[0], "inbox_outbox_pending") + itest_metric(page[1], "inbox_outbox_pending");
+	cr_expect_eq((int64_t)sum, 0, "%s: nothing left in the outbox", name);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL"), 0, "%s", name);
+}
+
 static void run_cell(const struct cell *c, const char *name)
 {
 	const char *root = getenv("INBOX_SOURCE_ROOT");
 	char file[1024] = "", env_lc[1100], env_d[64], ledger[256], plog[300], vlog[300];
-	const char *env[6] = { env_d };
+	const char *env[8] = { env_d };
+	char metrics[2][64];
 	const char *migrate[] = { "migrate", NULL };
 	const char *pub[24] = { "publish", "--ledger", ledger, "--orders", "150", "--conflicts", "5", "--malformed", "16",
 	                        "--invalid-share", "0.05", "--connections", "4", "--reorder-window", "3",
@@ -677,11 +707,18 @@ static void run_cell(const struct cell *c, const char *name)
 	snprintf(vlog, sizeof vlog, "%s.verify.log", ledger);
 	st = itest_wait_exit(itest_spawn(migrate, env), 120);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: migrate failed (status %d)", name, st);
+	for (int k = 0; k < 2; k++)
+		snprintf(metrics[k], sizeof metrics[k], "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(k));
+	env[ne] = metrics[0];
 	w1 = itest_worker(3, env);
+	env[ne] = metrics[1];
 	w2 = itest_worker(3, env);
+	env[ne] = NULL;
 	rc = itest_loadgen(pub, NULL, plog, 300);
 	if (rc == 0)
 		rc = itest_loadgen(ver, NULL, vlog, 300) == 0 ? 0 : 100;
+	if (rc == 0)
+		cell_accounts(name);
 	stop_ok(w1);
 	stop_ok(w2);
 	cr_assert_eq(rc == 100 ? 0 : rc, 0, "%s: publish failed, see %s", name, plog);
