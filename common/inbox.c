@@ -62,6 +62,7 @@
 #include "lifecycle_schema.h"
 #include "log.h"
 #include "outbox.h"
+#include "outbox_dispatch.h"
 #include "sqlbuf.h"
 #include "status.h"
 
@@ -105,9 +106,6 @@
 
 /* The write's statements, in the order they run (inbox_flush). */
 enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_NSECT };
-/* Claims whose outbox rows were published from memory, marked sent in the
- * next write (inbox_mark_sent). */
-#define INBOX_MARKS_MAX 64
 /* inbox_claim with its NOWAIT lock found an order another transaction
  * holds (not a status: it never leaves this file). */
 #define INBOX_HELD_ELSEWHERE 1
@@ -238,14 +236,13 @@ struct inbox {
 	int *sub_of;
 	struct inbox_order *orders;
 	int norders;
-	/* The outbox rows of the transaction, kept to be published from
-	 * memory after its commit (dispatch: rows a batch writes; hold
-	 * expiry's are the relay's), and the claims of rows published so,
-	 * to mark sent in the next write (common/outbox.h). */
-	struct outbox_mem emit;
-	bool dispatch;
-	struct outbox_mark marks[INBOX_MARKS_MAX];
-	int nmarks;
+	/* The thread's outbox dispatcher (borrowed; NULL: none, the rows
+	 * are the relay's): the copies of the transaction's rows go to emit,
+	 * its buffer, when this transaction dispatches (a batch's rows; hold
+	 * expiry's are the relay's), and its pending marks ride in the write
+	 * (common/outbox_dispatch.h). */
+	struct outbox_dispatcher *out;
+	struct outbox_mem *emit;
 	/* The request being built, and the rows of each write statement. */
 	struct sqlbuf req;
 	struct sqlbuf w[W_NSECT];
@@ -497,13 +494,6 @@ int inbox_limits(const struct inbox *ib, char *why, size_t cap)
 	return ST_ERR_INVALID;
 }
 
-static void inbox_marks_clear(struct inbox *ib)
-{
-	for (int i = 0; i < ib->nmarks; i++)
-		outbox_mark_free(&ib->marks[i]);
-	ib->nmarks = 0;
-}
-
 void inbox_close(struct inbox **ibp)
 {
 	struct inbox *ib;
@@ -527,8 +517,6 @@ void inbox_close(struct inbox **ibp)
 	free(ib->sub_in);
 	free(ib->sub_res);
 	free(ib->sub_of);
-	outbox_mem_free(&ib->emit);
-	inbox_marks_clear(ib);
 	sqlbuf_free(&ib->req);
 	sqlbuf_free(&ib->vals);
 	for (int s = 0; s < W_NSECT; s++)
@@ -587,7 +575,7 @@ static const struct {
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
 	[W_OUTCOME] = { NULL, NULL },
 	[W_LOCK] = { NULL, NULL },
-	[W_MARK] = { NULL, NULL }, /* whole statements: outbox_sql_marks */
+	[W_MARK] = { NULL, NULL }, /* whole statements: outbox_dispatcher_write_marks */
 };
 
 /* The batch's distinct keys as a condition on processed_messages, one IN
@@ -774,7 +762,7 @@ static int inbox_flush(struct inbox *ib, bool commit)
 		}
 	}
 	if (commit)
-		outbox_sql_marks(&ib->w[W_MARK], ib->marks, ib->nmarks);
+		outbox_dispatcher_write_marks(ib->out, &ib->w[W_MARK]);
 	for (int s = 0; s < W_NSECT; s++) {
 		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
 			rc = sqlbuf_err(&ib->w[s]);
@@ -874,7 +862,7 @@ static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, c
 		.detail = detail, .deliveries = ev->deliveries,
 	};
 
-	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL, &d);
+	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->emit, &d);
 }
 
 static const char *inbox_reason_of(enum order_decision d)
@@ -907,7 +895,7 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 		 * InventoryReleaseRequested for orders) */
 		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
 			if (v.emits & (1u << i)) {
-				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->dispatch ? &ib->emit : NULL,
+				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->emit,
 				                      i, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
 				nrows++;
 			}
@@ -1752,7 +1740,8 @@ static int inbox_claim(struct inbox *ib, const struct inbox_in *in, int n, bool 
 	rc = inbox_token(&ib->token);
 	if (rc != ST_OK)
 		return rc;
-	ib->emit.claim = ib->token;
+	if (ib->conf->outbox_dispatch == CFG_DISPATCH_THREAD)
+		ib->emit = outbox_dispatcher_begin(ib->out, ib->token);
 	/* Orders first, then keys: a key's row is only ever written under its
 	 * order's lock (a released or expired held event's outcome is written
 	 * by whoever holds the order), so a batch holding a duplicate of a
@@ -1875,11 +1864,12 @@ static int inbox_end(struct inbox *ib, int rc, bool hooks)
 		}
 	}
 	if (rc == ST_OK) {
-		inbox_marks_clear(ib); /* written with the COMMIT */
+		outbox_dispatcher_committed(ib->out); /* the marks went with the COMMIT */
 	} else {
 		db_rollback(ib->db);
-		outbox_mem_reset(&ib->emit); /* nothing of it was committed */
+		outbox_dispatcher_abort(ib->out); /* nothing of it was committed */
 	}
+	ib->emit = NULL;
 	inbox_forget(ib);
 	return rc;
 }
@@ -1890,8 +1880,7 @@ static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struc
 {
 	int rc;
 
-	outbox_mem_reset(&ib->emit);
-	ib->dispatch = ib->conf->outbox_dispatch == CFG_DISPATCH_THREAD;
+	ib->emit = NULL; /* inbox_claim gives the batch's copies their buffer */
 	for (int i = 0; i < n; i++) {
 		memset(&res[i], 0, sizeof res[i]);
 		msg_sha256_hex(in[i].msg->sha256, ib->hex[i]);
@@ -2240,8 +2229,7 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 		log = malloc((size_t)n * sizeof *log);
 		rc = log != NULL ? ST_OK : ST_ERR_NOMEM;
 	}
-	outbox_mem_reset(&ib->emit);
-	ib->dispatch = false; /* the relay publishes what expiry writes */
+	ib->emit = NULL; /* the relay publishes what expiry writes */
 	if (rc == ST_OK)
 		rc = inbox_expire_read(ib, rows, n);
 	if (rc == ST_OK)
@@ -2260,31 +2248,14 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 	return rc;
 }
 
-struct outbox_mem *inbox_emitted(struct inbox *ib)
+void inbox_set_outbox(struct inbox *ib, struct outbox_dispatcher *out)
 {
-	return &ib->emit;
-}
-
-int inbox_mark_sent(struct inbox *ib, const struct outbox_sent *sent)
-{
-	int rc;
-
-	if (ib->nmarks >= INBOX_MARKS_MAX)
-		return INBOX_MARKS_FULL;
-	rc = outbox_mark_of(sent, &ib->marks[ib->nmarks]);
-	if (rc == ST_OK)
-		ib->nmarks++;
-	return rc;
-}
-
-int inbox_marks_pending(const struct inbox *ib)
-{
-	return ib->nmarks;
+	ib->out = out;
 }
 
 int inbox_flush_marks(struct inbox *ib)
 {
-	if (ib->nmarks == 0)
+	if (outbox_dispatcher_marks_pending(ib->out) == 0)
 		return ST_OK;
 	return inbox_end(ib, ST_OK, false); /* the marks and the COMMIT, one round trip */
 }

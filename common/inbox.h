@@ -30,6 +30,8 @@
 #include "order.h"
 #include "outbox.h"
 
+struct outbox_dispatcher;
+
 struct inbox;
 
 enum inbox_outcome {
@@ -131,20 +133,11 @@ int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_r
 int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res, bool *later,
                      int *nlater);
 
-/* The outbox rows the last committed transaction wrote, tagged with its
- * claim, for the caller to publish now: outbox_dispatch takes them (and
- * gives the inbox its emptied room back); empty after a failed one.  Valid
- * until the next inbox call. */
-struct outbox_mem *inbox_emitted(struct inbox *ib);
-
-/* The copies of sent (settled) were published: mark the rows of those
- * acked sent in the next transaction's write (no round trip of its own),
- * leaving the others to the sweep.  ST_OK; INBOX_MARKS_FULL: as many marks
- * as one write carries are pending already, inbox_flush_marks first;
- * ST_ERR_NOMEM. */
-#define INBOX_MARKS_FULL 1
-int inbox_mark_sent(struct inbox *ib, const struct outbox_sent *sent);
-int inbox_marks_pending(const struct inbox *ib);
+/* The thread's outbox dispatcher (borrowed, outliving ib; NULL: none):
+ * with INBOX_OUTBOX_DISPATCH=thread a batch's rows are tagged and copied
+ * to it (outbox_dispatcher_begin), and every write carries its pending
+ * marks.  The thread publishes after the commit itself. */
+void inbox_set_outbox(struct inbox *ib, struct outbox_dispatcher *out);
 
 /* Write the pending marks in a transaction of their own (an idle thread:
  * no next transaction to carry them). */

@@ -71,11 +71,6 @@ static const char *const metrics_outcome_names[] = {
 };
 _Static_assert(ARRAY_LEN(metrics_outcome_names) == METRICS_OUTCOME_COUNT, "one name per enum metrics_outcome");
 
-const char *metrics_outcome_name(enum metrics_outcome o)
-{
-	return (unsigned)o < METRICS_OUTCOME_COUNT ? metrics_outcome_names[o] : "unknown";
-}
-
 void metrics_outcome(enum metrics_outcome o, int n)
 {
 	if ((unsigned)o < METRICS_OUTCOME_COUNT && n > 0)

@@ -107,7 +107,6 @@ uint64_t metrics_redelivered_count(void);
 int metrics_set_lifecycle(const char *aggregate, const char *table, const char *key);
 
 uint64_t metrics_outcome_count(enum metrics_outcome o);
-const char *metrics_outcome_name(enum metrics_outcome o);
 uint64_t metrics_dead_letter_count(enum msg_reason r);
 uint64_t metrics_held_count(void);
 uint64_t metrics_released_count(void);

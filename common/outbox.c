@@ -57,6 +57,7 @@
 #include "deadletter.h"
 #include "lifecycle_emit.h"
 #include "log.h"
+#include "outbox_int.h"
 #include "order.h"
 #include "msg.h"
 #include "status.h"
@@ -64,14 +65,11 @@
 #define OUTBOX_BATCH_MAX 64
 _Static_assert(OUTBOX_BATCH_MAX <= DB_MAX_PARAMS, "a round's ids are one statement's parameters");
 #define OUTBOX_DUE_MAX 16          /* retried rows per round, each confirmed alone */
-#define OUTBOX_CONFIRM_MS 10000
-#define OUTBOX_HEADERS_MAX 16
 /* Column limits, not INBOX_MAX_BODY: what is stored must be publishable
  * whatever today's configuration says. */
 #define OUTBOX_BODY_MAX ((size_t)16 * 1024 * 1024 - 1) /* MEDIUMBLOB */
 #define OUTBOX_TEXT_MAX ((size_t)65535)                /* TEXT */
 #define OUTBOX_NAME_MAX 1024       /* VARCHAR(255) of up to 4-byte characters */
-#define OUTBOX_SHORTSTR_MAX 255    /* an AMQP short string */
 /* A buffer grown past this for one large row is given back after the round. */
 #define OUTBOX_KEEP_MAX ((size_t)1024 * 1024)
 /* Longer than a round takes, short enough that rows a dead relay leased
@@ -333,71 +331,6 @@ int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outb
 	return rc;
 }
 
-void outbox_sql_marks(struct sqlbuf *b, const struct outbox_mark *mk, int n)
-{
-	bool open = false;
-
-	for (int i = 0; i < n; i++) {
-		if (mk[i].nexcept > 0)
-			continue;
-		if (!open) {
-			sqlbuf_stmt(b);
-			sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (");
-			sqlbuf_list(b);
-			open = true;
-		}
-		sqlbuf_item(b);
-		sqlbuf_i64(b, mk[i].claim);
-	}
-	if (open)
-		sqlbuf_sql(b, ");");
-	for (int i = 0; i < n; i++) {
-		if (mk[i].nexcept == 0)
-			continue;
-		sqlbuf_stmt(b);
-		sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim = ");
-		sqlbuf_i64(b, mk[i].claim);
-		sqlbuf_sql(b, " AND message_id NOT IN (");
-		sqlbuf_list(b);
-		for (int k = 0; k < mk[i].nexcept; k++) {
-			sqlbuf_item(b);
-			sqlbuf_str(b, mk[i].except[k]);
-		}
-		sqlbuf_sql(b, ");");
-	}
-}
-
-int outbox_mark_of(const struct outbox_sent *sent, struct outbox_mark *mk)
-{
-	int failed = sent->n - sent->acked;
-
-	*mk = (struct outbox_mark){ .claim = sent->claim };
-	if (failed == 0)
-		return ST_OK;
-	mk->except = calloc((size_t)failed, sizeof *mk->except);
-	if (mk->except == NULL)
-		return ST_ERR_NOMEM;
-	for (int i = 0; i < sent->n; i++) {
-		if (sent->ok[i])
-			continue;
-		mk->except[mk->nexcept] = strdup(sent->mem.v[i].message_id);
-		if (mk->except[mk->nexcept] == NULL) {
-			outbox_mark_free(mk);
-			return ST_ERR_NOMEM;
-		}
-		mk->nexcept++;
-	}
-	return ST_OK;
-}
-
-void outbox_mark_free(struct outbox_mark *mk)
-{
-	for (int k = 0; k < mk->nexcept; k++)
-		free(mk->except[k]);
-	free(mk->except);
-	*mk = (struct outbox_mark){ 0 };
-}
-
 /* ---- the relay -------------------------------------------------------- */
 
 /* Prepare head + "?, ?, ... ?)" (OUTBOX_BATCH_MAX places) + tail. */
@@ -509,8 +442,7 @@ static void outbox_shrink(char **buf, size_t *cap)
 	}
 }
 
-/* Extra headers are stored as a flat JSON object of strings. */
-static int outbox_headers(const char *json, json_t **keep, struct mq_header *h, int cap)
+int outbox_headers(const char *json, json_t **keep, struct mq_header *h, int cap)
 {
 	json_error_t err;
 	const char *k;
@@ -554,11 +486,6 @@ static int outbox_backoff_ms(int64_t attempts)
 	for (int64_t i = 0; i < attempts && ms < OUTBOX_BACKOFF_MAX_MS; i++)
 		ms *= 2;
 	return (int)(ms > OUTBOX_BACKOFF_MAX_MS ? OUTBOX_BACKOFF_MAX_MS : ms);
-}
-
-static bool outbox_broker_error(int rc)
-{
-	return rc != ST_OK && rc != ST_ERR_MQ_NACK;
 }
 
 /* Publish one fetched row.  alone: wait for its confirm before returning
@@ -910,144 +837,4 @@ int outbox_stats(struct outbox *ob, int64_t *pending, double *oldest_s)
 	*oldest_s = c[1].is_null ? 0 : (double)c[1].i64 / 1e6;
 	db_rollback(ob->db);
 	return ST_OK;
-}
-
-/* ---- dispatch from memory ---------------------------------------------- */
-
-/* Publishes between two waits for their confirms: well within the
- * outcomes pub.c remembers (MQ_TRACK_MAX). */
-#define OUTBOX_DISPATCH_WINDOW 128
-_Static_assert(OUTBOX_DISPATCH_WINDOW < MQ_TRACK_MAX, "a window's outcomes must all be remembered");
-
-/*
- * As the relay publishes a row (outbox_publish), from the copy: emitted
- * events pipelined, a dead-letter copy (mandatory) with nothing else in
- * flight so that a return is its own, and a row for an exchange the worker
- * does not declare alone.  What cannot be published from here (a copy
- * whose headers do not parse) is not charged to its row: the row is left
- * unmarked and the sweep publishes it with the relay's per-row failure
- * handling, while the copies after it go on.
- */
-static int outbox_sent_room(struct outbox_sent *sent, int n)
-{
-	if (n > sent->cap) {
-		uint64_t *seq = realloc(sent->seq, (size_t)n * sizeof *seq);
-		bool *ok;
-
-		if (seq == NULL)
-			return ST_ERR_NOMEM;
-		sent->seq = seq;
-		ok = realloc(sent->ok, (size_t)n * sizeof *ok);
-		if (ok == NULL)
-			return ST_ERR_NOMEM;
-		sent->ok = ok;
-		sent->cap = n;
-	}
-	return ST_OK;
-}
-
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, struct outbox_mem *mem, bool wait,
-                    struct outbox_sent *sent)
-{
-	struct outbox_mem swap;
-	uint64_t first;
-	int rc;
-
-	outbox_mem_reset(&sent->mem);
-	swap = sent->mem;
-	sent->mem = *mem;
-	*mem = swap;
-	sent->claim = sent->mem.claim;
-	sent->n = sent->mem.n;
-	sent->acked = 0;
-	sent->settled = false;
-	sent->first = sent->last = mq_next_seq(pub);
-	rc = outbox_sent_room(sent, sent->n);
-	if (rc != ST_OK)
-		return rc;
-	for (int i = 0; i < sent->n; i++)
-		sent->seq[i] = 0, sent->ok[i] = false;
-	if (sent->n == 0) {
-		sent->settled = true;
-		return ST_OK;
-	}
-	rc = mq_confirm_select(pub);
-	if (rc != ST_OK)
-		return rc;
-	sent->first = first = mq_next_seq(pub);
-	for (int i = 0; i < sent->n; i++) {
-		const struct outbox_msg *c = &sent->mem.v[i];
-		struct mq_header h[OUTBOX_HEADERS_MAX];
-		json_t *keep = NULL;
-		bool declared = strcmp(c->exchange, conf->out_exchange) == 0 || strcmp(c->exchange, conf->dlx) == 0;
-		struct mq_message m = {
-			.exchange = c->exchange, .routing_key = c->routing_key, .body = c->body, .len = c->len,
-			.props_json = c->props, .message_id = c->message_id, .type = c->type, .headers = h,
-			.mandatory = strcmp(c->exchange, conf->dlx) == 0,
-		};
-		uint64_t seq;
-
-		m.nheaders = outbox_headers(c->headers, &keep, h, OUTBOX_HEADERS_MAX);
-		if (m.nheaders < 0 || strlen(c->message_id) > OUTBOX_SHORTSTR_MAX ||
-		    strlen(c->exchange) > OUTBOX_SHORTSTR_MAX || strlen(c->routing_key) > OUTBOX_SHORTSTR_MAX ||
-		    strlen(c->type) > OUTBOX_SHORTSTR_MAX) {
-			json_decref(keep);
-			continue; /* the sweep charges it to its row */
-		}
-		/* A mandatory copy (or one to an exchange we do not declare)
-		 * goes with nothing else in flight; the others in windows. */
-		if ((m.mandatory || !declared || mq_next_seq(pub) - first >= OUTBOX_DISPATCH_WINDOW) &&
-		    mq_unconfirmed(pub) > 0) {
-			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
-			if (outbox_broker_error(rc)) {
-				json_decref(keep);
-				return rc;
-			}
-		}
-		if (mq_unconfirmed(pub) == 0)
-			first = mq_next_seq(pub);
-		seq = mq_next_seq(pub);
-		rc = mq_publish(pub, &m);
-		json_decref(keep);
-		if (rc == ST_ERR_INVALID)
-			continue; /* stored properties that do not parse: the sweep charges the row */
-		if (rc == ST_OK)
-			sent->seq[i] = seq;
-		if (rc == ST_OK && (m.mandatory || !declared))
-			rc = mq_wait_confirms(pub, OUTBOX_CONFIRM_MS);
-		if (outbox_broker_error(rc))
-			return rc;
-	}
-	sent->last = mq_next_seq(pub);
-	if (!wait)
-		return ST_OK; /* outbox_dispatch_settled tells when they are */
-	rc = mq_unconfirmed(pub) > 0 ? mq_wait_confirms(pub, OUTBOX_CONFIRM_MS) : ST_OK;
-	if (outbox_broker_error(rc))
-		return rc;
-	(void)outbox_dispatch_settled(pub, sent);
-	return ST_OK;
-}
-
-bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent)
-{
-	if (sent->settled)
-		return true;
-	for (int i = 0; i < sent->n; i++)
-		if (sent->seq[i] != 0 && mq_outcome(pub, sent->seq[i]) == MQ_OUTCOME_PENDING)
-			return false;
-	sent->acked = 0;
-	for (int i = 0; i < sent->n; i++) {
-		sent->ok[i] = sent->seq[i] != 0 && mq_outcome(pub, sent->seq[i]) == MQ_OUTCOME_ACKED;
-		sent->acked += sent->ok[i];
-	}
-	sent->settled = true;
-	return true;
-}
-
-void outbox_sent_free(struct outbox_sent *sent)
-{
-	outbox_mem_free(&sent->mem);
-	free(sent->seq);
-	free(sent->ok);
-	*sent = (struct outbox_sent){ 0 };
 }

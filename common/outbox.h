@@ -22,6 +22,13 @@
  * by the same file: headers a JSON object of strings, props the JSON of
  * mq_delivery_props_json (NULL: none), body bytes.
  *
+ * Rows a committing thread publishes itself from memory (outbox_dispatch.h)
+ * carry its claim token and are taken here only once older than
+ * INBOX_OUTBOX_SWEEP: one no thread published or marked (a crash between
+ * the commit and the mark, a publish that failed), which a live thread
+ * never leaves that long.  A row without a tag (hold expiry's, an older
+ * version's, one written by hand) is the relay's at once.
+ *
  * Ownership: outbox_open prepares statements on a caller-owned db and owns
  * the row buffers (grown to fit what is stored); the mq publisher is
  * borrowed per call.  The row writers append to the caller's sqlbuf and
@@ -54,22 +61,8 @@ struct outbox_round {
 	"INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"  \
 	" created_at, claim) VALUES "
 
-/*
- * The outbox dispatched from memory (issue 25): the transaction that
- * writes rows keeps a copy of each (struct outbox_mem) and tags them with
- * its claim token (outbox.claim, migration 0018); right after its COMMIT
- * the same thread publishes the copies itself (outbox_dispatch, with
- * confirms) and marks the rows whose copies were confirmed sent in the
- * write of its next transaction (outbox_sql_marks: by claim, no round
- * trip of its own), or in a transaction of its own once it is idle.  The
- * relay (outbox_relay) takes a tagged row only when it is older than
- * INBOX_OUTBOX_SWEEP: one no thread published or marked (a crash between
- * the commit and the mark, a publish that failed), which a live thread
- * never leaves that long.  A row without a tag (written by hold expiry,
- * by an older version, by hand) is the relay's at once, as before.  Ids
- * are stable as ever, so a swept row that was in fact published is a
- * duplicate downstream, never a new event.
- */
+/* A copy of a row the transaction wrote, kept for the committing thread
+ * to publish from memory after the COMMIT (outbox_dispatch.h). */
 struct outbox_msg {
 	char *message_id, *exchange, *routing_key, *type, *props, *headers; /* props, headers: JSON or NULL */
 	void *body;
@@ -85,62 +78,6 @@ struct outbox_mem {
 /* Forget the copies (keeping the room), or free everything. */
 void outbox_mem_reset(struct outbox_mem *mem);
 void outbox_mem_free(struct outbox_mem *mem);
-
-/* One transaction's copies published from memory.  outbox_dispatch
- * takes the copies out of the transaction's mem (a swap: mem gets this
- * record's emptied room back) and keeps them until each publish has its
- * outcome: a row's fate is its own, so a copy returned, nacked or not
- * publishable from here leaves that row alone to the sweep while the rows
- * beside it are published and marked.  first..last (exclusive): the
- * publisher's sequence numbers used; seq[i]: copy i's, 0 when it was not
- * published; ok[i], once settled: copy i was acked. */
-struct outbox_sent {
-	int64_t claim;
-	struct outbox_mem mem;
-	uint64_t *seq;
-	bool *ok;
-	int cap;
-	uint64_t first, last;
-	int n, acked;
-	bool settled;
-};
-
-/* Publish the copies in mem on pub, with confirms (pipelined; a
- * dead-letter copy, which is mandatory, alone, so that a return is its
- * own).  sent takes mem's copies (see above) and is reused from one
- * transaction to the next; its room is freed by outbox_sent_free.  wait:
- * return when every one is confirmed (sent->settled); otherwise return
- * once they are written, and outbox_dispatch_settled says later, after
- * the publisher's confirms are read (mq_poll_confirms, mq_wait_confirms):
- * the committing thread goes on to its next batch while the broker
- * confirms.  Returns ST_OK, ST_ERR_NOMEM, or the broker error that ended
- * it (every row of sent is then the sweep's). */
-int outbox_dispatch(struct mq *pub, const struct cfg *conf, struct outbox_mem *mem, bool wait,
-                    struct outbox_sent *sent);
-/* Whether every publish of sent has its outcome (then sent->ok and
- * sent->acked say which were acked); false while one is unconfirmed. */
-bool outbox_dispatch_settled(const struct mq *pub, struct outbox_sent *sent);
-void outbox_sent_free(struct outbox_sent *sent);
-
-/* The rows of one transaction to mark sent: all of claim's, but the
- * message ids in except (owned), whose copies were not acked. */
-struct outbox_mark {
-	int64_t claim;
-	char **except;
-	int nexcept;
-};
-
-/* The mark of a settled sent (ST_OK, ST_ERR_NOMEM); its release. */
-int outbox_mark_of(const struct outbox_sent *sent, struct outbox_mark *mk);
-void outbox_mark_free(struct outbox_mark *mk);
-
-/* The one statement that marks rows sent, as whole statements of b
- * (sqlbuf_stmt): "UPDATE outbox SET sent_at ... WHERE claim IN (...)" for
- * the marks with nothing excepted, one with "AND message_id NOT IN (...)"
- * for each of the others.  A row whose id an unacked copy of the same
- * transaction shares is left to the sweep too: it goes out again under
- * the same id, a duplicate downstream, never a loss. */
-void outbox_sql_marks(struct sqlbuf *b, const struct outbox_mark *mk, int n);
 
 /* An event the worker emits, kind emit of the running definition
  * (lifecycle_emit.h), in SPEC.md's envelope, to conf->out_exchange with

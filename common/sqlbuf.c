@@ -246,11 +246,6 @@ void sqlbuf_item(struct sqlbuf *b)
 		sqlbuf_raw(b, ",", 1);
 }
 
-bool sqlbuf_list_empty(const struct sqlbuf *b)
-{
-	return b->len == b->mark;
-}
-
 void sqlbuf_undo(struct sqlbuf *b, size_t len)
 {
 	if (len > b->len)

@@ -85,8 +85,6 @@ void sqlbuf_list(struct sqlbuf *b);
 void sqlbuf_row(struct sqlbuf *b);
 void sqlbuf_row_end(struct sqlbuf *b);
 void sqlbuf_item(struct sqlbuf *b);
-/* True when the list begun by sqlbuf_list has no item. */
-bool sqlbuf_list_empty(const struct sqlbuf *b);
 
 /* Back to len bytes (a length it had), its error cleared: undoes what
  * did not fit, to send what did first. */

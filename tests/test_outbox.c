@@ -559,7 +559,7 @@ Test(outbox, emitted_events_are_published_once_by_the_committing_thread, .timeou
 
 /* Many transactions' copies in flight at once: each thread publishes a
  * batch's events after its commit and reads their confirms while its next
- * batches run (worker/worker.c, worker_settle_sent).  300 orders paid,
+ * batches run (common/outbox_dispatch.c, outbox_dispatcher_poll).  300 orders paid,
  * two threads, batches of 8: every OrderPaid reaches the queue once, every
  * row is marked sent by the thread that published it (the relay would
  * wait an hour), and the dispatched count is the rows'. */

@@ -49,12 +49,6 @@
 #include "status.h"
 
 #define WORKER_CONSUME_TIMEOUT_MS 250
-#define WORKER_CONFIRM_TIMEOUT_MS 10000
-/* An idle thread with outbox copies unconfirmed looks for deliveries this
- * often while it reads their confirms. */
-#define WORKER_CONFIRM_POLL_MS 2
-/* How often an idle publisher is serviced (worker_keepalive). */
-#define WORKER_KEEPALIVE_MS 500
 
 #define WORKER_KV(w) POOL_KV(&(w)->t)
 
@@ -77,6 +71,7 @@ int worker_alloc(struct worker *w)
 {
 	int batch = w->t.conf->batch;
 
+	outbox_dispatcher_init(&w->out, w->t.conf, w->t.name, w->t.index);
 	w->items = calloc((size_t)batch, sizeof *w->items);
 	w->ins = calloc((size_t)batch, sizeof *w->ins);
 	w->res = calloc((size_t)batch, sizeof *w->res);
@@ -105,9 +100,7 @@ void worker_free(struct worker *w)
 	free(w->later);
 	free(w->first);
 	free(w->held);
-	for (int i = 0; i < WORKER_SENT_MAX; i++)
-		outbox_sent_free(&w->sent[i]);
-	w->nsent = 0;
+	outbox_dispatcher_free(&w->out);
 	w->items = NULL;
 	w->ins = NULL;
 	w->res = NULL;
@@ -164,8 +157,6 @@ static int worker_ack_flush(struct worker *w)
  * what it holds after the stop flag (a retry's backoff, a database
  * reconnect, both bounded by their callers), and waits the whole ms.
  */
-static void worker_keepalive(struct worker *w);
-
 static void worker_pause(struct worker *w, int ms, bool stopping)
 {
 	int64_t end = pool_now_ms() + ms;
@@ -183,7 +174,7 @@ static void worker_pause(struct worker *w, int ms, bool stopping)
 		if (step <= 0)
 			return;
 		pool_beat();
-		worker_keepalive(w);
+		outbox_dispatcher_keepalive(&w->out);
 		if (w->consumer == NULL || mq_service(w->consumer, step) != ST_OK) {
 			/* no consumer, or it failed: the ack will say so */
 			struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
@@ -212,7 +203,11 @@ static void worker_wait_fn(void *arg, int ms)
 
 static int worker_db_up(struct worker *w)
 {
-	return pool_db_up(&w->t, &w->d, worker_wait_fn, w);
+	int rc = pool_db_up(&w->t, &w->d, worker_wait_fn, w);
+
+	if (rc == ST_OK)
+		inbox_set_outbox(w->d.inbox, &w->out);
+	return rc;
 }
 
 /* basic.consume on every queue of the thread.  The thread's prefetch is
@@ -295,40 +290,6 @@ static int worker_mq_up(struct worker *w)
 	return ST_ERR_STOPPED;
 }
 
-static void worker_settle_sent(struct worker *w, bool wait);
-
-/* Publish one message on the thread's publisher, reconnecting once if the
- * connection went idle and died meanwhile (or the broker closed its
- * channel). */
-static int worker_publish(struct worker *w, const struct mq_message *m)
-{
-	int rc = ST_ERR_MQ_CONN;
-
-	for (int attempt = 0; attempt < 2; attempt++) {
-		if (w->publisher == NULL) {
-			/* Heartbeats on, as for the consumer: the thread
-			 * services the idle publisher (worker_keepalive), and
-			 * a link that went silent is found within the
-			 * heartbeat instead of by a close that never returns. */
-			rc = mq_open_from(&w->publisher, &w->t.conf->amqp, w->t.conf->heartbeat_s, w->t.name,
-			                  &w->publisher_node);
-			if (rc != ST_OK)
-				return rc;
-		}
-		/* The outbox copies in flight first: this publish's own
-		 * outcome must not be one of theirs. */
-		worker_settle_sent(w, true);
-		if (w->publisher == NULL)
-			continue;
-		rc = mq_publish_confirmed(w->publisher, m, WORKER_CONFIRM_TIMEOUT_MS);
-		if (rc == ST_OK || rc == ST_ERR_MQ_NACK)
-			return rc;
-		mq_close(&w->publisher);
-		w->publisher_node++;
-	}
-	return rc;
-}
-
 /* Dead-letter a delivery directly (bad input, a conflict, retries run
  * out, a value the database refused): original body and properties plus
  * our headers, confirmed before the caller acks the original.
@@ -340,7 +301,7 @@ static int worker_publish(struct worker *w, const struct mq_message *m)
  * missing) is the topology's fault: the message stays unacked and the
  * publish is retried with backoff until it is confirmed, without touching
  * the consumer channel.  So is a publisher that cannot connect or whose
- * confirm does not come within WORKER_CONFIRM_TIMEOUT_MS (a broker under a
+ * confirm does not come within OUTBOX_CONFIRM_TIMEOUT_MS (a broker under a
  * memory or disk alarm blocks the connections that publish, not a consumer
  * that only acks): the consumer is serviced while the publish is retried,
  * and its prefetched deliveries keep their attempts.  Returns ST_OK;
@@ -368,7 +329,7 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		char why[POOL_WHY_MAX];
 		enum log_level level;
 
-		rc = worker_publish(w, &m);
+		rc = outbox_dispatcher_publish(&w->out, &m);
 		if (rc == ST_OK) {
 			if (attempt > 0)
 				LOG(LOG_LEVEL_INFO, "dead-letter publish recovered", WORKER_KV(w), LOG_S("reason", reason),
@@ -377,7 +338,7 @@ static int worker_dead_letter(struct worker *w, const struct mq_delivery *d, con
 		}
 		/* Logged when it starts failing and when the broker's answer
 		 * changes, not on every retry (a DLQ unbound for minutes). */
-		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), w->publisher != NULL ? mq_errmsg(w->publisher) : "");
+		snprintf(why, sizeof why, "%s: %s", st_strerror(rc), outbox_dispatcher_errmsg(&w->out));
 		level = pool_why_changed(last, attempt == 0, why) ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
 		LOG(level, "dead-letter publish failed; message kept, retrying", WORKER_KV(w), LOG_S("reason", reason),
 		    LOG_S("error", why), LOG_I("attempt", attempt + 1));
@@ -401,128 +362,6 @@ static char *worker_props_json(const void *arg)
 static const char *item_rk(const struct item *it)
 {
 	return it->d.routing_key[0] ? it->d.routing_key : "order.unknown";
-}
-
-/* The publisher failed: what it had in flight is unknown, so its rows stay
- * unmarked and the relay sweeps them after INBOX_OUTBOX_SWEEP, under the
- * same ids. */
-static void worker_publisher_lost(struct worker *w, const char *what)
-{
-	LOG(LOG_LEVEL_DEBUG, what, WORKER_KV(w), LOG_I("transactions", w->nsent),
-	    LOG_S("error", mq_errmsg(w->publisher)));
-	w->nsent = 0;
-	w->sent_since_ms = 0;
-	/* No confirm came or the link failed: its close would wait for a
-	 * reply that may never come. */
-	mq_drop(&w->publisher);
-	w->publisher_node++;
-}
-
-/* The publisher between its publishes (heartbeats on, see
- * worker_publish): serviced at most every WORKER_KEEPALIVE_MS, from the
- * thread's loop and its waits, well inside any heartbeat interval.  One
- * that failed is dropped; the next publish opens another. */
-static void worker_keepalive(struct worker *w)
-{
-	int64_t now;
-
-	if (w->publisher == NULL)
-		return;
-	now = pool_now_ms();
-	if (now - w->keepalive_ms < WORKER_KEEPALIVE_MS)
-		return;
-	w->keepalive_ms = now;
-	if (mq_keepalive(w->publisher) != ST_OK)
-		worker_publisher_lost(w, "publisher lost while idle");
-}
-
-/* Read the confirms of the copies published from memory (all of them
- * when wait, else those that have come) and have the rows of every
- * settled transaction whose copies were acked marked sent in the next
- * write.  A copy returned or nacked leaves its own row to the relay, and
- * only it.  The settled records go to the end of the ring with their
- * room, for the next transactions. */
-static void worker_settle_sent(struct worker *w, bool wait)
-{
-	struct outbox_sent done_v[WORKER_SENT_MAX];
-	int rc, done = 0;
-
-	if (w->nsent == 0)
-		return;
-	if (wait)
-		metrics_confirm_wait();
-	rc = wait ? mq_wait_confirms(w->publisher, WORKER_CONFIRM_TIMEOUT_MS) : mq_poll_confirms(w->publisher);
-	if (rc != ST_OK && rc != ST_ERR_MQ_NACK) {
-		worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
-		return;
-	}
-	while (done < w->nsent && outbox_dispatch_settled(w->publisher, &w->sent[done])) {
-		const struct outbox_sent *s = &w->sent[done++];
-
-		if (s->acked == 0)
-			continue; /* the relay charges the rows that failed */
-		metrics_outbox_dispatched(s->acked);
-		if (w->d.inbox == NULL)
-			continue; /* the database went away meanwhile: the relay's, after the sweep delay */
-		rc = inbox_mark_sent(w->d.inbox, s);
-		if (rc == INBOX_MARKS_FULL && inbox_flush_marks(w->d.inbox) == ST_OK)
-			rc = inbox_mark_sent(w->d.inbox, s);
-		if (rc != ST_OK)
-			LOG(LOG_LEVEL_DEBUG, "outbox rows published, not marked: the relay publishes them again",
-			    WORKER_KV(w), LOG_I("rows", s->acked));
-	}
-	memcpy(done_v, w->sent, (size_t)done * sizeof w->sent[0]);
-	memmove(w->sent, w->sent + done, (size_t)(WORKER_SENT_MAX - done) * sizeof w->sent[0]);
-	memcpy(w->sent + WORKER_SENT_MAX - done, done_v, (size_t)done * sizeof w->sent[0]);
-	w->nsent -= done;
-}
-
-/* Publish the outbox rows the transaction just committed, from memory
- * (common/outbox.h), on the thread's publisher, without waiting for their
- * confirms: they are read while the next batches run (worker_settle_sent)
- * and the rows marked sent in a later write.  Nothing here costs the batch
- * anything: a row not confirmed (the broker away, a copy returned) stays
- * unmarked and the relay publishes it after INBOX_OUTBOX_SWEEP, under the
- * same id.  At most WORKER_SENT_MAX transactions, and a window the
- * publisher's outcome ring still remembers, are in flight at once. */
-static void worker_dispatch(struct worker *w)
-{
-	struct outbox_mem *mem = inbox_emitted(w->d.inbox);
-	int rc;
-
-	if (mem->n == 0)
-		return;
-	if (fault_hit("crash-before-dispatch"))
-		raise(SIGKILL); /* test hook: committed, not published */
-	if (w->publisher == NULL) {
-		rc = mq_open_from(&w->publisher, &w->t.conf->amqp, w->t.conf->heartbeat_s, w->t.name,
-		                  &w->publisher_node);
-		if (rc != ST_OK) {
-			LOG(LOG_LEVEL_DEBUG, "outbox rows left to the relay: no publisher", WORKER_KV(w),
-			    LOG_I("rows", mem->n), LOG_S("error", st_strerror(rc)));
-			w->publisher_node++;
-			return;
-		}
-	}
-	worker_settle_sent(w, false);
-	if (w->publisher != NULL && (w->nsent == WORKER_SENT_MAX ||
-	                             (w->nsent > 0 && mq_next_seq(w->publisher) + (uint64_t)mem->n - w->sent[0].first >
-	                                                  MQ_TRACK_MAX / 2)))
-		worker_settle_sent(w, true);
-	if (w->publisher == NULL)
-		return; /* lost while settling: the relay has these too */
-	rc = outbox_dispatch(w->publisher, w->t.conf, mem, false, &w->sent[w->nsent]);
-	if (rc == ST_ERR_NOMEM) {
-		LOG(LOG_LEVEL_WARN, "outbox rows left to the relay: out of memory", WORKER_KV(w));
-		return;
-	}
-	if (rc != ST_OK) {
-		worker_publisher_lost(w, "outbox rows left to the relay");
-		return;
-	}
-	/* Its confirms are read before the next dispatch: a poll right now
-	 * would find none and cost a system call a batch. */
-	w->nsent++;
 }
 
 /* Run the transaction over the valid items of a batch, retrying the whole
@@ -568,7 +407,7 @@ static int worker_transact(struct worker *w, struct item **v, int n, bool *held)
 			if (held == NULL || !held[i])
 				v[i]->res = w->res[i];
 		if (rc == ST_OK)
-			worker_dispatch(w);
+			outbox_dispatcher_after_commit(&w->out);
 		if (rc == ST_OK && outage > 0)
 			LOG(LOG_LEVEL_INFO, "transaction recovered", WORKER_KV(w), LOG_I("messages", n), LOG_I("attempts", outage + 1));
 		if (rc == ST_OK || rc == ST_ERR_FAULT)
@@ -1126,34 +965,18 @@ static void worker_stall(struct worker *w)
 	}
 }
 
-/* A thread that found nothing to do: read the confirms that came, give up
- * on a transaction unconfirmed for WORKER_CONFIRM_TIMEOUT_MS, write the
- * marks once all are in; how long to wait for a delivery now. */
+/* A thread that found nothing to do: the outbox's confirms that came are
+ * read (outbox_dispatcher_idle bounds how long one may take), and once all
+ * are in, the marks no next transaction will carry are written; how long
+ * to wait for a delivery now. */
 static int worker_idle(struct worker *w)
 {
-	int wait_ms = WORKER_CONSUME_TIMEOUT_MS;
+	int wait_ms = outbox_dispatcher_idle(&w->out, WORKER_CONSUME_TIMEOUT_MS);
 
-	worker_settle_sent(w, false);
-	worker_keepalive(w);
-	if (w->nsent > 0) {
-		/* Bounded per transaction: the oldest one in flight
-		 * gets WORKER_CONFIRM_TIMEOUT_MS from when the thread
-		 * first found it unconfirmed. */
-		if (w->sent_since_ms == 0 || w->sent_oldest != w->sent[0].first) {
-			w->sent_since_ms = pool_now_ms();
-			w->sent_oldest = w->sent[0].first;
-		}
-		wait_ms = WORKER_CONFIRM_POLL_MS;
-		if (pool_now_ms() - w->sent_since_ms > WORKER_CONFIRM_TIMEOUT_MS)
-			worker_publisher_lost(w, "outbox rows left to the relay: no confirms");
-	}
-	if (w->nsent == 0) {
-		w->sent_since_ms = 0;
-		if (w->d.inbox != NULL && inbox_marks_pending(w->d.inbox) > 0 &&
-		    inbox_flush_marks(w->d.inbox) != ST_OK)
-			LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
-			    LOG_S("error", db_errmsg(w->d.db)));
-	}
+	if (w->out.nsent == 0 && w->d.inbox != NULL && outbox_dispatcher_marks_pending(&w->out) > 0 &&
+	    inbox_flush_marks(w->d.inbox) != ST_OK)
+		LOG(LOG_LEVEL_DEBUG, "outbox marks kept for the next write", WORKER_KV(w),
+		    LOG_S("error", db_errmsg(w->d.db)));
 	return wait_ms;
 }
 
@@ -1168,7 +991,7 @@ void *worker_main(void *arg)
 		int rc;
 
 		pool_beat();
-		worker_keepalive(w); /* a busy thread's publisher too: it may not publish for long */
+		outbox_dispatcher_keepalive(&w->out); /* a busy thread's publisher too: it may not publish for long */
 		rc = worker_db_up(w);
 
 		if (rc == ST_OK)
@@ -1196,7 +1019,7 @@ void *worker_main(void *arg)
 			 * waited for: a persistent copy is confirmed once the
 			 * broker has written it, milliseconds in which deliveries
 			 * keep coming, so the thread reads the confirms that came
-			 * and looks for deliveries again soon (WORKER_CONFIRM_POLL_MS).
+			 * and looks for deliveries again soon (outbox_dispatcher_idle).
 			 * Once all are in, it writes the marks no next
 			 * transaction will carry, and waits for work. */
 			int wait_ms = worker_idle(w);
@@ -1242,13 +1065,12 @@ reset:
 		pool_sleep_ms(pool_backoff_ms(&w->t, 0, 200));
 	}
 	worker_ready(w, false);
-	worker_settle_sent(w, true);
+	outbox_dispatcher_drain(&w->out);
 	if (w->d.inbox != NULL && inbox_flush_marks(w->d.inbox) != ST_OK)
 		LOG(LOG_LEVEL_DEBUG, "outbox marks not written; the relay publishes those rows again", WORKER_KV(w));
 	if (w->consumer != NULL && worker_ack_flush(w) != ST_OK)
 		LOG(LOG_LEVEL_WARN, "final ack failed; the broker redelivers, the inbox absorbs it", WORKER_KV(w));
 	mq_close(&w->consumer);
-	mq_close(&w->publisher);
 	pool_db_close(&w->d);
 	db_thread_end();
 	return NULL;

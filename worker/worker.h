@@ -12,11 +12,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "outbox.h"
+#include "outbox_dispatch.h"
 #include "pool.h"
-
-/* Transactions whose outbox copies may be unconfirmed at once. */
-#define WORKER_SENT_MAX 8
 
 struct item;
 struct inbox_in;
@@ -27,13 +24,13 @@ struct worker {
 	struct pool_thread t; /* index >= 0 */
 	struct pool_db d;
 	struct mq *consumer;
-	struct mq *publisher; /* confirm mode: dead letters, outbox copies */
-	/* The broker node each connection starts from (INBOX_AMQP_URL may
-	 * list a cluster's nodes): moved on past a node whose connection
-	 * failed, so a thread goes to another node instead of waiting. */
+	/* The broker node the consumer starts from (INBOX_AMQP_URL may list
+	 * a cluster's nodes): moved on past a node whose connection failed,
+	 * so a thread goes to another node instead of waiting. */
 	int consumer_node;
-	int publisher_node;
-	int64_t keepalive_ms; /* when the publisher was last serviced (worker_keepalive) */
+	/* The outbox's side of the thread: its publisher (dead letters and
+	 * the copies of what it commits), the copies in flight, their marks. */
+	struct outbox_dispatcher out;
 	/* The queues this thread consumes: indexes for mq_consume_queue_name
 	 * (one, 0, in shared ordering; its shards in sharded ordering). */
 	int shard[64];
@@ -58,15 +55,6 @@ struct worker {
 	 * multiple=true settles them all (see worker_ack_flush). */
 	uint64_t ack_tag;
 	int ack_pending;
-	/* Outbox copies published from memory after their commit whose
-	 * confirms are not read yet, oldest first (worker_dispatch): the
-	 * thread goes on to its next batch while the broker confirms. */
-	struct outbox_sent sent[WORKER_SENT_MAX];
-	int nsent;
-	/* When an idle thread first found sent[0] (publish sequence
-	 * sent_oldest) unconfirmed; 0: not waiting (worker_main). */
-	int64_t sent_since_ms;
-	uint64_t sent_oldest;
 };
 
 /* The batch arrays for conf->batch deliveries: ST_OK or ST_ERR_NOMEM. */
