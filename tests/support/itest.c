@@ -268,6 +268,14 @@ const char *itest_source(const char *rel, char *buf, size_t cap)
 	return buf;
 }
 
+void itest_stack(const char *what)
+{
+	char root[4096], cmd[4300];
+
+	snprintf(cmd, sizeof cmd, "%s %s >&2", itest_source("scripts/stack", root, sizeof root), what);
+	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
+}
+
 static void itest_drop_tables(void)
 {
 	static const char *const tables[] = { "order_events", "processed_messages", "orders", "order_locks",
@@ -515,6 +523,45 @@ int itest_wait_exit(pid_t pid, int timeout_s)
 		}
 		itest_sleep_ms(50);
 	}
+}
+
+void itest_show_log(const char *log_path)
+{
+	char buf[1 << 14];
+	size_t n;
+	FILE *f = fopen(log_path, "r");
+
+	if (f == NULL) {
+		fprintf(stderr, "(cannot show %s: %s)\n", log_path, strerror(errno));
+		return;
+	}
+	fprintf(stderr, "--- %s\n", log_path);
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		if (fwrite(buf, 1, n, stderr) != n)
+			break;
+	fclose(f);
+}
+
+void itest_expect_fatal(pid_t pid, const char *log_path, const char *name, const char *const *texts,
+                        const char *secret)
+{
+	const char *error_level[] = { " error ", NULL };
+	const char *retrying[] = { "retrying", NULL };
+	const char *secret_t[] = { secret, NULL };
+	int code = itest_wait_exit(pid, 60);
+
+	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
+	if (code != 1 || itest_log_lines(log_path, texts) != 1 || itest_log_lines(log_path, error_level) != 1 ||
+	    itest_log_lines(log_path, retrying) != 0 || (secret != NULL && itest_log_lines(log_path, secret_t) != 0))
+		itest_show_log(log_path);
+	cr_assert_eq(code, 1, "%s: exit code %d, want 1 (see %s)", name, code, log_path);
+	cr_assert_eq(itest_log_lines(log_path, error_level), 1, "%s: one error line (see %s)", name, log_path);
+	cr_assert_eq(itest_log_lines(log_path, texts), 1, "%s: one line holds every one of the texts (see %s)",
+	             name, log_path);
+	cr_assert_eq(itest_log_lines(log_path, retrying), 0, "%s: nothing is retried (see %s)", name, log_path);
+	if (secret != NULL)
+		cr_assert_eq(itest_log_lines(log_path, secret_t), 0, "%s: the password is not logged (see %s)", name,
+		             log_path);
 }
 
 int itest_stop(pid_t pid, int sig, int timeout_s)

@@ -89,6 +89,14 @@ bool itest_log_has(const char *log_path, const char *text);
 int itest_stop(pid_t pid, int sig, int timeout_s);
 /* Wait for a child to exit by itself (bounded); returns the wait status. */
 int itest_wait_exit(pid_t pid, int timeout_s);
+/* Copy log_path to stderr, for a failure that is about to be reported. */
+void itest_show_log(const char *log_path);
+/* A process (named name in a failure) that must give up at start: it
+ * exits 1 within 60 s, its log holds one error line, that line holds
+ * every one of texts, no line says it retries, and secret (when not NULL)
+ * is on no line.  A failure shows the log. */
+void itest_expect_fatal(pid_t pid, const char *log_path, const char *name, const char *const *texts,
+                        const char *secret);
 
 /* A broker connection in confirm mode; topology declared. */
 struct mq *itest_mq(void);
@@ -192,5 +200,8 @@ size_t itest_read_file(const char *path, char *out, size_t cap);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);
+/* Run `scripts/stack what` (stop db, start mq, ...), its output on
+ * stderr; fails the test when it fails. */
+void itest_stack(const char *what);
 
 #endif
