@@ -146,24 +146,6 @@ Test(errors, loadgen_with_a_wrong_broker_password_says_so)
 	unlink(logf);
 }
 
-/* A forwarder from port to the real server, standing for the server coming
- * back on the port the worker was told to use. */
-static pid_t forward(int port, int to)
-{
-	char listen[64], target[64];
-	pid_t pid;
-
-	snprintf(listen, sizeof listen, "TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr", port);
-	snprintf(target, sizeof target, "TCP:127.0.0.1:%d", to);
-	pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		execlp("socat", "socat", listen, target, (char *)NULL);
-		_exit(127);
-	}
-	return pid;
-}
-
 /*
  * Both servers refuse connections for a while at start (nothing listens on
  * the worker's ports), then come back.  Each thread logs the outage once,
@@ -202,14 +184,15 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 	cr_assert_geq(itest_wait_log_lines(logf, db_attempt, 8, 60), 8, "the worker keeps trying the database");
 	cr_assert_eq(itest_log_lines(logf, db_down), 2, "one line per thread when the outage starts");
 	cr_assert_eq(itest_log_lines(logf, db_down_any), 2, "and no other");
-	fdb = forward(dport, c->db.port);
+	/* The server comes back on the port the worker was told to use. */
+	fdb = itest_forward("127.0.0.1", dport, c->db.port);
 	cr_assert_eq(itest_wait_log_lines(logf, db_up, 2, 60), 2, "one line per thread when it ends");
 
 	/* The broker refuses: the same. */
 	cr_assert_geq(itest_wait_log_lines(logf, mq_attempt, 8, 60), 8, "the worker keeps trying the broker");
 	cr_assert_geq(itest_log_lines(logf, mq_down), 1);
 	cr_assert_leq(itest_log_lines(logf, mq_down_any), 2, "one line per thread that needs the broker");
-	fmq = forward(aport, c->amqp.port);
+	fmq = itest_forward("127.0.0.1", aport, c->amqp.port);
 	cr_assert_geq(itest_wait_log_lines(logf, mq_up, 1, 60), 1);
 
 	/* And then it works. */

@@ -268,6 +268,41 @@ const char *itest_source(const char *rel, char *buf, size_t cap)
 	return buf;
 }
 
+pid_t itest_forward(const char *bind_ip, int port, int to)
+{
+	char listen[96], target[64];
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	pid_t pid;
+
+	cr_assert_eq(inet_pton(AF_INET, bind_ip, &a.sin_addr), 1, "not an IPv4 address: %s", bind_ip);
+	snprintf(listen, sizeof listen, "TCP-LISTEN:%d,bind=%s,fork,reuseaddr", port, bind_ip);
+	snprintf(target, sizeof target, "TCP:127.0.0.1:%d", to);
+	pid = fork();
+	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+			_exit(126);
+		execlp("socat", "socat", listen, target, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 300; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		int ok;
+
+		cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+		ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+		close(fd);
+		if (ok)
+			return pid;
+		cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "socat exited (is it installed?)");
+		itest_sleep_ms(100);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	cr_assert_fail("socat did not listen on %s:%d within 30 s", bind_ip, port);
+	return -1;
+}
+
 void itest_stack(const char *what)
 {
 	char root[4096], cmd[4300];

@@ -200,6 +200,11 @@ size_t itest_read_file(const char *path, char *out, size_t cap);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);
+/* socat from bind_ip:port to the server on 127.0.0.1:to (a server coming
+ * back on another port, or reached at another address); returns once it
+ * accepts connections (bounded, 30 s).  It dies with the test; stop it
+ * with SIGTERM and reap it. */
+pid_t itest_forward(const char *bind_ip, int port, int to);
 /* Run `scripts/stack what` (stop db, start mq, ...), its output on
  * stderr; fails the test when it fails. */
 void itest_stack(const char *what);
