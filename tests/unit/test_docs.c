@@ -207,7 +207,7 @@ Test(docs, readme_settings_table_says_what_help_says)
 Test(docs, readme_settings_table_is_generated_from_the_table)
 {
 	static const char begin[] = "<!-- settings: generated from common/cfg.c by `inbox-worker --help-readme`; "
-	                            "tests/test_docs.c fails when they differ -->\n";
+	                            "tests/unit/test_docs.c fails when they differ -->\n";
 	static const char end[] = "<!-- end of settings -->\n";
 	char path[4096];
 	char *doc, *want = NULL, *a, *b;
