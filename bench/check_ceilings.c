@@ -5,7 +5,7 @@
  * programs, not the product, and the product's suites do not depend on
  * bench/).  bench/run checks the same counts on every run; this drives the
  * cases that once went wrong, on small backlogs, with the integration
- * suites' helpers (tests/itest.h).
+ * suites' helpers (tests/support/itest.h).
  */
 #include <criterion/criterion.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * args.c - see args.h.
  *
  * The error texts are the ones the commands printed before they shared
- * this parser (tests/test_cli.c holds them): a number's come from
+ * this parser (tests/unit/test_cli.c holds them): a number's come from
  * cfg_parse_long, a duration's from cfg_parse_duration, so that a value
  * the worker rejects in a setting is rejected in the same words here.
  */

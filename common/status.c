@@ -1,7 +1,7 @@
 /*
  * status.c - strings for st_code.  The table is indexed by -code: a new
  * lowest code without a string fails the static assertion below, and one
- * left without a string in the middle is caught by tests/test_status.c.
+ * left without a string in the middle is caught by tests/unit/test_status.c.
  */
 #include "status.h"
 

@@ -3,7 +3,7 @@
  *
  * Each target's body is a plain function so that two programs share it: the
  * libFuzzer binary built by -Dfuzz=true (clang, sanitizers, coverage), and
- * tests/test_fuzz_regress.c, which the ordinary gcc build runs over the seed
+ * tests/unit/test_fuzz_regress.c, which the ordinary gcc build runs over the seed
  * corpus and every saved finding.  A broken invariant aborts with the check
  * that failed, which both libFuzzer and criterion report as a crash.
  */

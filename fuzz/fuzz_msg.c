@@ -16,7 +16,7 @@
  * the rest is the body.  Any other first byte: the whole input is the body.
  *
  * Built by meson with -Dfuzz=true (see fuzz/meson.build); the same checks
- * run over the corpus and fuzz/regress/ in tests/test_fuzz_regress.c.
+ * run over the corpus and fuzz/regress/ in tests/unit/test_fuzz_regress.c.
  */
 #include <jansson.h>
 #include <openssl/evp.h>

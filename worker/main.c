@@ -53,7 +53,7 @@ static int say_version(int argc, char **argv)
 
 /* Not in --help: the settings table as the SETTINGS section of
  * inbox-worker(1) (man/meson.build builds it from this) and as README.md's
- * table (tests/test_docs.c holds the README to it). */
+ * table (tests/unit/test_docs.c holds the README to it). */
 static int say_doc(enum cfg_doc_format fmt)
 {
 	cfg_print_doc(stdout, fmt, NULL);

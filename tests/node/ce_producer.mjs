@@ -1,7 +1,7 @@
 // ce_producer.mjs - a producer that is not ours: events built by the
 // official CloudEvents SDK for JavaScript (npm "cloudevents") and published
 // with amqplib, in structured and in binary mode, for
-// tests/test_envelopes.c (envelopes/the_cloudevents_sdk_for_javascript_as_producer).
+// tests/integration/test_envelopes.c (envelopes/the_cloudevents_sdk_for_javascript_as_producer).
 //
 //   node ce_producer.mjs AMQP_URL EXCHANGE ORDER_ID
 //

@@ -82,12 +82,6 @@ static void log_path(char *buf, size_t cap, const char *name)
 	snprintf(buf, cap, "/tmp/inbox-itest-%d-%s.log", (int)getpid(), name);
 }
 
-static void stop_ok(pid_t w)
-{
-	int st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker must exit 0 (status %d)", st);
-}
-
 /* One message to publish. */
 struct pub {
 	char order[32];
@@ -213,7 +207,7 @@ Test(saga, any_arrival_order_with_duplicates_ends_as_in_order, .timeout = 900)
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0,
 	             "the relay must publish every outbox row");
 	for (int p = 0; p < 2; p++)
-		stop_ok(w[p]);
+		itest_stop_ok(w[p]);
 
 	for (int o = 0; o < ORDERS; o++) {
 		char order[32], status[32], got[256];
@@ -297,8 +291,8 @@ Test(saga, reservation_racing_creation_is_never_stranded, .timeout = 900)
 	                            ORDERS, WAIT_S),
 	             ORDERS, "every reservation must be applied, none stranded");
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w[0]);
-	stop_ok(w[1]);
+	itest_stop_ok(w[0]);
+	itest_stop_ok(w[1]);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"), 3 * ORDERS);
 }
@@ -317,7 +311,7 @@ Test(saga, hold_expires_into_the_dlq_and_nothing_else)
 	itest_publish(m, "ShipmentCreated", body, "ship-1");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 1, WAIT_S), 1, "first it is held");
 	cr_assert_eq(itest_dlq_drain(dead, 4, 1, WAIT_S), 1, "after the TTL it is dead-lettered, once");
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_str_eq(dead[0].reason, "hold-expired");
 	cr_assert_str_eq(dead[0].message_id, "ship-1", "the DLQ copy keeps the original properties");
@@ -376,7 +370,7 @@ Test(saga, compensations_leave_through_the_outbox)
 		cr_assert_eq(itest_dlq_drain(dead, 2, 1, WAIT_S), 1);
 		cr_assert_str_eq(dead[0].reason, "invalid-transition", "ShipmentCreated on a cancelled order");
 	}
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_eq(n, 5, "five emitted messages, got %d", n);
 	cr_assert_eq(count_type(got, n, "OrderPaid:o-a"), 1);
@@ -411,7 +405,7 @@ Test(saga, crash_between_commit_and_publish_loses_no_compensation)
 	itest_publish(m, "OrderCancelled", body, NULL);
 	w = itest_worker(1, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 2, WAIT_S), 2);
-	stop_ok(w);
+	itest_stop_ok(w);
 	/* The payment arrives after the cancellation: compensated, and the
 	 * process dies right after the commit, before ack and relay. */
 	w = itest_worker(1, (const char *[]){ "INBOX_FAULT=after-commit", NULL });
@@ -425,7 +419,7 @@ Test(saga, crash_between_commit_and_publish_loses_no_compensation)
 	cr_assert_eq(itest_drain(out, got, 8, 2, WAIT_S), 2);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, WAIT_S), 0);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_eq(count_type(got, 2, "RefundRequested:o-c"), 1);
 	cr_assert_eq(count_type(got, 2, "OrderPaid:o-c"), 1);
@@ -470,7 +464,7 @@ Test(saga, sharded_mode_keeps_publish_order_per_order, .timeout = 900)
 	pthread_join(t, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, WAIT_S), 4 * ORDERS);
 	for (int p = 0; p < 2; p++)
-		stop_ok(w[p]);
+		itest_stop_ok(w[p]);
 	for (int p = 0; p < 2; p++)
 		held += itest_log_sum(logf[p], "stopped", "held");
 	cr_assert_eq(held, 0, "in-order publishing needs no holds in sharded mode");
@@ -554,7 +548,7 @@ Test(saga, sharded_mode_with_fewer_threads_than_shards_strands_nothing, .timeout
 		cr_assert_neq(strstr(page, "\ninbox_shards_without_consumer 0\n"), NULL, "%s", page);
 	}
 	for (int p = 0; p < 2; p++)
-		stop_ok(w[p]);
+		itest_stop_ok(w[p]);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE status = 'Shipped' AND version = 4"), ORDERS);
 }
 
@@ -592,7 +586,7 @@ Test(saga, sharded_mode_with_more_threads_than_shards_adds_standbys, .timeout = 
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM order_events", 4 * ORDERS, 90), 4 * ORDERS);
 	cr_assert_eq(shard_consumers("orders.inbox.shard.0"), 2, "threads 0 and 2");
 	cr_assert_eq(shard_consumers("orders.inbox.shard.1"), 1, "thread 1");
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_assert_eq(itest_log_sum(logf, "stopped", "held"), 0, "in-order publishing needs no holds");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM order_events"
 	                       " WHERE message_id <> CONCAT(order_id, '-', version - 1)"),
@@ -719,8 +713,8 @@ static void run_cell(const struct cell *c, const char *name)
 		rc = itest_loadgen(ver, NULL, vlog, 300) == 0 ? 0 : 100;
 	if (rc == 0)
 		cell_accounts(name);
-	stop_ok(w1);
-	stop_ok(w2);
+	itest_stop_ok(w1);
+	itest_stop_ok(w2);
 	cr_assert_eq(rc == 100 ? 0 : rc, 0, "%s: publish failed, see %s", name, plog);
 	cr_assert_eq(rc, 0, "%s: verify found what the ledger does not expect, see %s", name, vlog);
 	cr_assert(itest_log_has(vlog, "missing 0, doubled 0"), "%s: see %s", name, vlog);

@@ -268,6 +268,49 @@ const char *itest_source(const char *rel, char *buf, size_t cap)
 	return buf;
 }
 
+pid_t itest_forward(const char *bind_ip, int port, int to)
+{
+	char listen[96], target[64];
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	pid_t pid;
+
+	cr_assert_eq(inet_pton(AF_INET, bind_ip, &a.sin_addr), 1, "not an IPv4 address: %s", bind_ip);
+	snprintf(listen, sizeof listen, "TCP-LISTEN:%d,bind=%s,fork,reuseaddr", port, bind_ip);
+	snprintf(target, sizeof target, "TCP:127.0.0.1:%d", to);
+	pid = fork();
+	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+			_exit(126);
+		execlp("socat", "socat", listen, target, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 300; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		int ok;
+
+		cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+		ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+		close(fd);
+		if (ok)
+			return pid;
+		cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "socat exited (is it installed?)");
+		itest_sleep_ms(100);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	cr_assert_fail("socat did not listen on %s:%d within 30 s", bind_ip, port);
+	return -1;
+}
+
+void itest_stack(const char *what)
+{
+	char root[4096], cmd[4300];
+
+	snprintf(cmd, sizeof cmd, "%s %s >&2", itest_source("scripts/stack", root, sizeof root), what);
+	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
+}
+
 static void itest_drop_tables(void)
 {
 	static const char *const tables[] = { "order_events", "processed_messages", "orders", "order_locks",
@@ -515,6 +558,45 @@ int itest_wait_exit(pid_t pid, int timeout_s)
 		}
 		itest_sleep_ms(50);
 	}
+}
+
+void itest_show_log(const char *log_path)
+{
+	char buf[1 << 14];
+	size_t n;
+	FILE *f = fopen(log_path, "r");
+
+	if (f == NULL) {
+		fprintf(stderr, "(cannot show %s: %s)\n", log_path, strerror(errno));
+		return;
+	}
+	fprintf(stderr, "--- %s\n", log_path);
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		if (fwrite(buf, 1, n, stderr) != n)
+			break;
+	fclose(f);
+}
+
+void itest_expect_fatal(pid_t pid, const char *log_path, const char *name, const char *const *texts,
+                        const char *secret)
+{
+	const char *error_level[] = { " error ", NULL };
+	const char *retrying[] = { "retrying", NULL };
+	const char *secret_t[] = { secret, NULL };
+	int code = itest_wait_exit(pid, 60);
+
+	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
+	if (code != 1 || itest_log_lines(log_path, texts) != 1 || itest_log_lines(log_path, error_level) != 1 ||
+	    itest_log_lines(log_path, retrying) != 0 || (secret != NULL && itest_log_lines(log_path, secret_t) != 0))
+		itest_show_log(log_path);
+	cr_assert_eq(code, 1, "%s: exit code %d, want 1 (see %s)", name, code, log_path);
+	cr_assert_eq(itest_log_lines(log_path, error_level), 1, "%s: one error line (see %s)", name, log_path);
+	cr_assert_eq(itest_log_lines(log_path, texts), 1, "%s: one line holds every one of the texts (see %s)",
+	             name, log_path);
+	cr_assert_eq(itest_log_lines(log_path, retrying), 0, "%s: nothing is retried (see %s)", name, log_path);
+	if (secret != NULL)
+		cr_assert_eq(itest_log_lines(log_path, secret_t), 0, "%s: the password is not logged (see %s)", name,
+		             log_path);
 }
 
 int itest_stop(pid_t pid, int sig, int timeout_s)

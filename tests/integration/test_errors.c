@@ -23,15 +23,6 @@
 
 #include "itest.h"
 
-static void show_log(const char *log_path)
-{
-	char cmd[512];
-
-	snprintf(cmd, sizeof cmd, "cat %s >&2", log_path);
-	if (system(cmd) != 0)
-		fprintf(stderr, "(cannot show %s)\n", log_path);
-}
-
 /* The URL of the stack's broker or database with one part replaced. */
 static void amqp_url(char *buf, size_t cap, const char *user, const char *pass, int port, const char *vhost)
 {
@@ -49,34 +40,16 @@ static void db_url(char *buf, size_t cap, const char *var, const char *pass, int
 	         port ? port : c->db.port, database ? database : c->db.database);
 }
 
-/* Run `inbox-worker args` with env; it must exit 1 within 60 s with one
- * error line holding every one of texts, and no line saying it retries. */
-static void expect_fatal(const char *const *args, const char *const *env, const char *const *texts,
-                         const char *secret)
+/* Run `inbox-worker args` with env: it must give up at start, saying
+ * every one of texts on one error line (itest_expect_fatal). */
+static void expect_fatal(const char *const *args, const char *const *env, const char *const *texts, const char *secret)
 {
 	char logf[] = "/tmp/itest-errors-XXXXXX";
-	const char *error_level[] = { " error ", NULL };
-	const char *retrying[] = { "retrying", NULL };
-	const char *secret_t[] = { secret, NULL };
 	int fd = mkstemp(logf);
-	pid_t pid;
-	int code;
 
 	cr_assert_geq(fd, 0);
 	close(fd);
-	pid = itest_spawn_logged(args, env, logf);
-	code = itest_wait_exit(pid, 60);
-	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
-	if (code != 1 || itest_log_lines(logf, texts) != 1 || itest_log_lines(logf, error_level) != 1 ||
-	    itest_log_lines(logf, retrying) != 0)
-		show_log(logf);
-	cr_assert_eq(code, 1, "%s: exit code %d, want 1", args[0], code);
-	cr_assert_eq(itest_log_lines(logf, error_level), 1, "%s: one error line", args[0]);
-	cr_assert_eq(itest_log_lines(logf, texts), 1, "%s: the line names the link, the user and the reason",
-	             args[0]);
-	cr_assert_eq(itest_log_lines(logf, retrying), 0, "%s: nothing is retried", args[0]);
-	if (secret != NULL)
-		cr_assert_eq(itest_log_lines(logf, secret_t), 0, "%s: the password is not logged", args[0]);
+	itest_expect_fatal(itest_spawn_logged(args, env, logf), logf, args[0], texts, secret);
 	unlink(logf);
 }
 
@@ -166,29 +139,11 @@ Test(errors, loadgen_with_a_wrong_broker_password_says_so)
 	code = itest_wait_exit(pid, 60);
 	code = WIFEXITED(code) ? WEXITSTATUS(code) : 128 + WTERMSIG(code);
 	if (code != 1 || itest_log_lines(logf, texts) < 1)
-		show_log(logf);
+		itest_show_log(logf);
 	cr_assert_eq(code, 1);
 	cr_assert_geq(itest_log_lines(logf, texts), 1);
 	unlink(ledger);
 	unlink(logf);
-}
-
-/* A forwarder from port to the real server, standing for the server coming
- * back on the port the worker was told to use. */
-static pid_t forward(int port, int to)
-{
-	char listen[64], target[64];
-	pid_t pid;
-
-	snprintf(listen, sizeof listen, "TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr", port);
-	snprintf(target, sizeof target, "TCP:127.0.0.1:%d", to);
-	pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		execlp("socat", "socat", listen, target, (char *)NULL);
-		_exit(127);
-	}
-	return pid;
 }
 
 /*
@@ -229,14 +184,15 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 	cr_assert_geq(itest_wait_log_lines(logf, db_attempt, 8, 60), 8, "the worker keeps trying the database");
 	cr_assert_eq(itest_log_lines(logf, db_down), 2, "one line per thread when the outage starts");
 	cr_assert_eq(itest_log_lines(logf, db_down_any), 2, "and no other");
-	fdb = forward(dport, c->db.port);
+	/* The server comes back on the port the worker was told to use. */
+	fdb = itest_forward("127.0.0.1", dport, c->db.port);
 	cr_assert_eq(itest_wait_log_lines(logf, db_up, 2, 60), 2, "one line per thread when it ends");
 
 	/* The broker refuses: the same. */
 	cr_assert_geq(itest_wait_log_lines(logf, mq_attempt, 8, 60), 8, "the worker keeps trying the broker");
 	cr_assert_geq(itest_log_lines(logf, mq_down), 1);
 	cr_assert_leq(itest_log_lines(logf, mq_down_any), 2, "one line per thread that needs the broker");
-	fmq = forward(aport, c->amqp.port);
+	fmq = itest_forward("127.0.0.1", aport, c->amqp.port);
 	cr_assert_geq(itest_wait_log_lines(logf, mq_up, 1, 60), 1);
 
 	/* And then it works. */
@@ -255,7 +211,7 @@ Test(errors, a_refused_connection_period_is_logged_once_per_state_change, .timeo
 	cr_assert_geq(itest_log_lines(logf, janitor), 1, "the janitor logs under its own name");
 	cr_assert_eq(itest_log_lines(logf, minus_one), 0);
 	if (itest_log_lines(logf, (const char *const[]){ NULL }) > 400)
-		show_log(logf);
+		itest_show_log(logf);
 	unlink(logf);
 }
 
@@ -311,7 +267,7 @@ Test(errors, metrics_address_forms_are_served)
 			const char *served[] = { "serving /metrics", NULL };
 			cr_assert_eq(itest_wait_log_lines(logf, served, 1, 30), 1, "%s is served", addr);
 		} else if (itest_wait_http(port, "/healthz", 200, body, sizeof body, 30) != 200) {
-			show_log(logf);
+			itest_show_log(logf);
 			cr_assert_fail("%s is not served", addr);
 		}
 		cr_assert_eq(itest_stop(pid, SIGTERM, 30), 0);

@@ -23,13 +23,6 @@
 
 #define WAIT_S 180
 
-static void stack(const char *what)
-{
-	char root[4096], cmd[4300];
-	snprintf(cmd, sizeof cmd, "%s %s >&2", itest_source("scripts/stack", root, sizeof root), what);
-	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
-}
-
 /* A statement as the server's root (SET GLOBAL, ALTER DATABASE). */
 static int root_sql(const char *sql)
 {
@@ -250,7 +243,7 @@ Test(limits, a_prefetch_over_512_keeps_the_broker_connection_through_an_outage, 
 	m = itest_mq();
 	/* Connected to both (the database first), then the outage. */
 	itest_wait_log(logf, " consuming worker=", 60);
-	stack("stop-db");
+	itest_stack("stop-db");
 	itest_publish_orders(m, "pf", 0, N);
 	/* The worker takes its prefetch (1,000 of the 1,200) and holds it. */
 	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, N - 1000, 60), N - 1000,
@@ -259,7 +252,7 @@ Test(limits, a_prefetch_over_512_keeps_the_broker_connection_through_an_outage, 
 	 * worker saw it (the broker drops a connection silent for two). */
 	itest_wait_log(logf, "database unavailable", 60);
 	sleep(10);
-	stack("start-db");
+	itest_stack("start-db");
 	itest_assert_each_applied_once("pf", N, WAIT_S);
 	st = itest_stop(w, SIGTERM, 60);
 	mq_close(&m);

@@ -17,13 +17,6 @@
 
 #define WAIT_S 180
 
-static void stack(const char *what)
-{
-	char root[4096], cmd[4300];
-	snprintf(cmd, sizeof cmd, "%s %s >&2", itest_source("scripts/stack", root, sizeof root), what);
-	cr_assert_eq(system(cmd), 0, "scripts/stack %s failed", what);
-}
-
 /* Start scripts/stack with what in the background: the server comes back
  * while the test goes on. */
 static pid_t stack_async(const char *what)
@@ -47,8 +40,8 @@ static pid_t stack_async(const char *what)
  * and the workers use (start-* does nothing when the server is up). */
 static void servers_back(void)
 {
-	stack("start-db");
-	stack("start-mq");
+	itest_stack("start-db");
+	itest_stack("start-mq");
 	itest_wait_db_back();
 	itest_wait_mq_back();
 }
@@ -65,14 +58,14 @@ Test(faults, the_helpers_wait_for_a_server_that_is_coming_back, .timeout = 600, 
 	int st;
 
 	itest_fresh();
-	stack("stop-db");
+	itest_stack("stop-db");
 	p = stack_async("start-db");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), 0);
 	st = itest_wait_exit(p, 300);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scripts/stack start-db failed");
 	itest_wait_db_back();
 
-	stack("stop-mq");
+	itest_stack("stop-mq");
 	p = stack_async("start-mq");
 	m = itest_mq();
 	mq_close(&m);
@@ -145,14 +138,14 @@ Test(faults, database_outage_dead_letters_nothing, .timeout = 900, .fini = serve
 	w = itest_worker_logged(4, NULL, logf);
 	m = itest_mq();
 	itest_publish_orders(m, "db", 0, N / 2);
-	stack("stop-db");
+	itest_stack("stop-db");
 	itest_publish_orders(m, "db", N / 2, N);
 	/* The outage itself, until messages have flowed while the database is
 	 * down: the worker saw it, and took every message published since
 	 * (they wait, unacked, in its threads). */
 	itest_wait_log(logf, "database unavailable", WAIT_S);
 	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, 0, WAIT_S), 0, "the worker must have taken the messages");
-	stack("start-db");
+	itest_stack("start-db");
 	itest_wait_db_back();
 	itest_assert_each_applied_once("db", N, WAIT_S);
 	itest_stop_ok(w);
@@ -170,7 +163,7 @@ Test(faults, broker_restart_pool_reconnects_and_finishes, .timeout = 900, .fini 
 	m = itest_mq();
 	itest_publish_orders(m, "mq", 0, N / 2);
 	mq_close(&m);
-	stack("restart-mq");
+	itest_stack("restart-mq");
 	itest_wait_mq_back();
 	m = itest_mq();
 	itest_publish_orders(m, "mq", N / 2, N);
@@ -296,7 +289,7 @@ Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600, 
 	itest_event(body, sizeof body, "hb-first", "OrderCreated", "o-hb-first");
 	itest_publish(m, "OrderCreated", body, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 1, WAIT_S), 1);
-	stack("stop-db");
+	itest_stack("stop-db");
 	itest_publish_orders(m, "hb", 0, N);
 	cr_assert_eq(itest_wait_depth(itest_cfg()->queue, 0, 60), 0, "the worker must have taken the messages");
 	/* The outage itself: five heartbeat intervals from the moment the
@@ -305,7 +298,7 @@ Test(faults, database_outage_keeps_the_broker_connection_alive, .timeout = 600, 
 	 * it is a fixed time, counted from the observed outage. */
 	itest_wait_log(logf, "database unavailable", 60);
 	sleep(10);
-	stack("start-db");
+	itest_stack("start-db");
 	itest_wait_db_back();
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", N + 1, WAIT_S), N + 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
@@ -329,7 +322,7 @@ static void set_max_queues(int n)
 		snprintf(cmd, sizeof cmd, "ctl -q clear_vhost_limits -p inbox");
 	else
 		snprintf(cmd, sizeof cmd, "ctl -q set_vhost_limits -p inbox '{\"max-queues\": %d}'", n);
-	stack(cmd);
+	itest_stack(cmd);
 }
 
 /* The broker cancels a consumer whose queue is deleted: the worker must
@@ -391,7 +384,7 @@ static void deleted_queue_case(bool sharded)
 	else
 		snprintf(queue, sizeof queue, "%s", itest_cfg()->queue);
 	snprintf(cmd, sizeof cmd, "ctl -q delete_queue -p inbox %s", queue);
-	stack(cmd);
+	itest_stack(cmd);
 	cr_assert_eq(itest_wait_http(port, "/readyz", 503, page, sizeof page, 60), 503,
 	             "a thread without a consumer is not ready: %s", page);
 	cr_assert_neq(strstr(page, "thread 0 has no consumer"), NULL, "%s", page);

@@ -207,7 +207,7 @@ Test(docs, readme_settings_table_says_what_help_says)
 Test(docs, readme_settings_table_is_generated_from_the_table)
 {
 	static const char begin[] = "<!-- settings: generated from common/cfg.c by `inbox-worker --help-readme`; "
-	                            "tests/test_docs.c fails when they differ -->\n";
+	                            "tests/unit/test_docs.c fails when they differ -->\n";
 	static const char end[] = "<!-- end of settings -->\n";
 	char path[4096];
 	char *doc, *want = NULL, *a, *b;
@@ -502,8 +502,19 @@ Test(docs, readme_layout_is_the_tree)
 	free(doc);
 }
 
-/* The folders whose own README.md names every file and folder in them. */
-static const char *const docs_readme_folders[] = { "common", "worker", "loadgen", "scripts", "bench", "tests" };
+/* The folders whose own README.md names every file and folder in them
+ * (the tests' rooms too: their READMEs' links are checked as well). */
+static const char *const docs_readme_folders[] = { "common", "worker", "loadgen", "scripts", "bench", "tests",
+	                                           "tests/unit", "tests/integration", "tests/support" };
+
+/* Whether REL is one of docs_readme_folders (checked on its own). */
+static bool docs_listed_folder(const char *rel)
+{
+	for (size_t i = 0; i < sizeof docs_readme_folders / sizeof docs_readme_folders[0]; i++)
+		if (strcmp(docs_readme_folders[i], rel) == 0)
+			return true;
+	return false;
+}
 
 #define DOCS_ENTRIES 256
 
@@ -586,8 +597,8 @@ static bool text_names_dir(const char *p, const char *end, const char *folder, c
 /* FOLDER/README.md names every tracked file directly in FOLDER (as itself,
  * by its stem, by its sibling, or as FOLDER/file) and every folder in it
  * (as `name/`), and every file name it gives without a path is there; a
- * folder in it with a README.md of its own is held to the same.  Returns
- * the differences. */
+ * folder in it with a README.md of its own is held to the same, and one
+ * with a meson.build must have one.  Returns the differences. */
 static int check_folder_readme(const char *root, const char *folder, int depth)
 {
 	struct docs_entry *v = calloc(DOCS_ENTRIES, sizeof *v);
@@ -617,8 +628,18 @@ static int check_folder_readme(const char *root, const char *folder, int depth)
 				bad++;
 			}
 			snprintf(full, sizeof full, "%s/README.md", rel);
-			if (depth < 4 && path_is(root, full, false))
-				bad += check_folder_readme(root, rel, depth + 1);
+			if (path_is(root, full, false)) {
+				if (depth < 4 && !docs_listed_folder(rel))
+					bad += check_folder_readme(root, rel, depth + 1);
+				continue;
+			}
+			/* A room that builds (tests/unit, tests/integration, ...)
+			 * names its own files: the parent names only the room. */
+			snprintf(full, sizeof full, "%s/meson.build", rel);
+			if (path_is(root, full, false)) {
+				cr_log_error("%s/ has a meson.build but no README.md naming its files", rel);
+				bad++;
+			}
 			continue;
 		}
 		if (strcmp(v[i].name, "README.md") == 0)
@@ -851,10 +872,16 @@ Test(docs, readme_test_command_is_what_ci_runs)
 	free(doc);
 }
 
-/* doc/testing.md's list of suites names every test of tests/ (test NAME
- * is tests/test_NAME.c), so a new suite is not left out of it. */
+/* The rooms that hold suites: the suite follows the folder. */
+static const char *const docs_test_rooms[] = { "tests/unit", "tests/integration" };
+
+/* doc/testing.md's list of suites names every test of the rooms (test
+ * NAME is tests/<room>/test_NAME.c), so a new suite is not left out of
+ * it; and no test_*.c lies outside a room (tests/ and tests/support
+ * declare no suite, so it would be in none, or in the wrong one). */
 Test(docs, testing_guide_names_every_test)
 {
+	static const char *const no_suites[] = { "tests", "tests/support" };
 	const char *root = getenv("INBOX_SOURCE_ROOT");
 	char path[4096], want[128];
 	char *doc, *p, *end;
@@ -869,28 +896,46 @@ Test(docs, testing_guide_names_every_test)
 	end = strstr(p, "\n\n");
 	cr_assert_not_null(end);
 	*end = '\0';
-	snprintf(path, sizeof path, "%s/tests", root);
-	d = opendir(path);
-	cr_assert_not_null(d);
-	while ((e = readdir(d)) != NULL) {
-		size_t len = strlen(e->d_name);
-		const char *hit;
-		bool found = false;
+	for (size_t r = 0; r < sizeof docs_test_rooms / sizeof docs_test_rooms[0]; r++) {
+		snprintf(path, sizeof path, "%s/%s", root, docs_test_rooms[r]);
+		d = opendir(path);
+		cr_assert_not_null(d, "cannot read %s", path);
+		while ((e = readdir(d)) != NULL) {
+			size_t len = strlen(e->d_name);
+			const char *hit;
+			bool found = false;
 
-		if (strncmp(e->d_name, "test_", 5) != 0 || len < 8 || strcmp(e->d_name + len - 2, ".c") != 0)
-			continue;
-		snprintf(want, sizeof want, "%.*s", (int)(len - 7), e->d_name + 5);
-		n++;
-		/* As a word of the list (a suite's own name is in `marks`). */
-		for (hit = strstr(p, want); hit != NULL && !found; hit = strstr(hit + 1, want))
-			found = strchr("( `\n", hit[-1]) != NULL && strchr(", )`\n", hit[strlen(want)]) != NULL;
-		if (!found) {
-			cr_log_error("doc/testing.md: the list of suites does not name %s (tests/%s)", want, e->d_name);
-			bad++;
+			if (strncmp(e->d_name, "test_", 5) != 0 || len < 8 || strcmp(e->d_name + len - 2, ".c") != 0)
+				continue;
+			snprintf(want, sizeof want, "%.*s", (int)(len - 7), e->d_name + 5);
+			n++;
+			/* As a word of the list (a suite's own name is in `marks`). */
+			for (hit = strstr(p, want); hit != NULL && !found; hit = strstr(hit + 1, want))
+				found = strchr("( `\n", hit[-1]) != NULL && strchr(", )`\n", hit[strlen(want)]) != NULL;
+			if (!found) {
+				cr_log_error("doc/testing.md: the list of suites does not name %s (%s/%s)", want,
+				             docs_test_rooms[r], e->d_name);
+				bad++;
+			}
 		}
+		closedir(d);
 	}
-	closedir(d);
+	for (size_t r = 0; r < sizeof no_suites / sizeof no_suites[0]; r++) {
+		snprintf(path, sizeof path, "%s/%s", root, no_suites[r]);
+		d = opendir(path);
+		cr_assert_not_null(d, "cannot read %s", path);
+		while ((e = readdir(d)) != NULL) {
+			size_t len = strlen(e->d_name);
+
+			if (strncmp(e->d_name, "test_", 5) == 0 && len > 2 && strcmp(e->d_name + len - 2, ".c") == 0) {
+				cr_log_error("%s/%s is in no room: move it to tests/unit or tests/integration", no_suites[r],
+				             e->d_name);
+				bad++;
+			}
+		}
+		closedir(d);
+	}
 	cr_assert_gt(n, 20);
-	cr_assert_eq(bad, 0, "%d tests missing from doc/testing.md's list of suites", bad);
+	cr_assert_eq(bad, 0, "%d tests missing from doc/testing.md's list of suites or outside a room", bad);
 	free(doc);
 }

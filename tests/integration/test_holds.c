@@ -23,12 +23,6 @@
 
 #define WAIT_S 240
 
-static void stop_ok(pid_t w)
-{
-	int st = itest_stop(w, SIGTERM, 60);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker must exit 0 (status %d)", st);
-}
-
 /* The events of a saga by letter. */
 static const char *type_of(char letter)
 {
@@ -314,7 +308,7 @@ static void every_arrival_order(const char *const *env)
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE outcome <> 'held'", unique, WAIT_S),
 	             unique, "every event settled");
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM processed_messages"), unique, "one inbox row per event");
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0, "nothing remains held");
 	cr_assert_eq(itest_int("SELECT COALESCE(SUM(held), 0) FROM order_locks"), 0);
@@ -386,7 +380,7 @@ Test(holds, held_payment_is_applied_with_its_amount)
 	publish_event(m, "amt-1", 'C', 0);
 	itest_confirm_all(m);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Paid'", 1, WAIT_S), 1);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert(itest_str1("SELECT COALESCE(amount_cents, 'NULL') FROM orders WHERE id = ?", "amt-1", amount,
 	                     sizeof amount));
@@ -423,7 +417,7 @@ Test(holds, payment_without_amount_leaves_amount_null)
 		}
 	}
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM orders WHERE status = 'Paid'", 2, WAIT_S), 2);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_eq(itest_int("SELECT COUNT(*) FROM orders WHERE amount_cents IS NULL AND paid_at IS NOT NULL"), 2,
 	             "a payment without data.amount_cents must leave amount_cents NULL (found %lld orders with it set)",
@@ -466,7 +460,7 @@ Test(holds, release_considers_every_held_event, .timeout = 600)
 	itest_confirm_all(m);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 0, 60), 0, "every held event settled");
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert(itest_str1("SELECT status FROM orders WHERE id = ?", "many", status, sizeof status));
 	cr_assert_str_eq(status, "Shipped");
@@ -603,12 +597,12 @@ Test(holds, oversized_stored_body_expires_whole_into_the_dlq, .timeout = 600)
 	saga_event(body, sizeof body, "big-e", 'S', 0, BIG_PAD);
 	itest_publish(m, "ShipmentCreated", body, "big-e-S");
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 1, WAIT_S), 1);
-	stop_ok(w);
+	itest_stop_ok(w);
 	w = itest_worker(1, (const char *[]){ "INBOX_MAX_BODY=1024", "INBOX_HOLD_TTL=2s", NULL });
 	cr_assert_eq(itest_dlq_drain(dead, 4, 1, 60), 1, "the hold must expire into the DLQ");
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_str_eq(dead[0].reason, "hold-expired");
 	cr_assert_str_eq(dead[0].message_id, "big-e-S");
@@ -636,7 +630,7 @@ Test(holds, oversized_stored_body_is_released_whole, .timeout = 600)
 	saga_event(ship, sizeof ship, "big-r", 'S', 0, BIG_PAD);
 	itest_publish(m, "ShipmentCreated", ship, NULL);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 2, WAIT_S), 2);
-	stop_ok(w);
+	itest_stop_ok(w);
 	w = itest_worker(1, (const char *[]){ "INBOX_MAX_BODY=1024", "INBOX_HOLD_TTL=1h", NULL });
 	/* The order's creation releases the payment, read and parsed whole. */
 	publish_event(m, "big-r", 'C', 0);
@@ -652,7 +646,7 @@ Test(holds, oversized_stored_body_is_released_whole, .timeout = 600)
 	cr_assert_eq(itest_dlq_drain(dead, 4, 1, 60), 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL", 0, 60), 0);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_str_eq(dead[0].reason, "invalid-transition");
 	cr_assert_str_eq(dead[0].message_id, "big-r-S");
@@ -687,7 +681,7 @@ Test(holds, held_event_that_no_longer_parses_is_dead_lettered_on_release)
 	itest_confirm_all(m);
 	cr_assert_eq(itest_dlq_drain(dead, 4, 1, 60), 1);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
-	stop_ok(w);
+	itest_stop_ok(w);
 	mq_close(&m);
 	cr_assert_str_eq(dead[0].reason, "malformed-json");
 	cr_assert_str_eq(dead[0].message_id, "stale-1-P");

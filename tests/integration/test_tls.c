@@ -142,25 +142,15 @@ Test(tls, worker_and_loadgen_over_tls_apply_every_message, .timeout = 600)
 
 /*
  * A worker on these URLs whose server certificate fails verification: a
- * certificate does not fix itself, so, as for a wrong password, it exits 1
- * within 60 s with one error line holding every one of texts and never
- * says it retries (issue 22, item 12).
+ * certificate does not fix itself, so, as for a wrong password, it gives
+ * up at start (itest_expect_fatal) with its log named after name (issue
+ * 22, item 12).
  */
 static void expect_fatal(const char *amqp_url, const char *db_url, int port, const char *name,
                          const char *const *texts, char *log, size_t cap)
 {
-	const char *error_level[] = { " error ", NULL };
-	const char *retrying[] = { "retrying", NULL };
-	int st;
-
 	log_path_for(log, cap, name);
-	st = itest_wait_exit(tls_worker(amqp_url, db_url, port, log), 60);
-	st = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-	cr_assert_eq(st, 1, "%s: exit code %d, want 1 (see %s)", name, st, log);
-	cr_assert_eq(itest_log_lines(log, error_level), 1, "%s: one error line (see %s)", name, log);
-	cr_assert_eq(itest_log_lines(log, texts), 1, "%s: the line names the link and the reason (see %s)", name,
-	             log);
-	cr_assert_eq(itest_log_lines(log, retrying), 0, "%s: nothing is retried (see %s)", name, log);
+	itest_expect_fatal(tls_worker(amqp_url, db_url, port, log), log, name, texts, NULL);
 }
 
 Test(tls, a_certificate_from_another_ca_is_fatal_at_start, .timeout = 300)
@@ -206,43 +196,6 @@ Test(tls, tls_files_that_cannot_be_loaded_are_fatal_at_start, .timeout = 300)
 
 /* ---- a server named by its IP address ------------------------------------ */
 
-/* socat from 127.0.0.2:port to the server on 127.0.0.1:to: the same server
- * reached at an address its certificate does not name (the stack's names
- * localhost and 127.0.0.1).  Returns once it accepts connections. */
-static pid_t forward_from_other_address(int port, int to)
-{
-	char listen[80], target[64];
-	pid_t pid;
-
-	snprintf(listen, sizeof listen, "TCP-LISTEN:%d,bind=127.0.0.2,fork,reuseaddr", port);
-	snprintf(target, sizeof target, "TCP:127.0.0.1:%d", to);
-	pid = fork();
-	cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-			_exit(126);
-		execlp("socat", "socat", listen, target, (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 300; i++) {
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0);
-		int ok;
-
-		cr_assert_geq(fd, 0);
-		a.sin_addr.s_addr = htonl(0x7f000002);
-		ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-		close(fd);
-		if (ok)
-			return pid;
-		cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "socat exited (is it installed?)");
-		struct timespec ts = { .tv_nsec = 100 * 1000 * 1000 };
-		nanosleep(&ts, NULL);
-	}
-	cr_assert_fail("socat did not listen on 127.0.0.2:%d within 30 s", port);
-	return -1;
-}
-
 /* amqps://...@127.0.0.1 against a broker whose certificate names
  * IP:127.0.0.1: verified against the certificate's IP addresses, as every
  * OpenSSL client does, not refused by a check that knows only DNS names.
@@ -287,14 +240,14 @@ Test(tls, a_certificate_not_issued_to_the_address_is_fatal_at_start, .timeout = 
 	pid_t fw;
 
 	itest_fresh();
-	fw = forward_from_other_address(fport, tls_env_port("INBOX_STACK_AMQP_TLS_PORT"));
+	fw = itest_forward("127.0.0.2", fport, tls_env_port("INBOX_STACK_AMQP_TLS_PORT"));
 	snprintf(from, sizeof from, "@localhost:%s/", tls_env("INBOX_STACK_AMQP_TLS_PORT"));
 	snprintf(to, sizeof to, "@127.0.0.2:%d/", fport);
 	expect_fatal(replace1(url, sizeof url, amqp, from, to), db, port, "other-ip-amqp", mq_texts, log, sizeof log);
 	itest_stop(fw, SIGTERM, 30);
 
 	fport = itest_free_port();
-	fw = forward_from_other_address(fport, itest_cfg()->db.port);
+	fw = itest_forward("127.0.0.2", fport, itest_cfg()->db.port);
 	snprintf(from, sizeof from, "@127.0.0.1:%d/", itest_cfg()->db.port);
 	snprintf(to, sizeof to, "@127.0.0.2:%d/", fport);
 	expect_fatal(amqp, replace1(url, sizeof url, db, from, to), port, "other-ip-db", db_texts, log, sizeof log);

@@ -89,6 +89,14 @@ bool itest_log_has(const char *log_path, const char *text);
 int itest_stop(pid_t pid, int sig, int timeout_s);
 /* Wait for a child to exit by itself (bounded); returns the wait status. */
 int itest_wait_exit(pid_t pid, int timeout_s);
+/* Copy log_path to stderr, for a failure that is about to be reported. */
+void itest_show_log(const char *log_path);
+/* A process (named name in a failure) that must give up at start: it
+ * exits 1 within 60 s, its log holds one error line, that line holds
+ * every one of texts, no line says it retries, and secret (when not NULL)
+ * is on no line.  A failure shows the log. */
+void itest_expect_fatal(pid_t pid, const char *log_path, const char *name, const char *const *texts,
+                        const char *secret);
 
 /* A broker connection in confirm mode; topology declared. */
 struct mq *itest_mq(void);
@@ -192,5 +200,13 @@ size_t itest_read_file(const char *path, char *out, size_t cap);
 
 /* The path of a file in the source tree. */
 const char *itest_source(const char *rel, char *buf, size_t cap);
+/* socat from bind_ip:port to the server on 127.0.0.1:to (a server coming
+ * back on another port, or reached at another address); returns once it
+ * accepts connections (bounded, 30 s).  It dies with the test; stop it
+ * with SIGTERM and reap it. */
+pid_t itest_forward(const char *bind_ip, int port, int to);
+/* Run `scripts/stack what` (stop db, start mq, ...), its output on
+ * stderr; fails the test when it fails. */
+void itest_stack(const char *what);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * test_pool.c - pool_main (worker/pool.c) leaves nothing behind on any way
  * out.  Its first steps cannot fail on demand, so the pthread calls it
- * makes are wrapped at link time (-Wl,--wrap, tests/meson.build): armed,
+ * makes are wrapped at link time (-Wl,--wrap, tests/unit/meson.build): armed,
  * a wrapper fails; always, it counts what was initialised and destroyed.
  * pool_main used to return straight out of its first failures, skipping
  * the cleanup at its end: the condition attribute was never destroyed when
