@@ -697,7 +697,7 @@ static void hold_big(struct inbox *ib, struct db *d, const char *order)
 			bool pay = i == BIG_HELD - 1;
 
 			snprintf(body[k], sizeof body[k],
-			         "{\"message_id\":\"%s-%c%02d\",\"source\":\"itest\",\"type\":\"%s\",\"order_id\":\"%s\","
+			         "{\"message_id\":\"%s-%c-%02d\",\"source\":\"itest\",\"type\":\"%s\",\"order_id\":\"%s\","
 			         "\"occurred_at\":\"2026-11-29T18:00:00Z\",\"data\":{\"amount_cents\":4200,\"pad\":\"%s\"}}",
 			         order, pay ? 'p' : 's', i, pay ? "PaymentAuthorized" : "ShipmentCreated", order,
 			         pay ? "" : pad);
@@ -748,7 +748,7 @@ Test(batch, held_events_past_one_read_are_released_oldest_first, .timeout = 300)
 	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM orders WHERE id = ? AND status = 'Shipped' AND version = 4",
 	                        "big"), 1);
 	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM order_events WHERE order_id = ? AND type = 'ShipmentCreated'"
-	                        " AND message_id = 'big-s00'", "big"), 1, "the oldest shipment is the one applied");
+	                        " AND message_id = 'big-s-00'", "big"), 1, "the oldest shipment is the one applied");
 	cr_assert_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE order_id = ? AND outcome = 'ignored'",
 	                        "big"), BIG_HELD - 2);
 	cr_assert_eq(itest_int1("SELECT held FROM order_locks WHERE order_id = ?", "big"), 0);
