@@ -26,7 +26,7 @@
  * outbox writes (common/outbox.c).  Which events those are it decides
  * from memory (mp_model: each key's first delivery, the order's state and
  * flags, held events released when their order moves on) with the pool's
- * own state machine (order_decide), where the pool reads the order row.
+ * own state machine (agg_decide), where the pool reads the order row.
  * Until 2899e57 it published one bare OrderPaid per PaymentAuthorized
  * delivery instead (22 % of bench/run's backlog, duplicates included,
  * against the pool's 27 %: a ceiling that did a fifth less publishing than
@@ -53,7 +53,7 @@
 #include "cfg.h"
 #include "log.h"
 #include "mq.h"
-#include "order.h"
+#include "aggregate.h"
 
 struct mp_shared {
 	const struct cfg *conf;
@@ -82,7 +82,7 @@ struct mp_shared {
 #define MP_HELD_MAX 8
 struct mp_order {
 	char id[72];
-	enum order_state state;
+	int state;
 	unsigned flags;
 	int nheld;
 	struct {
@@ -262,7 +262,7 @@ static struct mp_order *mp_order_of(struct mp_shared *sh, const char *id)
 static void mp_out_add(struct mp_shared *sh, struct mp_out **out, int *nout, int *cap, unsigned emits,
                        const char *order_id, const char *cause_id, int type)
 {
-	const struct lc_def *d = order_binding_current()->def;
+	const struct lc_def *d = agg_current()->def;
 
 	for (int i = 0; i < d->nemits; i++) {
 		struct mp_out *x;
@@ -283,7 +283,7 @@ static void mp_out_add(struct mp_shared *sh, struct mp_out **out, int *nout, int
 		x->type = d->emits[i];
 		snprintf(x->order_id, sizeof x->order_id, "%s", order_id);
 		snprintf(x->cause_id, sizeof x->cause_id, "%s", cause_id);
-		snprintf(x->cause_type, sizeof x->cause_type, "%s", order_type_name(type));
+		snprintf(x->cause_type, sizeof x->cause_type, "%s", agg_type_name(type));
 	}
 }
 
@@ -293,9 +293,9 @@ static void mp_out_add(struct mp_shared *sh, struct mp_out **out, int *nout, int
 static bool mp_decide(struct mp_order *o, const char *order_id, int type, const char *cause_id, bool may_hold,
                       struct mp_out **out, int *nout, int *cap, struct mp_shared *sh)
 {
-	struct order_verdict v = order_decide(o->state, o->flags, (enum msg_type)type);
+	struct agg_verdict v = agg_decide(o->state, o->flags, (enum msg_type)type);
 
-	if (v.decision == ORDER_HOLD) {
+	if (v.decision == LC_HOLD) {
 		if (may_hold) {
 			char *id = o->nheld < MP_HELD_MAX ? strdup(cause_id) : NULL;
 			if (id == NULL) {
@@ -308,7 +308,7 @@ static bool mp_decide(struct mp_order *o, const char *order_id, int type, const 
 		}
 		return false;
 	}
-	if (v.decision != ORDER_APPLY && v.decision != ORDER_COMPENSATE)
+	if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
 		return false;
 	mp_out_add(sh, out, nout, cap, v.emits, order_id, cause_id, type);
 	o->state = v.next;
@@ -327,7 +327,7 @@ static int mp_model(struct mp_shared *sh, const struct bench_msg *m, int k, stru
 	for (int i = 0; i < k; i++) {
 		char key[2 * MSG_WIDE_ID_MAX + 2];
 		struct mp_order *o;
-		int type = m[i].type != NULL ? order_type_find(m[i].type, strlen(m[i].type)) : -1;
+		int type = m[i].type != NULL ? agg_type_find(m[i].type, strlen(m[i].type)) : -1;
 
 		snprintf(key, sizeof key, "%s\x1f%s", m[i].source, m[i].message_id);
 		if (type < 0 || !mp_first_seen(sh, key))
@@ -342,7 +342,7 @@ static int mp_model(struct mp_shared *sh, const struct bench_msg *m, int k, stru
 			for (int h = 0; h < o->nheld; h++) {
 				if (!mp_decide(o, m[i].order_id, o->held[h].type, o->held[h].message_id, false, out, &nout,
 				               cap, sh) &&
-				    order_decide(o->state, o->flags, (enum msg_type)o->held[h].type).decision == ORDER_HOLD)
+				    agg_decide(o->state, o->flags, (enum msg_type)o->held[h].type).decision == LC_HOLD)
 					continue;
 				free(o->held[h].message_id);
 				memmove(&o->held[h], &o->held[h + 1], (size_t)(o->nheld - h - 1) * sizeof o->held[0]);
@@ -362,7 +362,7 @@ static int mp_model(struct mp_shared *sh, const struct bench_msg *m, int k, stru
 static int mp_emit(struct mp_shared *sh, struct mq *pub, const struct bench_msg *m, int k, struct mp_out **out,
                    int *cap, uint64_t *first, uint64_t *last)
 {
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 	int n = mp_model(sh, m, k, out, cap);
 	char ts[32];
 	time_t now = time(NULL);

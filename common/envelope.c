@@ -36,7 +36,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "order.h"
+#include "aggregate.h"
 
 /* Untrusted values quoted in a detail are cut to this many bytes. */
 #define ENV_QUOTE_MAX 48
@@ -497,7 +497,7 @@ static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, s
 		memcpy(field, given, flen);
 		field[flen] = '\0';
 	} else if (f->mt) {
-		env_key_camel(order_binding_current()->def->key, field, sizeof field);
+		env_key_camel(agg_current()->def->key, field, sizeof field);
 	} else {
 		snprintf(field, sizeof field, "subject");
 	}
@@ -935,7 +935,7 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
 
 int env_check_settings(const struct cfg *conf, char *err, size_t errlen)
 {
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 	const char *p = conf->type_map != NULL ? conf->type_map : "";
 
 	while (*p != '\0') {

@@ -79,7 +79,7 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
 
 /*
  * The settings that name a type or a field, judged against the definition
- * that runs (call after order_use): each right-hand side of INBOX_TYPE_MAP
+ * that runs (call after agg_use): each right-hand side of INBOX_TYPE_MAP
  * must be one of its event types or aliases.  0, or -1 with one line in err
  * that starts with the setting's name (the caller exits 2).  What needs no
  * definition (the map's shape, INBOX_ORDER_ID_FIELD against INBOX_ENVELOPE)

@@ -18,7 +18,7 @@
  *      (another claim's, whose stored hash says duplicate or conflict,
  *      and ours that the ledger, order_events, knows: forgotten), in one
  *      range with the ledger joined, and the locked orders.
- *   2. Decide in C (common/order.c), per message in delivery order,
+ *   2. Decide in C (common/aggregate.c), per message in delivery order,
  *      against the order state as it evolves inside the batch; every row
  *      to write goes to the section of its statement (held events, order
  *      rows, ledger rows, outbox rows, outcomes, held counts).
@@ -110,10 +110,10 @@ enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_N
  * holds (not a status: it never leaves this file). */
 #define INBOX_HELD_ELSEWHERE 1
 
-/* An order of the transaction, locked: its state as it evolves. */
-struct inbox_order {
+/* An aggregate of the transaction, locked: its state as it evolves. */
+struct inbox_agg {
 	char id[MSG_ORDER_ID_MAX + 1];
-	enum order_state state;
+	int state; /* an index of the bound definition */
 	unsigned flags;
 	int64_t version;
 	int64_t held;
@@ -128,10 +128,10 @@ struct inbox_order {
 	int hfirst, hcount;
 	int64_t hlast;
 	bool hall;
-	/* Per set column (order_binding cols): the value the last event that
+	/* Per set column (agg_binding cols): the value the last event that
 	 * took effect gave it, as SQL text at ib->vals.p + col[c] - 1; 0: none
 	 * (the column keeps what it has). */
-	uint32_t col[ORDER_COLS_MAX];
+	uint32_t col[AGG_COLS_MAX];
 };
 
 /* The SQL that names the bound definition's tables and columns, built once
@@ -234,7 +234,7 @@ struct inbox {
 	struct inbox_in *sub_in;
 	struct inbox_result *sub_res;
 	int *sub_of;
-	struct inbox_order *orders;
+	struct inbox_agg *orders;
 	int norders;
 	/* The thread's outbox dispatcher (borrowed; NULL: none, the rows
 	 * are the relay's): the copies of the transaction's rows go to emit,
@@ -247,8 +247,8 @@ struct inbox {
 	struct sqlbuf req;
 	struct sqlbuf w[W_NSECT];
 	/* The definition it runs, its statements' names, and the values set
-	 * columns get in this transaction (struct inbox_order's col). */
-	const struct order_binding *bind;
+	 * columns get in this transaction (struct inbox_agg's col). */
+	const struct agg_binding *bind;
 	struct inbox_names sql;
 	struct sqlbuf vals;
 };
@@ -286,10 +286,10 @@ static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, co
 
 /* inbox_decide and the releases turn a decision into an outcome with a
  * cast: the two enums must agree value for value up to DEAD_LETTERED. */
-_Static_assert((int)INBOX_APPLIED == (int)ORDER_APPLY && (int)INBOX_HELD == (int)ORDER_HOLD &&
-                   (int)INBOX_IGNORED == (int)ORDER_IGNORE && (int)INBOX_COMPENSATED == (int)ORDER_COMPENSATE &&
-                   (int)INBOX_DEAD_LETTERED == (int)ORDER_INVALID,
-               "enum inbox_outcome and enum order_decision must agree up to DEAD_LETTERED");
+_Static_assert((int)INBOX_APPLIED == (int)LC_APPLY && (int)INBOX_HELD == (int)LC_HOLD &&
+                   (int)INBOX_IGNORED == (int)LC_IGNORE && (int)INBOX_COMPENSATED == (int)LC_COMPENSATE &&
+                   (int)INBOX_DEAD_LETTERED == (int)LC_INVALID,
+               "enum inbox_outcome and enum lc_decision must agree up to DEAD_LETTERED");
 
 static const char *const inbox_outcome_names[] = {
 	[INBOX_APPLIED] = "applied",         [INBOX_HELD] = "held",
@@ -375,7 +375,7 @@ static int inbox_names_build(struct inbox *ib)
 /* The values ev's sets give their columns, as SQL text kept in ib->vals
  * until the aggregate's row is written (inbox_flush): the event took
  * effect on o. */
-static int inbox_set_columns(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev)
+static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev)
 {
 	const struct lc_def *d = ib->bind->def;
 	const struct lc_event *e;
@@ -413,7 +413,7 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		return ST_ERR_NOMEM;
 	ib->db = db;
 	ib->conf = conf;
-	ib->bind = order_binding_current();
+	ib->bind = agg_current();
 	rc = inbox_names_build(ib);
 	if (rc != ST_OK)
 		goto fail;
@@ -730,14 +730,14 @@ static int inbox_flush(struct inbox *ib, bool commit)
 	int rc = ST_OK;
 
 	for (int i = 0; i < ib->norders; i++) {
-		struct inbox_order *r = &ib->orders[i];
+		struct inbox_agg *r = &ib->orders[i];
 
 		if (r->dirty) {
 			struct sqlbuf *o = &ib->w[W_ORDER];
 
 			sqlbuf_row(o);
 			sqlbuf_str(o, r->id);
-			sqlbuf_str(o, order_state_name(r->state));
+			sqlbuf_str(o, agg_state_name(r->state));
 			sqlbuf_i64(o, r->version);
 			sqlbuf_i64(o, r->flags);
 			for (int c = 0; c < ib->bind->ncols; c++) {
@@ -865,9 +865,9 @@ static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, c
 	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->emit, &d);
 }
 
-static const char *inbox_reason_of(enum order_decision d)
+static const char *inbox_reason_of(enum lc_decision d)
 {
-	return d == ORDER_INVALID ? "invalid-transition" : NULL;
+	return d == LC_INVALID ? "invalid-transition" : NULL;
 }
 
 /* Where an event being carried out comes from: the delivery (its inbox
@@ -876,19 +876,19 @@ static const char *inbox_reason_of(enum order_decision d)
  * must say that it waited). */
 enum inbox_src { SRC_LIVE, SRC_HELD_ROW, SRC_HELD_MEM };
 
-/* Carry out a verdict (not ORDER_HOLD) on a locked order: the order's new
+/* Carry out a verdict (not LC_HOLD) on a locked order: the order's new
  * state, its ledger row, the outbox rows and the inbox outcome go to the
  * write.  *changed is set when the order changed (held events may now
  * apply). */
-static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox_event *ev,
-                     struct order_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
+static int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev,
+                     struct agg_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
 {
 	const struct lc_def *d = ib->bind->def;
-	const char *outcome = order_decision_outcome(v.decision);
+	const char *outcome = lc_decision_outcome(v.decision);
 	int nrows = 0, rc = ST_OK;
 
 	*changed = false;
-	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE) {
+	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE) {
 		struct sqlbuf *e = &ib->w[W_EVENT];
 
 		/* in the definition's order of emits (OrderPaid, RefundRequested,
@@ -910,8 +910,8 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 			sqlbuf_str(e, ev->message_id);
 			sqlbuf_str(e, ev->type_name);
 			sqlbuf_str(e, outcome);
-			sqlbuf_str(e, o->state == ORDER_NONE ? "None" : order_state_name(o->state));
-			sqlbuf_str(e, order_state_name(v.next));
+			sqlbuf_str(e, o->state == ORDER_NONE ? "None" : agg_state_name(o->state));
+			sqlbuf_str(e, agg_state_name(v.next));
 			sqlbuf_i64(e, o->version + 1);
 			sqlbuf_value(e, "NOW(6)");
 			if (ev->sha[0] != '\0')
@@ -925,16 +925,16 @@ static int inbox_act(struct inbox *ib, struct inbox_order *o, const struct inbox
 			o->dirty = true;
 			*changed = true;
 		}
-	} else if (v.decision == ORDER_INVALID) {
+	} else if (v.decision == LC_INVALID) {
 		char detail[160];
 		snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
-		         order_state_name(o->state));
+		         agg_state_name(o->state));
 		rc = inbox_w_dead_letter(ib, ev, "invalid-transition", detail);
 		nrows++;
 	}
 	/* On an error the rows written so far go with the rolled-back
 	 * transaction (inbox_end resets the write). */
-	if (rc == ST_OK && (src != SRC_LIVE || v.decision != ORDER_APPLY))
+	if (rc == ST_OK && (src != SRC_LIVE || v.decision != LC_APPLY))
 		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision), src == SRC_HELD_MEM);
 	if (rc != ST_OK)
 		return rc;
@@ -1012,7 +1012,7 @@ static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, en
 }
 
 static int inbox_col_i64(const char *v, int64_t *out);
-static struct inbox_order *inbox_find_order(struct inbox *ib, const char *id);
+static struct inbox_agg *inbox_find_order(struct inbox *ib, const char *id);
 
 /* One row of a read of held events (inbox_sql_held_read: id, the HV_*
  * values, n) into ib->hrows.  Every value is checked against its column's
@@ -1130,7 +1130,7 @@ static int inbox_held_assign(struct inbox *ib)
 		ib->orders[i].hall = ib->orders[i].held == 0;
 	for (int i = 0, j; i < ib->nhrows; i = j) {
 		const char *oid = inbox_hval(ib, &ib->hrows[i], HV_ORDER);
-		struct inbox_order *o = inbox_find_order(ib, oid);
+		struct inbox_agg *o = inbox_find_order(ib, oid);
 
 		for (j = i + 1; j < ib->nhrows && strcmp(inbox_hval(ib, &ib->hrows[j], HV_ORDER), oid) == 0; j++)
 			;
@@ -1156,7 +1156,7 @@ static int inbox_held_page_row(void *arg, int stmt, const char *const *v, const 
 /* Read the next page of order o's held events, those above after, onto
  * the end of ib->hrows (one round trip); *complete: none is left beyond
  * them. */
-static int inbox_held_page(struct inbox *ib, const struct inbox_order *o, int64_t after, bool *complete)
+static int inbox_held_page(struct inbox *ib, const struct inbox_agg *o, int64_t after, bool *complete)
 {
 	struct sqlbuf *q = &ib->req;
 	const char *id = o->id;
@@ -1196,14 +1196,14 @@ static void inbox_hrow_event(const struct inbox *ib, const struct inbox_hrow *r,
  * that must still wait is left alone (*settled false); any other is
  * parsed again and carried out exactly as if it had just arrived, then
  * leaves held_events.  *changed: the order row changed. */
-static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const struct inbox_hrow *r,
+static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct inbox_hrow *r,
                              struct inbox_result *res, bool *settled, bool *changed)
 {
 	const char *type = inbox_hval(ib, r, HV_TYPE);
 	struct inbox_held h;
 	struct inbox_held_more x;
 	struct inbox_event raw, ev;
-	struct order_verdict v;
+	struct agg_verdict v;
 	struct msg m;
 	enum msg_reason reason;
 	int t = msg_type_from_name(type, r->len[HV_TYPE]);
@@ -1213,8 +1213,8 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	*changed = false;
 	if (t < 0)
 		return ST_ERR_DB; /* we only ever store validated types */
-	v = order_decide(o->state, o->flags, (enum msg_type)t);
-	if (v.decision == ORDER_HOLD)
+	v = agg_decide(o->state, o->flags, (enum msg_type)t);
+	if (v.decision == LC_HOLD)
 		return ST_OK;
 	inbox_hrow_event(ib, r, &h, &x, &raw);
 	raw.order_id = o->id;
@@ -1235,19 +1235,19 @@ static int inbox_release_one(struct inbox *ib, struct inbox_order *o, const stru
 	sqlbuf_item(&ib->w[W_DEL]);
 	sqlbuf_i64(&ib->w[W_DEL], h.id);
 	*settled = true;
-	if (reason == MSG_REASON_NONE && v.decision == ORDER_INVALID)
+	if (reason == MSG_REASON_NONE && v.decision == LC_INVALID)
 		reason = MSG_REASON_INVALID_TRANSITION;
 	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
 	res->released_reason[reason]++;
 	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
-	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : order_decision_outcome(v.decision)));
+	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision)));
 	log_trace_clear();
 	return ST_OK;
 }
 
 /* Re-evaluate the held rows [from, to) of ib->hrows (all of order o's),
  * oldest first, those not settled yet. */
-static int inbox_release_rows(struct inbox *ib, struct inbox_order *o, int from, int to, struct inbox_result *res,
+static int inbox_release_rows(struct inbox *ib, struct inbox_agg *o, int from, int to, struct inbox_result *res,
                               int *released, bool *progress)
 {
 	for (int i = from; i < to && o->held > 0; i++) {
@@ -1275,7 +1275,7 @@ static int inbox_release_rows(struct inbox *ib, struct inbox_order *o, int from,
  * forgotten once looked at, so memory stays at one read.  Rows a page
  * releases leave held_events (the write so far is sent) before the next
  * page is read, so a later pass never reads them again. */
-static int inbox_release_paged(struct inbox *ib, struct inbox_order *o, struct inbox_result *res, int *released,
+static int inbox_release_paged(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res, int *released,
                                bool *progress)
 {
 	int64_t after = o->hlast;
@@ -1304,13 +1304,13 @@ static int inbox_release_paged(struct inbox *ib, struct inbox_order *o, struct i
  * now does, exactly as if it had just arrived (it was parsed from the
  * delivery in hand), and never reaches held_events.  *progress: the order
  * changed. */
-static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct inbox_result *res,
+static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res,
                                  int *released, bool *progress)
 {
 	for (int k = 0; k < ib->npend && o->pending > 0; k++) {
 		const struct inbox_in *in;
 		struct inbox_event ev;
-		struct order_verdict v;
+		struct agg_verdict v;
 		char *props = NULL;
 		bool changed = false;
 		int rc;
@@ -1320,13 +1320,13 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
 		in = &ib->in[ib->pend[k]];
 		if (strcmp(in->msg->order_id, o->id) != 0)
 			continue;
-		v = order_decide(o->state, o->flags, in->msg->type);
-		if (v.decision == ORDER_HOLD)
+		v = agg_decide(o->state, o->flags, in->msg->type);
+		if (v.decision == LC_HOLD)
 			continue;
 		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
 		ev.deliveries = in->deliveries;
 		ev.ctx = in->ctx;
-		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
+		if (v.decision == LC_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
@@ -1339,7 +1339,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
 		(*released)++;
 		*progress = *progress || changed;
 		res->released_as[(enum inbox_outcome)v.decision]++; /* the enums agree up to DEAD_LETTERED */
-		res->released_reason[v.decision == ORDER_INVALID ? MSG_REASON_INVALID_TRANSITION : MSG_REASON_NONE]++;
+		res->released_reason[v.decision == LC_INVALID ? MSG_REASON_INVALID_TRANSITION : MSG_REASON_NONE]++;
 	}
 	return ST_OK;
 }
@@ -1350,7 +1350,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_order *o, struct
  * until a pass leaves the order as it found it: an event skipped early in
  * a pass may apply after a later one changed the order.  Passes over what
  * the claim read cost no round trip, however many events wait. */
-static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct inbox_result *res)
+static int inbox_release_held(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res)
 {
 	bool progress = true;
 	int released = 0, rc = ST_OK;
@@ -1372,7 +1372,7 @@ static int inbox_release_held(struct inbox *ib, struct inbox_order *o, struct in
 /* Hold an event: in memory for now (the rest of the batch may release
  * it, and then it never costs a row); inbox_hold_write keeps it in
  * held_events if it is still held when the batch ends. */
-static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox_order *o)
+static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox_agg *o)
 {
 	ib->pend[ib->npend++] = (int)(in - ib->in);
 	o->pending++;
@@ -1380,7 +1380,7 @@ static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox
 
 /* Keep a still-held event in held_events, count it on its order's lock
  * row, and record the 'held' outcome. */
-static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_order *o)
+static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_agg *o)
 {
 	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
 	char *context = env_context_json(in->ctx);
@@ -1429,12 +1429,12 @@ static int inbox_key_cmp(const void *a, const void *b)
 
 static int inbox_order_cmp(const void *a, const void *b)
 {
-	return strcmp(((const struct inbox_order *)a)->id, ((const struct inbox_order *)b)->id);
+	return strcmp(((const struct inbox_agg *)a)->id, ((const struct inbox_agg *)b)->id);
 }
 
-static struct inbox_order *inbox_find_order(struct inbox *ib, const char *id)
+static struct inbox_agg *inbox_find_order(struct inbox *ib, const char *id)
 {
-	struct inbox_order key;
+	struct inbox_agg key;
 
 	snprintf(key.id, sizeof key.id, "%s", id);
 	return bsearch(&key, ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
@@ -1461,7 +1461,7 @@ static int inbox_token(int64_t *token)
 /* An order as read under its lock: held count, and status/version/flags
  * of its row (status NULL: no order yet).  One place for the batch claim
  * and for hold expiry. */
-static int inbox_order_fill(struct inbox_order *o, const char *id, int64_t held, const char *status,
+static int inbox_order_fill(struct inbox_agg *o, const char *id, int64_t held, const char *status,
                             int64_t version, int64_t flags)
 {
 	memset(o, 0, sizeof *o);
@@ -1471,10 +1471,10 @@ static int inbox_order_fill(struct inbox_order *o, const char *id, int64_t held,
 		o->state = ORDER_NONE;
 		return ST_OK;
 	}
-	int st = order_state_from_name(status);
+	int st = agg_state_from_name(status);
 	if (st < 0)
 		return ST_ERR_DB;
-	o->state = (enum order_state)st;
+	o->state = st;
 	o->version = version;
 	o->flags = (unsigned)flags;
 	return ST_OK;
@@ -1808,9 +1808,9 @@ static void inbox_w_unclaim(struct inbox *ib, const struct msg *m)
 static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbox_result *res)
 {
 	const struct msg *m = in->msg;
-	struct inbox_order *o = inbox_find_order(ib, m->order_id);
+	struct inbox_agg *o = inbox_find_order(ib, m->order_id);
 	struct inbox_event ev;
-	struct order_verdict v;
+	struct agg_verdict v;
 	bool changed = false;
 	char *props = NULL;
 	int rc = ST_OK;
@@ -1820,11 +1820,11 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
 	ev.deliveries = in->deliveries;
 	ev.ctx = in->ctx;
-	v = order_decide(o->state, o->flags, m->type);
-	if (v.decision == ORDER_HOLD) {
+	v = agg_decide(o->state, o->flags, m->type);
+	if (v.decision == LC_HOLD) {
 		inbox_hold(ib, in, o);
 	} else {
-		if (v.decision == ORDER_INVALID && in->props_json != NULL) {
+		if (v.decision == LC_INVALID && in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
@@ -2171,7 +2171,7 @@ static int inbox_expire_write(struct inbox *ib, struct inbox_expired *log, int *
 {
 	for (int i = 0; i < ib->nhrows; i++) {
 		const struct inbox_hrow *r = &ib->hrows[i];
-		struct inbox_order *o = inbox_find_order(ib, inbox_hval(ib, r, HV_ORDER));
+		struct inbox_agg *o = inbox_find_order(ib, inbox_hval(ib, r, HV_ORDER));
 		struct inbox_held h;
 		struct inbox_held_more x;
 		struct inbox_event ev;

@@ -27,7 +27,7 @@
 #include "db.h"
 #include "envelope.h"
 #include "msg.h"
-#include "order.h"
+#include "aggregate.h"
 #include "outbox.h"
 
 struct outbox_dispatcher;
@@ -73,7 +73,7 @@ struct inbox_result {
 	int released_as[INBOX_OUTCOME_COUNT];
 	int released_reason[MSG_REASON_COUNT];
 	int outbox_rows;   /* rows written to the outbox */
-	enum order_state state;
+	int state;         /* the aggregate's, after: an index of the bound definition */
 	/* A duplicate or conflict of a key the inbox had forgotten (its row
 	 * deleted by retention) and the ledger remembers. */
 	bool forgotten;

@@ -1218,17 +1218,27 @@ struct lc_verdict lc_decide(const struct lc_def *def, int state, uint32_t marks,
 	return v;
 }
 
-int lc_event_find(const struct lc_def *def, const char *name)
+static bool name_is(const char *have, const char *name, size_t len)
+{
+	return strlen(have) == len && memcmp(have, name, len) == 0;
+}
+
+int lc_event_findn(const struct lc_def *def, const char *name, size_t len)
 {
 	for (int e = 0; e < def->nevents; e++) {
-		if (strcmp(def->events[e].type, name) == 0)
+		if (name_is(def->events[e].type, name, len))
 			return e;
 		for (int a = 0; a < def->events[e].naliases; a++) {
-			if (strcmp(def->events[e].aliases[a], name) == 0)
+			if (name_is(def->events[e].aliases[a], name, len))
 				return e;
 		}
 	}
 	return -1;
+}
+
+int lc_event_find(const struct lc_def *def, const char *name)
+{
+	return lc_event_findn(def, name, strlen(name));
 }
 
 int lc_state_find(const struct lc_def *def, const char *name)

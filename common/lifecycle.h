@@ -5,7 +5,7 @@
  * arrival-order independent.
  *
  * No I/O but reading the file; no database.  The worker's order engine
- * (order.h) is this table read from lifecycles/order.json, which is also
+ * (aggregate.h) is this table read from lifecycles/order.json, which is also
  * compiled in (lc_builtin_order) so that a worker without INBOX_LIFECYCLE
  * reads the same definition the same way.
  *
@@ -149,6 +149,8 @@ struct lc_verdict lc_decide(const struct lc_def *def, int state, uint32_t marks,
 
 /* Event index of a type name or alias; -1 when unknown. */
 int lc_event_find(const struct lc_def *def, const char *name);
+/* The same for a name of len bytes, not NUL-terminated (a message's). */
+int lc_event_findn(const struct lc_def *def, const char *name, size_t len);
 /* State index of a name; -1 when unknown ("" is not a name). */
 int lc_state_find(const struct lc_def *def, const char *name);
 /* "applied", "held", "ignored", "compensated", "dead_lettered" */

@@ -32,7 +32,7 @@
 #include "fault.h"
 #include "log.h"
 #include "mq_private.h"
-#include "order.h"
+#include "aggregate.h"
 #include "props.h"
 #include "status.h"
 
@@ -609,7 +609,7 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 {
 	int rc;
 	char shard[300], aggregate_key[LC_NAME_MAX + 3] = "";
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 
 	/* The queue takes order.# (SPEC), and <aggregate>.# too when the
 	 * lifecycle definition the worker runs is another aggregate's. */

@@ -28,7 +28,7 @@
 #include <time.h>
 
 #include "array.h"
-#include "order.h"
+#include "aggregate.h"
 
 /* Untrusted strings quoted in a detail line are cut to this many bytes. */
 #define QUOTE_MAX 48
@@ -54,13 +54,13 @@ _Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum m
 
 const char *msg_type_name(enum msg_type t)
 {
-	return order_type_name((int)t);
+	return agg_type_name((int)t);
 }
 
 int msg_type_from_name(const char *name, size_t len)
 {
 	/* Types and aliases (PaymentConfirmed) are the lifecycle definition's. */
-	return order_type_find(name, len);
+	return agg_type_find(name, len);
 }
 
 const char *msg_reason_name(enum msg_reason r)
@@ -413,7 +413,7 @@ static size_t utf8_chars(const char *s, size_t len)
 static void keep_text(struct msg *out, struct msg_val *val, const char *s, size_t len)
 {
 	if (out->text_used + len + 1 > sizeof out->text)
-		return; /* order_bind refuses a definition whose values do not fit */
+		return; /* agg_bind refuses a definition whose values do not fit */
 	memcpy(out->text + out->text_used, s, len);
 	out->text[out->text_used + len] = '\0';
 	val->off = (uint16_t)out->text_used;
@@ -544,7 +544,7 @@ static enum msg_reason msg_values(const struct lc_def *def, int type, json_t *da
 
 const struct msg_val *msg_value(const struct msg *m, const char *column)
 {
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 	const struct lc_event *ev;
 
 	if ((unsigned)m->type >= (unsigned)def->nevents)
@@ -635,7 +635,7 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	const struct msg_names *nm = names != NULL ? names : &ours;
 	bool wide = names != NULL;
 	json_t *data;
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 	const char *s, *key, *key_name;
 	size_t slen;
 	int type;

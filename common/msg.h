@@ -36,7 +36,7 @@
 #define MSG_TIME_SQL_MAX 26 /* "YYYY-MM-DD HH:MM:SS.ffffff", UTC */
 
 /* The event types of the built-in order definition.  A message's type is
- * the bound definition's event index (order.h); for the order definition
+ * the bound definition's event index (aggregate.h); for the order definition
  * these. */
 enum msg_type {
 	MSG_ORDER_CREATED = 0,

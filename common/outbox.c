@@ -58,7 +58,7 @@
 #include "lifecycle_emit.h"
 #include "log.h"
 #include "outbox_int.h"
-#include "order.h"
+#include "aggregate.h"
 #include "msg.h"
 #include "status.h"
 
@@ -261,7 +261,7 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 {
 	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
 	char *body = NULL, *props = NULL;
-	const struct lc_def *def = order_binding_current()->def;
+	const struct lc_def *def = agg_current()->def;
 	const char *type;
 	json_t *o;
 	int rc = outbox_now(ts, sizeof ts);

@@ -6,7 +6,7 @@
  * the lifecycle definition folded over the canonical sequence, checked over
  * every arrival order, and for the order definition held against SPEC's
  * table (spec_oracle.c, typed in from SPEC.md, not the worker's
- * order_decide, so a definition that disagrees with SPEC is refused
+ * agg_decide, so a definition that disagrees with SPEC is refused
  * before anything is published).  SPEC.md promises that any arrival order
  * ends there.  The one thing that does depend on
  * arrival order is whether an effect is recorded as `applied` or

@@ -1,6 +1,6 @@
 /*
  * spec_oracle.c - SPEC.md's "Orders" section as a table of every cell, typed
- * in by hand from the text (not derived from common/order.c).
+ * in by hand from the text (not derived from common/aggregate.c).
  *
  * How each cell follows from SPEC, so a reader can check it against the text:
  *  - applied: the event's "effect when applicable" row of SPEC's event table,

@@ -3,9 +3,9 @@
  * out by hand as a table, independently of the worker's state machine.
  *
  * Why it exists: the load generator's ledger and the saga tests used to take
- * their expectations from order_decide, the table under test, so a wrong cell
+ * their expectations from agg_decide, the table under test, so a wrong cell
  * passed everywhere.  This file is the second opinion: it does not include
- * order.h and never calls order_decide.  test_spec compares the two cell by
+ * aggregate.h and never calls agg_decide.  test_spec compares the two cell by
  * cell; the saga, holds and loadgen checks expect what this table says.
  *
  * Only msg.h's event types are shared (they are the parser's, not the

@@ -37,7 +37,7 @@
 #include "log.h"
 #include "mq.h"
 #include "msg.h"
-#include "order.h"
+#include "aggregate.h"
 #include "status.h"
 
 /* The broker delivers at most this many unacked messages to one consumer
@@ -483,7 +483,7 @@ struct dlq_inbox_row {
 };
 
 /* The aggregate's row: its state, and the columns its events set as text
- * (the bound definition's, order_binding cols), each cut to its first
+ * (the bound definition's, agg_binding cols), each cut to its first
  * DLQ_COL_CHARS characters (4 bytes each at most) for the screen. */
 #define DLQ_COL_CHARS 64
 #define DLQ_COL_TEXT (4 * DLQ_COL_CHARS + 1)
@@ -492,13 +492,13 @@ struct dlq_order_row {
 	char status[32];
 	int64_t version;
 	int64_t flags;
-	char col[ORDER_COLS_MAX][DLQ_COL_TEXT];
-	bool col_null[ORDER_COLS_MAX];
+	char col[AGG_COLS_MAX][DLQ_COL_TEXT];
+	bool col_null[AGG_COLS_MAX];
 };
 
 static int dlq_sql_ledger(char *sql, size_t cap)
 {
-	const struct lc_def *d = order_binding_current()->def;
+	const struct lc_def *d = agg_current()->def;
 	char tb[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
 	int n;
 
@@ -513,7 +513,7 @@ static int dlq_sql_ledger(char *sql, size_t cap)
 
 static int dlq_sql_row(char *sql, size_t cap)
 {
-	const struct order_binding *b = order_binding_current();
+	const struct agg_binding *b = agg_current();
 	size_t len;
 	int n = snprintf(sql, cap, "SELECT status, version, flags");
 
@@ -580,9 +580,9 @@ static int dlq_inbox_lookup(struct dlq_run *r, const struct msg *m, struct dlq_i
 
 static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_order_row *row)
 {
-	const struct order_binding *b = order_binding_current();
+	const struct agg_binding *b = agg_current();
 	struct db_param p[] = { DBP_STR(order_id) };
-	struct db_col c[3 + ORDER_COLS_MAX] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64() };
+	struct db_col c[3 + AGG_COLS_MAX] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64() };
 	int got;
 
 	memset(row, 0, sizeof *row);
@@ -683,24 +683,24 @@ static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verd
 	if (rc != ST_OK)
 		return rc;
 	{
-		int st = ord.found ? order_state_from_name(ord.status) : ORDER_NONE;
-		struct order_verdict ov = order_decide(st < 0 ? ORDER_NONE : (enum order_state)st,
+		int st = ord.found ? agg_state_from_name(ord.status) : ORDER_NONE;
+		struct agg_verdict ov = agg_decide(st < 0 ? ORDER_NONE : st,
 		                                       (unsigned)ord.flags, e->m.type);
 		const char *now = ord.found ? ord.status : "absent";
 
-		const char *agg = order_binding_current()->def->aggregate;
+		const char *agg = agg_current()->def->aggregate;
 
-		if (ov.decision == ORDER_HOLD) {
+		if (ov.decision == LC_HOLD) {
 			*v = DLQ_V_WAITING;
 			snprintf(why, cap, "its prerequisite is still missing (%s %s: %s): it would be held again", agg,
 			         e->m.order_id, now);
-		} else if (ov.decision == ORDER_INVALID) {
+		} else if (ov.decision == LC_INVALID) {
 			*v = DLQ_V_INVALID;
 			snprintf(why, cap, "still an impossible transition (%s %s: %s)", agg, e->m.order_id, now);
 		} else {
 			*v = DLQ_V_REOPEN;
 			snprintf(why, cap, "the inbox dead-lettered it (%s); %s %s is %s now: the key is reopened"
-			         " and the event %s", in.reason, agg, e->m.order_id, now, order_decision_outcome(ov.decision));
+			         " and the event %s", in.reason, agg, e->m.order_id, now, lc_decision_outcome(ov.decision));
 		}
 	}
 	return ST_OK;
@@ -769,9 +769,9 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 			return rc;
 		/* "order row:    ", "shipment row: ": the aggregate's name in the
 		 * label's column. */
-		snprintf(label, sizeof label, "%s row:", order_binding_current()->def->aggregate);
+		snprintf(label, sizeof label, "%s row:", agg_current()->def->aggregate);
 		if (ord.found) {
-			const struct order_binding *b = order_binding_current();
+			const struct agg_binding *b = agg_current();
 
 			fprintf(r->out, "%-13s %s status %s, version %lld, flags %lld", label, e->m.order_id, ord.status,
 			        (long long)ord.version, (long long)ord.flags);

@@ -14,7 +14,7 @@
 #include "lifecycle_schema.h"
 #include "log.h"
 #include "metrics.h"
-#include "order.h"
+#include "aggregate.h"
 #include "status.h"
 
 #define LC_USAGE "usage: inbox-worker lifecycle check|schema FILE"
@@ -56,7 +56,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 {
 	struct lc_errors errs;
 	struct lc_check chk;
-	struct order_binding b;
+	struct agg_binding b;
 	struct lc_def *d;
 	char why[512];
 	bool ok;
@@ -97,7 +97,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	        chk.sets, chk.runs, chk.conflicts);
 	/* The same judgement as run's (lifecycle_setup): what it refuses,
 	 * check refuses, with the same exit as any other refusal. */
-	if (order_bind(d, &b, why, sizeof why) == 0) {
+	if (agg_bind(d, &b, why, sizeof why) == 0) {
 		fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);
 		code = 0;
 	} else {
@@ -109,9 +109,9 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	return code;
 }
 
-/* Kept for the process's life: order_decide reads it from every thread. */
+/* Kept for the process's life: agg_decide reads it from every thread. */
 static struct lc_def *run_def;
-static struct order_binding run_binding;
+static struct agg_binding run_binding;
 
 int lifecycle_setup(const struct cfg *conf)
 {
@@ -132,11 +132,11 @@ int lifecycle_setup(const struct cfg *conf)
 		        chk.why);
 		goto fail;
 	}
-	if (order_bind(run_def, &run_binding, why, sizeof why) != 0) {
+	if (agg_bind(run_def, &run_binding, why, sizeof why) != 0) {
 		fprintf(stderr, "inbox-worker: INBOX_LIFECYCLE %s: %s\n", name ? name : "(built-in)", why);
 		goto fail;
 	}
-	order_use(&run_binding);
+	agg_use(&run_binding);
 	/* /metrics names the aggregate (inbox_lifecycle_info); a name lc_load
 	 * took is always a valid label, so a refusal only means "set before". */
 	if (metrics_set_lifecycle(run_def->aggregate, run_def->table, run_def->key) != 0)
@@ -280,7 +280,7 @@ int lifecycle_schema_check(const struct cfg *conf)
 {
 	static struct lc_column cols[LC_COLS_MAX];
 	static char diff[8192];
-	const struct lc_def *d = order_binding_current()->def;
+	const struct lc_def *d = agg_current()->def;
 	const char *name = conf->lifecycle != NULL && conf->lifecycle[0] != '\0' ? conf->lifecycle : "(built-in)";
 	struct db *db = NULL;
 	int n = 0, rc, code = 0;

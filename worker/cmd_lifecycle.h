@@ -19,7 +19,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err);
 void lifecycle_usage(FILE *f);
 
 /* `run`: load conf->lifecycle (the built-in file when empty), check it and
- * bind it as the order engine (order_use) before any thread starts.
+ * bind it as the order engine (agg_use) before any thread starts.
  * Returns 0, or 2 after one line on stderr saying why it cannot run.  The
  * definition stays loaded until the process exits. */
 int lifecycle_setup(const struct cfg *conf);

@@ -44,7 +44,7 @@
 #include "metrics.h"
 #include "mq.h"
 #include "msg.h"
-#include "order.h"
+#include "aggregate.h"
 #include "outbox.h"
 #include "status.h"
 
@@ -812,7 +812,7 @@ static int worker_account_one(struct worker *w, struct item *it)
 			/* its dead-letter copy is in the outbox */
 			reason = msg_reason_name(MSG_REASON_INVALID_TRANSITION);
 			snprintf(detail, sizeof detail, "%s not allowed on an order in state %s",
-			         it->m.type_name, order_state_name(it->res.state));
+			         it->m.type_name, agg_state_name(it->res.state));
 		}
 	}
 	worker_log_handled(w, it, outcome, reason, detail, it->res.released);

@@ -187,7 +187,7 @@ static enum msg_type event_of(char letter)
 }
 
 /* Each event's outcome in an in-order history, from SPEC's table
- * (loadgen/spec_oracle.c, typed in from SPEC.md, never order_decide). */
+ * (loadgen/spec_oracle.c, typed in from SPEC.md, never agg_decide). */
 static void check_outcomes_by_spec(const char *history, const char *order)
 {
 	enum msg_type ev[8];

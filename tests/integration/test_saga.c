@@ -49,7 +49,7 @@ struct expect {
 };
 
 /* In-order arrival as SPEC.md says (loadgen/spec_oracle.c, typed in from
- * SPEC, not the worker's order_decide): the reference.  Every event of
+ * SPEC, not the worker's agg_decide): the reference.  Every event of
  * these sequences takes effect, whatever the arrival order. */
 static struct expect in_order(int s, const char *order)
 {

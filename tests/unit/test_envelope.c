@@ -12,7 +12,7 @@
 
 #include "envelope.h"
 #include "lifecycle.h"
-#include "order.h"
+#include "aggregate.h"
 
 #define MAX_BODY 65536
 #define TP "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -575,7 +575,7 @@ Test(envelope, data_may_be_any_json_value)
 /* ---- a user's definition (issue 43, item 2) ------------------------------ */
 
 static struct lc_def *ship_def;
-static struct order_binding ship_binding;
+static struct agg_binding ship_binding;
 
 /* lifecycles/shipment.json as the definition that runs. */
 static void use_shipment(void)
@@ -588,8 +588,8 @@ static void use_shipment(void)
 	snprintf(path, sizeof path, "%s/lifecycles/shipment.json", root);
 	ship_def = lc_load_file(path, &errs);
 	cr_assert_not_null(ship_def, "%s: %s", path, errs.e[0].text);
-	cr_assert_eq(order_bind(ship_def, &ship_binding, why, sizeof why), 0, "%s", why);
-	order_use(&ship_binding);
+	cr_assert_eq(agg_bind(ship_def, &ship_binding, why, sizeof why), 0, "%s", why);
+	agg_use(&ship_binding);
 }
 
 /* The type map is judged by the definition that runs: its types and

@@ -2,7 +2,7 @@
  * test_lifecycle.c - the lifecycle definition (common/lifecycle.h) and the
  * order engine it drives.
  *
- * today_table below is the order table as the C table in common/order.c
+ * today_table below is the order table as the C table in common/aggregate.c
  * decided it before the definition file existed: every (state, flags,
  * event) cell, 6 x 4 x 5 = 120, recorded by running that code.  It is the
  * record the file-driven engine must reproduce cell for cell.
@@ -16,145 +16,145 @@
 #include "lifecycle_emit.h"
 #include "lifecycle_schema.h"
 #include "msg.h"
-#include "order.h"
+#include "aggregate.h"
 
 struct cell {
 	enum order_state state;
 	unsigned flags;
 	enum msg_type ev;
-	enum order_decision decision;
+	enum lc_decision decision;
 	enum order_state next;
 	unsigned next_flags;
 	unsigned emits;
 };
 
-/* Recorded from common/order.c's C table (commit 5bfff4a). */
+/* Recorded from common/aggregate.c's C table (commit 5bfff4a). */
 static const struct cell today_table[] = {
-	{ ORDER_NONE, 0u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 0u, 0u },
-	{ ORDER_NONE, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
-	{ ORDER_NONE, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
-	{ ORDER_NONE, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
-	{ ORDER_NONE, 0u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 0u, 0u },
-	{ ORDER_NONE, 1u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 1u, 0u },
-	{ ORDER_NONE, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
-	{ ORDER_NONE, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
-	{ ORDER_NONE, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
-	{ ORDER_NONE, 1u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 1u, 0u },
-	{ ORDER_NONE, 2u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 2u, 0u },
-	{ ORDER_NONE, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
-	{ ORDER_NONE, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
-	{ ORDER_NONE, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
-	{ ORDER_NONE, 2u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 2u, 0u },
-	{ ORDER_NONE, 3u, MSG_ORDER_CREATED, ORDER_APPLY, ORDER_CREATED, 3u, 0u },
-	{ ORDER_NONE, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
-	{ ORDER_NONE, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
-	{ ORDER_NONE, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
-	{ ORDER_NONE, 3u, MSG_ORDER_CANCELLED, ORDER_HOLD, ORDER_NONE, 3u, 0u },
-	{ ORDER_CREATED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 0u, 0u },
-	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
-	{ ORDER_CREATED, 0u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
-	{ ORDER_CREATED, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 0u, 0u },
-	{ ORDER_CREATED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CREATED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 1u, 1u },
-	{ ORDER_CREATED, 1u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 1u, 0u },
-	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
-	{ ORDER_CREATED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
-	{ ORDER_CREATED, 2u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 2u, 0u },
-	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
-	{ ORDER_CREATED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_APPLY, ORDER_PAID, 3u, 1u },
-	{ ORDER_CREATED, 3u, MSG_INVENTORY_RESERVED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_CREATED, 3u, 0u },
-	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
-	{ ORDER_PAID, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
-	{ ORDER_PAID, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 0u, 0u },
-	{ ORDER_PAID, 0u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
-	{ ORDER_PAID, 0u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 0u, 0u },
-	{ ORDER_PAID, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_PAID, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
-	{ ORDER_PAID, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 1u, 0u },
-	{ ORDER_PAID, 1u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
-	{ ORDER_PAID, 1u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 1u, 0u },
-	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
-	{ ORDER_PAID, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 2u, 0u },
-	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
-	{ ORDER_PAID, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_PAID, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_INVENTORY_RESERVED, ORDER_APPLY, ORDER_RESERVED, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_SHIPMENT_CREATED, ORDER_HOLD, ORDER_PAID, 3u, 0u },
-	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
-	{ ORDER_RESERVED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
-	{ ORDER_RESERVED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
-	{ ORDER_RESERVED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 0u, 0u },
-	{ ORDER_RESERVED, 0u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_RESERVED, 0u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 1u, 2u },
-	{ ORDER_RESERVED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 2u, 4u },
-	{ ORDER_RESERVED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_RESERVED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_SHIPMENT_CREATED, ORDER_APPLY, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, ORDER_APPLY, ORDER_CANCELLED, 3u, 6u },
-	{ ORDER_SHIPPED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_SHIPPED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_SHIPPED, 0u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_SHIPPED, 0u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_SHIPPED, 0u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 0u, 0u },
-	{ ORDER_SHIPPED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_SHIPPED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_SHIPPED, 1u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_SHIPPED, 1u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_SHIPPED, 1u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 1u, 0u },
-	{ ORDER_SHIPPED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_SHIPPED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_SHIPPED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_SHIPPED, 2u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_SHIPPED, 2u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 2u, 0u },
-	{ ORDER_SHIPPED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_SHIPPED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_SHIPPED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_SHIPPED, 3u, MSG_SHIPMENT_CREATED, ORDER_IGNORE, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_SHIPPED, 3u, MSG_ORDER_CANCELLED, ORDER_INVALID, ORDER_SHIPPED, 3u, 0u },
-	{ ORDER_CANCELLED, 0u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 1u, 3u },
-	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 2u, 4u },
-	{ ORDER_CANCELLED, 0u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CANCELLED, 0u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 0u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 4u },
-	{ ORDER_CANCELLED, 1u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 1u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 1u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, ORDER_COMPENSATE, ORDER_CANCELLED, 3u, 3u },
-	{ ORDER_CANCELLED, 2u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 2u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 2u, 0u },
-	{ ORDER_CANCELLED, 3u, MSG_ORDER_CREATED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
-	{ ORDER_CANCELLED, 3u, MSG_PAYMENT_AUTHORIZED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
-	{ ORDER_CANCELLED, 3u, MSG_INVENTORY_RESERVED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
-	{ ORDER_CANCELLED, 3u, MSG_SHIPMENT_CREATED, ORDER_INVALID, ORDER_CANCELLED, 3u, 0u },
-	{ ORDER_CANCELLED, 3u, MSG_ORDER_CANCELLED, ORDER_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_NONE, 0u, MSG_ORDER_CREATED, LC_APPLY, ORDER_CREATED, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_PAYMENT_AUTHORIZED, LC_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 0u, MSG_ORDER_CANCELLED, LC_HOLD, ORDER_NONE, 0u, 0u },
+	{ ORDER_NONE, 1u, MSG_ORDER_CREATED, LC_APPLY, ORDER_CREATED, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_PAYMENT_AUTHORIZED, LC_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 1u, MSG_ORDER_CANCELLED, LC_HOLD, ORDER_NONE, 1u, 0u },
+	{ ORDER_NONE, 2u, MSG_ORDER_CREATED, LC_APPLY, ORDER_CREATED, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_PAYMENT_AUTHORIZED, LC_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 2u, MSG_ORDER_CANCELLED, LC_HOLD, ORDER_NONE, 2u, 0u },
+	{ ORDER_NONE, 3u, MSG_ORDER_CREATED, LC_APPLY, ORDER_CREATED, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_PAYMENT_AUTHORIZED, LC_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_NONE, 3u, MSG_ORDER_CANCELLED, LC_HOLD, ORDER_NONE, 3u, 0u },
+	{ ORDER_CREATED, 0u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_PAYMENT_AUTHORIZED, LC_APPLY, ORDER_PAID, 1u, 1u },
+	{ ORDER_CREATED, 0u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_CREATED, 0u, 0u },
+	{ ORDER_CREATED, 0u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_PAYMENT_AUTHORIZED, LC_APPLY, ORDER_PAID, 1u, 1u },
+	{ ORDER_CREATED, 1u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_CREATED, 1u, 0u },
+	{ ORDER_CREATED, 1u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 1u, 2u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_PAYMENT_AUTHORIZED, LC_APPLY, ORDER_PAID, 3u, 1u },
+	{ ORDER_CREATED, 2u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_CREATED, 2u, 0u },
+	{ ORDER_CREATED, 2u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 2u, 4u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_PAYMENT_AUTHORIZED, LC_APPLY, ORDER_PAID, 3u, 1u },
+	{ ORDER_CREATED, 3u, MSG_INVENTORY_RESERVED, LC_HOLD, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_CREATED, 3u, 0u },
+	{ ORDER_CREATED, 3u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 3u, 6u },
+	{ ORDER_PAID, 0u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_INVENTORY_RESERVED, LC_APPLY, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_PAID, 0u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_PAID, 0u, 0u },
+	{ ORDER_PAID, 0u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_INVENTORY_RESERVED, LC_APPLY, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_PAID, 1u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_PAID, 1u, 0u },
+	{ ORDER_PAID, 1u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 1u, 2u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_INVENTORY_RESERVED, LC_APPLY, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_PAID, 2u, 0u },
+	{ ORDER_PAID, 2u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 2u, 4u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_INVENTORY_RESERVED, LC_APPLY, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_SHIPMENT_CREATED, LC_HOLD, ORDER_PAID, 3u, 0u },
+	{ ORDER_PAID, 3u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 3u, 6u },
+	{ ORDER_RESERVED, 0u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_RESERVED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_SHIPMENT_CREATED, LC_APPLY, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_RESERVED, 0u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_RESERVED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_SHIPMENT_CREATED, LC_APPLY, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_RESERVED, 1u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 1u, 2u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_RESERVED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_SHIPMENT_CREATED, LC_APPLY, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_RESERVED, 2u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 2u, 4u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_RESERVED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_SHIPMENT_CREATED, LC_APPLY, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_RESERVED, 3u, MSG_ORDER_CANCELLED, LC_APPLY, ORDER_CANCELLED, 3u, 6u },
+	{ ORDER_SHIPPED, 0u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_SHIPMENT_CREATED, LC_IGNORE, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 0u, MSG_ORDER_CANCELLED, LC_INVALID, ORDER_SHIPPED, 0u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_SHIPMENT_CREATED, LC_IGNORE, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 1u, MSG_ORDER_CANCELLED, LC_INVALID, ORDER_SHIPPED, 1u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_SHIPMENT_CREATED, LC_IGNORE, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 2u, MSG_ORDER_CANCELLED, LC_INVALID, ORDER_SHIPPED, 2u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_SHIPMENT_CREATED, LC_IGNORE, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_SHIPPED, 3u, MSG_ORDER_CANCELLED, LC_INVALID, ORDER_SHIPPED, 3u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_PAYMENT_AUTHORIZED, LC_COMPENSATE, ORDER_CANCELLED, 1u, 3u },
+	{ ORDER_CANCELLED, 0u, MSG_INVENTORY_RESERVED, LC_COMPENSATE, ORDER_CANCELLED, 2u, 4u },
+	{ ORDER_CANCELLED, 0u, MSG_SHIPMENT_CREATED, LC_INVALID, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 0u, MSG_ORDER_CANCELLED, LC_IGNORE, ORDER_CANCELLED, 0u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_INVENTORY_RESERVED, LC_COMPENSATE, ORDER_CANCELLED, 3u, 4u },
+	{ ORDER_CANCELLED, 1u, MSG_SHIPMENT_CREATED, LC_INVALID, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 1u, MSG_ORDER_CANCELLED, LC_IGNORE, ORDER_CANCELLED, 1u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_PAYMENT_AUTHORIZED, LC_COMPENSATE, ORDER_CANCELLED, 3u, 3u },
+	{ ORDER_CANCELLED, 2u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_SHIPMENT_CREATED, LC_INVALID, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 2u, MSG_ORDER_CANCELLED, LC_IGNORE, ORDER_CANCELLED, 2u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_ORDER_CREATED, LC_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_PAYMENT_AUTHORIZED, LC_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_INVENTORY_RESERVED, LC_IGNORE, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_SHIPMENT_CREATED, LC_INVALID, ORDER_CANCELLED, 3u, 0u },
+	{ ORDER_CANCELLED, 3u, MSG_ORDER_CANCELLED, LC_IGNORE, ORDER_CANCELLED, 3u, 0u },
 };
 
 static const char *const decision_names[] = { "APPLY", "HOLD", "IGNORE", "COMPENSATE", "INVALID" };
 
-Test(lifecycle, order_decide_reproduces_the_recorded_table_cell_for_cell)
+Test(lifecycle, agg_decide_reproduces_the_recorded_table_cell_for_cell)
 {
 	int wrong = 0;
 
@@ -162,14 +162,14 @@ Test(lifecycle, order_decide_reproduces_the_recorded_table_cell_for_cell)
 	             (size_t)ORDER_STATE_COUNT * 4u * MSG_TYPE_COUNT, "every cell recorded");
 	for (size_t i = 0; i < sizeof today_table / sizeof today_table[0]; i++) {
 		const struct cell *c = &today_table[i];
-		struct order_verdict v = order_decide(c->state, c->flags, c->ev);
+		struct agg_verdict v = agg_decide(c->state, c->flags, c->ev);
 
-		if (v.decision != c->decision || v.next != c->next || v.flags != c->next_flags ||
+		if (v.decision != c->decision || v.next != (int)c->next || v.flags != c->next_flags ||
 		    v.emits != c->emits) {
 			cr_log_error("%s flags %u + %s: got %s -> %s flags %u emits %#x; recorded %s -> %s flags %u emits %#x",
-			             order_state_name(c->state), c->flags, msg_type_name(c->ev),
-			             decision_names[v.decision], order_state_name(v.next), v.flags, v.emits,
-			             decision_names[c->decision], order_state_name(c->next), c->next_flags, c->emits);
+			             agg_state_name(c->state), c->flags, msg_type_name(c->ev),
+			             decision_names[v.decision], agg_state_name(v.next), v.flags, v.emits,
+			             decision_names[c->decision], agg_state_name(c->next), c->next_flags, c->emits);
 			wrong++;
 		}
 	}
@@ -200,7 +200,7 @@ Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
 
 	for (size_t i = 0; i < sizeof today_table / sizeof today_table[0]; i++) {
 		const struct cell *c = &today_table[i];
-		int s = c->state == ORDER_NONE ? 0 : lc_state_find(d, order_state_name(c->state));
+		int s = c->state == ORDER_NONE ? 0 : lc_state_find(d, agg_state_name(c->state));
 		int e = lc_event_find(d, msg_type_name(c->ev));
 		uint32_t marks = 0, flags = 0, emits = 0;
 		struct lc_verdict v;
@@ -227,12 +227,12 @@ Test(lifecycle, order_file_through_lc_decide_gives_the_recorded_table)
 			}
 		}
 		if ((int)v.decision != (int)c->decision ||
-		    strcmp(v.next == 0 ? "" : d->states[v.next], order_state_name(c->next)) != 0 ||
+		    strcmp(v.next == 0 ? "" : d->states[v.next], agg_state_name(c->next)) != 0 ||
 		    flags != c->next_flags || emits != c->emits) {
 			cr_log_error("%s flags %u + %s: file says %s -> %s flags %u emits %#x; recorded %s -> %s flags %u emits %#x",
-			             order_state_name(c->state), c->flags, msg_type_name(c->ev),
+			             agg_state_name(c->state), c->flags, msg_type_name(c->ev),
 			             decision_names[v.decision], d->states[v.next], flags, emits,
-			             decision_names[c->decision], order_state_name(c->next), c->next_flags, c->emits);
+			             decision_names[c->decision], agg_state_name(c->next), c->next_flags, c->emits);
 			wrong++;
 		}
 	}
@@ -363,13 +363,13 @@ Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
 	char *text2;
 	struct lc_errors errs;
 	struct lc_def *d = lc_load(text, strlen(text), &errs), *d2;
-	struct order_binding b, b2;
+	struct agg_binding b, b2;
 	char why[512];
 
 	cr_assert_not_null(d);
-	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(agg_bind(d, &b, why, sizeof why), 0, "%s", why);
 	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), MSG_PAYMENT_AUTHORIZED, "built-in alias");
-	order_use(&b);
+	agg_use(&b);
 	cr_expect_eq(msg_type_from_name("PaymentCaptured", 15), MSG_PAYMENT_AUTHORIZED, "the file's alias");
 	cr_expect_eq(msg_type_from_name("PaymentConfirmed", 16), -1, "no longer an alias");
 
@@ -377,12 +377,12 @@ Test(lifecycle, order_decide_and_the_parser_follow_the_bound_definition)
 	text2 = builtin_with("\"Cancelled\": \"invalid-transition\"", "\"Cancelled\": \"ignore\"");
 	d2 = lc_load(text2, strlen(text2), &errs);
 	cr_assert_not_null(d2);
-	cr_assert_eq(order_bind(d2, &b2, why, sizeof why), 0, "%s", why);
-	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
-	order_use(&b2);
-	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_IGNORE);
-	order_use(NULL);
-	cr_expect_eq(order_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, ORDER_INVALID);
+	cr_assert_eq(agg_bind(d2, &b2, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(agg_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, LC_INVALID);
+	agg_use(&b2);
+	cr_expect_eq(agg_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, LC_IGNORE);
+	agg_use(NULL);
+	cr_expect_eq(agg_decide(ORDER_CANCELLED, 0, MSG_SHIPMENT_CREATED).decision, LC_INVALID);
 	lc_free(d);
 	lc_free(d2);
 	free(text);
@@ -396,11 +396,11 @@ static void expect_bound(const char *from, const char *to)
 	char *text = builtin_with(from, to);
 	struct lc_errors errs;
 	struct lc_def *d = lc_load(text, strlen(text), &errs);
-	struct order_binding b;
+	struct agg_binding b;
 	char why[512] = "";
 
 	cr_assert_not_null(d, "%s loads", to);
-	cr_expect_eq(order_bind(d, &b, why, sizeof why), 0, "%s binds: %s", to, why);
+	cr_expect_eq(agg_bind(d, &b, why, sizeof why), 0, "%s binds: %s", to, why);
 	lc_free(d);
 	free(text);
 }
@@ -596,12 +596,12 @@ static const char *text_of(const struct msg *m, const char *column)
 Test(lifecycle, the_parser_reads_a_shipment_message_by_the_bound_definition)
 {
 	struct lc_def *d = load_source_file("lifecycles/shipment.json");
-	struct order_binding b;
+	struct agg_binding b;
 	char why[512] = "";
 	struct msg m;
 
-	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
-	order_use(&b);
+	cr_assert_eq(agg_bind(d, &b, why, sizeof why), 0, "%s", why);
+	agg_use(&b);
 
 	cr_assert_eq(parse_text("{\"message_id\":\"m-1\",\"type\":\"ShipmentLabelled\",\"shipment_id\":\"s-1\","
 	                        "\"occurred_at\":\"2026-01-01T00:30:00.25+01:00\",\"data\":{\"tracking_number\":\"Ünï-1\"}}",
@@ -633,7 +633,7 @@ Test(lifecycle, the_parser_reads_a_shipment_message_by_the_bound_definition)
 	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"shipment_id\":\"s\"}", &m),
 	             MSG_REASON_UNKNOWN_TYPE);
 
-	order_use(NULL);
+	agg_use(NULL);
 	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}", &m),
 	             MSG_REASON_NONE, "the built-in definition again: %s", m.detail);
 	lc_free(d);
@@ -644,13 +644,13 @@ Test(lifecycle, integer_bounds_are_the_definitions_and_said_as_declared)
 	char *text = builtin_with("\"min\": 0, \"required\": false", "\"min\": 1, \"max\": 99, \"required\": true");
 	struct lc_errors errs;
 	struct lc_def *d = lc_load(text, strlen(text), &errs);
-	struct order_binding b;
+	struct agg_binding b;
 	char why[512] = "";
 	struct msg m;
 
 	cr_assert_not_null(d);
-	cr_assert_eq(order_bind(d, &b, why, sizeof why), 0, "%s", why);
-	order_use(&b);
+	cr_assert_eq(agg_bind(d, &b, why, sizeof why), 0, "%s", why);
+	agg_use(&b);
 	cr_expect_eq(parse_text("{\"message_id\":\"m\",\"type\":\"PaymentAuthorized\",\"order_id\":\"o\","
 	                        "\"data\":{\"amount_cents\":100}}", &m),
 	             MSG_REASON_INVALID_FIELD);
@@ -664,7 +664,7 @@ Test(lifecycle, integer_bounds_are_the_definitions_and_said_as_declared)
 	             MSG_REASON_NONE, "%s", m.detail);
 	cr_expect_eq(msg_value(&m, "amount_cents")->i, 42);
 	cr_expect_not_null(msg_value(&m, "paid_at"), "applied_at: always given");
-	order_use(NULL);
+	agg_use(NULL);
 	lc_free(d);
 	free(text);
 }

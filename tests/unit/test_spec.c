@@ -1,5 +1,5 @@
 /*
- * test_spec.c - the worker's decision table (order_decide) against the
+ * test_spec.c - the worker's decision table (agg_decide) against the
  * table typed in from SPEC.md (loadgen/spec_oracle.c), cell by cell: every
  * order SPEC can have, every event type; the outcome, the state and flags
  * after, the messages emitted.  Also checks the oracle itself: it covers
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "order.h"
+#include "aggregate.h"
 #include "spec_oracle.h"
 
 static const char *const ev_name[MSG_TYPE_COUNT] = {
@@ -25,7 +25,7 @@ static enum order_state to_state(enum spec_status s)
 
 	if (s == SPEC_NONE)
 		return ORDER_NONE;
-	st = order_state_from_name(spec_status_name(s));
+	st = agg_state_from_name(spec_status_name(s));
 	cr_assert_geq(st, 0, "the worker has no state named '%s'", spec_status_name(s));
 	return (enum order_state)st;
 }
@@ -49,23 +49,23 @@ Test(spec, order_decide_agrees_with_spec_in_every_cell)
 	for (size_t i = 0; i < spec_ncells; i++) {
 		const struct spec_cell *c = &spec_cells[i];
 		enum order_state st = to_state(c->status);
-		struct order_verdict v = order_decide(st, to_flags(c->paid, c->reserved), c->event);
-		const char *got = order_decision_outcome(v.decision);
+		struct agg_verdict v = agg_decide(st, to_flags(c->paid, c->reserved), c->event);
+		const char *got = lc_decision_outcome(v.decision);
 		char where[128];
 
 		snprintf(where, sizeof where, "%s on '%s'%s%s", ev_name[c->event], spec_status_name(c->status),
 		         c->paid ? " paid" : "", c->reserved ? " reserved" : "");
-		if (strcmp(got, spec_outcome_name(c->outcome)) != 0 || v.next != to_state(c->next) ||
+		if (strcmp(got, spec_outcome_name(c->outcome)) != 0 || v.next != (int)to_state(c->next) ||
 		    v.flags != to_flags(c->next_paid, c->next_reserved) || v.emits != to_emits(c->emits)) {
-			cr_log_error("%s: order_decide says %s -> '%s' flags %#x emits %#x; SPEC says %s -> '%s' "
+			cr_log_error("%s: agg_decide says %s -> '%s' flags %#x emits %#x; SPEC says %s -> '%s' "
 			             "flags %#x emits %#x",
-			             where, got, order_state_name(v.next), v.flags, v.emits,
+			             where, got, agg_state_name(v.next), v.flags, v.emits,
 			             spec_outcome_name(c->outcome), spec_status_name(c->next),
 			             to_flags(c->next_paid, c->next_reserved), to_emits(c->emits));
 			wrong++;
 		}
 	}
-	cr_assert_eq(wrong, 0, "%d cells of order_decide disagree with SPEC.md", wrong);
+	cr_assert_eq(wrong, 0, "%d cells of agg_decide disagree with SPEC.md", wrong);
 }
 
 /* The orders reachable from "no order" through any events, by the oracle's

@@ -1,5 +1,5 @@
 /*
- * order.c - the decision engine: a lifecycle definition (lifecycle.h)
+ * aggregate.c - the decision engine: a lifecycle definition (lifecycle.h)
  * bound to run.
  *
  * The decisions are not written here: they are lifecycles/order.json
@@ -10,15 +10,15 @@
  * names it.  States, event types, flags and emits are the definition's
  * indexes; the built-in order file lists its states and events in the
  * order of enum order_state and enum msg_type, and its emits in the order
- * of ORDER_EMIT_*, so the order names of order.h stay valid for it (checked
- * when it is bound, at first use).
+ * of ORDER_EMIT_*, so aggregate.h's ORDER_* names stay valid for it
+ * (checked when it is bound, at first use).
  *
- * The bound definition is process-wide: order_decide is called from every
- * worker thread with the signature it always had.  It is set once at
- * start-up, before threads start (order_use), and read-only after;
+ * The bound definition is process-wide: agg_decide is called from every
+ * worker thread.  It is set once at
+ * start-up, before threads start (agg_use), and read-only after;
  * without that, the built-in file is bound on first use (pthread_once).
  */
-#include "order.h"
+#include "aggregate.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -29,25 +29,25 @@
 #include "array.h"
 #include "msg.h"
 
-static struct order_binding builtin;
-static const struct order_binding *active;
+static struct agg_binding builtin;
+static const struct agg_binding *active;
 static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
 
 /* The definition's verdict in the engine's terms. */
-static struct order_verdict decide_def(const struct lc_def *d, int state, unsigned flags, int ev)
+static struct agg_verdict decide_def(const struct lc_def *d, int state, unsigned flags, int ev)
 {
-	struct order_verdict v = { ORDER_INVALID, (enum order_state)state, flags, 0 };
+	struct agg_verdict v = { LC_INVALID, state, flags, 0 };
 	struct lc_verdict lv = lc_decide(d, state, flags & ((1u << d->nmarks) - 1u), ev);
 
-	v.decision = (enum order_decision)lv.decision;
-	v.next = (enum order_state)lv.next;
+	v.decision = lv.decision;
+	v.next = lv.next;
 	/* flags the definition does not remember pass through unchanged */
 	v.flags = (flags & ~((1u << d->nmarks) - 1u)) | lv.marks;
 	v.emits = lv.emits;
 	return v;
 }
 
-int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_t why_size)
+int agg_bind(const struct lc_def *d, struct agg_binding *b, char *why, size_t why_size)
 {
 	memset(b, 0, sizeof *b);
 	b->def = d;
@@ -65,9 +65,9 @@ int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_
 			while (c < b->ncols && strcmp(b->cols[c], st->column) != 0)
 				c++;
 			if (c == b->ncols) {
-				if (b->ncols >= ORDER_COLS_MAX) {
+				if (b->ncols >= AGG_COLS_MAX) {
 					snprintf(why, why_size, "its events set more than %d columns: this worker writes at "
-					         "most %d", ORDER_COLS_MAX, ORDER_COLS_MAX);
+					         "most %d", AGG_COLS_MAX, AGG_COLS_MAX);
 					return -1;
 				}
 				b->cols[b->ncols++] = st->column;
@@ -84,7 +84,7 @@ int order_bind(const struct lc_def *d, struct order_binding *b, char *why, size_
 			return -1;
 		}
 	}
-	b->tabled = (size_t)d->nstates * (size_t)b->nflags * (size_t)d->nevents <= ORDER_CELLS_MAX;
+	b->tabled = (size_t)d->nstates * (size_t)b->nflags * (size_t)d->nevents <= AGG_CELLS_MAX;
 	for (int s = 0; b->tabled && s < d->nstates; s++) {
 		for (int f = 0; f < b->nflags; f++) {
 			for (int t = 0; t < d->nevents; t++)
@@ -106,23 +106,23 @@ static void bind_builtin(void)
 		lc_errors_print(&errs, "built-in lifecycles/order.json", stderr);
 		abort();
 	}
-	if (order_bind(d, &builtin, why, sizeof why) != 0) {
+	if (agg_bind(d, &builtin, why, sizeof why) != 0) {
 		fprintf(stderr, "built-in lifecycles/order.json: %s\n", why);
 		abort();
 	}
-	/* order.h's names are the built-in file's indexes */
+	/* aggregate.h's names are the built-in file's indexes */
 	if (d->nstates != ORDER_STATE_COUNT || d->nevents != MSG_TYPE_COUNT ||
 	    lc_state_find(d, "Cancelled") != ORDER_CANCELLED || lc_state_find(d, "InventoryReserved") != ORDER_RESERVED ||
 	    lc_event_find(d, "OrderCancelled") != MSG_ORDER_CANCELLED ||
 	    lc_event_find(d, "ShipmentCreated") != MSG_SHIPMENT_CREATED || d->nmarks != 2 ||
 	    d->marks[0] != MSG_PAYMENT_AUTHORIZED || d->marks[1] != MSG_INVENTORY_RESERVED || d->nemits != 3 ||
 	    strcmp(d->emits[0], "OrderPaid") != 0 || strcmp(d->emits[1], "RefundRequested") != 0) {
-		fprintf(stderr, "built-in lifecycles/order.json: its states, events, marks or emits are not in order.h's order\n");
+		fprintf(stderr, "built-in lifecycles/order.json: its states, events, marks or emits are not in aggregate.h's order\n");
 		abort();
 	}
 }
 
-static const struct order_binding *binding(void)
+static const struct agg_binding *binding(void)
 {
 	if (active != NULL)
 		return active;
@@ -130,61 +130,47 @@ static const struct order_binding *binding(void)
 	return &builtin;
 }
 
-void order_use(const struct order_binding *b)
+void agg_use(const struct agg_binding *b)
 {
 	active = b;
 }
 
-const struct order_binding *order_binding_current(void)
+const struct agg_binding *agg_current(void)
 {
 	return binding();
 }
 
-int order_type_find(const char *name, size_t len)
+int agg_type_find(const char *name, size_t len)
 {
-	const struct lc_def *d = binding()->def;
-
-	if (name == NULL)
-		return -1;
-	for (int e = 0; e < d->nevents; e++) {
-		const struct lc_event *ev = &d->events[e];
-
-		if (strlen(ev->type) == len && memcmp(ev->type, name, len) == 0)
-			return e;
-		for (int a = 0; a < ev->naliases; a++) {
-			if (strlen(ev->aliases[a]) == len && memcmp(ev->aliases[a], name, len) == 0)
-				return e;
-		}
-	}
-	return -1;
+	return name == NULL ? -1 : lc_event_findn(binding()->def, name, len);
 }
 
-const char *order_type_name(int type)
+const char *agg_type_name(int type)
 {
 	const struct lc_def *d = binding()->def;
 
 	return type >= 0 && type < d->nevents ? d->events[type].type : "";
 }
 
-/* A verdict is a lookup in the cells order_bind filled from the
+/* A verdict is a lookup in the cells agg_bind filled from the
  * definition: the same cost as the C table it replaces. */
-struct order_verdict order_decide(enum order_state state, unsigned flags, enum msg_type ev)
+struct agg_verdict agg_decide(int state, unsigned flags, enum msg_type ev)
 {
-	const struct order_binding *b = binding();
+	const struct agg_binding *b = binding();
 	const struct lc_def *d = b->def;
-	struct order_verdict v = { ORDER_INVALID, state, flags, 0 };
+	struct agg_verdict v = { LC_INVALID, state, flags, 0 };
 	unsigned known = (unsigned)b->nflags - 1u;
 
 	if ((unsigned)state >= (unsigned)d->nstates || (unsigned)ev >= (unsigned)d->nevents)
 		return v;
 	if (!b->tabled)
-		return decide_def(d, (int)state, flags, (int)ev);
-	v = b->cells[((int)state * b->nflags + (int)(flags & known)) * d->nevents + (int)ev];
+		return decide_def(d, state, flags, (int)ev);
+	v = b->cells[(state * b->nflags + (int)(flags & known)) * d->nevents + (int)ev];
 	v.flags |= flags & ~known;
 	return v;
 }
 
-const char *order_state_name(enum order_state s)
+const char *agg_state_name(int s)
 {
 	const struct lc_def *d = binding()->def;
 
@@ -193,26 +179,9 @@ const char *order_state_name(enum order_state s)
 	return d->states[s];
 }
 
-int order_state_from_name(const char *name)
+int agg_state_from_name(const char *name)
 {
 	if (name == NULL || name[0] == '\0')
 		return -1;
 	return lc_state_find(binding()->def, name);
-}
-
-const char *order_decision_outcome(enum order_decision d)
-{
-	switch (d) {
-	case ORDER_APPLY:
-		return "applied";
-	case ORDER_HOLD:
-		return "held";
-	case ORDER_IGNORE:
-		return "ignored";
-	case ORDER_COMPENSATE:
-		return "compensated";
-	case ORDER_INVALID:
-		return "dead_lettered";
-	}
-	return "";
 }

@@ -1,5 +1,5 @@
 /*
- * test_order.c - the order state machine: every reachable (state, flags,
+ * test_aggregate.c - the order state machine: every reachable (state, flags,
  * event) cell against the contract, and the property the table exists for:
  * any arrival order of a valid event sequence ends where in-order arrival
  * ends.
@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "order.h"
+#include "aggregate.h"
 
 #define C MSG_ORDER_CREATED
 #define P MSG_PAYMENT_AUTHORIZED
@@ -28,7 +28,7 @@ struct cell {
 	enum order_state state;
 	unsigned flags;
 	enum msg_type ev;
-	enum order_decision decision;
+	enum lc_decision decision;
 	enum order_state next;
 	unsigned flags_after;
 	unsigned emits;
@@ -36,63 +36,63 @@ struct cell {
 
 /* The contract, one row per reachable (state, flags) and event. */
 static const struct cell cells[] = {
-	{ ORDER_NONE, 0, C, ORDER_APPLY, ORDER_CREATED, 0, 0 },
-	{ ORDER_NONE, 0, P, ORDER_HOLD, ORDER_NONE, 0, 0 },
-	{ ORDER_NONE, 0, R, ORDER_HOLD, ORDER_NONE, 0, 0 },
-	{ ORDER_NONE, 0, S, ORDER_HOLD, ORDER_NONE, 0, 0 },
-	{ ORDER_NONE, 0, X, ORDER_HOLD, ORDER_NONE, 0, 0 },
+	{ ORDER_NONE, 0, C, LC_APPLY, ORDER_CREATED, 0, 0 },
+	{ ORDER_NONE, 0, P, LC_HOLD, ORDER_NONE, 0, 0 },
+	{ ORDER_NONE, 0, R, LC_HOLD, ORDER_NONE, 0, 0 },
+	{ ORDER_NONE, 0, S, LC_HOLD, ORDER_NONE, 0, 0 },
+	{ ORDER_NONE, 0, X, LC_HOLD, ORDER_NONE, 0, 0 },
 
-	{ ORDER_CREATED, 0, C, ORDER_IGNORE, ORDER_CREATED, 0, 0 },
-	{ ORDER_CREATED, 0, P, ORDER_APPLY, ORDER_PAID, FP, EPAID },
-	{ ORDER_CREATED, 0, R, ORDER_HOLD, ORDER_CREATED, 0, 0 },
-	{ ORDER_CREATED, 0, S, ORDER_HOLD, ORDER_CREATED, 0, 0 },
-	{ ORDER_CREATED, 0, X, ORDER_APPLY, ORDER_CANCELLED, 0, 0 },
+	{ ORDER_CREATED, 0, C, LC_IGNORE, ORDER_CREATED, 0, 0 },
+	{ ORDER_CREATED, 0, P, LC_APPLY, ORDER_PAID, FP, EPAID },
+	{ ORDER_CREATED, 0, R, LC_HOLD, ORDER_CREATED, 0, 0 },
+	{ ORDER_CREATED, 0, S, LC_HOLD, ORDER_CREATED, 0, 0 },
+	{ ORDER_CREATED, 0, X, LC_APPLY, ORDER_CANCELLED, 0, 0 },
 
-	{ ORDER_PAID, FP, C, ORDER_IGNORE, ORDER_PAID, FP, 0 },
-	{ ORDER_PAID, FP, P, ORDER_IGNORE, ORDER_PAID, FP, 0 },
-	{ ORDER_PAID, FP, R, ORDER_APPLY, ORDER_RESERVED, FP | FR, 0 },
-	{ ORDER_PAID, FP, S, ORDER_HOLD, ORDER_PAID, FP, 0 },
-	{ ORDER_PAID, FP, X, ORDER_APPLY, ORDER_CANCELLED, FP, EREF },
+	{ ORDER_PAID, FP, C, LC_IGNORE, ORDER_PAID, FP, 0 },
+	{ ORDER_PAID, FP, P, LC_IGNORE, ORDER_PAID, FP, 0 },
+	{ ORDER_PAID, FP, R, LC_APPLY, ORDER_RESERVED, FP | FR, 0 },
+	{ ORDER_PAID, FP, S, LC_HOLD, ORDER_PAID, FP, 0 },
+	{ ORDER_PAID, FP, X, LC_APPLY, ORDER_CANCELLED, FP, EREF },
 
-	{ ORDER_RESERVED, FP | FR, C, ORDER_IGNORE, ORDER_RESERVED, FP | FR, 0 },
-	{ ORDER_RESERVED, FP | FR, P, ORDER_IGNORE, ORDER_RESERVED, FP | FR, 0 },
-	{ ORDER_RESERVED, FP | FR, R, ORDER_IGNORE, ORDER_RESERVED, FP | FR, 0 },
-	{ ORDER_RESERVED, FP | FR, S, ORDER_APPLY, ORDER_SHIPPED, FP | FR, 0 },
-	{ ORDER_RESERVED, FP | FR, X, ORDER_APPLY, ORDER_CANCELLED, FP | FR, EREF | EREL },
+	{ ORDER_RESERVED, FP | FR, C, LC_IGNORE, ORDER_RESERVED, FP | FR, 0 },
+	{ ORDER_RESERVED, FP | FR, P, LC_IGNORE, ORDER_RESERVED, FP | FR, 0 },
+	{ ORDER_RESERVED, FP | FR, R, LC_IGNORE, ORDER_RESERVED, FP | FR, 0 },
+	{ ORDER_RESERVED, FP | FR, S, LC_APPLY, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_RESERVED, FP | FR, X, LC_APPLY, ORDER_CANCELLED, FP | FR, EREF | EREL },
 
-	{ ORDER_SHIPPED, FP | FR, C, ORDER_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
-	{ ORDER_SHIPPED, FP | FR, P, ORDER_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
-	{ ORDER_SHIPPED, FP | FR, R, ORDER_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
-	{ ORDER_SHIPPED, FP | FR, S, ORDER_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
-	{ ORDER_SHIPPED, FP | FR, X, ORDER_INVALID, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_SHIPPED, FP | FR, C, LC_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_SHIPPED, FP | FR, P, LC_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_SHIPPED, FP | FR, R, LC_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_SHIPPED, FP | FR, S, LC_IGNORE, ORDER_SHIPPED, FP | FR, 0 },
+	{ ORDER_SHIPPED, FP | FR, X, LC_INVALID, ORDER_SHIPPED, FP | FR, 0 },
 
 	/* Cancelled with nothing paid or reserved yet. */
-	{ ORDER_CANCELLED, 0, C, ORDER_IGNORE, ORDER_CANCELLED, 0, 0 },
-	{ ORDER_CANCELLED, 0, P, ORDER_COMPENSATE, ORDER_CANCELLED, FP, EREF | EPAID },
-	{ ORDER_CANCELLED, 0, R, ORDER_COMPENSATE, ORDER_CANCELLED, FR, EREL },
-	{ ORDER_CANCELLED, 0, S, ORDER_INVALID, ORDER_CANCELLED, 0, 0 },
-	{ ORDER_CANCELLED, 0, X, ORDER_IGNORE, ORDER_CANCELLED, 0, 0 },
+	{ ORDER_CANCELLED, 0, C, LC_IGNORE, ORDER_CANCELLED, 0, 0 },
+	{ ORDER_CANCELLED, 0, P, LC_COMPENSATE, ORDER_CANCELLED, FP, EREF | EPAID },
+	{ ORDER_CANCELLED, 0, R, LC_COMPENSATE, ORDER_CANCELLED, FR, EREL },
+	{ ORDER_CANCELLED, 0, S, LC_INVALID, ORDER_CANCELLED, 0, 0 },
+	{ ORDER_CANCELLED, 0, X, LC_IGNORE, ORDER_CANCELLED, 0, 0 },
 
 	/* Cancelled after (or compensated for) payment. */
-	{ ORDER_CANCELLED, FP, C, ORDER_IGNORE, ORDER_CANCELLED, FP, 0 },
-	{ ORDER_CANCELLED, FP, P, ORDER_IGNORE, ORDER_CANCELLED, FP, 0 },
-	{ ORDER_CANCELLED, FP, R, ORDER_COMPENSATE, ORDER_CANCELLED, FP | FR, EREL },
-	{ ORDER_CANCELLED, FP, S, ORDER_INVALID, ORDER_CANCELLED, FP, 0 },
-	{ ORDER_CANCELLED, FP, X, ORDER_IGNORE, ORDER_CANCELLED, FP, 0 },
+	{ ORDER_CANCELLED, FP, C, LC_IGNORE, ORDER_CANCELLED, FP, 0 },
+	{ ORDER_CANCELLED, FP, P, LC_IGNORE, ORDER_CANCELLED, FP, 0 },
+	{ ORDER_CANCELLED, FP, R, LC_COMPENSATE, ORDER_CANCELLED, FP | FR, EREL },
+	{ ORDER_CANCELLED, FP, S, LC_INVALID, ORDER_CANCELLED, FP, 0 },
+	{ ORDER_CANCELLED, FP, X, LC_IGNORE, ORDER_CANCELLED, FP, 0 },
 
 	/* Reservation compensated, payment not yet seen. */
-	{ ORDER_CANCELLED, FR, C, ORDER_IGNORE, ORDER_CANCELLED, FR, 0 },
-	{ ORDER_CANCELLED, FR, P, ORDER_COMPENSATE, ORDER_CANCELLED, FP | FR, EREF | EPAID },
-	{ ORDER_CANCELLED, FR, R, ORDER_IGNORE, ORDER_CANCELLED, FR, 0 },
-	{ ORDER_CANCELLED, FR, S, ORDER_INVALID, ORDER_CANCELLED, FR, 0 },
-	{ ORDER_CANCELLED, FR, X, ORDER_IGNORE, ORDER_CANCELLED, FR, 0 },
+	{ ORDER_CANCELLED, FR, C, LC_IGNORE, ORDER_CANCELLED, FR, 0 },
+	{ ORDER_CANCELLED, FR, P, LC_COMPENSATE, ORDER_CANCELLED, FP | FR, EREF | EPAID },
+	{ ORDER_CANCELLED, FR, R, LC_IGNORE, ORDER_CANCELLED, FR, 0 },
+	{ ORDER_CANCELLED, FR, S, LC_INVALID, ORDER_CANCELLED, FR, 0 },
+	{ ORDER_CANCELLED, FR, X, LC_IGNORE, ORDER_CANCELLED, FR, 0 },
 
 	/* Both took effect. */
-	{ ORDER_CANCELLED, FP | FR, C, ORDER_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
-	{ ORDER_CANCELLED, FP | FR, P, ORDER_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
-	{ ORDER_CANCELLED, FP | FR, R, ORDER_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
-	{ ORDER_CANCELLED, FP | FR, S, ORDER_INVALID, ORDER_CANCELLED, FP | FR, 0 },
-	{ ORDER_CANCELLED, FP | FR, X, ORDER_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
+	{ ORDER_CANCELLED, FP | FR, C, LC_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
+	{ ORDER_CANCELLED, FP | FR, P, LC_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
+	{ ORDER_CANCELLED, FP | FR, R, LC_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
+	{ ORDER_CANCELLED, FP | FR, S, LC_INVALID, ORDER_CANCELLED, FP | FR, 0 },
+	{ ORDER_CANCELLED, FP | FR, X, LC_IGNORE, ORDER_CANCELLED, FP | FR, 0 },
 };
 
 #define NCELLS (sizeof cells / sizeof cells[0])
@@ -110,11 +110,11 @@ Test(order, every_reachable_cell_matches_the_contract)
 {
 	for (size_t i = 0; i < NCELLS; i++) {
 		const struct cell *c = &cells[i];
-		struct order_verdict v = order_decide(c->state, c->flags, c->ev);
+		struct agg_verdict v = agg_decide(c->state, c->flags, c->ev);
 
 		cr_expect_eq(v.decision, c->decision, "row %zu (%s/%u/%s): decision %s, want %s", i,
-		             order_state_name(c->state), c->flags, msg_type_name(c->ev),
-		             order_decision_outcome(v.decision), order_decision_outcome(c->decision));
+		             agg_state_name(c->state), c->flags, msg_type_name(c->ev),
+		             lc_decision_outcome(v.decision), lc_decision_outcome(c->decision));
 		cr_expect_eq(v.next, c->next, "row %zu: next %d, want %d", i, v.next, c->next);
 		cr_expect_eq(v.flags, c->flags_after, "row %zu: flags %u, want %u", i, v.flags,
 		             c->flags_after);
@@ -127,7 +127,7 @@ Test(order, every_reachable_cell_matches_the_contract)
  * so that no reachable cell goes untested. */
 Test(order, the_table_covers_every_reachable_state)
 {
-	struct { enum order_state s; unsigned f; } seen[64], todo[64];
+	struct { int s; unsigned f; } seen[64], todo[64];
 	size_t nseen = 0, ntodo = 0;
 
 	todo[ntodo].s = ORDER_NONE;
@@ -138,11 +138,11 @@ Test(order, the_table_covers_every_reachable_state)
 		unsigned f = todo[--ntodo].f;
 
 		for (int ev = 0; ev < MSG_TYPE_COUNT; ev++) {
-			struct order_verdict v = order_decide(s, f, (enum msg_type)ev);
+			struct agg_verdict v = agg_decide(s, f, (enum msg_type)ev);
 			bool known = false;
 
 			cr_assert_not_null(find_cell(s, f, (enum msg_type)ev), "no row for %s/%u/%s",
-			                   order_state_name(s), f, msg_type_name((enum msg_type)ev));
+			                   agg_state_name(s), f, msg_type_name((enum msg_type)ev));
 			for (size_t i = 0; i < nseen; i++)
 				known = known || (seen[i].s == v.next && seen[i].f == v.flags);
 			if (!known) {
@@ -160,11 +160,11 @@ Test(order, the_table_covers_every_reachable_state)
 Test(order, verdict_keeps_state_unless_applied)
 {
 	for (size_t i = 0; i < NCELLS; i++) {
-		struct order_verdict v = order_decide(cells[i].state, cells[i].flags, cells[i].ev);
+		struct agg_verdict v = agg_decide(cells[i].state, cells[i].flags, cells[i].ev);
 
-		if (v.decision != ORDER_APPLY)
+		if (v.decision != LC_APPLY)
 			cr_expect_eq(v.next, cells[i].state, "row %zu", i);
-		if (v.decision != ORDER_APPLY && v.decision != ORDER_COMPENSATE) {
+		if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE) {
 			cr_expect_eq(v.flags, cells[i].flags, "row %zu", i);
 			cr_expect_eq(v.emits, 0u, "row %zu", i);
 		}
@@ -173,11 +173,11 @@ Test(order, verdict_keeps_state_unless_applied)
 
 Test(order, out_of_range_input_is_invalid)
 {
-	struct order_verdict v = order_decide(ORDER_STATE_COUNT, 0, C);
+	struct agg_verdict v = agg_decide(ORDER_STATE_COUNT, 0, C);
 
-	cr_expect_eq(v.decision, ORDER_INVALID);
-	v = order_decide(ORDER_CREATED, FP, MSG_TYPE_COUNT);
-	cr_expect_eq(v.decision, ORDER_INVALID);
+	cr_expect_eq(v.decision, LC_INVALID);
+	v = agg_decide(ORDER_CREATED, FP, MSG_TYPE_COUNT);
+	cr_expect_eq(v.decision, LC_INVALID);
 	cr_expect_eq(v.next, ORDER_CREATED);
 	cr_expect_eq(v.flags, FP);
 	cr_expect_eq(v.emits, 0u);
@@ -190,24 +190,24 @@ Test(order, state_names_round_trip)
 		                                             "Cancelled" };
 
 	for (int s = 0; s < ORDER_STATE_COUNT; s++) {
-		cr_expect_str_eq(order_state_name((enum order_state)s), want[s]);
+		cr_expect_str_eq(agg_state_name((enum order_state)s), want[s]);
 		if (s != ORDER_NONE)
-			cr_expect_eq(order_state_from_name(want[s]), s);
+			cr_expect_eq(agg_state_from_name(want[s]), s);
 	}
-	cr_expect_eq(order_state_from_name(""), -1);
-	cr_expect_eq(order_state_from_name("paid"), -1);
-	cr_expect_eq(order_state_from_name("Reserved"), -1);
-	cr_expect_eq(order_state_from_name(NULL), -1);
-	cr_expect_str_eq(order_state_name(ORDER_STATE_COUNT), "");
+	cr_expect_eq(agg_state_from_name(""), -1);
+	cr_expect_eq(agg_state_from_name("paid"), -1);
+	cr_expect_eq(agg_state_from_name("Reserved"), -1);
+	cr_expect_eq(agg_state_from_name(NULL), -1);
+	cr_expect_str_eq(agg_state_name(ORDER_STATE_COUNT), "");
 }
 
 Test(order, decision_outcomes_are_the_spec_names)
 {
-	cr_expect_str_eq(order_decision_outcome(ORDER_APPLY), "applied");
-	cr_expect_str_eq(order_decision_outcome(ORDER_HOLD), "held");
-	cr_expect_str_eq(order_decision_outcome(ORDER_IGNORE), "ignored");
-	cr_expect_str_eq(order_decision_outcome(ORDER_COMPENSATE), "compensated");
-	cr_expect_str_eq(order_decision_outcome(ORDER_INVALID), "dead_lettered");
+	cr_expect_str_eq(lc_decision_outcome(LC_APPLY), "applied");
+	cr_expect_str_eq(lc_decision_outcome(LC_HOLD), "held");
+	cr_expect_str_eq(lc_decision_outcome(LC_IGNORE), "ignored");
+	cr_expect_str_eq(lc_decision_outcome(LC_COMPENSATE), "compensated");
+	cr_expect_str_eq(lc_decision_outcome(LC_INVALID), "dead_lettered");
 }
 
 /* ---- order independence -------------------------------------------------- */
@@ -229,11 +229,11 @@ struct sim {
 	bool lifo;                 /* re-evaluate the newest held event first */
 };
 
-static void sim_record(struct sim *s, enum msg_type ev, struct order_verdict v)
+static void sim_record(struct sim *s, enum msg_type ev, struct agg_verdict v)
 {
 	switch (v.decision) {
-	case ORDER_APPLY:
-	case ORDER_COMPENSATE:
+	case LC_APPLY:
+	case LC_COMPENSATE:
 		s->state = v.next;
 		s->flags = v.flags;
 		s->version++;
@@ -242,13 +242,13 @@ static void sim_record(struct sim *s, enum msg_type ev, struct order_verdict v)
 		s->emits[1] += (v.emits & ORDER_EMIT_RELEASE) != 0;
 		s->emits[2] += (v.emits & ORDER_EMIT_PAID) != 0;
 		break;
-	case ORDER_IGNORE:
+	case LC_IGNORE:
 		s->ignored++;
 		break;
-	case ORDER_INVALID:
+	case LC_INVALID:
 		s->invalid++;
 		break;
-	case ORDER_HOLD:
+	case LC_HOLD:
 		cr_assert_lt(s->nheld, SIM_MAX);
 		s->held[s->nheld++] = ev;
 		break;
@@ -265,9 +265,9 @@ static void sim_release_held(struct sim *s)
 		for (size_t k = 0; k < s->nheld && !moved; k++) {
 			size_t i = s->lifo ? s->nheld - 1 - k : k;
 			enum msg_type ev = s->held[i];
-			struct order_verdict v = order_decide(s->state, s->flags, ev);
+			struct agg_verdict v = agg_decide(s->state, s->flags, ev);
 
-			if (v.decision == ORDER_HOLD)
+			if (v.decision == LC_HOLD)
 				continue;
 			memmove(&s->held[i], &s->held[i + 1], (s->nheld - i - 1) * sizeof s->held[0]);
 			s->nheld--;
@@ -279,10 +279,10 @@ static void sim_release_held(struct sim *s)
 
 static void sim_deliver(struct sim *s, enum msg_type ev)
 {
-	struct order_verdict v = order_decide(s->state, s->flags, ev);
+	struct agg_verdict v = agg_decide(s->state, s->flags, ev);
 
 	sim_record(s, ev, v);
-	if (v.decision == ORDER_APPLY || v.decision == ORDER_COMPENSATE)
+	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE)
 		sim_release_held(s);
 }
 
@@ -310,7 +310,7 @@ static void describe(const enum msg_type *evs, size_t n, char *buf, size_t size)
 static void expect_same_end(const struct sim *want, const struct sim *got, const char *what)
 {
 	cr_expect_eq(got->state, want->state, "%s: state %s, want %s", what,
-	             order_state_name(got->state), order_state_name(want->state));
+	             agg_state_name(got->state), agg_state_name(want->state));
 	cr_expect_eq(got->flags, want->flags, "%s: flags %u, want %u", what, got->flags, want->flags);
 	cr_expect_eq(got->version, want->version, "%s: version %d, want %d", what, got->version,
 	             want->version);
