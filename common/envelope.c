@@ -958,3 +958,39 @@ int env_check_settings(const struct cfg *conf, char *err, size_t errlen)
 	}
 	return 0;
 }
+
+/* ---- writing an emitted event ------------------------------------------- */
+
+char *env_emit_body(const struct cfg *conf, const struct env_emitted *e)
+{
+	char src[128];
+	char *body = NULL;
+	json_t *o;
+
+	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS) {
+		snprintf(src, sizeof src, "urn:inbox-worker:%s", conf->consumer);
+		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "specversion", "1.0", "id", e->id,
+		              "source", src, "type", e->type, "subject", e->key, "time", e->time, "datacontenttype",
+		              "application/json", "data", "cause_message_id", e->cause_message_id, "cause_type",
+		              e->cause_type);
+		if (o != NULL && e->traceparent[0] != '\0' &&
+		    (json_object_set_new(o, "traceparent", json_string(e->traceparent)) != 0 ||
+		     (e->tracestate[0] != '\0' && json_object_set_new(o, "tracestate", json_string(e->tracestate)) != 0))) {
+			json_decref(o);
+			o = NULL;
+		}
+	} else {
+		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", e->id, "source", conf->consumer,
+		              "type", e->type, e->key_field, e->key, "occurred_at", e->time, "data", "cause_message_id",
+		              e->cause_message_id, "cause_type", e->cause_type);
+	}
+	if (o != NULL)
+		body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(o);
+	return body;
+}
+
+const char *env_emit_content_type(const struct cfg *conf)
+{
+	return conf->emit_envelope == CFG_EMIT_CLOUDEVENTS ? "application/cloudevents+json" : NULL;
+}

@@ -16,6 +16,11 @@
  * fuzz target drive it without a connection.  Nothing is allocated for a
  * native delivery; an enveloped one returns its canonical event as JSON
  * text (*event, malloc'd, the caller frees), which a held event keeps.
+ *
+ * The writer is here too (env_emit_body): an event the worker emits is
+ * written in our own format or as a structured CloudEvent (INBOX_EMIT_
+ * ENVELOPE), by the module that reads both, so the two directions of a
+ * wire format cannot drift apart.
  */
 #ifndef INBOX_ENVELOPE_H
 #define INBOX_ENVELOPE_H
@@ -101,5 +106,25 @@ void env_context_from_json(const char *json, struct env_context *ctx);
 /* Parse a W3C traceparent into ctx's trace id and flags, with a new span
  * id (from the CSPRNG); false when it is not a valid one (ctx untouched). */
 bool env_trace_parse(const char *tp, size_t len, struct env_context *ctx);
+
+/* An event the worker emits (outbox.h), in the terms of either format. */
+struct env_emitted {
+	const char *id;                /* its stable id */
+	const char *type;
+	const char *key_field;         /* the definition's key ("order_id") */
+	const char *key;               /* the aggregate's */
+	const char *time;              /* RFC 3339, UTC */
+	const char *cause_message_id;
+	const char *cause_type;
+	const char *traceparent;       /* "" when there is no trace */
+	const char *tracestate;        /* "" when none came */
+};
+/* The body of e in conf->emit_envelope's format, compact JSON with sorted
+ * keys, malloc'd (the caller frees); NULL only when memory ran out.  A
+ * CloudEvent (structured mode, SPEC.md Envelopes) names this consumer as
+ * its source (urn:inbox-worker:<consumer>) and the aggregate as subject. */
+char *env_emit_body(const struct cfg *conf, const struct env_emitted *e);
+/* The content type the body is published with: NULL for our own format. */
+const char *env_emit_content_type(const struct cfg *conf);
 
 #endif

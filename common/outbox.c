@@ -238,8 +238,8 @@ static char *outbox_event_props(const struct cfg *conf, const char *cause_messag
 		goto out;
 	if (json_object_set_new(o, "correlation_id", json_string(corr)) != 0)
 		goto out;
-	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS &&
-	    json_object_set_new(o, "content_type", json_string("application/cloudevents+json")) != 0)
+	if (env_emit_content_type(conf) != NULL &&
+	    json_object_set_new(o, "content_type", json_string(env_emit_content_type(conf))) != 0)
 		goto out;
 	if (tp[0] != '\0') {
 		if (json_object_set_new(h, "traceparent", json_string(tp)) != 0 ||
@@ -259,11 +259,10 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
                      const char *order_id, const char *cause_message_id, const char *cause_type,
                      const struct env_context *ctx)
 {
-	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1], src[128];
+	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1];
 	char *body = NULL, *props = NULL;
 	const struct lc_def *def = agg_current()->def;
 	const char *type;
-	json_t *o;
 	int rc = outbox_now(ts, sizeof ts);
 
 	if (rc != ST_OK)
@@ -277,27 +276,15 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 	 * ("order", "order_id" for the built-in one). */
 	snprintf(rk, sizeof rk, "%s.%s", def->aggregate, type);
 	(void)env_traceparent(ctx, tp, sizeof tp);
-	if (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS) {
-		/* Structured mode (SPEC.md, Envelopes): id is the stable id,
-		 * source names this consumer, subject the order. */
-		snprintf(src, sizeof src, "urn:inbox-worker:%s", conf->consumer);
-		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "specversion", "1.0", "id", id, "source",
-		              src, "type", type, "subject", order_id, "time", ts, "datacontenttype", "application/json",
-		              "data", "cause_message_id", cause_message_id, "cause_type", cause_type);
-		if (o != NULL && tp[0] != '\0' &&
-		    (json_object_set_new(o, "traceparent", json_string(tp)) != 0 ||
-		     (ctx->tracestate[0] != '\0' && json_object_set_new(o, "tracestate", json_string(ctx->tracestate)) != 0))) {
-			json_decref(o);
-			o = NULL;
-		}
-	} else {
-		o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:{s:s, s:s}}", "message_id", id, "source", conf->consumer, "type",
-		              type, def->key, order_id, "occurred_at", ts, "data", "cause_message_id", cause_message_id,
-		              "cause_type", cause_type);
+	{
+		struct env_emitted e = {
+			.id = id, .type = type, .key_field = def->key, .key = order_id, .time = ts,
+			.cause_message_id = cause_message_id, .cause_type = cause_type, .traceparent = tp,
+			.tracestate = tp[0] != '\0' ? ctx->tracestate : "",
+		};
+
+		body = env_emit_body(conf, &e);
 	}
-	if (o != NULL)
-		body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-	json_decref(o);
 	props = outbox_event_props(conf, cause_message_id, ctx, tp);
 	if (body == NULL || props == NULL) {
 		free(body);

@@ -678,3 +678,45 @@ Test(envelope, the_masstransit_key_follows_the_definition)
 	                  "\"message\":{\"orderId\":\"s-7\"}}",
 	              NULL, NULL, MSG_REASON_MISSING_FIELD, "message.shipmentId");
 }
+
+/* The writer and the reader are one module: what the worker emits in
+ * either format reads back, through the same layer, as the event it wrote
+ * (its id, source, type, key and time), with the trace it continued. */
+Test(envelope, an_emitted_event_reads_back_in_either_format)
+{
+	static const enum cfg_emit_envelope formats[] = { CFG_EMIT_NATIVE, CFG_EMIT_CLOUDEVENTS };
+	const struct env_emitted e = {
+		.id = "OrderCreated:o-7", .type = "OrderCreated", .key_field = "order_id", .key = "o-7",
+		.time = "2026-12-06T10:00:00.000000Z", .cause_message_id = "m-1", .cause_type = "OrderCreated",
+		.traceparent = TP, .tracestate = "vendor=1",
+	};
+
+	for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+		struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+		struct env_context ctx;
+		struct msg m;
+		char *body, *event = NULL;
+		bool ce = formats[i] == CFG_EMIT_CLOUDEVENTS;
+
+		c.emit_envelope = formats[i];
+		body = env_emit_body(&c, &e);
+		cr_assert_not_null(body);
+		memset(&ctx, 0, sizeof ctx);
+		cr_assert_eq(run(&c, body, env_emit_content_type(&c), NULL, NULL, &m, &ctx, &event), MSG_REASON_NONE,
+		             "%s: %s", body, m.detail);
+		cr_expect_str_eq(m.message_id, "OrderCreated:o-7");
+		cr_expect_str_eq(m.source, ce ? "urn:inbox-worker:order-status" : "order-status");
+		cr_expect_eq(m.type, MSG_ORDER_CREATED);
+		cr_expect_str_eq(m.order_id, "o-7");
+		cr_expect_str_eq(m.occurred_at, "2026-12-06T10:00:00.000000Z");
+		if (ce) {
+			cr_expect_str_eq(env_emit_content_type(&c), "application/cloudevents+json");
+			cr_expect(strstr(body, "\"traceparent\":\"" TP "\"") != NULL, "%s", body);
+			cr_expect(strstr(body, "\"tracestate\":\"vendor=1\"") != NULL, "%s", body);
+		} else {
+			cr_expect_null(env_emit_content_type(&c));
+		}
+		free(event);
+		free(body);
+	}
+}
