@@ -3,7 +3,7 @@
  * bound to run.
  *
  * The decisions are not written here: they are lifecycles/order.json
- * (compiled in) or the file INBOX_LIFECYCLE names, compiled by lifecycle.c.
+ * (compiled in) or the file INBOX_LIFECYCLE names, compiled by lifecycle_load.c.
  * Binding precomputes every verdict (state x remembered marks x event) so
  * that a decision is one lookup, and what the rest of the worker needs to
  * write an aggregate of that definition: its set columns, how a detail line

@@ -333,7 +333,7 @@ static int check_name(const char *v, long max, char *reason, size_t n)
 }
 
 /* A name lc_load takes for an event type: a letter, then letters, digits
- * or '_', at most 64 (lifecycle.c's name_ok). */
+ * or '_', at most 64 (lifecycle_load.c's name_ok). */
 static bool type_name_ok(const char *s, size_t n)
 {
 	if (n == 0 || n > 64 || !((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z')))

@@ -1,0 +1,245 @@
+/*
+ * lifecycle_check.c - the arrival-order property: every order in which a set
+ * of event types can arrive, played through lc_decide as the worker would
+ * (held events re-evaluated whenever the aggregate changes), ends the same.
+ *
+ * Compensation once per event type, from the marks (lifecycle.c), is what
+ * makes a well-formed table order-independent, and
+ * lc_check_order_independence proves it for the file at hand instead of
+ * trusting it.
+ */
+#include "lifecycle.h"
+
+#include <string.h>
+
+#define SIM_MAX (LC_CHECK_MAX_EVENTS + 1)
+
+struct sim {
+	int state;
+	uint32_t marks;
+	int version;
+	int ledger[LC_MAX_EVENTS]; /* applied + compensated rows per event type */
+	int emitted[LC_MAX_EMITS];
+	int held[SIM_MAX];
+	int nheld;
+	bool lifo;
+};
+
+static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_verdict v)
+{
+	switch (v.decision) {
+	case LC_APPLY:
+	case LC_COMPENSATE:
+		s->state = v.next;
+		s->marks = v.marks;
+		s->version++;
+		s->ledger[ev]++;
+		for (int k = 0; k < d->nemits; k++)
+			s->emitted[k] += (v.emits >> k) & 1u;
+		break;
+	case LC_HOLD:
+		if (s->nheld < SIM_MAX)
+			s->held[s->nheld++] = ev;
+		break;
+	case LC_IGNORE:
+	case LC_INVALID:
+		break;
+	}
+}
+
+/* The worker re-evaluates held events whenever the aggregate changes. */
+static void sim_deliver(const struct lc_def *d, struct sim *s, int ev)
+{
+	struct lc_verdict v = lc_decide(d, s->state, s->marks, ev);
+	bool moved;
+
+	sim_record(d, s, ev, v);
+	if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
+		return;
+	do {
+		moved = false;
+		for (int k = 0; k < s->nheld && !moved; k++) {
+			int i = s->lifo ? s->nheld - 1 - k : k;
+			int h = s->held[i];
+
+			v = lc_decide(d, s->state, s->marks, h);
+			if (v.decision == LC_HOLD)
+				continue;
+			memmove(&s->held[i], &s->held[i + 1], (size_t)(s->nheld - i - 1) * sizeof s->held[0]);
+			s->nheld--;
+			sim_record(d, s, h, v);
+			moved = true;
+		}
+	} while (moved);
+}
+
+static void sim_run(const struct lc_def *d, const int *seq, int n, bool lifo, struct sim *s)
+{
+	memset(s, 0, sizeof *s);
+	s->lifo = lifo;
+	for (int i = 0; i < n; i++)
+		sim_deliver(d, s, seq[i]);
+}
+
+/* What differs between two end states, in words; false when nothing. */
+static bool sim_differs(const struct lc_def *d, const struct sim *a, const struct sim *b, char *buf, size_t cap)
+{
+	int ha[LC_MAX_EVENTS] = { 0 }, hb[LC_MAX_EVENTS] = { 0 };
+
+	if (a->state != b->state) {
+		snprintf(buf, cap, "state %s vs %s", a->state ? d->states[a->state] : "(none)",
+		         b->state ? d->states[b->state] : "(none)");
+		return true;
+	}
+	if (a->version != b->version) {
+		snprintf(buf, cap, "version %d vs %d", a->version, b->version);
+		return true;
+	}
+	for (int e = 0; e < d->nevents; e++) {
+		if (a->ledger[e] != b->ledger[e]) {
+			snprintf(buf, cap, "%d vs %d ledger rows for %s", a->ledger[e], b->ledger[e], d->events[e].type);
+			return true;
+		}
+	}
+	for (int k = 0; k < d->nemits; k++) {
+		if (a->emitted[k] != b->emitted[k]) {
+			snprintf(buf, cap, "%d vs %d %s emitted", a->emitted[k], b->emitted[k], d->emits[k]);
+			return true;
+		}
+	}
+	for (int i = 0; i < a->nheld; i++)
+		ha[a->held[i]]++;
+	for (int i = 0; i < b->nheld; i++)
+		hb[b->held[i]]++;
+	for (int e = 0; e < d->nevents; e++) {
+		if (ha[e] != hb[e]) {
+			snprintf(buf, cap, "%d vs %d %s still held", ha[e], hb[e], d->events[e].type);
+			return true;
+		}
+	}
+	if (a->marks != b->marks) {
+		snprintf(buf, cap, "what took effect (marks %#x vs %#x)", (unsigned)a->marks, (unsigned)b->marks);
+		return true;
+	}
+	return false;
+}
+
+static void describe(const struct lc_def *d, const int *seq, int n, char *buf, size_t cap)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < n && used < cap; i++) {
+		int w = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", d->events[seq[i]].type);
+		if (w < 0)
+			break;
+		used += (size_t)w;
+	}
+}
+
+struct check {
+	const struct lc_def *d;
+	struct lc_check *out;
+	bool failed;
+};
+
+/* Every distinct permutation of seq[0..n) (sorted on entry) against the
+ * first, each played oldest-first and newest-first. */
+static void check_sequence(struct check *k, int *seq, int n)
+{
+	int first[SIM_MAX];
+	struct sim want, got;
+	char how[160], a[300], b[300];
+
+	memcpy(first, seq, (size_t)n * sizeof seq[0]);
+	sim_run(k->d, first, n, false, &want);
+	for (;;) {
+		for (int lifo = 0; lifo < 2 && !k->failed; lifo++) {
+			sim_run(k->d, seq, n, lifo, &got);
+			k->out->runs++;
+			if (sim_differs(k->d, &want, &got, how, sizeof how)) {
+				describe(k->d, first, n, a, sizeof a);
+				describe(k->d, seq, n, b, sizeof b);
+				snprintf(k->out->why, sizeof k->out->why, "arrival order [%s] and [%s]%s end differently: %s", a, b,
+				         lifo ? " (held events re-evaluated newest first)" : "", how);
+				k->failed = true;
+			}
+		}
+		if (k->failed)
+			return;
+		/* next lexicographic permutation (duplicates give each order once) */
+		int i = n - 2;
+		while (i >= 0 && seq[i] >= seq[i + 1])
+			i--;
+		if (i < 0)
+			return;
+		int j = n - 1;
+		while (seq[j] <= seq[i])
+			j--;
+		int t = seq[i];
+		seq[i] = seq[j];
+		seq[j] = t;
+		for (int l = i + 1, r = n - 1; l < r; l++, r--) {
+			t = seq[l];
+			seq[l] = seq[r];
+			seq[r] = t;
+		}
+	}
+}
+
+/* Two events of the set lead into different terminal states. */
+static bool conflicting(const struct lc_def *d, uint32_t set)
+{
+	uint32_t ends = 0;
+
+	for (int e = 0; e < d->nevents; e++) {
+		int to = d->events[e].to;
+
+		if ((set & (1u << e)) && d->events[e].creates == 0 && to > 0 && (d->terminal & (1u << to)))
+			ends |= 1u << to;
+	}
+	return (ends & (ends - 1)) != 0;
+}
+
+bool lc_check_order_independence(const struct lc_def *d, struct lc_check *out)
+{
+	struct check k = { d, out, false };
+	int n = d->nevents;
+
+	memset(out, 0, sizeof *out);
+	if (n > LC_CHECK_MAX_EVENTS) {
+		snprintf(out->why, sizeof out->why, "%d event types: the exhaustive check covers at most %d", n,
+		         LC_CHECK_MAX_EVENTS);
+		return false;
+	}
+	/* Each non-empty set of event types, alone and with one type twice
+	 * (two messages of one type, as a retried publish with a new id). */
+	for (uint32_t set = 1; set < (1u << n) && !k.failed; set++) {
+		int seq[SIM_MAX], m = 0;
+
+		if (conflicting(d, set)) {
+			out->conflicts++;
+			continue;
+		}
+		out->sets++;
+		for (int e = 0; e < n; e++) {
+			if (set & (1u << e))
+				seq[m++] = e;
+		}
+		check_sequence(&k, seq, m);
+		for (int dup = 0; dup < n && !k.failed; dup++) {
+			int s2[SIM_MAX], m2 = 0;
+
+			if (!(set & (1u << dup)))
+				continue;
+			for (int e = 0; e < n; e++) {
+				if (set & (1u << e))
+					s2[m2++] = e;
+				if (e == dup)
+					s2[m2++] = e;
+			}
+			check_sequence(&k, s2, m2);
+		}
+	}
+	return !k.failed;
+}
