@@ -1,6 +1,10 @@
 /*
  * inbox.c - the transaction at the heart of the worker, for a batch of
- * messages (a batch may be one message).
+ * messages (a batch may be one message): its claim, its decisions and its
+ * end.  The write it ends with is common/inbox_write.c's, the held events
+ * it releases (and the expiry of holds) common/inbox_held.c's;
+ * inbox_int.h is what the three files share.
+ *
  *
  * Two round trips a batch, whatever its size: on loopback a round trip
  * costs more CPU, in the kernel on both sides, than the statements it
@@ -22,8 +26,9 @@
  *      against the order state as it evolves inside the batch; every row
  *      to write goes to the section of its statement (held events, order
  *      rows, ledger rows, outbox rows, outcomes, held counts).
- *   3. The write (inbox_flush): those statements and the COMMIT in one
- *      request (the test fault hooks fire just before it).
+ *   3. The write (inbox_flush, common/inbox_write.c): those statements
+ *      and the COMMIT in one request (the test fault hooks fire just
+ *      before it).
  * inbox_run_nowait (the worker's batches) opens the claim's request with
  * the batch's order locks taken without waiting (FOR UPDATE NOWAIT); only
  * when one is held elsewhere, and that statement failed before anything
@@ -31,18 +36,13 @@
  * (inbox_probe): it locks the batch's orders that no one holds, still
  * without waiting, and leaves the deliveries of the others for a second
  * transaction (issue 25; doc/fleet.md).
- * Held events to re-evaluate (an order changed and has some) are read in
- * pages of 64 after writing what is pending (without the COMMIT), so the
- * reads see the batch's own writes; that is the one case with more round
- * trips.  A released event is read back whole and parsed again
- * (msg_parse), so it takes effect with every field of its data exactly as
- * it would have arriving in order.
+ * Held events are released in the same transaction (common/inbox_held.c).
  *
  * One owner: inbox_run opens the transaction (autocommit is off: the
- * claim opens it), runs it and ends it in inbox_end; each kind of row is
- * written in one place, its section of inbox_flush, which the janitor's
- * hold expiry uses too.  The SQL is portable between MariaDB 10.11 and
- * MySQL 8.0 (multi-row INSERT ... ON DUPLICATE KEY UPDATE, no RETURNING).
+ * claim opens it), runs it and ends it in inbox_end, where hold expiry
+ * (common/inbox_held.c) ends its own too.  The SQL is portable between
+ * MariaDB 10.11 and MySQL 8.0 (multi-row INSERT ... ON DUPLICATE KEY
+ * UPDATE, no RETURNING).
  */
 #include "inbox.h"
 
@@ -55,22 +55,14 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include <jansson.h>
-
-#include "array.h"
 #include "fault.h"
+#include "inbox_int.h"
 #include "lifecycle_schema.h"
 #include "log.h"
-#include "outbox.h"
 #include "outbox_dispatch.h"
 #include "sqlbuf.h"
 #include "status.h"
 
-/* The widths of the columns a held event is kept in (migrations/0002):
- * what a stored row may hold, whatever INBOX_MAX_BODY says today — it may
- * have been larger when the event was held. */
-#define INBOX_BODY_COLUMN_MAX 16777215u /* MEDIUMBLOB */
-#define INBOX_PROPS_COLUMN_MAX 65535u   /* TEXT */
 /* The ceiling of a section of the write (ib->w): its rows are cut into
  * requests that fit the server's max_allowed_packet (inbox_flush), so a
  * section is not a request and may hold more than one; what it holds is
@@ -83,198 +75,20 @@
  * the routing key escaped, ids, names, the dead-letter headers and the
  * statement's head. */
 #define INBOX_ROW_OVERHEAD (2u * INBOX_PROPS_COLUMN_MAX + 8192u)
-/* What one read of held events carries back at most (inbox_held_read):
- * the bytes of their stored values, each row counted INBOX_HELD_ROW_COST
- * more for its ids and names, and always the first row, however large.
- * The claim reads the held events of the batch's orders within it, so a
- * batch releases them without a round trip of its own (issue 43: one read
- * per held event kept a batch open for a minute on a slow link); an order
- * whose held events outgrow it is read on a page at a time. */
-#define INBOX_HELD_READ_MAX (4u * 1024u * 1024u)
-#define INBOX_HELD_ROW_COST 512u
-/* Held events one pass of hold expiry takes at most (inbox_expire_holds). */
-#define INBOX_EXPIRE_MAX 64
 /* processed_messages.published_at is filled with FROM_UNIXTIME, whose range
  * ends at 2038-01-19 on MariaDB 10.11; strict mode refuses a row past it.
  * The header only measures latency, so a value out of range is dropped
  * instead of costing the message anything. */
 #define INBOX_PUBLISHED_US_MAX (INT64_C(2147483647) * 1000000)
-/* A request buffer grown past this (a batch with large held bodies) is
- * given back after the transaction, so one large message does not pin its
- * memory. */
-#define INBOX_SQL_KEEP (256u * 1024u)
-
-/* The write's statements, in the order they run (inbox_flush). */
-enum { W_DEL, W_HOLD, W_ORDER, W_EVENT, W_OUTBOX, W_OUTCOME, W_LOCK, W_MARK, W_NSECT };
 /* inbox_claim with its NOWAIT lock found an order another transaction
  * holds (not a status: it never leaves this file). */
 #define INBOX_HELD_ELSEWHERE 1
 
-/* An aggregate of the transaction, locked: its state as it evolves. */
-struct inbox_agg {
-	char id[MSG_ORDER_ID_MAX + 1];
-	int state; /* an index of the bound definition */
-	unsigned flags;
-	int64_t version;
-	int64_t held;
-	/* Events of this batch held in memory (inbox_hold): not written
-	 * unless still held when the batch ends. */
-	int pending;
-	/* Not yet written: the row (dirty), the held count (held_dirty). */
-	bool dirty, held_dirty;
-	/* Its held events read with the claim (inbox_held_read): hcount rows
-	 * of ib->hrows from hfirst, the last one's id hlast; hall: they are
-	 * all of them (else the rest is read a page at a time). */
-	int hfirst, hcount;
-	int64_t hlast;
-	bool hall;
-	/* Per set column (agg_binding cols): the value the last event that
-	 * took effect gave it, as SQL text at ib->vals.p + col[c] - 1; 0: none
-	 * (the column keeps what it has). */
-	uint32_t col[AGG_COLS_MAX];
-};
-
-/* The SQL that names the bound definition's tables and columns, built once
- * by inbox_open (identifiers validated by lc_load, backtick-quoted): for
- * the order definition, the statements this file always ran. */
-#define INBOX_NAME_SQL 512
-struct inbox_names {
-	char lock_rows[INBOX_NAME_SQL];   /* INSERT INTO `<locks>` (`<key>`, held, locks) VALUES */
-	char lock_rows_tail[INBOX_NAME_SQL];
-	char key_in[INBOX_NAME_SQL];      /* `<key>` IN ( */
-	char read_aggs[INBOX_NAME_SQL];   /* the locked aggregates, as they stand */
-	char read_keys[INBOX_NAME_SQL];      /* the keys that are not new, up to the claim token */
-	char read_keys_join[INBOX_NAME_SQL]; /* ... the ledger joined, up to the claim token */
-	char probe[INBOX_NAME_SQL];       /* SELECT `<key>` FROM `<locks>` WHERE */
-	char held_set[INBOX_NAME_SQL];    /* UPDATE `<locks>` SET held = */
-	char held_where[INBOX_NAME_SQL];  /*  WHERE `<key>` = */
-	char agg_head[2048], agg_tail[8192];
-	char event_head[INBOX_NAME_SQL];
-	char table[LC_SCHEMA_TABLES][LC_NAME_MAX + 16]; /* the aggregate's, its ledger, its locks */
-};
-
-/* A message of the batch, to sort by key. */
-struct inbox_sortent {
-	const struct msg *m;
-	int i;
-};
-
-/* A distinct key of the batch, as claimed. */
-struct inbox_key {
-	int first;         /* index of its first message in delivery order */
-	bool mine;         /* the claim inserted it, and it is new */
-	/* Forgotten: the claim inserted it, but the ledger holds its effect
-	 * (inbox_claim_row, statement 4); not new, so not mine. */
-	bool forgotten;
-	char stored[65];   /* when not mine: the hash of the row before us ("": a
-	                    * ledger row written before migration 0015) */
-	/* When forgotten: the order and type of its effect in the ledger. */
-	char order_id[MSG_ORDER_ID_MAX + 1];
-	char type[MSG_TYPE_NAME_MAX + 1];
-};
-
-/* A held event read back whole (inbox_held_read).  Its values, in the
- * order of the read's columns (HV_*), are NUL-terminated in ib->hbuf at
- * off[], len[] bytes each, SQL NULL where null has the bit. */
-enum { HV_ORDER, HV_SOURCE, HV_MID, HV_TYPE, HV_RK, HV_PROPS, HV_BODY, HV_EVENT, HV_CONTEXT, HV_N };
-struct inbox_hrow {
-	int64_t id;
-	size_t off[HV_N];
-	size_t len[HV_N];
-	unsigned null;
-	int64_t matched; /* n: the rows of its order the read's condition matched */
-	bool settled;    /* released in this transaction: its row is deleted in the write */
-};
-
-struct inbox {
-	struct db *db;
-	const struct cfg *conf;
-	struct db_stmt *lock_touch;
-	struct db_stmt *lock_read;
-	struct db_stmt *held_get;
-	struct db_stmt *expired_list;
-	struct db_stmt *ledger_probe;
-	/* Held events read back whole (inbox_held_read), in the order their
-	 * order's lifecycle runs them (by order, oldest first): each value
-	 * NUL-terminated in hbuf, found by its offset (hbuf grows). */
-	struct inbox_hrow *hrows;
-	int nhrows, hrows_cap;
-	char *hbuf;
-	size_t hlen, hcap;
-	/* The batch in hand, grown to the largest batch seen: per message its
-	 * hash and key, per key its claim, the orders locked. */
-	int cap;
-	char (*hex)[65];
-	int *key_of;
-	struct inbox_sortent *sorted;
-	struct inbox_key *keys;
-	const struct msg **keymsg;   /* per key (in index order): its first message */
-	const char **order_ids;      /* the batch's orders, sorted, distinct */
-	/* The batch in hand (inbox_run), and its events held in memory: their
-	 * indexes in arrival order, -1 once released. */
-	const struct inbox_in *in;
-	int *pend;
-	int npend;
-	/* Galera (wsrep_on): the write request checks, just before its
-	 * COMMIT, that the claim's rows are still this transaction's
-	 * (inbox_claim_guard).  token/nmine: the batch's claim. */
-	bool galera;
-	int64_t token;
-	int nmine;
-	int nkeys;
-	int nlock; /* distinct orders of the batch (order_ids) */
-	/* inbox_run_nowait: the last NOWAIT lock failed, and no probe since
-	 * found the batch's orders free; go to the probe first. */
-	bool probe_first;
-	/* inbox_run_nowait: per order (order_ids) what the probe found
-	 * (INBOX_O_*), per key whether it is left for later, and the part of
-	 * the batch that runs now with where each came from. */
-	unsigned char *ostate;
-	bool *klater;
-	struct inbox_in *sub_in;
-	struct inbox_result *sub_res;
-	int *sub_of;
-	struct inbox_agg *orders;
-	int norders;
-	/* The thread's outbox dispatcher (borrowed; NULL: none, the rows
-	 * are the relay's): the copies of the transaction's rows go to emit,
-	 * its buffer, when this transaction dispatches (a batch's rows; hold
-	 * expiry's are the relay's), and its pending marks ride in the write
-	 * (common/outbox_dispatch.h). */
-	struct outbox_dispatcher *out;
-	struct outbox_mem *emit;
-	/* The request being built, and the rows of each write statement. */
-	struct sqlbuf req;
-	struct sqlbuf w[W_NSECT];
-	/* The definition it runs, its statements' names, and the values set
-	 * columns get in this transaction (struct inbox_agg's col). */
-	const struct agg_binding *bind;
-	struct inbox_names sql;
-	struct sqlbuf vals;
-};
-
-/* One event as the transaction sees it: the live delivery or a held row. */
-struct inbox_event {
-	const char *source;
-	const char *message_id;
-	const char *type_name;
-	enum msg_type type;
-	const char *order_id;
-	const void *body;
-	size_t len;
-	const char *routing_key;
-	const char *props;        /* JSON or NULL */
-	int64_t deliveries;       /* for the dead-letter copy; 0 when unknown (a held row) */
-	const struct env_context *ctx; /* carried into what it causes; NULL: nothing */
-	const struct msg *msg;    /* the values its sets give (msg->vals) */
-	char sha[65];             /* the payload hash, hex: the ledger keeps it */
-};
-
 /* The event from a parsed message: the one place that says which fields of
  * a message reach the database, for a live delivery and a released held
  * event alike, so that a held event takes effect as it would have live. */
-static void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, const void *body, size_t len,
-                                 const char *routing_key, const char *props)
+void inbox_event_from_msg(struct inbox_event *ev, const struct msg *m, const void *body, size_t len,
+                          const char *routing_key, const char *props)
 {
 	*ev = (struct inbox_event){
 		.source = m->source, .message_id = m->message_id, .type_name = m->type_name, .type = m->type,
@@ -370,37 +184,6 @@ static int inbox_names_build(struct inbox *ib)
 	w |= snprintf(n->agg_tail + tl, sizeof n->agg_tail - tl, ", updated_at = VALUES(updated_at)") >=
 	     (int)(sizeof n->agg_tail - tl);
 	return w ? ST_ERR_INVALID : ST_OK;
-}
-
-/* The values ev's sets give their columns, as SQL text kept in ib->vals
- * until the aggregate's row is written (inbox_flush): the event took
- * effect on o. */
-static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev)
-{
-	const struct lc_def *d = ib->bind->def;
-	const struct lc_event *e;
-
-	if (ev->msg == NULL || (unsigned)ev->type >= (unsigned)d->nevents)
-		return ST_OK;
-	e = &d->events[ev->type];
-	for (int k = 0; k < e->nsets; k++) {
-		const struct msg_val *v = &ev->msg->vals[k];
-		size_t at = ib->vals.len;
-
-		if (!v->has)
-			continue;
-		if (e->sets[k].src == LC_SRC_APPLIED_AT)
-			sqlbuf_sql(&ib->vals, "NOW(6)");
-		else if (e->sets[k].type == LC_TYPE_INTEGER)
-			sqlbuf_i64(&ib->vals, v->i);
-		else
-			sqlbuf_strn(&ib->vals, ev->msg->text + v->off, v->len);
-		sqlbuf_sqln(&ib->vals, "", 1); /* NUL-terminated: sqlbuf_value reads it */
-		if (sqlbuf_err(&ib->vals) != ST_OK)
-			return sqlbuf_err(&ib->vals);
-		o->col[ib->bind->col_of[ev->type][k]] = (uint32_t)at + 1;
-	}
-	return ST_OK;
 }
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
@@ -526,7 +309,7 @@ void inbox_close(struct inbox **ibp)
 }
 
 /* Room for a batch of n. */
-static int inbox_reserve(struct inbox *ib, int n)
+int inbox_reserve(struct inbox *ib, int n)
 {
 	void *p;
 
@@ -557,860 +340,6 @@ static int inbox_reserve(struct inbox *ib, int n)
 	return ST_OK;
 }
 
-/* ---- the write ------------------------------------------------------- */
-
-/* The write's statements: each section of ib->w holds the rows of one
- * multi-row statement (head + rows + tail), or for the outcome and held
- * count updates, whole statements of their own (one row each: a key, or
- * an order, may be written twice in one request, and must end as its last
- * write says). */
-static const struct {
-	const char *head, *tail;
-} inbox_wsql[W_NSECT] = {
-	[W_DEL] = { "DELETE FROM held_events WHERE id IN (", ")" },
-	[W_HOLD] = { "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body,"
-	             " held_at, event, context) VALUES ", "" },
-	[W_ORDER] = { NULL, NULL }, /* the definition's: ib->sql.agg_head, agg_tail */
-	[W_EVENT] = { NULL, "" },   /* ib->sql.event_head */
-	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
-	[W_OUTCOME] = { NULL, NULL },
-	[W_LOCK] = { NULL, NULL },
-	[W_MARK] = { NULL, NULL }, /* whole statements: outbox_dispatcher_write_marks */
-};
-
-/* The batch's distinct keys as a condition on processed_messages, one IN
- * list per source (keys are in index order, so a source's keys are
- * together; the range optimiser takes this better than a list of row
- * constructors): ((source = 'a' AND message_id IN (...)) OR (...)); alias
- * ("p." or "") names the table when the statement joins another. */
-static void inbox_sql_keys(struct inbox *ib, struct sqlbuf *q, const char *alias)
-{
-	sqlbuf_sql(q, "(");
-	for (int k = 0; k < ib->nkeys; k++) {
-		const struct msg *m = ib->keymsg[k];
-
-		if (k == 0 || strcmp(ib->keymsg[k - 1]->source, m->source) != 0) {
-			sqlbuf_sql(q, k == 0 ? "(" : ")) OR (");
-			sqlbuf_sql(q, alias);
-			sqlbuf_sql(q, "source = ");
-			sqlbuf_str(q, m->source);
-			sqlbuf_sql(q, " AND ");
-			sqlbuf_sql(q, alias);
-			sqlbuf_sql(q, "message_id IN (");
-			sqlbuf_list(q);
-		}
-		sqlbuf_item(q);
-		sqlbuf_str(q, m->message_id);
-	}
-	sqlbuf_sql(q, ")))");
-}
-
-/*
- * Galera only, the statement before the COMMIT: fail unless this
- * transaction still holds its claim.  A node that aborts a transaction for
- * another node's write set (a brute-force abort) is known to swallow the
- * error inside stored procedures (mysql-wsrep issue #191: what follows
- * runs in a new transaction, and its COMMIT commits a part); the chaos run
- * on the cluster met it with the procedures of that time, and once more
- * with these requests (one effect missing, one order a version short).
- * If our claim's rows are not all there with our token, the statements so
- * far did not run in the transaction that claimed: the scalar subquery
- * then yields two rows, the server refuses it (1242; DO would only warn)
- * and stops the
- * request before the COMMIT, and inbox_end retries the batch like a
- * deadlock.  No round trip of its own.
- */
-static void inbox_claim_guard(struct inbox *ib, struct sqlbuf *q)
-{
-	sqlbuf_sql(q, "SET @inbox_claim_guard = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE (SELECT COUNT(*)"
-	              " FROM processed_messages"
-	              " WHERE consumer = ");
-	sqlbuf_str(q, ib->conf->consumer);
-	sqlbuf_sql(q, " AND claim = ");
-	sqlbuf_i64(q, ib->token);
-	sqlbuf_sql(q, " AND ");
-	inbox_sql_keys(ib, q, "");
-	sqlbuf_sql(q, ") <> ");
-	sqlbuf_i64(q, ib->nmine);
-	sqlbuf_sql(q, ");");
-}
-
-/* Send the request in hand (ib->req, SQL text that fits: sqlbuf's
- * ceiling) and start the next; the transaction stays open. */
-static int inbox_send(struct inbox *ib)
-{
-	struct sqlbuf *q = &ib->req;
-	int rc = sqlbuf_err(q);
-
-	if (rc == ST_OK && q->len > 0)
-		rc = db_multi(ib->db, q->p, q->len, NULL, NULL);
-	sqlbuf_reset(q);
-	return rc;
-}
-
-/*
- * Append section s of the write to the request, as many requests as its
- * rows need: rows (or, for the sections of whole statements, statements)
- * are added while they fit beside what is there, then the request is sent
- * and the rest goes in the next.  Where a cut falls depends only on the
- * rows and the server's limit, never on the wire (db.h).  A row that does
- * not fit an empty request is refused (ST_ERR_DB_DATA, and db_errmsg says
- * so): the start-up check (inbox_limits) keeps that from any body the
- * configuration accepts.  reserve: room kept for what must follow in the
- * last request (the COMMIT).
- */
-static int inbox_flush_section(struct inbox *ib, int s, bool commit)
-{
-	struct sqlbuf *q = &ib->req, *b = &ib->w[s];
-	const char *head = s == W_ORDER ? ib->sql.agg_head : s == W_EVENT ? ib->sql.event_head : inbox_wsql[s].head;
-	const char *tail = s == W_ORDER ? ib->sql.agg_tail : inbox_wsql[s].tail;
-	size_t hlen = head != NULL ? strlen(head) : 0, tlen = tail != NULL ? strlen(tail) + 1 : 0;
-	size_t max = sqlbuf_max(q), reserve = commit ? sizeof "COMMIT" : 0;
-	bool open = false; /* a statement of this section is open in q */
-	int rc = ST_OK;
-
-	if (b->len == 0)
-		return ST_OK;
-	if (q->len + hlen + b->len + tlen + reserve + 1 < max) {
-		/* All of it fits beside what is there (the common case). */
-		if (head != NULL)
-			sqlbuf_sql(q, head);
-		sqlbuf_sqln(q, b->p, b->len);
-		if (tail != NULL) {
-			sqlbuf_sql(q, tail);
-			sqlbuf_sql(q, ";");
-		}
-		return sqlbuf_err(q);
-	}
-	for (size_t u = 0; u <= b->ncuts; u++) {
-		/* Unit u: from its cut to the next (the first from 0; the
-		 * cuts of an empty prefix are skipped). */
-		size_t from = u == 0 ? 0 : b->cuts[u - 1];
-		size_t to = u < b->ncuts ? b->cuts[u] : b->len;
-
-		if (to <= from)
-			continue;
-		if (head != NULL && b->p[from] == ',' && !open)
-			from++; /* a list's row that starts a statement: no comma */
-		if (q->len + (open ? 0 : hlen) + (to - from) + tlen + reserve + 1 >= max && q->len > 0) {
-			if (open) {
-				sqlbuf_sql(q, tail);
-				sqlbuf_sql(q, ";");
-			}
-			open = false;
-			rc = inbox_send(ib);
-			if (rc != ST_OK)
-				return rc;
-			if (head != NULL && b->p[from] == ',')
-				from++;
-		}
-		if (hlen + (to - from) + tlen + reserve + 1 >= max)
-			return db_too_large(ib->db, hlen + (to - from) + tlen + reserve);
-		if (head != NULL && !open) {
-			sqlbuf_sql(q, head);
-			open = true;
-		}
-		sqlbuf_sqln(q, b->p + from, to - from);
-	}
-	if (open) {
-		sqlbuf_sql(q, tail);
-		sqlbuf_sql(q, ";");
-	}
-	return sqlbuf_err(q);
-}
-
-/* Write what the transaction decided so far, and COMMIT in the same
- * request when commit is set.  Order rows and held counts go as they stand
- * now: absolute values, so writing an order twice in one transaction is
- * harmless.  With nothing to write, commit alone is one COMMIT. */
-static int inbox_flush(struct inbox *ib, bool commit)
-{
-	struct sqlbuf *q = &ib->req;
-	bool any = false;
-	int rc = ST_OK;
-
-	for (int i = 0; i < ib->norders; i++) {
-		struct inbox_agg *r = &ib->orders[i];
-
-		if (r->dirty) {
-			struct sqlbuf *o = &ib->w[W_ORDER];
-
-			sqlbuf_row(o);
-			sqlbuf_str(o, r->id);
-			sqlbuf_str(o, agg_state_name(r->state));
-			sqlbuf_i64(o, r->version);
-			sqlbuf_i64(o, r->flags);
-			for (int c = 0; c < ib->bind->ncols; c++) {
-				sqlbuf_value(o, r->col[c] != 0 ? ib->vals.p + r->col[c] - 1 : "NULL");
-				r->col[c] = 0;
-			}
-			sqlbuf_value(o, "NOW(6)");
-			sqlbuf_value(o, "NOW(6)");
-			sqlbuf_row_end(o);
-			r->dirty = false;
-		}
-		if (r->held_dirty) {
-			struct sqlbuf *l = &ib->w[W_LOCK];
-
-			sqlbuf_stmt(l);
-			sqlbuf_sql(l, ib->sql.held_set);
-			sqlbuf_i64(l, r->held);
-			sqlbuf_sql(l, ib->sql.held_where);
-			sqlbuf_str(l, r->id);
-			sqlbuf_sql(l, ";");
-			r->held_dirty = false;
-		}
-	}
-	if (commit)
-		outbox_dispatcher_write_marks(ib->out, &ib->w[W_MARK]);
-	for (int s = 0; s < W_NSECT; s++) {
-		if (sqlbuf_err(&ib->w[s]) != ST_OK && rc == ST_OK)
-			rc = sqlbuf_err(&ib->w[s]);
-		any = any || ib->w[s].len > 0;
-	}
-	sqlbuf_reset(q);
-	for (int s = 0; rc == ST_OK && s < W_NSECT; s++)
-		rc = inbox_flush_section(ib, s, commit);
-	if (rc == ST_OK && commit) {
-		/* The claim guard and the COMMIT go together, after the rows;
-		 * when they do not fit beside the last of them, the rows go
-		 * first. */
-		size_t at = q->len;
-		bool guard = ib->galera && ib->nkeys > 0;
-
-		any = any || guard;
-		for (int pass = 0; pass < 2; pass++) {
-			if (guard)
-				inbox_claim_guard(ib, q);
-			sqlbuf_sql(q, "COMMIT");
-			if (sqlbuf_err(q) == ST_OK || at == 0 || pass > 0)
-				break;
-			sqlbuf_undo(q, at);
-			rc = inbox_send(ib);
-			if (rc != ST_OK)
-				break;
-			at = 0;
-		}
-	}
-	if (rc == ST_OK)
-		rc = sqlbuf_err(q);
-	if (rc == ST_OK && any)
-		rc = inbox_send(ib);
-	else if (rc == ST_OK && commit)
-		rc = db_commit(ib->db);
-	for (int s = 0; s < W_NSECT; s++)
-		sqlbuf_reset(&ib->w[s]);
-	sqlbuf_reset(&ib->vals); /* every col was written (and cleared) above */
-	return rc;
-}
-
-static void inbox_forget(struct inbox *ib)
-{
-	for (int s = 0; s < W_NSECT; s++)
-		sqlbuf_trim(&ib->w[s], INBOX_SQL_KEEP);
-	sqlbuf_trim(&ib->req, INBOX_SQL_KEEP);
-	sqlbuf_trim(&ib->vals, INBOX_SQL_KEEP);
-	ib->nhrows = 0;
-	ib->hlen = 0;
-	if (ib->hcap > INBOX_SQL_KEEP) {
-		free(ib->hbuf);
-		ib->hbuf = NULL;
-		ib->hcap = 0;
-	}
-	ib->norders = 0;
-	ib->nkeys = 0;
-}
-
-/* "consumer = .. AND source = .. AND message_id = .." for one key of this
- * consumer's, escaped: the predicate of every statement on one inbox row. */
-static void inbox_sql_key_is(const struct inbox *ib, struct sqlbuf *b, const char *source, const char *message_id)
-{
-	sqlbuf_sql(b, "consumer = ");
-	sqlbuf_str(b, ib->conf->consumer);
-	sqlbuf_sql(b, " AND source = ");
-	sqlbuf_str(b, source);
-	sqlbuf_sql(b, " AND message_id = ");
-	sqlbuf_str(b, message_id);
-}
-
-/* The final outcome of a key whose claim said 'applied' (or 'held').
- * waited: the event was held (held_at, migration 0012); a row held in an
- * earlier transaction has it already. */
-static void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, const char *outcome,
-                            const char *reason, bool waited)
-{
-	struct sqlbuf *b = &ib->w[W_OUTCOME];
-
-	sqlbuf_stmt(b);
-	sqlbuf_sql(b, "UPDATE processed_messages SET outcome = ");
-	sqlbuf_str(b, outcome);
-	sqlbuf_sql(b, ", reason = ");
-	sqlbuf_str(b, reason);
-	sqlbuf_sql(b, waited ? ", processed_at = NOW(6), held_at = NOW(6) WHERE "
-	                     : ", processed_at = NOW(6) WHERE ");
-	inbox_sql_key_is(ib, b, ev->source, ev->message_id);
-	sqlbuf_sql(b, ";");
-}
-
-/* The dead-letter copy of ev into the outbox (common/outbox.c builds it). */
-static int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, const char *reason,
-                               const char *detail)
-{
-	const struct outbox_dead_letter d = {
-		.message_id = ev->message_id, .routing_key = ev->routing_key, .type = ev->type_name,
-		.order_id = ev->order_id, .props = ev->props, .body = ev->body, .len = ev->len, .reason = reason,
-		.detail = detail, .deliveries = ev->deliveries,
-	};
-
-	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->emit, &d);
-}
-
-static const char *inbox_reason_of(enum lc_decision d)
-{
-	return d == LC_INVALID ? "invalid-transition" : NULL;
-}
-
-/* Where an event being carried out comes from: the delivery (its inbox
- * row says 'applied' from the claim), held_events (its row says 'held'),
- * or held in memory earlier in this batch (its row says 'applied', and
- * must say that it waited). */
-enum inbox_src { SRC_LIVE, SRC_HELD_ROW, SRC_HELD_MEM };
-
-/* Carry out a verdict (not LC_HOLD) on a locked order: the order's new
- * state, its ledger row, the outbox rows and the inbox outcome go to the
- * write.  *changed is set when the order changed (held events may now
- * apply). */
-static int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev,
-                     struct agg_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
-{
-	const struct lc_def *d = ib->bind->def;
-	const char *outcome = lc_decision_outcome(v.decision);
-	int nrows = 0, rc = ST_OK;
-
-	*changed = false;
-	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE) {
-		struct sqlbuf *e = &ib->w[W_EVENT];
-
-		/* in the definition's order of emits (OrderPaid, RefundRequested,
-		 * InventoryReleaseRequested for orders) */
-		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
-			if (v.emits & (1u << i)) {
-				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->emit,
-				                      i, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
-				nrows++;
-			}
-		}
-		if (rc == ST_OK)
-			rc = inbox_set_columns(ib, o, ev);
-		if (rc == ST_OK) {
-			sqlbuf_row(e);
-			sqlbuf_str(e, ev->order_id);
-			sqlbuf_str(e, ib->conf->consumer);
-			sqlbuf_str(e, ev->source);
-			sqlbuf_str(e, ev->message_id);
-			sqlbuf_str(e, ev->type_name);
-			sqlbuf_str(e, outcome);
-			sqlbuf_str(e, o->state == ORDER_NONE ? "None" : agg_state_name(o->state));
-			sqlbuf_str(e, agg_state_name(v.next));
-			sqlbuf_i64(e, o->version + 1);
-			sqlbuf_value(e, "NOW(6)");
-			if (ev->sha[0] != '\0')
-				sqlbuf_str(e, ev->sha);
-			else
-				sqlbuf_value(e, "NULL");
-			sqlbuf_row_end(e);
-			o->version++;
-			o->state = v.next;
-			o->flags = v.flags;
-			o->dirty = true;
-			*changed = true;
-		}
-	} else if (v.decision == LC_INVALID) {
-		char detail[160];
-		snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
-		         agg_state_name(o->state));
-		rc = inbox_w_dead_letter(ib, ev, "invalid-transition", detail);
-		nrows++;
-	}
-	/* On an error the rows written so far go with the rolled-back
-	 * transaction (inbox_end resets the write). */
-	if (rc == ST_OK && (src != SRC_LIVE || v.decision != LC_APPLY))
-		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision), src == SRC_HELD_MEM);
-	if (rc != ST_OK)
-		return rc;
-	res->outbox_rows += nrows;
-	return ST_OK;
-}
-
-/* A held event's key and type, as it is parsed again (inbox_held_parse). */
-struct inbox_held {
-	int64_t id;
-	char source[MSG_WIDE_SOURCE_MAX + 1];
-	char message_id[MSG_WIDE_ID_MAX + 1];
-	char type[MSG_TYPE_NAME_MAX + 1];
-};
-
-/* Read with the rest of a held event (inbox_hrow_event): the canonical
- * event of an enveloped message (NULL: native, the body is the event) and
- * what it carries into what it causes. */
-struct inbox_held_more {
-	const char *event;
-	size_t event_len;
-	struct env_context ctx;
-};
-
-/* Parse a held event's stored body again, as it was parsed when it
- * arrived: the key and type it was held under stand for the AMQP
- * properties that may have carried them, and the size limit is the
- * column's (the body was within INBOX_MAX_BODY when it came).  A body that
- * no longer parses or no longer matches its row (the rules changed since)
- * gives the reason to dead-letter it with, and m->detail. */
-static enum msg_reason inbox_held_parse(const struct inbox_held *h, const struct inbox_held_more *x,
-                                        const char *order_id, const struct inbox_event *raw, struct msg *m)
-{
-	struct msg_props props = {
-		.message_id = h->message_id, .message_id_len = strlen(h->message_id),
-		.type = h->type, .type_len = strlen(h->type),
-	};
-	enum msg_reason r;
-
-	if (x->event != NULL) {
-		/* Enveloped: its canonical event, as the envelope layer read it
-		 * when it came (a changed INBOX_TYPE_MAP does not reread it). */
-		json_t *root = json_loadb(x->event, x->event_len, JSON_REJECT_DUPLICATES, NULL);
-
-		r = msg_parse_event(root, NULL, m);
-		json_decref(root);
-	} else {
-		r = msg_parse(raw->body, raw->len, INBOX_BODY_COLUMN_MAX, &props, m);
-	}
-	if (r != MSG_REASON_NONE)
-		return r;
-	if (strcmp(m->message_id, h->message_id) != 0 || strcmp(m->source, h->source) != 0 ||
-	    strcmp(m->order_id, order_id) != 0 || strcmp(m->type_name, h->type) != 0) {
-		snprintf(m->detail, sizeof m->detail, "stored body does not match its held event");
-		return MSG_REASON_INVALID_FIELD;
-	}
-	return MSG_REASON_NONE;
-}
-
-/* Settle a held event whose stored body cannot be applied: its
- * dead-letter copy with the reason, no effect on the order. */
-static int inbox_held_reject(struct inbox *ib, const struct inbox_event *raw, enum msg_reason r,
-                             const char *detail, struct inbox_result *res)
-{
-	const char *reason = msg_reason_name(r);
-	int rc = inbox_w_dead_letter(ib, raw, reason, detail);
-
-	if (rc == ST_OK) {
-		inbox_w_outcome(ib, raw, "dead_lettered", reason, false);
-		res->outbox_rows++;
-	}
-	LOG(LOG_LEVEL_WARN, "held event cannot be applied; dead-lettered", LOG_S("message_id", raw->message_id),
-	    LOG_S("order", raw->order_id), LOG_S("reason", reason), LOG_S("detail", detail));
-	return rc;
-}
-
-static int inbox_col_i64(const char *v, int64_t *out);
-static struct inbox_agg *inbox_find_order(struct inbox *ib, const char *id);
-
-/* One row of a read of held events (inbox_sql_held_read: id, the HV_*
- * values, n) into ib->hrows.  Every value is checked against its column's
- * width here, so the rest of the file reads them as the strings they are. */
-static int inbox_hrow_add(struct inbox *ib, const char *const *v, const unsigned long *lens, int ncols)
-{
-	static const size_t cap[HV_N] = {
-		[HV_ORDER] = MSG_ORDER_ID_MAX, [HV_SOURCE] = MSG_WIDE_SOURCE_MAX, [HV_MID] = MSG_WIDE_ID_MAX,
-		[HV_TYPE] = MSG_TYPE_NAME_MAX, [HV_RK] = 255, [HV_PROPS] = INBOX_PROPS_COLUMN_MAX,
-		[HV_BODY] = INBOX_BODY_COLUMN_MAX, [HV_EVENT] = INBOX_BODY_COLUMN_MAX,
-		[HV_CONTEXT] = INBOX_PROPS_COLUMN_MAX,
-	};
-	struct inbox_hrow *r;
-	size_t need = 0;
-	int64_t id, n;
-
-	if (ncols != HV_N + 2 || inbox_col_i64(v[0], &id) != ST_OK || inbox_col_i64(v[HV_N + 1], &n) != ST_OK)
-		return ST_ERR_DB;
-	for (int c = 0; c < HV_N; c++) {
-		bool nullable = c == HV_PROPS || c == HV_EVENT || c == HV_CONTEXT;
-
-		if ((v[1 + c] == NULL && !nullable) || lens[1 + c] > cap[c])
-			return ST_ERR_DB; /* the schema's widths and ours disagree */
-		need += lens[1 + c] + 1;
-	}
-	if (ib->nhrows == ib->hrows_cap) {
-		int ncap = ib->hrows_cap > 0 ? 2 * ib->hrows_cap : 64;
-		void *p = realloc(ib->hrows, (size_t)ncap * sizeof *ib->hrows);
-
-		if (p == NULL)
-			return ST_ERR_NOMEM;
-		ib->hrows = p;
-		ib->hrows_cap = ncap;
-	}
-	if (ib->hcap - ib->hlen < need) {
-		size_t ncap = ib->hcap > 0 ? 2 * ib->hcap : 64 * 1024;
-		void *p;
-
-		while (ncap - ib->hlen < need)
-			ncap *= 2;
-		p = realloc(ib->hbuf, ncap);
-		if (p == NULL)
-			return ST_ERR_NOMEM;
-		ib->hbuf = p;
-		ib->hcap = ncap;
-	}
-	r = &ib->hrows[ib->nhrows++];
-	*r = (struct inbox_hrow){ .id = id, .matched = n };
-	for (int c = 0; c < HV_N; c++) {
-		r->off[c] = ib->hlen;
-		r->len[c] = lens[1 + c];
-		if (v[1 + c] == NULL)
-			r->null |= 1u << c;
-		else
-			memcpy(ib->hbuf + ib->hlen, v[1 + c], lens[1 + c]);
-		ib->hbuf[ib->hlen + lens[1 + c]] = '\0';
-		ib->hlen += lens[1 + c] + 1;
-	}
-	return ST_OK;
-}
-
-/* Value c of held row r: NUL-terminated, or NULL for SQL NULL. */
-static const char *inbox_hval(const struct inbox *ib, const struct inbox_hrow *r, int c)
-{
-	return (r->null & (1u << c)) != 0 ? NULL : ib->hbuf + r->off[c];
-}
-
-/*
- * A read of held events back whole, by order and oldest first (the order
- * in which their order's lifecycle runs them): those of the orders listed
- * with an id above after, or the rows listed by id.  It carries at most
- * INBOX_HELD_READ_MAX (always the first row): the window sums what the
- * rows before each one hold, and the join reads the values of only the
- * rows within it.  n is how many rows of its order the condition matched,
- * within the bound or not, so the reader knows whether it has them all.
- * One statement, so it goes in the claim's request as well as alone.
- */
-static void inbox_sql_held_read(struct inbox *ib, struct sqlbuf *q, const char *const *orders, int norders,
-                                const int64_t *ids, int nids, int64_t after)
-{
-	int n = orders != NULL ? norders : nids;
-
-	sqlbuf_sql(q, "SELECT h.id, h.order_id, h.source, h.message_id, h.type, h.routing_key, h.props, h.body,"
-	              " h.event, h.context, t.n FROM (SELECT id, COUNT(*) OVER (PARTITION BY order_id) AS n,"
-	              " COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(props), 0) + COALESCE(LENGTH(event), 0)"
-	              " + COALESCE(LENGTH(context), 0) + ");
-	sqlbuf_i64(q, INBOX_HELD_ROW_COST);
-	sqlbuf_sql(q, ") OVER (ORDER BY order_id, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS ahead"
-	              " FROM held_events WHERE consumer = ");
-	sqlbuf_str(q, ib->conf->consumer);
-	sqlbuf_sql(q, orders != NULL ? " AND order_id IN (" : " AND id IN (");
-	sqlbuf_list(q);
-	for (int i = 0; i < n; i++) {
-		sqlbuf_item(q);
-		if (orders != NULL)
-			sqlbuf_str(q, orders[i]);
-		else
-			sqlbuf_i64(q, ids[i]);
-	}
-	sqlbuf_sql(q, ") AND id > ");
-	sqlbuf_i64(q, after);
-	sqlbuf_sql(q, ") t JOIN held_events h ON h.id = t.id WHERE t.ahead < ");
-	sqlbuf_i64(q, INBOX_HELD_READ_MAX);
-	sqlbuf_sql(q, " ORDER BY h.order_id, h.id;");
-}
-
-/* Give each locked order its held events among ib->hrows (read with the
- * claim, by order): a run of rows of one order.  hall: they are all it
- * has (n says how many matched), or it has none; else the rest is read a
- * page at a time on release.  A second run of one order (ids equal under
- * the column's collation) is left to those pages. */
-static int inbox_held_assign(struct inbox *ib)
-{
-	for (int i = 0; i < ib->norders; i++)
-		ib->orders[i].hall = ib->orders[i].held == 0;
-	for (int i = 0, j; i < ib->nhrows; i = j) {
-		const char *oid = inbox_hval(ib, &ib->hrows[i], HV_ORDER);
-		struct inbox_agg *o = inbox_find_order(ib, oid);
-
-		for (j = i + 1; j < ib->nhrows && strcmp(inbox_hval(ib, &ib->hrows[j], HV_ORDER), oid) == 0; j++)
-			;
-		if (o == NULL)
-			return ST_ERR_DB; /* a row we did not ask for */
-		if (o->hcount > 0) {
-			o->hall = false;
-			continue;
-		}
-		o->hfirst = i;
-		o->hcount = j - i;
-		o->hlast = ib->hrows[j - 1].id;
-		o->hall = ib->hrows[i].matched == j - i;
-	}
-	return ST_OK;
-}
-
-static int inbox_held_page_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
-{
-	return stmt == 0 ? inbox_hrow_add(arg, v, lens, ncols) : ST_ERR_DB;
-}
-
-/* Read the next page of order o's held events, those above after, onto
- * the end of ib->hrows (one round trip); *complete: none is left beyond
- * them. */
-static int inbox_held_page(struct inbox *ib, const struct inbox_agg *o, int64_t after, bool *complete)
-{
-	struct sqlbuf *q = &ib->req;
-	const char *id = o->id;
-	int from = ib->nhrows, rc;
-
-	sqlbuf_reset(q);
-	inbox_sql_held_read(ib, q, &id, 1, NULL, 0, after);
-	rc = sqlbuf_err(q);
-	if (rc == ST_OK)
-		rc = db_multi(ib->db, q->p, q->len, inbox_held_page_row, ib);
-	sqlbuf_reset(q);
-	*complete = ib->nhrows == from || ib->hrows[from].matched == ib->nhrows - from;
-	return rc;
-}
-
-/* A held row as the release reads it: h its key and type, x its
- * canonical event and context, raw its routing key, properties and body
- * (borrowed from ib->hbuf until the rows are cut). */
-static void inbox_hrow_event(const struct inbox *ib, const struct inbox_hrow *r, struct inbox_held *h,
-                             struct inbox_held_more *x, struct inbox_event *raw)
-{
-	h->id = r->id;
-	snprintf(h->source, sizeof h->source, "%s", inbox_hval(ib, r, HV_SOURCE));
-	snprintf(h->message_id, sizeof h->message_id, "%s", inbox_hval(ib, r, HV_MID));
-	snprintf(h->type, sizeof h->type, "%s", inbox_hval(ib, r, HV_TYPE));
-	*raw = (struct inbox_event){
-		.source = h->source, .message_id = h->message_id, .type_name = h->type,
-		.body = inbox_hval(ib, r, HV_BODY), .len = r->len[HV_BODY], .routing_key = inbox_hval(ib, r, HV_RK),
-		.props = inbox_hval(ib, r, HV_PROPS),
-	};
-	x->event = inbox_hval(ib, r, HV_EVENT);
-	x->event_len = r->len[HV_EVENT];
-	env_context_from_json(inbox_hval(ib, r, HV_CONTEXT), &x->ctx);
-}
-
-/* Re-evaluate one held event, read back whole, on the locked order.  One
- * that must still wait is left alone (*settled false); any other is
- * parsed again and carried out exactly as if it had just arrived, then
- * leaves held_events.  *changed: the order row changed. */
-static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct inbox_hrow *r,
-                             struct inbox_result *res, bool *settled, bool *changed)
-{
-	const char *type = inbox_hval(ib, r, HV_TYPE);
-	struct inbox_held h;
-	struct inbox_held_more x;
-	struct inbox_event raw, ev;
-	struct agg_verdict v;
-	struct msg m;
-	enum msg_reason reason;
-	int t = msg_type_from_name(type, r->len[HV_TYPE]);
-	int rc;
-
-	*settled = false;
-	*changed = false;
-	if (t < 0)
-		return ST_ERR_DB; /* we only ever store validated types */
-	v = agg_decide(o->state, o->flags, (enum msg_type)t);
-	if (v.decision == LC_HOLD)
-		return ST_OK;
-	inbox_hrow_event(ib, r, &h, &x, &raw);
-	raw.order_id = o->id;
-	/* Its lines carry its trace (the worker's are of the delivery in hand). */
-	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
-	reason = inbox_held_parse(&h, &x, o->id, &raw, &m);
-	if (reason != MSG_REASON_NONE) {
-		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
-	} else {
-		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
-		ev.ctx = &x.ctx;
-		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed);
-	}
-	if (rc != ST_OK) {
-		log_trace_clear();
-		return rc;
-	}
-	sqlbuf_item(&ib->w[W_DEL]);
-	sqlbuf_i64(&ib->w[W_DEL], h.id);
-	*settled = true;
-	if (reason == MSG_REASON_NONE && v.decision == LC_INVALID)
-		reason = MSG_REASON_INVALID_TRANSITION;
-	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
-	res->released_reason[reason]++;
-	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
-	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision)));
-	log_trace_clear();
-	return ST_OK;
-}
-
-/* Re-evaluate the held rows [from, to) of ib->hrows (all of order o's),
- * oldest first, those not settled yet. */
-static int inbox_release_rows(struct inbox *ib, struct inbox_agg *o, int from, int to, struct inbox_result *res,
-                              int *released, bool *progress)
-{
-	for (int i = from; i < to && o->held > 0; i++) {
-		bool settled, changed;
-		int rc;
-
-		if (ib->hrows[i].settled)
-			continue;
-		rc = inbox_release_one(ib, o, &ib->hrows[i], res, &settled, &changed);
-		if (rc != ST_OK)
-			return rc;
-		if (settled) {
-			ib->hrows[i].settled = true;
-			o->held--;
-			o->held_dirty = true;
-			(*released)++;
-			*progress = *progress || changed;
-		}
-	}
-	return ST_OK;
-}
-
-/* The held events of order o that the claim's read left out (they
- * outgrew it), a page at a time after the last one it read; each page is
- * forgotten once looked at, so memory stays at one read.  Rows a page
- * releases leave held_events (the write so far is sent) before the next
- * page is read, so a later pass never reads them again. */
-static int inbox_release_paged(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res, int *released,
-                               bool *progress)
-{
-	int64_t after = o->hlast;
-	int mark = ib->nhrows;
-	size_t mark_len = ib->hlen;
-	bool complete = false;
-	int rc = ST_OK;
-
-	while (rc == ST_OK && !complete && o->held > 0) {
-		if (ib->w[W_DEL].len > 0)
-			rc = inbox_flush(ib, false);
-		if (rc == ST_OK)
-			rc = inbox_held_page(ib, o, after, &complete);
-		if (rc == ST_OK)
-			rc = inbox_release_rows(ib, o, mark, ib->nhrows, res, released, progress);
-		if (ib->nhrows > mark)
-			after = ib->hrows[ib->nhrows - 1].id;
-		ib->nhrows = mark;
-		ib->hlen = mark_len;
-	}
-	return rc;
-}
-
-/* Re-evaluate the order's events held in memory earlier in this batch, in
- * arrival order (newer than any in held_events): one that can take effect
- * now does, exactly as if it had just arrived (it was parsed from the
- * delivery in hand), and never reaches held_events.  *progress: the order
- * changed. */
-static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res,
-                                 int *released, bool *progress)
-{
-	for (int k = 0; k < ib->npend && o->pending > 0; k++) {
-		const struct inbox_in *in;
-		struct inbox_event ev;
-		struct agg_verdict v;
-		char *props = NULL;
-		bool changed = false;
-		int rc;
-
-		if (ib->pend[k] < 0)
-			continue;
-		in = &ib->in[ib->pend[k]];
-		if (strcmp(in->msg->order_id, o->id) != 0)
-			continue;
-		v = agg_decide(o->state, o->flags, in->msg->type);
-		if (v.decision == LC_HOLD)
-			continue;
-		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
-		ev.deliveries = in->deliveries;
-		ev.ctx = in->ctx;
-		if (v.decision == LC_INVALID && in->props_json != NULL) {
-			props = in->props_json(in->props_arg);
-			ev.props = props;
-		}
-		rc = inbox_act(ib, o, &ev, v, SRC_HELD_MEM, res, &changed);
-		free(props);
-		if (rc != ST_OK)
-			return rc;
-		ib->pend[k] = -1;
-		o->pending--;
-		(*released)++;
-		*progress = *progress || changed;
-		res->released_as[(enum inbox_outcome)v.decision]++; /* the enums agree up to DEAD_LETTERED */
-		res->released_reason[v.decision == LC_INVALID ? MSG_REASON_INVALID_TRANSITION : MSG_REASON_NONE]++;
-	}
-	return ST_OK;
-}
-
-/* Re-evaluate every held event of the order, oldest first — those in
- * held_events (read with the claim, and any the claim's read left out a
- * page at a time), then those held in memory in this batch — in passes
- * until a pass leaves the order as it found it: an event skipped early in
- * a pass may apply after a later one changed the order.  Passes over what
- * the claim read cost no round trip, however many events wait. */
-static int inbox_release_held(struct inbox *ib, struct inbox_agg *o, struct inbox_result *res)
-{
-	bool progress = true;
-	int released = 0, rc = ST_OK;
-
-	while (rc == ST_OK && progress && (o->held > 0 || o->pending > 0)) {
-		progress = false;
-		rc = inbox_release_rows(ib, o, o->hfirst, o->hfirst + o->hcount, res, &released, &progress);
-		if (rc == ST_OK && !o->hall)
-			rc = inbox_release_paged(ib, o, res, &released, &progress);
-		if (rc == ST_OK)
-			rc = inbox_release_pending(ib, o, res, &released, &progress);
-	}
-	if (rc != ST_OK)
-		return rc;
-	res->released += released;
-	return ST_OK;
-}
-
-/* Hold an event: in memory for now (the rest of the batch may release
- * it, and then it never costs a row); inbox_hold_write keeps it in
- * held_events if it is still held when the batch ends. */
-static void inbox_hold(struct inbox *ib, const struct inbox_in *in, struct inbox_agg *o)
-{
-	ib->pend[ib->npend++] = (int)(in - ib->in);
-	o->pending++;
-}
-
-/* Keep a still-held event in held_events, count it on its order's lock
- * row, and record the 'held' outcome. */
-static void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_agg *o)
-{
-	char *props = in->props_json != NULL ? in->props_json(in->props_arg) : NULL;
-	char *context = env_context_json(in->ctx);
-	struct sqlbuf *b = &ib->w[W_HOLD];
-	struct inbox_event ev;
-
-	inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
-	sqlbuf_row(b);
-	sqlbuf_str(b, ib->conf->consumer);
-	sqlbuf_str(b, ev.source);
-	sqlbuf_str(b, ev.message_id);
-	sqlbuf_str(b, ev.order_id);
-	sqlbuf_str(b, ev.type_name);
-	sqlbuf_str(b, ev.routing_key);
-	sqlbuf_str(b, props);
-	sqlbuf_bytes(b, ev.body, ev.len);
-	sqlbuf_value(b, "NOW(6)");
-	if (in->event != NULL)
-		sqlbuf_bytes(b, in->event, strlen(in->event));
-	else
-		sqlbuf_value(b, "NULL");
-	sqlbuf_str(b, context); /* NULL prints NULL */
-	sqlbuf_row_end(b);
-	free(props);
-	free(context);
-	inbox_w_outcome(ib, &ev, "held", NULL, true);
-	o->held++;
-	o->held_dirty = true;
-}
-
 /* ---- the batch -------------------------------------------------------- */
 
 /* Keys in the order of the UNIQUE index (binary: ASCII and ascii_bin
@@ -1427,12 +356,12 @@ static int inbox_key_cmp(const void *a, const void *b)
 	return c;
 }
 
-static int inbox_order_cmp(const void *a, const void *b)
+int inbox_order_cmp(const void *a, const void *b)
 {
 	return strcmp(((const struct inbox_agg *)a)->id, ((const struct inbox_agg *)b)->id);
 }
 
-static struct inbox_agg *inbox_find_order(struct inbox *ib, const char *id)
+struct inbox_agg *inbox_find_order(struct inbox *ib, const char *id)
 {
 	struct inbox_agg key;
 
@@ -1481,7 +410,7 @@ static int inbox_order_fill(struct inbox_agg *o, const char *id, int64_t held, c
 }
 
 /* A whole integer column of a text row, or ST_ERR_DB. */
-static int inbox_col_i64(const char *v, int64_t *out)
+int inbox_col_i64(const char *v, int64_t *out)
 {
 	char *end;
 	long long x;
@@ -1524,7 +453,7 @@ static struct inbox_key *inbox_key_find(struct inbox *ib, const char *source, co
  * (source, message_id, stored hash, and the ledger's row of ours),
  * statement 3 the locked orders (order_id, held, status, version, flags),
  * statement 4 their held events read back whole (inbox_sql_held_read). */
-static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
+int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
 {
 	struct inbox *ib = arg;
 
@@ -1580,7 +509,7 @@ static int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsi
 	return ST_ERR_DB;
 }
 
-static int inbox_str_cmp(const void *a, const void *b)
+int inbox_str_cmp(const void *a, const void *b)
 {
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -1634,7 +563,7 @@ static void inbox_sql_order_ids(const struct inbox *ib, struct sqlbuf *q)
 /* Claim statement 0: the order_locks rows of the batch's orders, sorted
  * by id, created or bumped (a real write: a certification-based cluster
  * only sees rows that change). */
-static void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
+void inbox_sql_lock_orders(const struct inbox *ib, struct sqlbuf *q)
 {
 	sqlbuf_sql(q, ib->sql.lock_rows);
 	sqlbuf_list(q);
@@ -1708,7 +637,7 @@ static void inbox_sql_known_keys(struct inbox *ib, struct sqlbuf *q)
 }
 
 /* Claim statement 3: the locked orders, as they stand. */
-static void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
+void inbox_sql_read_orders(const struct inbox *ib, struct sqlbuf *q)
 {
 	sqlbuf_sql(q, ib->sql.read_aggs);
 	inbox_sql_order_ids(ib, q);
@@ -1843,7 +772,7 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 /* End the transaction: when rc is ST_OK, write what is pending and COMMIT
  * in one request (the test fault hooks, for a message's transaction, fire
  * just before it); else, or when that fails, ROLLBACK. */
-static int inbox_end(struct inbox *ib, int rc, bool hooks)
+int inbox_end(struct inbox *ib, int rc, bool hooks)
 {
 	if (rc == ST_OK && hooks) {
 		if (fault_hit("before-commit"))
@@ -2078,173 +1007,6 @@ int inbox_run_nowait(struct inbox *ib, const struct inbox_in *in, int n, struct 
 	rc = inbox_batch(ib, ib->sub_in, k, ib->sub_res, false);
 	for (int j = 0; rc == ST_OK && j < k; j++)
 		res[ib->sub_of[j]] = ib->sub_res[j];
-	return rc;
-}
-
-/* A held event past its TTL, as listed. */
-struct inbox_expiring {
-	int64_t id;
-	char order_id[MSG_ORDER_ID_MAX + 1];
-};
-
-/* What the log says of an expired hold once its transaction committed. */
-struct inbox_expired {
-	char message_id[MSG_WIDE_ID_MAX + 1];
-	char order_id[MSG_ORDER_ID_MAX + 1];
-	char type[MSG_TYPE_NAME_MAX + 1];
-	struct env_context ctx;
-};
-
-/* Up to limit held events past the TTL, oldest first (one round trip; it
- * takes no lock, and the transaction it opens goes on). */
-static int inbox_expire_list(struct inbox *ib, struct inbox_expiring *rows, int limit, int *n)
-{
-	struct db_param p[3] = { DBP_STR(ib->conf->consumer), DBP_I64(ib->conf->hold_ttl_s), DBP_I64(limit) };
-	struct inbox_expiring spill; /* LIMIT keeps the rows within limit; spill is for safety */
-	int rc = db_stmt_query(ib->expired_list, p, ARRAY_LEN(p));
-
-	*n = 0;
-	while (rc == ST_OK) {
-		struct inbox_expiring *r = *n < limit ? &rows[*n] : &spill;
-		struct db_col c[2] = { DBC_I64(), DBC_STR(r->order_id, sizeof r->order_id) };
-		int f = db_stmt_fetch(ib->expired_list, c, ARRAY_LEN(c));
-
-		if (f <= 0)
-			return f;
-		r->id = c[0].i64;
-		if (*n < limit)
-			(*n)++;
-	}
-	return rc;
-}
-
-/* The expiry request's rows: statement 0 locks the orders (no rows), 1
- * reads them and 2 the listed held events still there, as the claim's
- * statements 3 and 4 do. */
-static int inbox_expire_row(void *arg, int stmt, const char *const *v, const unsigned long *lens, int ncols)
-{
-	return stmt == 0 ? ST_ERR_DB : inbox_claim_row(arg, stmt + 2, v, lens, ncols);
-}
-
-/* Lock the orders of the n listed rows (sorted, the claim's real write)
- * and read them and those rows whole in one round trip.  A row its order
- * released meanwhile is not read; nor one past what a read carries (the
- * next pass takes it). */
-static int inbox_expire_read(struct inbox *ib, const struct inbox_expiring *rows, int n)
-{
-	struct sqlbuf *q = &ib->req;
-	int64_t ids[INBOX_EXPIRE_MAX];
-	int k = 0, rc;
-
-	for (int i = 0; i < n; i++) {
-		ib->order_ids[i] = rows[i].order_id;
-		ids[i] = rows[i].id;
-	}
-	qsort(ib->order_ids, (size_t)n, sizeof *ib->order_ids, inbox_str_cmp);
-	for (int i = 0; i < n; i++)
-		if (k == 0 || strcmp(ib->order_ids[k - 1], ib->order_ids[i]) != 0)
-			ib->order_ids[k++] = ib->order_ids[i];
-	ib->nlock = k;
-	sqlbuf_reset(q);
-	inbox_sql_lock_orders(ib, q);
-	inbox_sql_read_orders(ib, q);
-	sqlbuf_sql(q, ";");
-	inbox_sql_held_read(ib, q, NULL, 0, ids, n, 0);
-	rc = sqlbuf_err(q);
-	ib->norders = 0;
-	ib->nhrows = 0;
-	ib->hlen = 0;
-	if (rc == ST_OK)
-		rc = db_multi(ib->db, q->p, q->len, inbox_expire_row, ib);
-	sqlbuf_reset(q);
-	if (rc == ST_OK && ib->norders != ib->nlock)
-		rc = ST_ERR_DB; /* every order was just written */
-	if (rc == ST_OK)
-		qsort(ib->orders, (size_t)ib->norders, sizeof *ib->orders, inbox_order_cmp);
-	return rc;
-}
-
-/* Dead-letter every held row read back (past its TTL, under its order's
- * lock) into the write: its copy through the outbox, its outcome, its
- * row deleted, its order's held count.  log[*n]: what to log of each. */
-static int inbox_expire_write(struct inbox *ib, struct inbox_expired *log, int *n)
-{
-	for (int i = 0; i < ib->nhrows; i++) {
-		const struct inbox_hrow *r = &ib->hrows[i];
-		struct inbox_agg *o = inbox_find_order(ib, inbox_hval(ib, r, HV_ORDER));
-		struct inbox_held h;
-		struct inbox_held_more x;
-		struct inbox_event ev;
-		char detail[160];
-		int rc;
-
-		if (o == NULL)
-			return ST_ERR_DB; /* a row we did not ask for */
-		inbox_hrow_event(ib, r, &h, &x, &ev);
-		ev.order_id = o->id;
-		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
-		         h.type, ib->conf->hold_ttl_s);
-		rc = inbox_w_dead_letter(ib, &ev, "hold-expired", detail);
-		if (rc != ST_OK)
-			return rc;
-		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
-		sqlbuf_item(&ib->w[W_DEL]);
-		sqlbuf_i64(&ib->w[W_DEL], r->id);
-		o->held = o->held > 0 ? o->held - 1 : 0;
-		o->held_dirty = true;
-		snprintf(log[*n].message_id, sizeof log[*n].message_id, "%s", h.message_id);
-		snprintf(log[*n].order_id, sizeof log[*n].order_id, "%s", o->id);
-		snprintf(log[*n].type, sizeof log[*n].type, "%s", h.type);
-		log[*n].ctx = x.ctx;
-		(*n)++;
-	}
-	return ST_OK;
-}
-
-/*
- * One pass of hold expiry, in one transaction of three round trips however
- * many rows it expires: list them, lock their orders and read them back
- * whole, then the write and the COMMIT (before issue 43 each row had a
- * transaction of four round trips).  A row released meanwhile by a batch
- * that held its order is passed over; only its order's lock was written.
- */
-int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
-{
-	struct inbox_expiring rows[INBOX_EXPIRE_MAX];
-	struct inbox_expired *log = NULL;
-	int n = 0, nlog = 0, rc;
-
-	*expired = 0;
-	if (limit > INBOX_EXPIRE_MAX)
-		limit = INBOX_EXPIRE_MAX;
-	if (limit <= 0)
-		return ST_OK;
-	rc = inbox_expire_list(ib, rows, limit, &n);
-	if (rc != ST_OK || n == 0) {
-		db_rollback(ib->db); /* end the read-only transaction */
-		return rc;
-	}
-	rc = inbox_reserve(ib, n);
-	if (rc == ST_OK) {
-		log = malloc((size_t)n * sizeof *log);
-		rc = log != NULL ? ST_OK : ST_ERR_NOMEM;
-	}
-	ib->emit = NULL; /* the relay publishes what expiry writes */
-	if (rc == ST_OK)
-		rc = inbox_expire_read(ib, rows, n);
-	if (rc == ST_OK)
-		rc = inbox_expire_write(ib, log, &nlog);
-	/* No fault hooks here: those stand for a message's transaction. */
-	rc = inbox_end(ib, rc, false);
-	for (int i = 0; rc == ST_OK && i < nlog; i++) {
-		log_trace_set(log[i].ctx.trace_id, log[i].ctx.span_id);
-		LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", log[i].message_id), LOG_S("order", log[i].order_id),
-		    LOG_S("type", log[i].type), LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
-		log_trace_clear();
-	}
-	if (rc == ST_OK)
-		*expired = nlog;
-	free(log);
 	return rc;
 }
 

@@ -16,11 +16,11 @@
  * alone until then.  A row's failure is logged when it starts and when its
  * reason changes, and its recovery once, not every retry.
  *
- * The rows are written by the transaction that decides them (common/inbox.c,
- * in its write request); what a row holds is the relay's format, so it is
- * built here too (outbox_row_event, outbox_row_dead_letter) and read back
- * by the same file: headers a JSON object of strings, props the JSON of
- * mq_delivery_props_json (NULL: none), body bytes.
+ * The rows are written by the transaction that decides them (in its write
+ * request, common/inbox_write.c); what a row holds is the relay's format,
+ * so it is built here too (outbox_row_event, outbox_row_dead_letter) and
+ * read back by the same file: headers a JSON object of strings, props the
+ * JSON of mq_delivery_props_json (NULL: none), body bytes.
  *
  * Rows a committing thread publishes itself from memory (outbox_dispatch.h)
  * carry its claim token and are taken here only once older than

@@ -22,7 +22,7 @@
  * ST_ERR_DB_DATA, with the size in the connection's db_errmsg: that is how
  * a request is known not to fit before it is sent (db.h says why it must
  * be).  A buffer whose rows are later cut into several requests (the
- * sections of inbox.c's write) sets a ceiling of its own and cuts on:
+ * sections of inbox_write.c's write) sets a ceiling of its own and cuts on:
  * then the place before each row or statement is recorded (sqlbuf_item, sqlbuf_row, sqlbuf_stmt),
  * so that the rows can be sent a request-full at a time.
  *

@@ -38,7 +38,7 @@ enum st_code {
 	                             * host it names) or the URL's certificate files
 	                             * cannot be loaded; retrying will not fix it */
 	ST_ERR_DB_CARDINALITY = -20, /* 1242: a scalar subquery gave more than one row
-	                              * (the Galera claim guard's signal, common/inbox.c) */
+	                              * (the Galera claim guard's signal, common/inbox_write.c) */
 	/*
 	 * Not a code; keep it last.  Enumerators count upwards, so it takes
 	 * the value one above the code written just before it: a new code

@@ -635,7 +635,7 @@ Test(db, sqlbuf_refuses_to_grow_past_the_request_limit)
 }
 
 /* Issue 24 item 6: 1242 is translated here, like every server error, so
- * inbox.c's claim guard reads a code, not mysql's number. */
+ * inbox_write.c's claim guard reads a code, not mysql's number. */
 Test(db, a_subquery_of_two_rows_maps_to_its_code)
 {
 	struct db *d = itest_db();
