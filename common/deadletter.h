@@ -9,9 +9,9 @@
  * publishes later (common/outbox.c: an invalid transition, an expired hold,
  * a stored body that no longer applies).  Both call deadletter_headers, so
  * a copy says the same things whichever path sent it; `inbox-worker dlq`
- * (common/dlq.c) reads the same names back.  SPEC.md ("AMQP topology")
- * requires x-inbox-reason and x-inbox-detail; the time and the delivery
- * count are ours, for `dlq list`.
+ * (common/dlq_entry.c) reads the same names back.  SPEC.md ("AMQP
+ * topology") requires x-inbox-reason and x-inbox-detail; the time and the
+ * delivery count are ours, for `dlq list`.
  *
  * Ownership: struct deadletter_headers holds the values its headers point
  * at; it must not be copied or moved while they are in use.
@@ -32,8 +32,8 @@
  * earlier ones); absent when not known (deadletter_headers). */
 #define DEADLETTER_DELIVERIES "x-inbox-delivery-count"
 /* Every header of ours starts so: a replayed copy or a copy of a copy
- * drops them (props.c, dlq.c), so that they always describe the latest
- * dead-lettering. */
+ * drops them (props.c, for dlq replay's copies too), so that they always
+ * describe the latest dead-lettering. */
 #define DEADLETTER_PREFIX "x-inbox-"
 /* The header a replayed copy carries: how often it was replayed.  Not an
  * x-inbox-* name, so that a worker's dead-letter copy keeps it. */

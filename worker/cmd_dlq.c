@@ -12,6 +12,10 @@
  * that arrive while a walk runs are behind the counted ones and are not
  * visited, so a replayed message that the worker dead-letters again at
  * once is not taken a second time by the same run.
+ *
+ * What a dead letter says is read by common/dlq_entry.c; what replaying
+ * it would do is asked of the database by common/dlq_judge.c.  This file
+ * is the command: the walk, and what each subcommand does with an entry.
  */
 #include "cmd_dlq.h"
 
@@ -28,12 +32,12 @@
 #include "cmd.h"
 #include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
-#include "db.h"
 #include "deadletter.h"
+#include "dlq_entry.h"
+#include "dlq_judge.h"
 #include "envelope.h"
 #include "fault.h"
 #include "lifecycle.h"
-#include "lifecycle_schema.h"
 #include "log.h"
 #include "mq.h"
 #include "msg.h"
@@ -48,55 +52,16 @@
 #define DLQ_WAIT_MS 5000
 #define DLQ_CONFIRM_MS 30000
 
-/* What one dead letter says about itself. */
-struct dlq_entry {
-	long position;                       /* 1-based place in the queue */
-	char message_id[MSG_WIDE_ID_MAX + 1]; /* "-" when unreadable */
-	char source[MSG_WIDE_SOURCE_MAX + 1];
-	char type[MSG_TYPE_NAME_MAX + 1];
-	char order_id[MSG_ORDER_ID_MAX + 1];
-	char reason[40];
-	char detail[700];
-	char at[40];                         /* when it was dead-lettered, "" unknown */
-	int64_t at_s;
-	int64_t deliveries;                  /* -1 unknown */
-	int64_t replays;
-	int64_t dlq_count;                   /* the DLQ's own x-delivery-count (a quorum DLQ) */
-	enum msg_reason parse;               /* the body under today's rules */
-	struct msg m;
-	json_t *props;                       /* the AMQP properties as mq_delivery_props_json */
-	char *props_text;
-};
-
-/* What replay makes of a dead letter. */
-enum dlq_verdict {
-	DLQ_V_REPLAY = 0, /* the inbox never recorded the key: replay */
-	DLQ_V_DUPLICATE,  /* the inbox recorded this payload: the copy is a harmless duplicate */
-	DLQ_V_REOPEN,     /* the inbox dead-lettered it and the cause is gone: reopen the key, replay */
-	DLQ_V_MALFORMED,  /* the body still fails the checks: left */
-	DLQ_V_CONFLICT,   /* the inbox holds another payload for the key: left */
-	DLQ_V_WAITING,    /* its prerequisite is still missing: left */
-	DLQ_V_INVALID,    /* still an impossible transition: left */
-	DLQ_V_COUNT
-};
-
-static const char *const dlq_verdict_names[] = {
-	"replay", "duplicate", "reopen", "still-malformed", "payload-conflict", "prerequisite-missing",
-	"invalid-transition",
-};
-_Static_assert(ARRAY_LEN(dlq_verdict_names) == DLQ_V_COUNT, "one name per enum dlq_verdict");
-
 struct dlq_run {
 	const struct cfg *conf;
 	const struct dlq_opts *o;
 	FILE *out;
 	struct mq *mq;      /* the consumer of the walk */
 	struct mq *pub;     /* replay: confirmed publishes */
-	struct db *db;
-	struct db_stmt *q_inbox, *q_order, *q_reopen, *q_ledger;
+	struct dlq_judge judge; /* show, replay: the database (dlq_judge.h) */
 	uint32_t in_queue;  /* messages ready when the walk began */
 	long read, shown, chosen, acted;
-	long by_verdict[DLQ_V_COUNT];
+	long by_verdict[DLQ_JUDGE_COUNT];
 	json_t *by_reason;  /* reason -> count of what was shown/chosen */
 	json_t *list;       /* list --json: the entries */
 	json_t *replayed;   /* replay: what this run sent, "source\x1fid" -> [sha256, position] */
@@ -105,208 +70,6 @@ struct dlq_run {
 	bool counted;       /* the DLQ counts deliveries: a quorum queue */
 	int failed;         /* st_code of a failure that ended the walk */
 };
-
-/* ---- reading a dead letter ----------------------------------------------- */
-
-/* Printable ASCII, cut to cap: ids and names from a message end up in one
- * line of output, whatever the producer sent. */
-static void dlq_text(char *dst, size_t cap, const char *s, size_t len)
-{
-	size_t n = 0;
-
-	for (size_t i = 0; i < len && n + 1 < cap; i++) {
-		unsigned char c = (unsigned char)s[i];
-		dst[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
-	}
-	dst[n] = '\0';
-}
-
-static const char *dlq_hstr(json_t *headers, const char *key)
-{
-	json_t *v = json_object_get(headers, key);
-
-	return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-static bool dlq_hint(json_t *headers, const char *key, int64_t *out)
-{
-	json_t *v = json_object_get(headers, key);
-	char *end;
-
-	if (json_is_integer(v)) {
-		*out = json_integer_value(v);
-		return true;
-	}
-	if (json_is_string(v)) {
-		long long n = strtoll(json_string_value(v), &end, 10);
-		if (end != json_string_value(v) && *end == '\0') {
-			*out = n;
-			return true;
-		}
-	}
-	return false;
-}
-
-static void dlq_fmt_time(int64_t s, char *buf, size_t cap)
-{
-	time_t t = (time_t)s;
-	struct tm tm;
-
-	if (gmtime_r(&t, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
-		snprintf(buf, cap, "%lld", (long long)s);
-}
-
-/* "2026-11-30T19:40:02Z" (what the worker writes) to seconds; 0 if not. */
-static int64_t dlq_parse_time(const char *s)
-{
-	struct tm tm;
-	const char *end;
-
-	memset(&tm, 0, sizeof tm);
-	end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
-	if (end == NULL)
-		return 0;
-	return (int64_t)timegm(&tm);
-}
-
-/* The first x-death entry of a message the broker dead-lettered: {"$array":
- * [{"$table": {...}}]} as mq_delivery_props_json writes it. */
-static json_t *dlq_xdeath(json_t *headers)
-{
-	json_t *a = json_object_get(json_object_get(headers, "x-death"), "$array");
-
-	return json_object_get(json_array_get(a, 0), "$table");
-}
-
-/* The fields of a body that failed the checks, as far as they can be read,
- * so that a malformed dead letter is still listed by its id and order. */
-static void dlq_lenient_fields(struct dlq_entry *e, const void *body, size_t len)
-{
-	static const struct {
-		const char *key;
-		size_t off, cap;
-	} f[] = {
-		{ "message_id", offsetof(struct dlq_entry, message_id), MSG_WIDE_ID_MAX + 1 },
-		{ "source", offsetof(struct dlq_entry, source), MSG_WIDE_SOURCE_MAX + 1 },
-		{ "type", offsetof(struct dlq_entry, type), MSG_TYPE_NAME_MAX + 1 },
-		{ "order_id", offsetof(struct dlq_entry, order_id), MSG_ORDER_ID_MAX + 1 },
-	};
-	json_error_t jerr;
-	json_t *o;
-
-	if (len > (size_t)16 * 1024 * 1024)
-		return;
-	o = json_loadb(body, len, 0, &jerr);
-	if (!json_is_object(o)) {
-		json_decref(o);
-		return;
-	}
-	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-		json_t *v = json_object_get(o, f[i].key);
-		char *dst = (char *)e + f[i].off;
-		if (json_is_string(v) && dst[0] == '\0')
-			dlq_text(dst, f[i].cap, json_string_value(v), json_string_length(v));
-	}
-	json_decref(o);
-}
-
-/* Fill e from a delivery.  ST_ERR_NOMEM only. */
-static int dlq_entry_read(const struct cfg *conf, const struct mq_delivery *d, long position, struct dlq_entry *e)
-{
-	struct env_delivery env;
-	char *event = NULL;
-	json_t *h, *xd;
-	const char *s;
-	json_error_t jerr;
-
-	memset(e, 0, sizeof *e);
-	e->position = position;
-	e->deliveries = -1;
-	e->props_text = mq_delivery_props_json(d);
-	if (e->props_text == NULL)
-		return ST_ERR_NOMEM;
-	e->props = json_loads(e->props_text, 0, &jerr);
-	if (e->props == NULL)
-		return ST_ERR_NOMEM;
-	h = json_object_get(e->props, "headers");
-	/* Read as the worker reads it (envelope.h): an enveloped dead letter
-	 * is judged and listed by its own key. */
-	mq_delivery_envelope(d, &env);
-	e->parse = env_parse(conf, &env, (size_t)conf->max_body, &e->m, NULL, &event);
-	free(event);
-	if (e->parse == MSG_REASON_NONE) {
-		snprintf(e->message_id, sizeof e->message_id, "%s", e->m.message_id);
-		snprintf(e->source, sizeof e->source, "%s", e->m.source);
-		snprintf(e->type, sizeof e->type, "%s", e->m.type_name);
-		snprintf(e->order_id, sizeof e->order_id, "%s", e->m.order_id);
-	} else {
-		/* What the envelope could read of a message that failed. */
-		snprintf(e->message_id, sizeof e->message_id, "%s", e->m.message_id);
-		snprintf(e->source, sizeof e->source, "%s", e->m.source);
-		snprintf(e->order_id, sizeof e->order_id, "%s", e->m.order_id);
-		if (d->props.message_id != NULL && e->message_id[0] == '\0')
-			dlq_text(e->message_id, sizeof e->message_id, d->props.message_id, d->props.message_id_len);
-		if (d->props.type != NULL)
-			dlq_text(e->type, sizeof e->type, d->props.type, d->props.type_len);
-		if (d->len <= (size_t)conf->max_body)
-			dlq_lenient_fields(e, d->body, d->len);
-	}
-	if (e->message_id[0] == '\0')
-		snprintf(e->message_id, sizeof e->message_id, "-");
-	xd = dlq_xdeath(h);
-	s = dlq_hstr(h, DEADLETTER_REASON);
-	if (s != NULL) {
-		dlq_text(e->reason, sizeof e->reason, s, strlen(s));
-	} else if (json_is_string(json_object_get(xd, "reason"))) {
-		/* Dead-lettered by the broker: "delivery_limit" is a message
-		 * that crashed every worker that took it. */
-		s = json_string_value(json_object_get(xd, "reason"));
-		dlq_text(e->reason, sizeof e->reason, s, strlen(s));
-		for (char *p = e->reason; *p; p++)
-			if (*p == '_')
-				*p = '-';
-	} else {
-		snprintf(e->reason, sizeof e->reason, "none");
-	}
-	s = dlq_hstr(h, DEADLETTER_DETAIL);
-	if (s != NULL) {
-		dlq_text(e->detail, sizeof e->detail, s, strlen(s));
-	} else if (xd != NULL) {
-		const char *q = json_string_value(json_object_get(xd, "queue"));
-		snprintf(e->detail, sizeof e->detail, "dead-lettered by the broker from %s", q != NULL ? q : "?");
-	}
-	s = dlq_hstr(h, DEADLETTER_AT);
-	if (s != NULL && (e->at_s = dlq_parse_time(s)) != 0) {
-		dlq_fmt_time(e->at_s, e->at, sizeof e->at);
-	} else {
-		json_t *t = json_object_get(json_object_get(xd, "time"), "$timestamp");
-		if (json_is_integer(t)) {
-			e->at_s = json_integer_value(t);
-			dlq_fmt_time(e->at_s, e->at, sizeof e->at);
-		}
-	}
-	if (!dlq_hint(h, DEADLETTER_DELIVERIES, &e->deliveries)) {
-		json_t *c = json_object_get(xd, "count");
-		if (json_is_integer(c) && json_is_string(json_object_get(xd, "reason")) &&
-		    strcmp(json_string_value(json_object_get(xd, "reason")), "delivery_limit") == 0)
-			e->deliveries = conf->delivery_limit + 1; /* past the limit */
-		else if (json_is_integer(c))
-			e->deliveries = json_integer_value(c);
-	}
-	if (!dlq_hint(h, DEADLETTER_REPLAYS, &e->replays))
-		e->replays = 0;
-	if (!dlq_hint(h, "x-delivery-count", &e->dlq_count))
-		e->dlq_count = 0;
-	return ST_OK;
-}
-
-static void dlq_entry_free(struct dlq_entry *e)
-{
-	json_decref(e->props);
-	free(e->props_text);
-	e->props = NULL;
-	e->props_text = NULL;
-}
 
 /* A repeatable option (--reason, --id): any of its n values, or anything
  * when it was not given. */
@@ -438,7 +201,7 @@ static int dlq_visit_list(struct dlq_run *r, const struct mq_delivery *d, struct
 {
 	char rk[256];
 
-	dlq_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
+	dlq_entry_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
 	if (!dlq_matches(r->o, e, (int64_t)time(NULL)))
 		return ST_OK;
 	r->shown++;
@@ -472,240 +235,6 @@ static int dlq_visit_list(struct dlq_run *r, const struct mq_delivery *d, struct
 	return ST_OK;
 }
 
-/* ---- the database side of show and replay -------------------------------- */
-
-struct dlq_inbox_row {
-	bool found;
-	char outcome[24];
-	char reason[40];
-	char sha[65];
-	char at[40];
-};
-
-/* The aggregate's row: its state, and the columns its events set as text
- * (the bound definition's, agg_binding cols), each cut to its first
- * DLQ_COL_CHARS characters (4 bytes each at most) for the screen. */
-#define DLQ_COL_CHARS 64
-#define DLQ_COL_TEXT (4 * DLQ_COL_CHARS + 1)
-struct dlq_order_row {
-	bool found;
-	char status[32];
-	int64_t version;
-	int64_t flags;
-	char col[AGG_COLS_MAX][DLQ_COL_TEXT];
-	bool col_null[AGG_COLS_MAX];
-};
-
-static int dlq_sql_ledger(char *sql, size_t cap)
-{
-	const struct lc_def *d = agg_current()->def;
-	char tb[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
-	int n;
-
-	lc_schema_tables(d, tb);
-	n = snprintf(sql, cap,
-	             "SELECT `%s`, type, COALESCE(payload_sha256, ''), CAST(applied_at AS CHAR)"
-	             " FROM `%s` WHERE consumer = ? AND source = ? AND message_id = ?",
-	             d->key, tb[1]);
-
-	return n > 0 && (size_t)n < cap ? ST_OK : ST_ERR_INVALID;
-}
-
-static int dlq_sql_row(char *sql, size_t cap)
-{
-	const struct agg_binding *b = agg_current();
-	size_t len;
-	int n = snprintf(sql, cap, "SELECT status, version, flags");
-
-	for (int c = 0; n > 0 && (size_t)n < cap && c < b->ncols; c++) {
-		len = (size_t)n;
-		n += snprintf(sql + len, cap - len, ", LEFT(CAST(`%s` AS CHAR), %d)", b->cols[c], DLQ_COL_CHARS);
-	}
-	if (n > 0 && (size_t)n < cap) {
-		len = (size_t)n;
-		n += snprintf(sql + len, cap - len, " FROM `%s` WHERE id = ?", b->def->table);
-	}
-	return n > 0 && (size_t)n < cap ? ST_OK : ST_ERR_INVALID;
-}
-
-static int dlq_db_open(struct dlq_run *r)
-{
-	char sql[4096];
-	int rc = db_open(&r->db, &r->conf->db);
-
-	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_inbox,
-		                "SELECT outcome, COALESCE(reason, ''), payload_sha256, CAST(processed_at AS CHAR)"
-		                " FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?");
-	/* The ledger outlives the inbox rows (retention cleans only those):
-	 * a key without an inbox row whose effect is here was forgotten, not
-	 * never seen (dlq_ledger_judge). */
-	/* The ledger and the row of the lifecycle the worker runs (the bound
-	 * definition's names, validated by lc_load, backtick-quoted): for
-	 * the order definition, order_events and orders. */
-	if (rc == ST_OK)
-		rc = dlq_sql_ledger(sql, sizeof sql);
-	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_ledger, sql);
-	if (rc == ST_OK)
-		rc = dlq_sql_row(sql, sizeof sql);
-	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_order, sql);
-	/* Only a key the inbox dead-lettered with this very payload: a key
-	 * that was claimed again meanwhile (applied, held) is left alone. */
-	if (rc == ST_OK)
-		rc = db_prepare(r->db, &r->q_reopen,
-		                "DELETE FROM processed_messages WHERE consumer = ? AND source = ? AND message_id = ?"
-		                " AND payload_sha256 = ? AND outcome = 'dead_lettered'");
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "database unavailable", LOG_S("db", r->conf->db.redacted),
-		    LOG_S("error", r->db != NULL ? db_errmsg(r->db) : st_strerror(rc)));
-	return rc;
-}
-
-static int dlq_inbox_lookup(struct dlq_run *r, const struct msg *m, struct dlq_inbox_row *row)
-{
-	struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(m->source), DBP_STR(m->message_id) };
-	struct db_col c[] = { DBC_STR(row->outcome, sizeof row->outcome), DBC_STR(row->reason, sizeof row->reason),
-		              DBC_STR(row->sha, sizeof row->sha), DBC_STR(row->at, sizeof row->at) };
-	int got;
-
-	memset(row, 0, sizeof *row);
-	got = db_stmt_query_row(r->q_inbox, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
-	if (got < 0)
-		return got;
-	row->found = got == 1;
-	return db_commit(r->db);
-}
-
-static int dlq_order_lookup(struct dlq_run *r, const char *order_id, struct dlq_order_row *row)
-{
-	const struct agg_binding *b = agg_current();
-	struct db_param p[] = { DBP_STR(order_id) };
-	struct db_col c[3 + AGG_COLS_MAX] = { DBC_STR(row->status, sizeof row->status), DBC_I64(), DBC_I64() };
-	int got;
-
-	memset(row, 0, sizeof *row);
-	for (int k = 0; k < b->ncols; k++) {
-		struct db_col text = DBC_STR(row->col[k], sizeof row->col[k]);
-
-		c[3 + k] = text;
-	}
-	got = db_stmt_query_row(r->q_order, p, ARRAY_LEN(p), c, (size_t)(3 + b->ncols));
-	if (got < 0)
-		return got;
-	if (got == 1) {
-		row->found = true;
-		row->version = c[1].i64;
-		row->flags = c[2].i64;
-		for (int k = 0; k < b->ncols; k++)
-			row->col_null[k] = c[3 + k].is_null;
-	}
-	return db_commit(r->db);
-}
-
-/* A key the inbox has no row for: the verdict of its ledger row, as the
- * worker's claim judges a forgotten key (common/inbox.c, inbox_known): the
- * same payload (or, on a row written before migration 0015, without a
- * hash, the same order and type) is a duplicate, any other a conflict.
- * *found false: the ledger does not know it either. */
-static int dlq_ledger_judge(struct dlq_run *r, const struct dlq_entry *e, const char *sha, bool *found,
-                            enum dlq_verdict *v, char *why, size_t cap)
-{
-	struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(e->m.source), DBP_STR(e->m.message_id) };
-	char order_id[MSG_ORDER_ID_MAX + 1], type[MSG_TYPE_NAME_MAX + 1], hash[65], at[40];
-	struct db_col c[] = { DBC_STR(order_id, sizeof order_id), DBC_STR(type, sizeof type), DBC_STR(hash, sizeof hash),
-		              DBC_STR(at, sizeof at) };
-	bool same;
-	int got = db_stmt_query_row(r->q_ledger, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
-
-	if (got < 0)
-		return got;
-	*found = got == 1;
-	if (*found) {
-		same = hash[0] != '\0' ? strcmp(hash, sha) == 0
-		                       : strcmp(order_id, e->m.order_id) == 0 && strcmp(type, e->m.type_name) == 0;
-		*v = same ? DLQ_V_DUPLICATE : DLQ_V_CONFLICT;
-		if (same)
-			snprintf(why, cap, "the inbox row is gone (retention), but the ledger holds this message's effect"
-			         " (%s on order %s at %s): the copy is a duplicate, no effect", type, order_id, at);
-		else
-			snprintf(why, cap, "the inbox row is gone (retention), but the ledger holds another payload's effect"
-			         " for this key (%s on order %s at %s): the first one stands; replaying would only"
-			         " dead-letter it again", type, order_id, at);
-	}
-	return db_commit(r->db);
-}
-
-/* What replaying e would do, and why in one line.  Reads only. */
-static int dlq_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
-{
-	struct dlq_inbox_row in;
-	struct dlq_order_row ord;
-	char sha[65];
-	int rc;
-
-	if (e->parse != MSG_REASON_NONE) {
-		*v = DLQ_V_MALFORMED;
-		snprintf(why, cap, "the body still fails the checks: %s: %s", msg_reason_name(e->parse), e->m.detail);
-		return ST_OK;
-	}
-	rc = dlq_inbox_lookup(r, &e->m, &in);
-	if (rc != ST_OK)
-		return rc;
-	msg_sha256_hex(e->m.sha256, sha);
-	if (!in.found) {
-		bool known;
-
-		rc = dlq_ledger_judge(r, e, sha, &known, v, why, cap);
-		if (rc != ST_OK || known)
-			return rc;
-		*v = DLQ_V_REPLAY;
-		snprintf(why, cap, "the inbox has no record of it");
-		return ST_OK;
-	}
-	if (strcmp(in.sha, sha) != 0) {
-		*v = DLQ_V_CONFLICT;
-		snprintf(why, cap, "the inbox holds another payload for this key (outcome %s, sha256 %.12s...): the"
-		         " first one stands; replaying would only dead-letter it again", in.outcome, in.sha);
-		return ST_OK;
-	}
-	if (strcmp(in.outcome, "dead_lettered") != 0) {
-		*v = DLQ_V_DUPLICATE;
-		snprintf(why, cap, "the inbox recorded this payload already (outcome %s): the copy is a duplicate,"
-		         " no effect", in.outcome);
-		return ST_OK;
-	}
-	/* The inbox dead-lettered this very payload (hold-expired,
-	 * invalid-transition): only worth replaying if the order now lets
-	 * it take effect. */
-	rc = dlq_order_lookup(r, e->m.order_id, &ord);
-	if (rc != ST_OK)
-		return rc;
-	{
-		int st = ord.found ? agg_state_from_name(ord.status) : ORDER_NONE;
-		struct agg_verdict ov = agg_decide(st < 0 ? ORDER_NONE : st,
-		                                       (unsigned)ord.flags, e->m.type);
-		const char *now = ord.found ? ord.status : "absent";
-
-		const char *agg = agg_current()->def->aggregate;
-
-		if (ov.decision == LC_HOLD) {
-			*v = DLQ_V_WAITING;
-			snprintf(why, cap, "its prerequisite is still missing (%s %s: %s): it would be held again", agg,
-			         e->m.order_id, now);
-		} else if (ov.decision == LC_INVALID) {
-			*v = DLQ_V_INVALID;
-			snprintf(why, cap, "still an impossible transition (%s %s: %s)", agg, e->m.order_id, now);
-		} else {
-			*v = DLQ_V_REOPEN;
-			snprintf(why, cap, "the inbox dead-lettered it (%s); %s %s is %s now: the key is reopened"
-			         " and the event %s", in.reason, agg, e->m.order_id, now, lc_decision_outcome(ov.decision));
-		}
-	}
-	return ST_OK;
-}
-
 /* ---- show ---------------------------------------------------------------- */
 
 static bool dlq_is_text(const void *p, size_t len)
@@ -720,9 +249,9 @@ static bool dlq_is_text(const void *p, size_t len)
 
 static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
 {
-	struct dlq_inbox_row in;
-	struct dlq_order_row ord;
-	enum dlq_verdict v;
+	struct dlq_judge_inbox_row in;
+	struct dlq_judge_order_row ord;
+	enum dlq_judge_verdict v;
 	char why[800], sha[65], label[LC_NAME_MAX + 8];
 	char *props;
 	int rc;
@@ -755,7 +284,7 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 		msg_sha256_hex(e->m.sha256, sha);
 		fprintf(r->out, "parse:        ok, key (%s, %s, %s), sha256 %s\n", r->conf->consumer, e->m.source,
 		        e->m.message_id, sha);
-		rc = dlq_inbox_lookup(r, &e->m, &in);
+		rc = dlq_judge_inbox_lookup(&r->judge, &e->m, &in);
 		if (rc != ST_OK)
 			return rc;
 		if (in.found)
@@ -764,7 +293,7 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 			        strcmp(in.sha, sha) == 0 ? "the same" : "ANOTHER", in.at);
 		else
 			fprintf(r->out, "inbox row:    none\n");
-		rc = dlq_order_lookup(r, e->m.order_id, &ord);
+		rc = dlq_judge_order_lookup(&r->judge, e->m.order_id, &ord);
 		if (rc != ST_OK)
 			return rc;
 		/* "order row:    ", "shipment row: ": the aggregate's name in the
@@ -782,10 +311,10 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
 			fprintf(r->out, "%-13s %s does not exist\n", label, e->m.order_id);
 		}
 	}
-	rc = dlq_judge(r, e, &v, why, sizeof why);
+	rc = dlq_judge_entry(&r->judge, e, &v, why, sizeof why);
 	if (rc != ST_OK)
 		return rc;
-	fprintf(r->out, "replay:       %s: %s\n", v <= DLQ_V_REOPEN ? "would replay" : "would leave it", why);
+	fprintf(r->out, "replay:       %s: %s\n", v <= DLQ_JUDGE_REOPEN ? "would replay" : "would leave it", why);
 	return ST_OK;
 }
 
@@ -795,7 +324,7 @@ static int dlq_visit_show(struct dlq_run *r, const struct mq_delivery *d, struct
  * have).  The database cannot tell: a key this run reopened has no row
  * any more, and the copy may not have been taken yet, so a second dead
  * letter of that key would read as "never seen".  Kept apart from
- * dlq_judge, which judges by what the database says. */
+ * dlq_judge_entry, which judges by what the database says. */
 static int dlq_run_key(const struct msg *m, char *buf, size_t cap)
 {
 	int n = snprintf(buf, cap, "%s\x1f%s", m->source, m->message_id);
@@ -805,7 +334,8 @@ static int dlq_run_key(const struct msg *m, char *buf, size_t cap)
 
 /* Whether this run replayed e's key already; if so *v and why say what a
  * copy of e would be: a duplicate of that copy, or a conflict with it. */
-static bool dlq_judge_in_run(struct dlq_run *r, const struct dlq_entry *e, enum dlq_verdict *v, char *why, size_t cap)
+static bool dlq_run_judge(struct dlq_run *r, const struct dlq_entry *e, enum dlq_judge_verdict *v, char *why,
+                          size_t cap)
 {
 	char key[MSG_WIDE_SOURCE_MAX + MSG_WIDE_ID_MAX + 4], sha[65];
 	json_t *seen;
@@ -817,12 +347,12 @@ static bool dlq_judge_in_run(struct dlq_run *r, const struct dlq_entry *e, enum 
 		return false;
 	msg_sha256_hex(e->m.sha256, sha);
 	if (strcmp(json_string_value(json_array_get(seen, 0)), sha) == 0) {
-		*v = DLQ_V_DUPLICATE;
+		*v = DLQ_JUDGE_DUPLICATE;
 		snprintf(why, cap, "this run %s this payload already (position %lld): the copy is a duplicate, no effect",
 		         r->o->dry_run ? "would have replayed" : "replayed",
 		         (long long)json_integer_value(json_array_get(seen, 1)));
 	} else {
-		*v = DLQ_V_CONFLICT;
+		*v = DLQ_JUDGE_CONFLICT;
 		snprintf(why, cap, "this run %s another payload for this key (position %lld): the first one stands;"
 		         " replaying would only dead-letter it again", r->o->dry_run ? "would have replayed" : "replayed",
 		         (long long)json_integer_value(json_array_get(seen, 1)));
@@ -892,7 +422,7 @@ cleanup:
 
 static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
 {
-	enum dlq_verdict v;
+	enum dlq_judge_verdict v;
 	char why[800];
 	const char *what;
 	bool chosen;
@@ -900,42 +430,25 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 
 	if (rc != ST_OK || !chosen)
 		return rc;
-	if (!dlq_judge_in_run(r, e, &v, why, sizeof why)) {
-		rc = dlq_judge(r, e, &v, why, sizeof why);
+	if (!dlq_run_judge(r, e, &v, why, sizeof why)) {
+		rc = dlq_judge_entry(&r->judge, e, &v, why, sizeof why);
 		if (rc != ST_OK) {
-			LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", db_errmsg(r->db)));
+			LOG(LOG_LEVEL_ERROR, "database lookup failed", LOG_S("error", dlq_judge_errmsg(&r->judge)));
 			return rc;
 		}
 	}
 	r->by_verdict[v]++;
-	if (v > DLQ_V_REOPEN) {
+	if (v > DLQ_JUDGE_REOPEN) {
 		fprintf(r->out, "left       %-24s %-12s %-20s %s\n", e->message_id, e->order_id[0] ? e->order_id : "-",
 		        e->reason, why);
 		return ST_OK;
 	}
 	what = r->o->dry_run ? "would replay" : "replayed";
 	if (!r->o->dry_run) {
-		if (v == DLQ_V_REOPEN) {
-			char sha[65];
-			uint64_t reopened = 0;
-
-			msg_sha256_hex(e->m.sha256, sha);
-			struct db_param p[] = { DBP_STR(r->conf->consumer), DBP_STR(e->m.source),
-				                DBP_STR(e->m.message_id), DBP_STR(sha) };
-			rc = db_stmt_exec(r->q_reopen, p, ARRAY_LEN(p), &reopened);
-			/* 0: claimed again since the judgement (a concurrent
-			 * replay): the copy is then a duplicate, still safe. */
-			if (rc == ST_OK && reopened == 0)
-				LOG(LOG_LEVEL_INFO, "the key was claimed again meanwhile; the copy will be a duplicate",
-				    LOG_S("msg", e->m.message_id));
-			if (rc == ST_OK)
-				rc = db_commit(r->db);
-			if (rc != ST_OK) {
-				LOG(LOG_LEVEL_ERROR, "cannot reopen the key; the dead letter stays", LOG_S("msg", e->message_id),
-				    LOG_S("error", db_errmsg(r->db)));
-				db_rollback(r->db);
+		if (v == DLQ_JUDGE_REOPEN) {
+			rc = dlq_judge_reopen(&r->judge, e);
+			if (rc != ST_OK)
 				return rc;
-			}
 		}
 		rc = dlq_publish_copy(r, d, e);
 		if (rc == ST_ERR_MQ_NACK) {
@@ -949,7 +462,7 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 
 			r->by_verdict[v]--;
 			r->unroutable++;
-			dlq_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
+			dlq_entry_text(rk, sizeof rk, d->routing_key, strlen(d->routing_key));
 			LOG(LOG_LEVEL_WARN, "replay copy returned or refused by the broker; the dead letter stays",
 			    LOG_S("msg", e->message_id), LOG_S("exchange", r->conf->exchange), LOG_S("routing_key", rk),
 			    LOG_S("error", mq_errmsg(r->pub)));
@@ -1024,7 +537,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 	r.replayed = json_object();
 	if (r.by_reason == NULL || r.list == NULL || r.replayed == NULL)
 		goto cleanup;
-	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY) && dlq_db_open(&r) != ST_OK)
+	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY) && dlq_judge_open(&r.judge, conf) != ST_OK)
 		goto cleanup;
 	rc = mq_open(&r.mq, &conf->amqp, 0, "inbox-worker dlq");
 	if (rc != ST_OK)
@@ -1066,12 +579,13 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 		long left = r.chosen - r.acted;
 		fprintf(out, "%s%ld chosen of %u in %s; %s %ld (keys reopened %ld, duplicates %ld); left in the queue %ld",
 		        o->dry_run ? "dry run, nothing changed: " : "", r.chosen, r.in_queue, conf->dlq,
-		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_V_REOPEN],
-		        r.by_verdict[DLQ_V_DUPLICATE], left);
+		        o->dry_run ? "would replay" : "replayed", r.acted, r.by_verdict[DLQ_JUDGE_REOPEN],
+		        r.by_verdict[DLQ_JUDGE_DUPLICATE], left);
 		int first = 1;
-		for (int v = DLQ_V_MALFORMED; v < DLQ_V_COUNT; v++)
+		for (int v = DLQ_JUDGE_MALFORMED; v < DLQ_JUDGE_COUNT; v++)
 			if (r.by_verdict[v] > 0) {
-				fprintf(out, "%s %s %ld", first ? ":" : ",", dlq_verdict_names[v], r.by_verdict[v]);
+				fprintf(out, "%s %s %ld", first ? ":" : ",", dlq_judge_verdict_name((enum dlq_judge_verdict)v),
+				        r.by_verdict[v]);
 				first = 0;
 			}
 		if (r.unroutable > 0)
@@ -1098,7 +612,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 cleanup:
 	mq_close(&r.mq);
 	mq_close(&r.pub);
-	db_close(&r.db);
+	dlq_judge_close(&r.judge);
 	json_decref(r.by_reason);
 	json_decref(r.list);
 	json_decref(r.replayed);
