@@ -18,6 +18,7 @@
 #include <errmsg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,22 @@
 #define DB_LOCK_WAIT_TIMEOUT_S 20
 _Static_assert(DB_LOCK_WAIT_TIMEOUT_S < DB_READ_TIMEOUT_S,
                "a lock wait must end before the client gives the connection up");
+/*
+ * A client that vanishes inside a transaction (its packets dropped, its
+ * host gone) leaves the server a session it believes alive, holding the
+ * transaction's row locks until a close gets through: after a long
+ * blackhole, the kernel's next retransmission of the FIN, minutes on.
+ * Meanwhile every transaction needing those rows waits its lock wait,
+ * retries and waits again.  So our sessions ask the server to end a
+ * transaction left idle for DB_IDLE_TX_TIMEOUT_S (MariaDB's
+ * idle_transaction_timeout): ours never idle inside one (a batch's
+ * statements follow each other; a read is rolled back), so only a
+ * vanished client's is ended, before anyone's lock wait runs out.  A
+ * server without the variable (MySQL) is told nothing, said once.
+ */
+#define DB_IDLE_TX_TIMEOUT_S 10
+_Static_assert(DB_IDLE_TX_TIMEOUT_S < DB_LOCK_WAIT_TIMEOUT_S,
+               "a vanished client's locks must be freed before a waiter gives up");
 #define DB_STR2(x) #x
 #define DB_STR(x) DB_STR2(x)
 
@@ -383,6 +400,15 @@ static int db_connect_one(struct db *d)
 		goto fail;
 	if (mysql_query(d->my, "SET SESSION innodb_lock_wait_timeout = " DB_STR(DB_LOCK_WAIT_TIMEOUT_S)) != 0)
 		goto fail;
+	if (mysql_query(d->my, "SET SESSION idle_transaction_timeout = " DB_STR(DB_IDLE_TX_TIMEOUT_S)) != 0) {
+		static atomic_bool said;
+
+		if (mysql_errno(d->my) != ER_UNKNOWN_SYSTEM_VARIABLE)
+			goto fail;
+		if (!atomic_exchange(&said, true))
+			LOG(LOG_LEVEL_WARN, "the server has no idle_transaction_timeout: a client that vanishes inside a "
+			    "transaction holds its row locks until the server notices", LOG_S("error", mysql_error(d->my)));
+	}
 	if (db_read_max_packet(d) != 0)
 		goto fail;
 	return ST_OK;

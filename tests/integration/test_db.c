@@ -9,9 +9,12 @@
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "array.h"
 #include "db.h"
@@ -118,6 +121,9 @@ Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
 	cr_assert_eq(db_exec(holder, "INSERT INTO test_db_blob (id, s) VALUES (1, 'a')"), ST_OK, "%s",
 	             db_errmsg(holder));
 	cr_assert_eq(db_commit(holder), ST_OK);
+	/* A holder that works, not one idle in its transaction (those the
+	 * server ends: the next test). */
+	cr_assert_eq(db_exec(holder, "SET SESSION idle_transaction_timeout = 0"), ST_OK, "%s", db_errmsg(holder));
 	cr_assert_eq(db_exec(holder, "UPDATE test_db_blob SET s = 'b' WHERE id = 1"), ST_OK, "%s", db_errmsg(holder));
 	cr_assert_eq(db_open(&waiter, &itest_cfg()->db), ST_OK);
 	cr_assert_eq(db_exec(waiter, "UPDATE test_db_blob SET s = 'c' WHERE id = 1"), ST_ERR_DB_LOCK_TIMEOUT, "%s",
@@ -126,6 +132,50 @@ Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
 	db_rollback(waiter);
 	db_close(&waiter);
 	db_rollback(holder);
+}
+
+/* A client that vanishes inside a transaction (a network that drops its
+ * packets, a host gone) leaves the server a session it believes alive,
+ * holding the transaction's row locks until the client's TCP stack gets
+ * a close through, minutes later.  Every transaction that needs one of
+ * those rows waited its whole lock wait, retried and waited again: after
+ * a 120 s blackhole of the database port the workers took 114 s to drain
+ * and events held behind those rows expired.  Our sessions ask the server
+ * to end a transaction left idle (db.c, DB_IDLE_TX_TIMEOUT_S), so the
+ * waiter gets the row, never a lock wait time-out.  The vanished client
+ * is a connection through a forwarder that is then stopped: the server
+ * sees no close and no packet. */
+Test(db, a_vanished_client_s_row_locks_are_freed_by_the_server, .timeout = 300)
+{
+	struct cfg_db via = itest_cfg()->db;
+	struct db *d = fresh_table(), *gone = NULL;
+	int port = itest_free_port();
+	char cmd[64];
+	pid_t fwd;
+	int rc;
+
+	cr_assert_eq(db_exec(d, "INSERT INTO test_db_blob (id, s) VALUES (1, 'a')"), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+	fwd = itest_forward("127.0.0.1", port, via.port);
+	via.host = (char *)"127.0.0.1";
+	via.port = port;
+	via.next = NULL;
+	cr_assert_eq(db_open(&gone, &via), ST_OK, "%s", gone != NULL ? db_errmsg(gone) : "");
+	cr_assert_eq(db_exec(gone, "UPDATE test_db_blob SET s = 'gone' WHERE id = 1"), ST_OK, "%s", db_errmsg(gone));
+	/* socat's child for this connection stops relaying: both sockets
+	 * stay open, nothing passes. */
+	snprintf(cmd, sizeof cmd, "pkill -STOP -P %d", (int)fwd);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	rc = db_exec(d, "UPDATE test_db_blob SET s = 'live' WHERE id = 1");
+	snprintf(cmd, sizeof cmd, "pkill -CONT -P %d", (int)fwd);
+	(void)system(cmd); /* before any assertion: a stopped forwarder outlives the test */
+	kill(fwd, SIGTERM);
+	waitpid(fwd, NULL, 0);
+	db_close(&gone);
+	cr_assert_eq(rc, ST_OK, "the row a vanished client held is still locked: %s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM test_db_blob WHERE id = 1 AND s = 'live'"), 1,
+	             "the vanished client's update was rolled back, the live one committed");
 }
 
 /* What db_multi hands back: the values of the last row it gave. */
