@@ -39,6 +39,13 @@
 #define RETENTION_SLICE_ROWS 500
 #define RETENTION_TICK_SLICES 8
 
+/* A janitor's tick starts no slice after this long (and runs
+ * RETENTION_TICK_SLICES at most), so the relay and hold expiry wait for one
+ * tick at most.  It is here, not in the janitor, because `inbox-worker
+ * cleanup` depends on it too: its wait for the cleanup lock outlasts one
+ * tick (cmd_cleanup.c checks that when it compiles). */
+#define RETENTION_CLEANUP_BUDGET_MS 100
+
 struct retention;
 
 struct retention_limits {

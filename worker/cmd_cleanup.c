@@ -11,7 +11,6 @@
 #include "cmd.h"
 #include "cmd_migrate.h"
 #include "db.h"
-#include "janitor.h"
 #include "log.h"
 #include "pool.h"
 #include "retention.h"
@@ -19,12 +18,12 @@
 
 /* Slices until caught up, one process at a time.  It waits a moment for
  * the cleanup lock, long enough for a janitor's tick to end (a tick starts
- * no slice after JANITOR_CLEANUP_BUDGET_MS), so a cron job is not skipped
+ * no slice after RETENTION_CLEANUP_BUDGET_MS), so a cron job is not skipped
  * because a pool happened to be mid-tick; a real second cleanup holds it
  * for longer, and then this one skips (exit 0: the other run does the
  * work). */
 #define CLEANUP_LOCK_WAIT_S 1
-_Static_assert(CLEANUP_LOCK_WAIT_S * 1000 > JANITOR_CLEANUP_BUDGET_MS,
+_Static_assert(CLEANUP_LOCK_WAIT_S * 1000 > RETENTION_CLEANUP_BUDGET_MS,
                "cleanup's lock wait outlasts one janitor tick");
 
 static int cleanup_main(const struct cfg *conf)

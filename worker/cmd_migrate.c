@@ -28,20 +28,17 @@
 #include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "array.h"
 #include "cmd.h"
 #include "db.h"
 #include "log.h"
-#include "msg.h"
+#include "migration.h"
 #include "pool.h"
 #include "status.h"
 
@@ -53,169 +50,6 @@
 #define MIGRATE_LOCK_PREFIX "inbox-worker.migrate."
 #define MIGRATE_LOCK_NAME "LEFT(CONCAT('" MIGRATE_LOCK_PREFIX "', DATABASE()), 64)"
 #define MIGRATE_LOCK_WAIT_S 120
-#define MIGRATE_MAX_FILES 1000
-#define MIGRATE_MAX_SIZE (4 * 1024 * 1024)
-
-static int migrate_name_ok(const char *name)
-{
-	size_t n = strlen(name);
-
-	if (n < 10 || n > 200 || strcmp(name + n - 4, ".sql") != 0)
-		return 0;
-	for (int i = 0; i < 4; i++)
-		if (name[i] < '0' || name[i] > '9')
-			return 0;
-	return name[4] == '_';
-}
-
-/* migrations/procedures/<name>.sql: re-applied when changed. */
-static int migrate_proc_name_ok(const char *name)
-{
-	size_t n = strlen(name);
-
-	return n > 4 && n <= 180 && name[0] != '.' && strcmp(name + n - 4, ".sql") == 0;
-}
-
-static int migrate_cmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Read a whole file (bounded) into a malloc'd buffer. */
-static int migrate_read(const char *path, char **out, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	struct stat st;
-	char *buf = NULL;
-	int rc = ST_ERR_IO;
-
-	*out = NULL;
-	if (f == NULL)
-		return ST_ERR_IO;
-	if (fstat(fileno(f), &st) != 0 || st.st_size > MIGRATE_MAX_SIZE)
-		goto cleanup;
-	buf = malloc((size_t)st.st_size + 1);
-	if (buf == NULL) {
-		rc = ST_ERR_NOMEM;
-		goto cleanup;
-	}
-	if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-		goto cleanup;
-	buf[st.st_size] = '\0';
-	*out = buf;
-	*len = (size_t)st.st_size;
-	buf = NULL;
-	rc = ST_OK;
-cleanup:
-	free(buf);
-	if (fclose(f) != 0 && rc == ST_OK) {
-		free(*out);
-		*out = NULL;
-		rc = ST_ERR_IO;
-	}
-	return rc;
-}
-
-/* Frees what migrate_list returned (NULL-safe). */
-static void migrate_names_free(char **names, int count)
-{
-	for (int i = 0; i < count; i++)
-		free(names[i]);
-	free(names);
-}
-
-static int migrate_list(const char *dir, int (*name_ok)(const char *), char ***names, int *count)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char **v = NULL;
-	int n = 0;
-
-	*names = NULL;
-	*count = 0;
-	if (d == NULL)
-		return ST_ERR_IO;
-	v = calloc(MIGRATE_MAX_FILES, sizeof *v);
-	if (v == NULL) {
-		closedir(d);
-		return ST_ERR_NOMEM;
-	}
-	errno = 0;
-	while ((e = readdir(d)) != NULL) {
-		if (!name_ok(e->d_name))
-			continue;
-		if (n == MIGRATE_MAX_FILES || (v[n] = strdup(e->d_name)) == NULL) {
-			migrate_names_free(v, n);
-			closedir(d);
-			return ST_ERR_NOMEM;
-		}
-		n++;
-	}
-	closedir(d);
-	qsort(v, (size_t)n, sizeof *v, migrate_cmp);
-	*names = v;
-	*count = n;
-	return ST_OK;
-}
-
-/* The numbered files of dir, sorted; says why when it cannot list them. */
-static int migrate_list_numbered(const char *dir, char ***names, int *count)
-{
-	int rc = migrate_list(dir, migrate_name_ok, names, count);
-
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cannot list migrations", LOG_S("dir", dir), LOG_S("error", strerror(errno)));
-	return rc;
-}
-
-/* The files of dir/procedures/ (pdir: that path), sorted; none when the
- * folder does not exist.  Says why when it cannot list them. */
-static int migrate_list_procedures(const char *dir, char *pdir, size_t cap, char ***names, int *count)
-{
-	struct stat st;
-	int rc;
-
-	if (snprintf(pdir, cap, "%s/procedures", dir) >= (int)cap)
-		return ST_ERR_INVALID;
-	if (stat(pdir, &st) != 0 && errno == ENOENT)
-		return ST_OK;
-	rc = migrate_list(pdir, migrate_proc_name_ok, names, count);
-	if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cannot list procedures", LOG_S("dir", pdir), LOG_S("error", strerror(errno)));
-	return rc;
-}
-
-/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
- * frees it), or pass NULL when only the checksum is wanted. */
-static int migrate_digest(const char *dir, const char *name, char **sql, size_t *len, char hex[65])
-{
-	char path[4096];
-	char *buf = NULL;
-	size_t n = 0;
-	unsigned char md[EVP_MAX_MD_SIZE];
-	unsigned mdlen = 0;
-	int rc;
-
-	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-		return ST_ERR_INVALID;
-	rc = migrate_read(path, &buf, &n);
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
-		return rc;
-	}
-	if (EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
-		free(buf);
-		return ST_ERR_NOMEM;
-	}
-	msg_sha256_hex(md, hex);
-	if (sql != NULL) {
-		*sql = buf;
-		*len = n;
-	} else {
-		free(buf);
-	}
-	return ST_OK;
-}
 
 /* Apply one file unless recorded.  A changed numbered file is refused; a
  * changed procedure file (record = "procedures/<name>") is applied again
@@ -231,7 +65,7 @@ static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, 
 	struct db_col c[] = { DBC_STR(stored, sizeof stored) };
 	int rc, r;
 
-	rc = migrate_digest(dir, name, &sql, &len, hex);
+	rc = migration_digest(dir, name, &sql, &len, hex);
 	if (rc != ST_OK)
 		return rc;
 	r = db_stmt_query_row(get, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
@@ -278,50 +112,13 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 	char **names = NULL;
 	int count = 0, rc;
 
-	rc = migrate_list_procedures(dir, pdir, sizeof pdir, &names, &count);
+	rc = migration_list_procedures(dir, pdir, sizeof pdir, &names, &count);
 	for (int i = 0; rc == ST_OK && i < count; i++) {
 		snprintf(record, sizeof record, "procedures/%s", names[i]);
 		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
 	}
-	migrate_names_free(names, count);
+	migration_names_free(names, count);
 	return rc;
-}
-
-/* The first numbered record of schema_migrations that has no file among
- * names (sorted, count of them), into unknown (""): none.  Procedure
- * records are left out: a procedure file of an older build may be gone
- * for good (0011 dropped them). */
-static int migrate_find_unknown(struct db *db, char *const *names, int count, char *unknown, size_t cap)
-{
-	struct db_stmt *list = NULL;
-	char name[201];
-	int rc;
-
-	unknown[0] = '\0';
-	rc = db_prepare(db, &list, "SELECT name FROM schema_migrations ORDER BY name");
-	if (rc == ST_OK)
-		rc = db_stmt_query(list, NULL, 0);
-	while (rc == ST_OK) {
-		struct db_col c[] = { DBC_STR(name, sizeof name) };
-		int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
-
-		if (f < 0)
-			rc = f;
-		if (f <= 0)
-			break;
-		if (unknown[0] == '\0' && migrate_name_ok(name) &&
-		    bsearch(&(const char *){ name }, names, (size_t)count, sizeof *names, migrate_cmp) == NULL)
-			snprintf(unknown, cap, "%s", name);
-	}
-	if (rc == ST_OK)
-		rc = db_commit(db);
-	return rc;
-}
-
-static void migrate_log_unknown(const char *what, const char *unknown, const char *dir)
-{
-	LOG(LOG_LEVEL_ERROR, what, LOG_S("record", unknown), LOG_S("dir", dir),
-	    LOG_S("remedy", "run the build that applied it (or restore its file in this folder)"));
 }
 
 int migrate_main(const struct cfg *conf)
@@ -337,7 +134,7 @@ int migrate_main(const struct cfg *conf)
 	rc = pool_db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK)
 		return 1; /* said */
-	rc = migrate_list_numbered(conf->migrations_dir, &names, &count);
+	rc = migration_list_numbered(conf->migrations_dir, &names, &count);
 	if (rc != ST_OK)
 		goto cleanup;
 	rc = db_prepare(db, &lock, "SELECT GET_LOCK(" MIGRATE_LOCK_NAME ", ?)");
@@ -365,9 +162,9 @@ int migrate_main(const struct cfg *conf)
 		LOG(LOG_LEVEL_ERROR, "cannot create schema_migrations", LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
-	rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
+	rc = migration_find_unknown(db, names, count, unknown, sizeof unknown);
 	if (rc == ST_OK && unknown[0] != '\0') {
-		migrate_log_unknown("the database holds a migration this build does not know; refusing to go on",
+		migration_log_unknown("the database holds a migration this build does not know; refusing to go on",
 		                    unknown, conf->migrations_dir);
 		rc = ST_ERR_MIGRATION_CHANGED;
 		goto cleanup;
@@ -390,31 +187,12 @@ cleanup:
 		 * lets a waiting migrator go sooner. */
 		(void)db_stmt_query_row(unlock, NULL, 0, c, ARRAY_LEN(c));
 	}
-	migrate_names_free(names, count);
+	migration_names_free(names, count);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
 }
 
 /* ---- run's check at start-up ------------------------------------------- */
-
-/* Whether schema_migrations exists in the connected database (a database
- * never migrated has none).  The statement is owned by db. */
-static int migrate_have_table(struct db *db, bool *have)
-{
-	struct db_stmt *exists = NULL;
-	struct db_col c[] = { DBC_I64() };
-	int r, rc = db_prepare(db, &exists,
-	                       "SELECT COUNT(*) FROM information_schema.tables"
-	                       " WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'");
-
-	if (rc != ST_OK)
-		return rc;
-	r = db_stmt_query_row(exists, NULL, 0, c, ARRAY_LEN(c));
-	if (r < 0)
-		return r;
-	*have = r == 1 && c[0].i64 > 0;
-	return ST_OK;
-}
 
 int migrate_check_known(const struct cfg *conf)
 {
@@ -433,28 +211,28 @@ int migrate_check_known(const struct cfg *conf)
 		    LOG_S("db", conf->db.redacted), LOG_S("error", st_strerror(rc)));
 		return 0;
 	}
-	if (migrate_list(conf->migrations_dir, migrate_name_ok, &names, &count) != ST_OK) {
+	if (migration_list(conf->migrations_dir, migration_name_ok, &names, &count) != ST_OK) {
 		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: cannot list the migrations",
 		    LOG_S("dir", conf->migrations_dir), LOG_S("error", strerror(errno)));
 		goto cleanup;
 	}
-	rc = migrate_have_table(db, &have_table);
+	rc = migration_have_table(db, &have_table);
 	/* Never migrated: the worker's first statement says so. */
 	if (rc == ST_OK && have_table)
-		rc = migrate_find_unknown(db, names, count, unknown, sizeof unknown);
+		rc = migration_find_unknown(db, names, count, unknown, sizeof unknown);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up",
 		    LOG_S("error", db_errmsg(db)));
 		goto cleanup;
 	}
 	if (unknown[0] != '\0') {
-		migrate_log_unknown("the database holds a migration this build does not know; refusing to start",
+		migration_log_unknown("the database holds a migration this build does not know; refusing to start",
 		                    unknown, conf->migrations_dir);
 		code = 1;
 	}
 cleanup:
 	db_rollback(db);
-	migrate_names_free(names, count);
+	migration_names_free(names, count);
 	db_close(&db);
 	return code;
 }
@@ -487,7 +265,7 @@ static int migrate_status_file(const char *dir, const char *name, const char *re
 {
 	char hex[65];
 	struct migrate_record *r;
-	int rc = migrate_digest(dir, name, NULL, NULL, hex);
+	int rc = migration_digest(dir, name, NULL, NULL, hex);
 
 	if (rc != ST_OK)
 		return rc;
@@ -528,15 +306,15 @@ int migrate_status(const struct cfg *conf)
 		    LOG_S("error", st_strerror(rc)));
 		return 1;
 	}
-	rc = migrate_list_numbered(conf->migrations_dir, &names, &count);
+	rc = migration_list_numbered(conf->migrations_dir, &names, &count);
 	if (rc != ST_OK)
 		goto cleanup;
-	rc = migrate_list_procedures(conf->migrations_dir, pdir, sizeof pdir, &procs, &nproc);
+	rc = migration_list_procedures(conf->migrations_dir, pdir, sizeof pdir, &procs, &nproc);
 	if (rc != ST_OK)
 		goto cleanup;
 	/* No schema_migrations yet: nothing applied (and nothing created). */
-	rc = migrate_have_table(db, &have_table);
-	rec = calloc(2 * MIGRATE_MAX_FILES, sizeof *rec);
+	rc = migration_have_table(db, &have_table);
+	rec = calloc(2 * MIGRATION_MAX_FILES, sizeof *rec);
 	if (rc == ST_OK && rec == NULL)
 		rc = ST_ERR_NOMEM;
 	if (rc == ST_OK && have_table) {
@@ -546,7 +324,7 @@ int migrate_status(const struct cfg *conf)
 		if (rc == ST_OK)
 			rc = db_stmt_query(list, NULL, 0);
 		while (rc == ST_OK) {
-			struct migrate_record spill, *r = nrec < 2 * MIGRATE_MAX_FILES ? &rec[nrec] : &spill;
+			struct migrate_record spill, *r = nrec < 2 * MIGRATION_MAX_FILES ? &rec[nrec] : &spill;
 			struct db_col c[] = { DBC_STR(r->name, sizeof r->name), DBC_STR(r->sha256, sizeof r->sha256),
 			                      DBC_STR(r->applied_at, sizeof r->applied_at) };
 			int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
@@ -576,7 +354,7 @@ int migrate_status(const struct cfg *conf)
 		t.missing++;
 		printf("missing  %s  recorded=%s  applied_at=%s  (recorded, but no such file here%s)\n", rec[i].name,
 		       rec[i].sha256, rec[i].applied_at,
-		       migrate_name_ok(rec[i].name) ? ": migrate and run refuse this database" : "");
+		       migration_name_ok(rec[i].name) ? ": migrate and run refuse this database" : "");
 	}
 	if (rc == ST_OK)
 		printf("status applied=%d pending=%d changed=%d missing=%d\n", t.applied, t.pending, t.changed,
@@ -585,8 +363,8 @@ int migrate_status(const struct cfg *conf)
 		rc = ST_ERR_IO;
 cleanup:
 	db_rollback(db);
-	migrate_names_free(names, count);
-	migrate_names_free(procs, nproc);
+	migration_names_free(names, count);
+	migration_names_free(procs, nproc);
 	free(rec);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;

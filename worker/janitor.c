@@ -10,7 +10,7 @@
  *
  * `inbox-worker cleanup` (cmd_cleanup.c) is the same retention run with
  * other limits: its wait for the cleanup lock outlasts one janitor tick
- * (JANITOR_CLEANUP_BUDGET_MS, janitor.h), which the compiler checks there.
+ * (RETENTION_CLEANUP_BUDGET_MS, retention.h), which the compiler checks there.
  */
 #include "janitor.h"
 
@@ -104,7 +104,7 @@ static void janitor_retention(struct janitor *j, struct janitor_pass *p, int64_t
 	static const struct retention_limits lim = {
 		.slice_rows = RETENTION_SLICE_ROWS,
 		.max_slices = RETENTION_TICK_SLICES,
-		.budget_ms = JANITOR_CLEANUP_BUDGET_MS,
+		.budget_ms = RETENTION_CLEANUP_BUDGET_MS,
 		.lock_wait_s = 0,
 		.retries = 0, /* a conflicting slice waits for the next tick */
 	};

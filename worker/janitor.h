@@ -16,12 +16,11 @@
 #include "pool.h"
 
 /* A retention pass runs one tick per JANITOR_CLEANUP_TICK_MS until it has
- * caught up; a tick starts no slice after JANITOR_CLEANUP_BUDGET_MS (and
- * runs RETENTION_TICK_SLICES at most), so the relay and hold expiry wait
- * for one tick at most, and the deletes take about a tenth of one
- * connection. */
+ * caught up; a tick starts no slice after RETENTION_CLEANUP_BUDGET_MS
+ * (retention.h; and runs RETENTION_TICK_SLICES at most), so the relay and
+ * hold expiry wait for one tick at most, and the deletes take about a
+ * tenth of one connection. */
 #define JANITOR_CLEANUP_TICK_MS 1000
-#define JANITOR_CLEANUP_BUDGET_MS 100
 
 struct gauge;
 struct mq;
