@@ -123,7 +123,7 @@ Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
 	cr_assert_eq(db_commit(holder), ST_OK);
 	/* A holder that works, not one idle in its transaction (those the
 	 * server ends: the next test). */
-	cr_assert_eq(db_exec(holder, "SET SESSION idle_transaction_timeout = 0"), ST_OK, "%s", db_errmsg(holder));
+	cr_assert_eq(db_exec(holder, "SET SESSION idle_write_transaction_timeout = 0"), ST_OK, "%s", db_errmsg(holder));
 	cr_assert_eq(db_exec(holder, "UPDATE test_db_blob SET s = 'b' WHERE id = 1"), ST_OK, "%s", db_errmsg(holder));
 	cr_assert_eq(db_open(&waiter, &itest_cfg()->db), ST_OK);
 	cr_assert_eq(db_exec(waiter, "UPDATE test_db_blob SET s = 'c' WHERE id = 1"), ST_ERR_DB_LOCK_TIMEOUT, "%s",
@@ -141,7 +141,7 @@ Test(db, long_lock_wait_is_a_lock_timeout_not_a_lost_connection, .timeout = 300)
  * those rows waited its whole lock wait, retried and waited again: after
  * a 120 s blackhole of the database port the workers took 114 s to drain
  * and events held behind those rows expired.  Our sessions ask the server
- * to end a transaction left idle (db.c, DB_IDLE_TX_TIMEOUT_S), so the
+ * to end a transaction that wrote and was left idle (db.c, DB_IDLE_TX_TIMEOUT_S), so the
  * waiter gets the row, never a lock wait time-out.  The vanished client
  * is a connection through a forwarder that is then stopped: the server
  * sees no close and no packet. */
