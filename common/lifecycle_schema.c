@@ -8,7 +8,9 @@
  * (the order schema's status is VARCHAR(24), more than its longest state).
  */
 #include "lifecycle_schema.h"
+#include "array.h"
 #include "msg.h"
+#include "status.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -347,4 +349,42 @@ int lc_schema_widen(const struct lc_def *d, const struct lc_column *cols, int n,
 		}
 	}
 	return o.full ? -1 : nalter;
+}
+
+int lc_schema_read(struct db *db, const struct lc_def *def, struct lc_column *cols, int cap, int *n)
+{
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
+	struct db_stmt *q = NULL;
+	int rc, r;
+
+	lc_schema_tables(def, names);
+	rc = db_prepare(db, &q,
+	                "SELECT table_name, column_name, LOWER(data_type), COALESCE(character_maximum_length, 0)"
+	                " FROM information_schema.columns WHERE table_schema = DATABASE()"
+	                " AND table_name IN (?, ?, ?) ORDER BY table_name, ordinal_position");
+	if (rc != ST_OK)
+		return rc;
+	{
+		struct db_param p[] = { DBP_STR(names[0]), DBP_STR(names[1]), DBP_STR(names[2]) };
+
+		rc = db_stmt_query(q, p, ARRAY_LEN(p));
+	}
+	if (rc != ST_OK)
+		return rc;
+	*n = 0;
+	while (*n < cap) {
+		struct lc_column *c = &cols[*n];
+		struct db_col out[] = { DBC_STR(c->table, sizeof c->table), DBC_STR(c->column, sizeof c->column),
+			                DBC_STR(c->data_type, sizeof c->data_type), DBC_I64() };
+
+		r = db_stmt_fetch(q, out, ARRAY_LEN(out));
+		if (r < 0)
+			return r;
+		if (r == 0)
+			return ST_OK;
+		c->length = out[3].i64;
+		(*n)++;
+	}
+	db_stmt_done(q); /* cap reached: the rest are not read */
+	return ST_OK;
 }

@@ -1,7 +1,8 @@
 /*
  * lifecycle_schema.h - the tables a lifecycle definition needs, as DDL, and
- * what an existing schema lacks of them.  Pure: the caller runs the DDL and
- * reads information_schema (worker/cmd_lifecycle.c).
+ * what an existing schema lacks of them.  Pure but for lc_schema_read, which
+ * reads information_schema on the caller's connection; the caller runs the
+ * DDL (worker/cmd_migrate.c) and compares (there, and worker/preflight.c).
  *
  * Three tables per aggregate, named from the definition: its table
  * (def->table: id, status, version, flags, created_at, updated_at and the
@@ -18,6 +19,7 @@
 
 #include <stddef.h>
 
+#include "db.h"
 #include "lifecycle.h"
 
 #define LC_SCHEMA_TABLES 3
@@ -36,6 +38,20 @@ struct lc_column {
 	char data_type[32];   /* "varchar", "datetime", "bigint", ... */
 	long long length;     /* character_maximum_length; 0 when none */
 };
+
+/* Columns a caller's array for lc_schema_read holds: more than the three
+ * tables of the largest definition have. */
+#define LC_SCHEMA_COLUMNS_MAX 256
+
+/*
+ * Every column of def's three tables in the connected database, from
+ * information_schema (the names are parameters, never spliced into the
+ * SQL), into cols (cap of them; the rest are not read), *n of them: 0
+ * when none of the tables exists.  The statement is owned by db; the read
+ * is left open for the caller to commit or roll back.  Returns ST_OK or
+ * the database's error.
+ */
+int lc_schema_read(struct db *db, const struct lc_def *def, struct lc_column *cols, int cap, int *n);
 
 /*
  * What the existing columns (cols, n; every column of the three tables)

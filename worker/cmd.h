@@ -4,7 +4,9 @@
  * them by: take the command's own words and options out of argv (args.h),
  * load the settings from what is left (cfg.h), run.  main.c owns
  * everything around that (--help, the settings, logging, the database
- * client's global state), once for all of them.
+ * client's global state), once for all of them.  The start-up checks
+ * several of them share are preflight.h's: no command includes another
+ * command's header, nor the pool's (but run, which starts it).
  *
  * Ownership: a command's options point into argv; run gets the loaded
  * settings read-only and opens and closes every connection it uses.

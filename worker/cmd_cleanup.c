@@ -9,10 +9,9 @@
 
 #include "array.h"
 #include "cmd.h"
-#include "cmd_migrate.h"
 #include "db.h"
 #include "log.h"
-#include "pool.h"
+#include "preflight.h"
 #include "retention.h"
 #include "status.h"
 
@@ -41,7 +40,7 @@ static int cleanup_main(const struct cfg *conf)
 	uint64_t deleted = 0;
 	int rc;
 
-	rc = pool_db_open(&db, &conf->db);
+	rc = preflight_db_open(&db, &conf->db);
 	if (rc != ST_OK)
 		return 1; /* said */
 	rc = retention_open(&ret, db, conf);
@@ -69,7 +68,7 @@ static int cleanup_dry_run(const struct cfg *conf)
 	uint64_t inbox_rows = 0, outbox_rows = 0;
 	int rc;
 
-	rc = pool_db_open(&db, &conf->db);
+	rc = preflight_db_open(&db, &conf->db);
 	if (rc != ST_OK)
 		return 1; /* said */
 	rc = retention_count(db, conf, &inbox_rows, &outbox_rows);
@@ -89,7 +88,7 @@ static int cleanup_run(const struct cfg *conf, const struct cmd_opts *o)
 {
 	if (o->dry_run)
 		return cleanup_dry_run(conf);
-	return migrate_check_known(conf) != 0 ? 1 : cleanup_main(conf);
+	return preflight_known_migrations(conf) != 0 ? 1 : cleanup_main(conf);
 }
 
 static const char *const cleanup_names[] = { "cleanup" };

@@ -30,8 +30,6 @@
 #include "args.h"
 #include "array.h"
 #include "cmd.h"
-#include "cmd_lifecycle.h"
-#include "cmd_migrate.h"
 #include "deadletter.h"
 #include "dlq_entry.h"
 #include "dlq_judge.h"
@@ -42,6 +40,7 @@
 #include "mq.h"
 #include "msg.h"
 #include "aggregate.h"
+#include "preflight.h"
 #include "status.h"
 
 /* The broker delivers at most this many unacked messages to one consumer
@@ -726,11 +725,11 @@ static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
 	char err[512];
 	int code;
 
-	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && migrate_check_known(conf) != 0)
+	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && preflight_known_migrations(conf) != 0)
 		return 1;
 	/* Dead letters are read, judged and shown by the lifecycle the
 	 * worker runs (INBOX_LIFECYCLE; the built-in order one without). */
-	code = lifecycle_setup(conf);
+	code = preflight_lifecycle(conf);
 	if (code != 0)
 		return code;
 	/* and read by the worker's envelope settings, judged by that lifecycle */

@@ -1,7 +1,8 @@
 /*
- * cmd_migrate.c - `inbox-worker migrate [--status]`: schema migrations;
- * and migrate_check_known, which every command that writes rows asks
- * first.
+ * cmd_migrate.c - `inbox-worker migrate [--status]`: schema migrations,
+ * then a lifecycle of the user's own its tables.  The folder and its
+ * records are read by common/migration.c, as the start-up check of every
+ * command that writes rows reads them (preflight_known_migrations).
  *
  * Two processes may migrate at once (several workers starting together), so
  * the whole run holds a named lock (GET_LOCK): the second waits, then finds
@@ -13,7 +14,7 @@
  * matches the file, and guessing which one is right is not our job.  So is
  * a numbered record with no file here (a newer build migrated this
  * database): "nothing to apply" would be a lie, and `run` refuses it too
- * (migrate_check_known), since this build's statements may not fit it.
+ * (preflight_known_migrations), since this build's statements may not fit it.
  *
  * Stored procedures are the exception: each lives in one file of
  * migrations/procedures/ (DROP PROCEDURE IF EXISTS, then CREATE), which is
@@ -25,10 +26,8 @@
  * compares each file's checksum with its record, so an operator sees what
  * a migrate would do (apply, re-apply, refuse) before running it.
  */
-#include "cmd_lifecycle.h"
 #include "cmd_migrate.h"
 
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,9 +36,11 @@
 #include "array.h"
 #include "cmd.h"
 #include "db.h"
+#include "lifecycle.h"
+#include "lifecycle_schema.h"
 #include "log.h"
 #include "migration.h"
-#include "pool.h"
+#include "preflight.h"
 #include "status.h"
 
 /* The lock is the database's, not the server's (as retention's is): two
@@ -131,7 +132,7 @@ int migrate_main(const struct cfg *conf)
 
 	/* The schema owner's account when one is given: the worker's own
 	 * account may only read and write rows and call the procedures. */
-	rc = pool_db_open(&db, cfg_migrate_db(conf));
+	rc = preflight_db_open(&db, cfg_migrate_db(conf));
 	if (rc != ST_OK)
 		return 1; /* said */
 	rc = migration_list_numbered(conf->migrations_dir, &names, &count);
@@ -190,51 +191,6 @@ cleanup:
 	migration_names_free(names, count);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
-}
-
-/* ---- run's check at start-up ------------------------------------------- */
-
-int migrate_check_known(const struct cfg *conf)
-{
-	struct db *db = NULL;
-	bool have_table = false;
-	char **names = NULL, unknown[201] = "";
-	int count = 0, code = 0, rc;
-
-	/* A database that is away now is the pool's to wait for; the check
-	 * needs it, so it is skipped (said), not made a reason to exit. */
-	rc = db_open(&db, &conf->db);
-	if (rc == ST_ERR_ACCESS)
-		return 0; /* refused: the pool says so in its one line, and exits */
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: the database is unavailable",
-		    LOG_S("db", conf->db.redacted), LOG_S("error", st_strerror(rc)));
-		return 0;
-	}
-	if (migration_list(conf->migrations_dir, migration_name_ok, &names, &count) != ST_OK) {
-		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up: cannot list the migrations",
-		    LOG_S("dir", conf->migrations_dir), LOG_S("error", strerror(errno)));
-		goto cleanup;
-	}
-	rc = migration_have_table(db, &have_table);
-	/* Never migrated: the worker's first statement says so. */
-	if (rc == ST_OK && have_table)
-		rc = migration_find_unknown(db, names, count, unknown, sizeof unknown);
-	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up",
-		    LOG_S("error", db_errmsg(db)));
-		goto cleanup;
-	}
-	if (unknown[0] != '\0') {
-		migration_log_unknown("the database holds a migration this build does not know; refusing to start",
-		                    unknown, conf->migrations_dir);
-		code = 1;
-	}
-cleanup:
-	db_rollback(db);
-	migration_names_free(names, count);
-	db_close(&db);
-	return code;
 }
 
 /* ---- migrate --status ---------------------------------------------------- */
@@ -368,6 +324,89 @@ cleanup:
 	free(rec);
 	db_close(&db);
 	return rc == ST_OK ? 0 : 1;
+}
+
+/* ---- a lifecycle's tables ------------------------------------------------- */
+
+/* With INBOX_LIFECYCLE set, after the migrations: create the definition's
+ * tables where they are missing (CREATE TABLE IF NOT EXISTS, the schema
+ * owner's account) and say what an existing one lacks.  Returns 0 when the
+ * schema matches the definition, 1 otherwise (each difference logged with
+ * the statement that fixes it). */
+static int lifecycle_migrate(const struct cfg *conf)
+{
+	static struct lc_column cols[LC_SCHEMA_COLUMNS_MAX];
+	static char ddl[16384], diff[8192];
+	struct lc_errors errs;
+	struct lc_def *d = preflight_lifecycle_load(conf, &errs);
+	struct db *db = NULL;
+	int n = 0, ndiff, code = 1, rc;
+
+	if (d == NULL) {
+		lc_errors_print(&errs, conf->lifecycle, stderr);
+		return 1;
+	}
+	if (lc_schema_ddl(d, ddl, sizeof ddl) != 0) {
+		LOG(LOG_LEVEL_ERROR, "the lifecycle's tables cannot be written as DDL", LOG_S("lifecycle", conf->lifecycle));
+		goto cleanup;
+	}
+	rc = db_open(&db, cfg_migrate_db(conf));
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_ERROR, "cannot connect to the database for the lifecycle's tables",
+		    LOG_S("db", cfg_migrate_db(conf)->redacted), LOG_S("error", st_strerror(rc)));
+		goto cleanup;
+	}
+	rc = db_exec_script(db, ddl, strlen(ddl));
+	if (rc == ST_OK)
+		rc = lc_schema_read(db, d, cols, LC_SCHEMA_COLUMNS_MAX, &n);
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_ERROR, "creating the lifecycle's tables failed", LOG_S("error", db_errmsg(db)));
+		goto cleanup;
+	}
+	ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
+	if (ndiff > 0) {
+		/* Columns narrower than what the worker accepts into them (an
+		 * older version's widths) are widened, their rows kept, but only
+		 * when that is all that differs: a table that differs otherwise
+		 * is the user's to change, and migrate changes none of it. */
+		int nalter = lc_schema_widen(d, cols, n, ddl, sizeof ddl);
+
+		if (nalter < 0) {
+			LOG(LOG_LEVEL_ERROR, "the lifecycle's tables cannot be widened as DDL",
+			    LOG_S("lifecycle", conf->lifecycle));
+			goto cleanup;
+		}
+		if (nalter == ndiff) {
+			rc = db_exec_script(db, ddl, strlen(ddl));
+			if (rc == ST_OK)
+				rc = lc_schema_read(db, d, cols, LC_SCHEMA_COLUMNS_MAX, &n);
+			if (rc != ST_OK) {
+				LOG(LOG_LEVEL_ERROR, "widening the lifecycle's columns failed", LOG_S("error", db_errmsg(db)));
+				goto cleanup;
+			}
+			LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
+			    LOG_I("columns", nalter));
+			ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
+		}
+	}
+	if (ndiff == 0) {
+		LOG(LOG_LEVEL_INFO, "the lifecycle's tables match its definition", LOG_S("lifecycle", conf->lifecycle),
+		    LOG_S("table", d->table));
+		code = 0;
+	} else {
+		/* An existing table is the user's: say what differs, change nothing. */
+		for (char *line = diff, *nl; *line != '\0'; line = nl + 1) {
+			nl = strchr(line, '\n');
+			if (nl == NULL)
+				break;
+			*nl = '\0';
+			LOG(LOG_LEVEL_ERROR, "the lifecycle's table differs from its definition", LOG_S("difference", line));
+		}
+	}
+cleanup:
+	db_close(&db);
+	lc_free(d);
+	return code;
 }
 
 /* ---- the command --------------------------------------------------------- */

@@ -10,12 +10,6 @@
 /* Returns a process exit code: 0 done, 1 failed (reason logged). */
 int migrate_main(const struct cfg *conf);
 
-/* `run` at start-up: 1 (said in one line) when schema_migrations holds a
- * numbered migration that conf->migrations_dir has no file for (a newer
- * build migrated the database), else 0; a database or folder it cannot
- * read is a warning, not a refusal (the pool waits for the database). */
-int migrate_check_known(const struct cfg *conf);
-
 /* `migrate --status`: print every migration file (numbered, then
  * procedures) as applied, pending or changed, with its SHA-256, and every
  * record without a file as missing, then a summary line, on stdout.  Only

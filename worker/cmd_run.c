@@ -3,10 +3,9 @@
  * no options of its own: every one is a setting (cfg.h).
  */
 #include "cmd.h"
-#include "cmd_lifecycle.h"
-#include "cmd_migrate.h"
 #include "envelope.h"
 #include "pool.h"
+#include "preflight.h"
 
 /* The lifecycle definition is loaded, checked and bound before any thread
  * starts (exit 2: it cannot run), the settings that name its types judged
@@ -17,15 +16,15 @@ static int run_main(const struct cfg *conf, const struct cmd_opts *o)
 	char err[512];
 
 	(void)o;
-	if (lifecycle_setup(conf) != 0)
+	if (preflight_lifecycle(conf) != 0)
 		return 2; /* said */
 	if (env_check_settings(conf, err, sizeof err) != 0) {
 		fprintf(stderr, "inbox-worker: %s\n", err);
 		return 2;
 	}
-	if (lifecycle_schema_check(conf) != 0)
+	if (preflight_lifecycle_schema(conf) != 0)
 		return 2; /* said */
-	return migrate_check_known(conf) != 0 ? 1 : pool_main(conf);
+	return preflight_known_migrations(conf) != 0 ? 1 : pool_main(conf);
 }
 
 static void run_usage(FILE *f)

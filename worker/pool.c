@@ -182,19 +182,6 @@ int pool_link_retry_ms(struct pool_thread *t, enum pool_link k, const char *why)
 	return pool_backoff_ms(t, t->link[k].attempts - 1, 200);
 }
 
-int pool_db_open(struct db **out, const struct cfg_db *c)
-{
-	char why[POOL_WHY_MAX];
-	int rc = db_open_why(out, c, why, sizeof why);
-
-	if (st_refusal(rc))
-		log_refused(rc, "db", c->user, c->redacted, why);
-	else if (rc != ST_OK)
-		LOG(LOG_LEVEL_ERROR, "cannot connect to the database", LOG_S("link", "db"), LOG_S("user", c->user),
-		    LOG_S("db", c->redacted), LOG_S("error", why));
-	return rc;
-}
-
 int pool_refused(struct pool_thread *t, enum pool_link k, const char *what, const char *why, int rc)
 {
 	const struct cfg *c = t->conf;

@@ -27,12 +27,6 @@
 /* Runs until SIGTERM/SIGINT; returns a process exit code. */
 int pool_main(const struct cfg *conf);
 
-/* db_open for the one-shot commands (migrate, cleanup): on failure, the
- * one line that says why (log_refused for a refused login). */
-struct db;
-struct cfg_db;
-int pool_db_open(struct db **out, const struct cfg_db *c);
-
 /* ---- for the pool's threads ---- */
 
 #define POOL_WHY_MAX 300   /* a link's failure, as logged */
