@@ -62,6 +62,14 @@ int agg_bind(const struct lc_def *d, struct agg_binding *b, char *why, size_t wh
 			const struct lc_set *st = &ev->sets[k];
 			int c = 0;
 
+			/* what a message keeps of the event's values (msg.h) */
+			text += st->src == LC_SRC_MESSAGE_ID  ? MSG_WIDE_ID_MAX + 1
+			        : st->type == LC_TYPE_STRING ? 4 * (size_t)st->max_length + 1
+			                                     : MSG_TIME_SQL_MAX + 1;
+			if (st->column[0] == '\0') { /* a field: its statements' alone */
+				b->col_of[e][k] = -1;
+				continue;
+			}
 			while (c < b->ncols && strcmp(b->cols[c], st->column) != 0)
 				c++;
 			if (c == b->ncols) {
@@ -73,10 +81,6 @@ int agg_bind(const struct lc_def *d, struct agg_binding *b, char *why, size_t wh
 				b->cols[b->ncols++] = st->column;
 			}
 			b->col_of[e][k] = c;
-			/* what a message keeps of the event's values (msg.h) */
-			text += st->src == LC_SRC_MESSAGE_ID  ? MSG_WIDE_ID_MAX + 1
-			        : st->type == LC_TYPE_STRING ? 4 * (size_t)st->max_length + 1
-			                                     : MSG_TIME_SQL_MAX + 1;
 		}
 		if (text > MSG_TEXT_MAX) {
 			snprintf(why, why_size, "%s sets more text than a message holds (%d bytes, a string column "

@@ -354,7 +354,7 @@ static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct
 		const struct msg_val *v = &ev->msg->vals[k];
 		size_t at = ib->vals.len;
 
-		if (!v->has)
+		if (!v->has || ib->bind->col_of[ev->type][k] < 0) /* absent, or a field of its statements */
 			continue;
 		if (e->sets[k].src == LC_SRC_APPLIED_AT)
 			sqlbuf_sql(&ib->vals, "NOW(6)");

@@ -80,6 +80,25 @@ int lc_event_find(const struct lc_def *def, const char *name)
 	return lc_event_findn(def, name, strlen(name));
 }
 
+int lc_event_stmts(const struct lc_def *def, int ev, int state, enum lc_decision decision, int *first)
+{
+	const struct lc_event *e;
+
+	*first = 0;
+	if (ev < 0 || ev >= def->nevents)
+		return 0;
+	e = &def->events[ev];
+	if (decision == LC_APPLY) {
+		*first = e->fx_first;
+		return e->nfx;
+	}
+	if (decision == LC_COMPENSATE && state > 0 && state < def->nstates) {
+		*first = e->cfx_first[state];
+		return e->cfx_n[state];
+	}
+	return 0;
+}
+
 int lc_state_find(const struct lc_def *def, const char *name)
 {
 	return name[0] == '\0' ? -1 : lc_state_index(def, name);

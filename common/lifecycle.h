@@ -23,12 +23,16 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "lifecycle_fx.h"
+
 #define LC_NAME_MAX 64
 #define LC_MAX_STATES 32
 #define LC_MAX_EVENTS 16
 #define LC_MAX_ALIASES 8
 #define LC_MAX_EMITS 32
-#define LC_MAX_SETS 8
+#define LC_MAX_SETS 16 /* an event's sets and fields together */
+#define LC_MAX_STMTS 32 /* a definition's own statements, all events together */
+#define LC_MAX_EVENT_STMTS 8 /* in one list (an event applied, or compensated after a state) */
 #define LC_MAX_ERRORS 16
 #define LC_CHECK_MAX_EVENTS 8 /* the exhaustive check grows as n! */
 
@@ -44,6 +48,9 @@ enum lc_decision {
 enum lc_source { LC_SRC_APPLIED_AT = 0, LC_SRC_OCCURRED_AT, LC_SRC_MESSAGE_ID, LC_SRC_DATA };
 enum lc_type { LC_TYPE_DATETIME = 0, LC_TYPE_INTEGER, LC_TYPE_STRING };
 
+/* A value an event carries into the aggregate's row (a set: column names
+ * its column) or only to its statements (a field, or the occurred_at a
+ * statement reads: column ""). */
 struct lc_set {
 	char column[LC_NAME_MAX + 1];
 	enum lc_source src;
@@ -75,6 +82,22 @@ struct lc_event {
 	uint32_t after_emits[LC_MAX_STATES]; /* LC_AFTER_COMPENSATE */
 	struct lc_set sets[LC_MAX_SETS];
 	int nsets;
+	/* Its own statements (def->stmts): nfx from fx_first when it applies,
+	 * cfx_n[s] from cfx_first[s] when it compensates after terminal s. */
+	int fx_first, nfx;
+	int cfx_first[LC_MAX_STATES], cfx_n[LC_MAX_STATES];
+	int line;
+};
+
+/* One of the definition's own SQL statements (issue 45), as read: the
+ * event it belongs to, the terminal state after which it runs when that
+ * event compensates there (0: when the event applies), its place in its
+ * list (1-based, as "statement N of EVENT" says) and its line. */
+struct lc_stmt {
+	struct lc_fx fx;
+	int event;
+	int after;
+	int index;
 	int line;
 };
 
@@ -103,6 +126,8 @@ struct lc_def {
 	int marks[LC_MAX_EVENTS]; /* mark bit -> event index */
 	int nmarks;
 	struct lc_rule rules[LC_MAX_STATES][LC_MAX_EVENTS];
+	struct lc_stmt stmts[LC_MAX_STMTS];
+	int nstmts;
 };
 
 struct lc_verdict {
@@ -149,6 +174,10 @@ struct lc_verdict lc_decide(const struct lc_def *def, int state, uint32_t marks,
 
 /* Event index of a type name or alias; -1 when unknown. */
 int lc_event_find(const struct lc_def *def, const char *name);
+/* The statements event ev runs when decision (reached in state, the state
+ * before it) takes effect: the count, and in *first the index of the first
+ * in def->stmts.  0 for a decision that takes no effect. */
+int lc_event_stmts(const struct lc_def *def, int ev, int state, enum lc_decision decision, int *first);
 /* The same for a name of len bytes, not NUL-terminated (a message's). */
 int lc_event_findn(const struct lc_def *def, const char *name, size_t len);
 /* State index of a name; -1 when unknown ("" is not a name). */

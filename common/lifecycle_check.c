@@ -19,6 +19,9 @@ struct sim {
 	uint32_t marks;
 	int version;
 	int ledger[LC_MAX_EVENTS]; /* applied + compensated rows per event type */
+	/* The definition's own statements run, per event type and the state
+	 * it took effect after (applied ones and compensations differ). */
+	int fx[LC_MAX_EVENTS][LC_MAX_STATES];
 	int emitted[LC_MAX_EMITS];
 	int held[SIM_MAX];
 	int nheld;
@@ -29,7 +32,11 @@ static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_
 {
 	switch (v.decision) {
 	case LC_APPLY:
-	case LC_COMPENSATE:
+	case LC_COMPENSATE: {
+		int first;
+
+		if (lc_event_stmts(d, ev, s->state, v.decision, &first) > 0)
+			s->fx[ev][v.decision == LC_APPLY ? 0 : s->state]++;
 		s->state = v.next;
 		s->marks = v.marks;
 		s->version++;
@@ -37,6 +44,7 @@ static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_
 		for (int k = 0; k < d->nemits; k++)
 			s->emitted[k] += (v.emits >> k) & 1u;
 		break;
+	}
 	case LC_HOLD:
 		if (s->nheld < SIM_MAX)
 			s->held[s->nheld++] = ev;
@@ -99,6 +107,15 @@ static bool sim_differs(const struct lc_def *d, const struct sim *a, const struc
 		if (a->ledger[e] != b->ledger[e]) {
 			snprintf(buf, cap, "%d vs %d ledger rows for %s", a->ledger[e], b->ledger[e], d->events[e].type);
 			return true;
+		}
+	}
+	for (int e = 0; e < d->nevents; e++) {
+		for (int s = 0; s < d->nstates; s++) {
+			if (a->fx[e][s] != b->fx[e][s]) {
+				snprintf(buf, cap, "statements of %s run %d vs %d times%s%s", d->events[e].type, a->fx[e][s],
+				         b->fx[e][s], s ? " compensating after " : " applied", s ? d->states[s] : "");
+				return true;
+			}
 		}
 	}
 	for (int k = 0; k < d->nemits; k++) {
@@ -207,6 +224,19 @@ bool lc_check_order_independence(const struct lc_def *d, struct lc_check *out)
 	int n = d->nevents;
 
 	memset(out, 0, sizeof *out);
+	/* A statement that does not commute with another run of itself ends
+	 * on whichever message came last, between aggregates as much as
+	 * within one: no arrival order of one aggregate's events proves it. */
+	for (int i = 0; i < d->nstmts; i++) {
+		const struct lc_stmt *st = &d->stmts[i];
+
+		if (!st->fx.commutes) {
+			snprintf(out->why, sizeof out->why, "statement %d of %s (line %d) does not commute: %s; two arrival "
+			         "orders can end differently, so the check cannot prove this definition",
+			         st->index, d->events[st->event].type, st->line, st->fx.why);
+			return false;
+		}
+	}
 	if (n > LC_CHECK_MAX_EVENTS) {
 		snprintf(out->why, sizeof out->why, "%d event types: the exhaustive check covers at most %d", n,
 		         LC_CHECK_MAX_EVENTS);

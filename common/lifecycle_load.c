@@ -36,19 +36,8 @@
 #include <jansson.h>
 
 #define LC_FILE_MAX (1024 * 1024) /* a definition is a page, not a data set */
-#define LC_PATH_MAX 8
 
 /* ---- locating a value in the text ---------------------------------------- */
-
-struct lc_step {
-	const char *key; /* object member, or NULL for ... */
-	int index;       /* ... an array element */
-};
-
-struct lc_path {
-	int n;
-	struct lc_step s[LC_PATH_MAX];
-};
 
 struct scan {
 	const char *p, *end;
@@ -193,29 +182,21 @@ static void lc_locate(const char *text, size_t len, const struct lc_path *path, 
 
 /* ---- loading -------------------------------------------------------------- */
 
-struct ctx {
-	const char *text;
-	size_t len;
-	struct lc_errors *errs;
-	struct lc_path path;
-	struct lc_def *def;
-};
-
-static void push_key(struct ctx *c, const char *key)
+void lc_push_key(struct lc_ctx *c, const char *key)
 {
 	if (c->path.n < LC_PATH_MAX)
 		c->path.s[c->path.n] = (struct lc_step){ key, 0 };
 	c->path.n++;
 }
 
-static void push_index(struct ctx *c, int index)
+void lc_push_index(struct lc_ctx *c, int index)
 {
 	if (c->path.n < LC_PATH_MAX)
 		c->path.s[c->path.n] = (struct lc_step){ NULL, index };
 	c->path.n++;
 }
 
-static void pop(struct ctx *c)
+void lc_pop(struct lc_ctx *c)
 {
 	c->path.n--;
 }
@@ -246,8 +227,7 @@ static void err_line(struct lc_errors *errs, int line, int col, const char *fmt,
 }
 
 /* An error about the value at the current path. */
-static void err(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void err(struct ctx *c, const char *fmt, ...)
+void lc_err(struct lc_ctx *c, const char *fmt, ...)
 {
 	struct lc_path p = c->path;
 	int line, col;
@@ -261,7 +241,7 @@ static void err(struct ctx *c, const char *fmt, ...)
 	va_end(ap);
 }
 
-static int here_line(struct ctx *c)
+int lc_here_line(struct lc_ctx *c)
 {
 	int line, col;
 	struct lc_path p = c->path;
@@ -321,7 +301,7 @@ static void copy_name(char *dst, const char *src)
 }
 
 /* Check obj's keys against the allowed list. */
-static void known_keys(struct ctx *c, json_t *obj, const char *const *allowed, const char *what)
+void lc_known_keys(struct lc_ctx *c, json_t *obj, const char *const *allowed, const char *what)
 {
 	const char *key;
 	json_t *v;
@@ -341,33 +321,33 @@ static void known_keys(struct ctx *c, json_t *obj, const char *const *allowed, c
 			}
 		}
 		if (!ok) {
-			push_key(c, key);
-			err(c, "unknown key \"%s\" in %s: write one of %s", key, what, list);
-			pop(c);
+			lc_push_key(c, key);
+			lc_err(c, "unknown key \"%s\" in %s: write one of %s", key, what, list);
+			lc_pop(c);
 		}
 	}
 }
 
 /* A member that must be a name string; copies it to out. */
-static bool get_name(struct ctx *c, json_t *obj, const char *key, char *out, bool ident, const char *example)
+static bool get_name(struct lc_ctx *c, json_t *obj, const char *key, char *out, bool ident, const char *example)
 {
 	json_t *v = json_object_get(obj, key);
 
 	if (v == NULL) {
-		err(c, "missing \"%s\": write \"%s\": \"%s\"", key, key, example);
+		lc_err(c, "missing \"%s\": write \"%s\": \"%s\"", key, key, example);
 		return false;
 	}
-	push_key(c, key);
+	lc_push_key(c, key);
 	if (!json_is_string(v) || !(ident ? ident_ok(json_string_value(v)) : name_ok(json_string_value(v)))) {
-		err(c, "\"%s\" must be %s, like \"%s\"", key,
+		lc_err(c, "\"%s\" must be %s, like \"%s\"", key,
 		    ident ? "a lower-case SQL name ([a-z][a-z0-9_]*, at most 64)"
 		          : "a name (a letter, then letters, digits or _, at most 64)",
 		    example);
-		pop(c);
+		lc_pop(c);
 		return false;
 	}
 	copy_name(out, json_string_value(v));
-	pop(c);
+	lc_pop(c);
 	return true;
 }
 
@@ -381,54 +361,54 @@ int lc_state_index(const struct lc_def *d, const char *name)
 }
 
 /* A state name at the current path; -1 (said) when it is not declared. */
-static int state_ref(struct ctx *c, json_t *v)
+static int state_ref(struct lc_ctx *c, json_t *v)
 {
 	int s;
 
 	if (!json_is_string(v)) {
-		err(c, "a state name is a string: write one of the names in \"states\"");
+		lc_err(c, "a state name is a string: write one of the names in \"states\"");
 		return -1;
 	}
 	s = lc_state_index(c->def, json_string_value(v));
 	if (s < 0)
-		err(c, "\"%s\" is not a declared state: write one of the names in \"states\", or add it there",
+		lc_err(c, "\"%s\" is not a declared state: write one of the names in \"states\", or add it there",
 		    json_string_value(v));
 	return s;
 }
 
 /* A list of states as a bitmask. */
-static uint32_t state_list(struct ctx *c, json_t *arr, const char *key)
+static uint32_t state_list(struct lc_ctx *c, json_t *arr, const char *key)
 {
 	uint32_t bits = 0;
 	size_t i;
 	json_t *v;
 
 	if (!json_is_array(arr) || json_array_size(arr) == 0) {
-		err(c, "\"%s\" is a non-empty list of state names, like [\"%s\"]", key, c->def->states[1]);
+		lc_err(c, "\"%s\" is a non-empty list of state names, like [\"%s\"]", key, c->def->states[1]);
 		return 0;
 	}
 	json_array_foreach(arr, i, v) {
 		int s;
 
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		s = state_ref(c, v);
 		if (s > 0) {
 			if (bits & (1u << s))
-				err(c, "\"%s\" is listed twice: write it once", c->def->states[s]);
+				lc_err(c, "\"%s\" is listed twice: write it once", c->def->states[s]);
 			bits |= 1u << s;
 		}
-		pop(c);
+		lc_pop(c);
 	}
 	return bits;
 }
 
-static int emit_ref(struct ctx *c, json_t *v)
+static int emit_ref(struct lc_ctx *c, json_t *v)
 {
 	struct lc_def *d = c->def;
 	const char *name;
 
 	if (!json_is_string(v) || !name_ok(json_string_value(v))) {
-		err(c, "an emitted event is a type name (a letter, then letters, digits or _), like \"RefundRequested\"");
+		lc_err(c, "an emitted event is a type name (a letter, then letters, digits or _), like \"RefundRequested\"");
 		return -1;
 	}
 	name = json_string_value(v);
@@ -437,291 +417,371 @@ static int emit_ref(struct ctx *c, json_t *v)
 			return i;
 	}
 	if (d->nemits >= LC_MAX_EMITS) {
-		err(c, "more than %d distinct emitted types: emit fewer", LC_MAX_EMITS);
+		lc_err(c, "more than %d distinct emitted types: emit fewer", LC_MAX_EMITS);
 		return -1;
 	}
 	copy_name(d->emits[d->nemits], name);
 	return d->nemits++;
 }
 
-static uint32_t emit_list(struct ctx *c, json_t *arr, const char *key)
+static uint32_t emit_list(struct lc_ctx *c, json_t *arr, const char *key)
 {
 	uint32_t bits = 0;
 	size_t i;
 	json_t *v;
 
 	if (!json_is_array(arr)) {
-		err(c, "\"%s\" is a list of event types to emit, like [\"RefundRequested\"]", key);
+		lc_err(c, "\"%s\" is a list of event types to emit, like [\"RefundRequested\"]", key);
 		return 0;
 	}
 	json_array_foreach(arr, i, v) {
 		int e;
 
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		e = emit_ref(c, v);
 		if (e >= 0)
 			bits |= 1u << e;
-		pop(c);
+		lc_pop(c);
 	}
 	return bits;
 }
 
-static void parse_sets(struct ctx *c, struct lc_event *ev, json_t *obj)
+/* Where a set's value comes from ("from", sets only: a field is
+ * data.<its name>), its type and bounds, into st. */
+static void parse_value_spec(struct lc_ctx *c, struct lc_set *st, json_t *spec, const char *name, bool field)
 {
-	static const char *const keys[] = { "from", "type", "min", "max", "max_length", "required", NULL };
+	static const char *const set_keys[] = { "from", "type", "min", "max", "max_length", "required", NULL };
+	static const char *const field_keys[] = { "type", "min", "max", "max_length", "required", NULL };
+	json_t *from, *type, *v;
+	const char *f, *t;
+
+	lc_known_keys(c, spec, field ? field_keys : set_keys, field ? "a field" : "a column");
+	from = json_object_get(spec, "from");
+	type = json_object_get(spec, "type");
+	f = json_is_string(from) ? json_string_value(from) : "";
+	t = json_is_string(type) ? json_string_value(type) : "";
+	if (field) {
+		st->src = LC_SRC_DATA;
+		copy_name(st->field, name);
+		if (from != NULL) {
+			lc_push_key(c, "from");
+			lc_err(c, "a field is data.<its name>: remove \"from\" (a value from elsewhere is a parameter: "
+			          ":occurred_at, :message_id)");
+			lc_pop(c);
+		}
+	} else if (strcmp(f, "applied_at") == 0) {
+		st->src = LC_SRC_APPLIED_AT;
+	} else if (strcmp(f, "occurred_at") == 0) {
+		st->src = LC_SRC_OCCURRED_AT;
+	} else if (strcmp(f, "message_id") == 0) {
+		st->src = LC_SRC_MESSAGE_ID;
+	} else if (strncmp(f, "data.", 5) == 0 && ident_ok(f + 5)) {
+		st->src = LC_SRC_DATA;
+		copy_name(st->field, f + 5);
+	} else {
+		lc_push_key(c, "from");
+		lc_err(c, "\"from\" must be \"applied_at\", \"occurred_at\", \"message_id\" or \"data.<field>\" "
+		          "(a lower-case field name), like \"data.amount_cents\"");
+		lc_pop(c);
+	}
+	if (strcmp(t, "datetime") == 0) {
+		st->type = LC_TYPE_DATETIME;
+	} else if (strcmp(t, "integer") == 0) {
+		st->type = LC_TYPE_INTEGER;
+	} else if (strcmp(t, "string") == 0) {
+		st->type = LC_TYPE_STRING;
+	} else {
+		lc_push_key(c, "type");
+		lc_err(c, "\"type\" must be \"datetime\", \"integer\" or \"string\"");
+		lc_pop(c);
+		return;
+	}
+	if ((st->src == LC_SRC_APPLIED_AT || st->src == LC_SRC_OCCURRED_AT) && st->type != LC_TYPE_DATETIME)
+		lc_err(c, "\"%s\" comes from a time: write \"type\": \"datetime\"", name);
+	if (st->src == LC_SRC_MESSAGE_ID && st->type != LC_TYPE_STRING)
+		lc_err(c, "\"%s\" comes from the message id: write \"type\": \"string\"", name);
+	st->min = INT64_MIN;
+	st->max = INT64_MAX;
+	st->max_length = 255;
+	v = json_object_get(spec, "min");
+	if (v != NULL) {
+		if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
+			lc_err(c, "\"min\" is an integer bound of an \"integer\" %s, like \"min\": 0", field ? "field" : "column");
+		else
+			st->min = json_integer_value(v);
+	}
+	v = json_object_get(spec, "max");
+	if (v != NULL) {
+		if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
+			lc_err(c, "\"max\" is an integer bound of an \"integer\" %s, like \"max\": 100000000",
+			       field ? "field" : "column");
+		else
+			st->max = json_integer_value(v);
+	}
+	if (st->min > st->max)
+		lc_err(c, "\"min\" is above \"max\": swap them");
+	v = json_object_get(spec, "max_length");
+	if (v != NULL) {
+		if (!json_is_integer(v) || st->type != LC_TYPE_STRING || json_integer_value(v) < 1 ||
+		    json_integer_value(v) > 4096)
+			lc_err(c, "\"max_length\" is the length bound of a \"string\" %s, 1..4096, like \"max_length\": 64",
+			       field ? "field" : "column");
+		else
+			st->max_length = json_integer_value(v);
+	}
+	v = json_object_get(spec, "required");
+	if (v != NULL) {
+		if (!json_is_boolean(v) || st->src != LC_SRC_DATA)
+			lc_err(c, "\"required\" (true or false) says whether a data field must be present; "
+			          "only a \"data.<field>\" column has it");
+		else
+			st->required = json_is_true(v);
+	}
+}
+
+static void parse_sets(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
+{
 	const char *col;
 	json_t *spec;
 
 	if (!json_is_object(obj)) {
-		err(c, "\"sets\" maps a column to where its value comes from, like "
-		       "{\"paid_at\": {\"from\": \"applied_at\", \"type\": \"datetime\"}}");
+		lc_err(c, "\"sets\" maps a column to where its value comes from, like "
+		          "{\"paid_at\": {\"from\": \"applied_at\", \"type\": \"datetime\"}}");
 		return;
 	}
 	json_object_foreach(obj, col, spec) {
 		struct lc_set *st;
-		json_t *from, *type, *v;
-		const char *f, *t;
 
-		push_key(c, col);
+		lc_push_key(c, col);
 		if (ev->nsets >= LC_MAX_SETS) {
-			err(c, "more than %d columns set by one event: set fewer", LC_MAX_SETS);
-			pop(c);
+			lc_err(c, "more than %d columns and fields of one event: set fewer", LC_MAX_SETS);
+			lc_pop(c);
 			continue;
 		}
 		st = &ev->sets[ev->nsets];
 		memset(st, 0, sizeof *st);
 		if (!ident_ok(col)) {
-			err(c, "column \"%s\" must be a lower-case SQL name ([a-z][a-z0-9_]*, at most 64), like \"paid_at\"", col);
-			pop(c);
+			lc_err(c, "column \"%s\" must be a lower-case SQL name ([a-z][a-z0-9_]*, at most 64), like \"paid_at\"", col);
+			lc_pop(c);
 			continue;
 		}
 		if (lc_column_reserved(col)) {
-			err(c, "column \"%s\" is one the worker keeps itself (id, status, version, flags, created_at, "
-			       "updated_at): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
-			pop(c);
+			lc_err(c, "column \"%s\" is one the worker keeps itself (id, status, version, flags, created_at, "
+			          "updated_at): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
+			lc_pop(c);
 			continue;
 		}
 		for (int k = 0; k < ev->nsets; k++) {
 			if (strcmp(ev->sets[k].column, col) == 0)
-				err(c, "column \"%s\" is set twice: set it once", col);
+				lc_err(c, "column \"%s\" is set twice: set it once", col);
 		}
 		copy_name(st->column, col);
 		if (!json_is_object(spec)) {
-			err(c, "say where \"%s\" comes from, like {\"from\": \"occurred_at\", \"type\": \"datetime\"}", col);
-			pop(c);
+			lc_err(c, "say where \"%s\" comes from, like {\"from\": \"occurred_at\", \"type\": \"datetime\"}", col);
+			lc_pop(c);
 			continue;
 		}
-		known_keys(c, spec, keys, "a column");
-		from = json_object_get(spec, "from");
-		type = json_object_get(spec, "type");
-		f = json_is_string(from) ? json_string_value(from) : "";
-		t = json_is_string(type) ? json_string_value(type) : "";
-		if (strcmp(f, "applied_at") == 0) {
-			st->src = LC_SRC_APPLIED_AT;
-		} else if (strcmp(f, "occurred_at") == 0) {
-			st->src = LC_SRC_OCCURRED_AT;
-		} else if (strcmp(f, "message_id") == 0) {
-			st->src = LC_SRC_MESSAGE_ID;
-		} else if (strncmp(f, "data.", 5) == 0 && ident_ok(f + 5)) {
-			st->src = LC_SRC_DATA;
-			copy_name(st->field, f + 5);
-		} else {
-			push_key(c, "from");
-			err(c, "\"from\" must be \"applied_at\", \"occurred_at\", \"message_id\" or \"data.<field>\" "
-			       "(a lower-case field name), like \"data.amount_cents\"");
-			pop(c);
-		}
-		if (strcmp(t, "datetime") == 0) {
-			st->type = LC_TYPE_DATETIME;
-		} else if (strcmp(t, "integer") == 0) {
-			st->type = LC_TYPE_INTEGER;
-		} else if (strcmp(t, "string") == 0) {
-			st->type = LC_TYPE_STRING;
-		} else {
-			push_key(c, "type");
-			err(c, "\"type\" must be \"datetime\", \"integer\" or \"string\"");
-			pop(c);
-			pop(c);
-			continue;
-		}
-		if ((st->src == LC_SRC_APPLIED_AT || st->src == LC_SRC_OCCURRED_AT) && st->type != LC_TYPE_DATETIME)
-			err(c, "\"%s\" comes from a time: write \"type\": \"datetime\"", col);
-		if (st->src == LC_SRC_MESSAGE_ID && st->type != LC_TYPE_STRING)
-			err(c, "\"%s\" comes from the message id: write \"type\": \"string\"", col);
-		st->min = INT64_MIN;
-		st->max = INT64_MAX;
-		st->max_length = 255;
-		v = json_object_get(spec, "min");
-		if (v != NULL) {
-			if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
-				err(c, "\"min\" is an integer bound of an \"integer\" column, like \"min\": 0");
-			else
-				st->min = json_integer_value(v);
-		}
-		v = json_object_get(spec, "max");
-		if (v != NULL) {
-			if (!json_is_integer(v) || st->type != LC_TYPE_INTEGER)
-				err(c, "\"max\" is an integer bound of an \"integer\" column, like \"max\": 100000000");
-			else
-				st->max = json_integer_value(v);
-		}
-		if (st->min > st->max)
-			err(c, "\"min\" is above \"max\": swap them");
-		v = json_object_get(spec, "max_length");
-		if (v != NULL) {
-			if (!json_is_integer(v) || st->type != LC_TYPE_STRING || json_integer_value(v) < 1 ||
-			    json_integer_value(v) > 4096)
-				err(c, "\"max_length\" is the length bound of a \"string\" column, 1..4096, like \"max_length\": 64");
-			else
-				st->max_length = json_integer_value(v);
-		}
-		v = json_object_get(spec, "required");
-		if (v != NULL) {
-			if (!json_is_boolean(v) || st->src != LC_SRC_DATA)
-				err(c, "\"required\" (true or false) says whether a data field must be present; "
-				       "only a \"data.<field>\" column has it");
-			else
-				st->required = json_is_true(v);
-		}
+		parse_value_spec(c, st, spec, col, false);
 		ev->nsets++;
-		pop(c);
+		lc_pop(c);
 	}
 }
 
-static void parse_after(struct ctx *c, struct lc_event *ev, json_t *obj)
+/* "fields": data fields the event's statements read, typed and bounded
+ * as a set's are, kept in ev->sets with no column (lifecycle.h). */
+static void parse_fields(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
+{
+	const char *name;
+	json_t *spec;
+
+	if (!json_is_object(obj)) {
+		lc_err(c, "\"fields\" maps a data field the statements read to its type, like "
+		          "{\"amount_cents\": {\"type\": \"integer\", \"required\": true}}");
+		return;
+	}
+	json_object_foreach(obj, name, spec) {
+		struct lc_set *st;
+		bool twice = false;
+
+		lc_push_key(c, name);
+		if (ev->nsets >= LC_MAX_SETS) {
+			lc_err(c, "more than %d columns and fields of one event: declare fewer", LC_MAX_SETS);
+			lc_pop(c);
+			continue;
+		}
+		if (!ident_ok(name)) {
+			lc_err(c, "field \"%s\" must be a lower-case name ([a-z][a-z0-9_]*, at most 64), like \"amount_cents\"",
+			       name);
+			lc_pop(c);
+			continue;
+		}
+		for (int k = 0; k < ev->nsets && !twice; k++)
+			twice = ev->sets[k].src == LC_SRC_DATA && strcmp(ev->sets[k].field, name) == 0;
+		if (twice) {
+			lc_err(c, "field \"%s\" is declared twice: a set's \"from\": \"data.%s\" declares it already; "
+			          "remove it here", name, name);
+			lc_pop(c);
+			continue;
+		}
+		if (!json_is_object(spec)) {
+			lc_err(c, "say what \"%s\" is, like {\"type\": \"integer\", \"required\": true}", name);
+			lc_pop(c);
+			continue;
+		}
+		st = &ev->sets[ev->nsets];
+		memset(st, 0, sizeof *st);
+		parse_value_spec(c, st, spec, name, true);
+		ev->nsets++;
+		lc_pop(c);
+	}
+}
+
+static void parse_after(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 {
 	const char *sname;
 	json_t *v;
 
 	if (!json_is_object(obj)) {
-		err(c, "\"after\" maps a terminal state to what the event does there, like "
+		lc_err(c, "\"after\" maps a terminal state to what the event does there, like "
 		       "{\"Cancelled\": \"ignore\"}");
 		return;
 	}
 	json_object_foreach(obj, sname, v) {
 		int s = lc_state_index(c->def, sname);
 
-		push_key(c, sname);
+		lc_push_key(c, sname);
 		if (s < 0 || !(c->def->terminal & (1u << s))) {
-			err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\"", sname);
-			pop(c);
+			lc_err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\"", sname);
+			lc_pop(c);
 			continue;
 		}
 		if (json_is_string(v) && strcmp(json_string_value(v), "ignore") == 0) {
 			ev->after[s] = LC_AFTER_IGNORE;
 		} else if (json_is_string(v) && strcmp(json_string_value(v), "invalid-transition") == 0) {
 			ev->after[s] = LC_AFTER_INVALID;
-		} else if (json_is_object(v) && json_object_size(v) == 1 && json_object_get(v, "compensate") != NULL) {
+		} else if (json_is_object(v) && json_object_get(v, "compensate") != NULL) {
+			static const char *const keys[] = { "compensate", "statements", NULL };
+
+			lc_known_keys(c, v, keys, "a compensation after a terminal state");
 			ev->after[s] = LC_AFTER_COMPENSATE;
-			push_key(c, "compensate");
+			lc_push_key(c, "compensate");
 			ev->after_emits[s] = emit_list(c, json_object_get(v, "compensate"), "compensate");
-			pop(c);
+			lc_pop(c);
+		} else if (json_is_object(v) && json_object_get(v, "statements") != NULL) {
+			lc_err(c, "statements after a terminal state run when the event compensates: write "
+			          "{\"compensate\": [event types to emit, or none], \"statements\": [...]}");
 		} else {
-			err(c, "write \"ignore\", \"invalid-transition\" or {\"compensate\": [event types to emit]}");
+			lc_err(c, "write \"ignore\", \"invalid-transition\" or {\"compensate\": [event types to emit]}");
 		}
-		pop(c);
+		lc_pop(c);
 	}
 }
 
-static void parse_event(struct ctx *c, struct lc_event *ev, json_t *obj)
+static void parse_event(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 {
 	static const char *const keys[] = { "type", "aliases", "creates", "from", "to", "emits",
-		                                "compensations", "after", "sets", NULL };
+		                                "compensations", "after", "sets", "fields", "statements", NULL };
 	json_t *v;
 
 	ev->mark = -1;
-	ev->line = here_line(c);
+	ev->line = lc_here_line(c);
 	if (!json_is_object(obj)) {
-		err(c, "an event is an object, like {\"type\": \"OrderPaid\", \"from\": [\"Created\"], \"to\": \"Paid\"}");
+		lc_err(c, "an event is an object, like {\"type\": \"OrderPaid\", \"from\": [\"Created\"], \"to\": \"Paid\"}");
 		return;
 	}
-	known_keys(c, obj, keys, "an event");
+	lc_known_keys(c, obj, keys, "an event");
 	get_name(c, obj, "type", ev->type, false, "PaymentAuthorized");
 	v = json_object_get(obj, "aliases");
 	if (v != NULL) {
 		size_t i;
 		json_t *a;
 
-		push_key(c, "aliases");
+		lc_push_key(c, "aliases");
 		if (!json_is_array(v) || json_array_size(v) > LC_MAX_ALIASES)
-			err(c, "\"aliases\" is a list of at most %d other names of this event, like [\"PaymentConfirmed\"]",
+			lc_err(c, "\"aliases\" is a list of at most %d other names of this event, like [\"PaymentConfirmed\"]",
 			    LC_MAX_ALIASES);
 		else
 			json_array_foreach(v, i, a) {
-				push_index(c, (int)i);
+				lc_push_index(c, (int)i);
 				if (!json_is_string(a) || !name_ok(json_string_value(a)))
-					err(c, "an alias is a name (a letter, then letters, digits or _), like \"PaymentConfirmed\"");
+					lc_err(c, "an alias is a name (a letter, then letters, digits or _), like \"PaymentConfirmed\"");
 				else
 					copy_name(ev->aliases[ev->naliases++], json_string_value(a));
-				pop(c);
+				lc_pop(c);
 			}
-		pop(c);
+		lc_pop(c);
 	}
 	v = json_object_get(obj, "creates");
 	if (v != NULL) {
-		push_key(c, "creates");
+		lc_push_key(c, "creates");
 		ev->creates = state_ref(c, v);
 		if (ev->creates > 0 && (c->def->terminal & (1u << ev->creates)))
-			err(c, "an aggregate cannot be created in the terminal state \"%s\": create it in the first "
+			lc_err(c, "an aggregate cannot be created in the terminal state \"%s\": create it in the first "
 			       "state of \"main_path\"", c->def->states[ev->creates]);
 		if (ev->creates < 0)
 			ev->creates = 0;
 		ev->to = ev->creates;
-		pop(c);
+		lc_pop(c);
 		if (json_object_get(obj, "from") != NULL || json_object_get(obj, "to") != NULL)
-			err(c, "a creation event (\"creates\") has no \"from\" or \"to\": remove them, or remove \"creates\"");
+			lc_err(c, "a creation event (\"creates\") has no \"from\" or \"to\": remove them, or remove \"creates\"");
 	} else {
 		v = json_object_get(obj, "from");
 		if (v == NULL) {
-			err(c, "missing \"from\": write the states it moves from, like \"from\": [\"%s\"] "
+			lc_err(c, "missing \"from\": write the states it moves from, like \"from\": [\"%s\"] "
 			       "(or \"creates\": \"%s\" for the event that creates the aggregate)",
 			    c->def->states[1], c->def->states[1]);
 		} else {
-			push_key(c, "from");
+			lc_push_key(c, "from");
 			ev->from = state_list(c, v, "from");
 			for (int s = 1; s < c->def->nstates; s++) {
 				if ((ev->from & (1u << s)) && (c->def->terminal & (1u << s))) {
-					err(c, "\"%s\" is terminal: an event does not move out of it; to say what \"%s\" does "
+					lc_err(c, "\"%s\" is terminal: an event does not move out of it; to say what \"%s\" does "
 					       "there, write \"after\": {\"%s\": \"ignore\" | \"invalid-transition\" | "
 					       "{\"compensate\": [...]}}", c->def->states[s], ev->type, c->def->states[s]);
 					ev->from &= ~(1u << s);
 				}
 			}
-			pop(c);
+			lc_pop(c);
 		}
 		v = json_object_get(obj, "to");
 		if (v == NULL) {
-			err(c, "missing \"to\": write the state it moves to, like \"to\": \"%s\"", c->def->states[1]);
+			lc_err(c, "missing \"to\": write the state it moves to, like \"to\": \"%s\"", c->def->states[1]);
 		} else {
-			push_key(c, "to");
+			lc_push_key(c, "to");
 			ev->to = state_ref(c, v);
 			if (ev->to < 0)
 				ev->to = 0;
-			pop(c);
+			lc_pop(c);
 		}
 	}
 	v = json_object_get(obj, "emits");
 	if (v != NULL) {
-		push_key(c, "emits");
+		lc_push_key(c, "emits");
 		ev->emits = emit_list(c, v, "emits");
-		pop(c);
+		lc_pop(c);
 	}
 	v = json_object_get(obj, "after");
 	if (v != NULL) {
-		push_key(c, "after");
+		lc_push_key(c, "after");
 		parse_after(c, ev, v);
-		pop(c);
+		lc_pop(c);
 	}
 	v = json_object_get(obj, "sets");
 	if (v != NULL) {
-		push_key(c, "sets");
+		lc_push_key(c, "sets");
 		parse_sets(c, ev, v);
-		pop(c);
+		lc_pop(c);
+	}
+	v = json_object_get(obj, "fields");
+	if (v != NULL) {
+		lc_push_key(c, "fields");
+		parse_fields(c, ev, v);
+		lc_pop(c);
 	}
 }
 
 /* "compensations" name other events, so they are read once all are known. */
-static void parse_compensations(struct ctx *c, int evi, json_t *obj)
+static void parse_compensations(struct lc_ctx *c, int evi, json_t *obj)
 {
 	struct lc_def *d = c->def;
 	struct lc_event *ev = &d->events[evi];
@@ -730,17 +790,17 @@ static void parse_compensations(struct ctx *c, int evi, json_t *obj)
 
 	if (arr == NULL)
 		return;
-	push_key(c, "compensations");
+	lc_push_key(c, "compensations");
 	if (ev->to <= 0 || !(d->terminal & (1u << ev->to))) {
-		err(c, "only a transition into a terminal state owes compensations: remove \"compensations\", "
+		lc_err(c, "only a transition into a terminal state owes compensations: remove \"compensations\", "
 		       "or make \"to\" a terminal state");
-		pop(c);
+		lc_pop(c);
 		return;
 	}
 	if (!json_is_array(arr)) {
-		err(c, "\"compensations\" is a list like [{\"if_took_effect\": \"PaymentAuthorized\", "
+		lc_err(c, "\"compensations\" is a list like [{\"if_took_effect\": \"PaymentAuthorized\", "
 		       "\"emit\": \"RefundRequested\"}]");
-		pop(c);
+		lc_pop(c);
 		return;
 	}
 	json_array_foreach(arr, i, v) {
@@ -748,31 +808,31 @@ static void parse_compensations(struct ctx *c, int evi, json_t *obj)
 		json_t *iff = json_object_get(v, "if_took_effect"), *em = json_object_get(v, "emit");
 		int target = -1, e;
 
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		if (!json_is_object(v) || iff == NULL || em == NULL) {
-			err(c, "a compensation is {\"if_took_effect\": \"<event type>\", \"emit\": \"<event type to emit>\"}");
-			pop(c);
+			lc_err(c, "a compensation is {\"if_took_effect\": \"<event type>\", \"emit\": \"<event type to emit>\"}");
+			lc_pop(c);
 			continue;
 		}
-		known_keys(c, v, keys, "a compensation");
-		push_key(c, "if_took_effect");
+		lc_known_keys(c, v, keys, "a compensation");
+		lc_push_key(c, "if_took_effect");
 		if (json_is_string(iff))
 			target = lc_event_find(d, json_string_value(iff));
 		if (target < 0 || target == evi)
-			err(c, "\"if_took_effect\" names another event type of this file, like \"%s\"",
+			lc_err(c, "\"if_took_effect\" names another event type of this file, like \"%s\"",
 			    d->events[evi == 0 ? (d->nevents > 1 ? 1 : 0) : 0].type);
-		pop(c);
-		push_key(c, "emit");
+		lc_pop(c);
+		lc_push_key(c, "emit");
 		e = emit_ref(c, em);
-		pop(c);
+		lc_pop(c);
 		if (target >= 0 && target != evi && e >= 0 && ev->ncomp < LC_MAX_EMITS) {
 			ev->comp[ev->ncomp].mark = target; /* an event index until marks are numbered */
 			ev->comp[ev->ncomp].emit = e;
 			ev->ncomp++;
 		}
-		pop(c);
+		lc_pop(c);
 	}
-	pop(c);
+	lc_pop(c);
 }
 
 static int path_pos(const struct lc_def *d, int s)
@@ -785,7 +845,7 @@ static int path_pos(const struct lc_def *d, int s)
 }
 
 /* Fill rules[s][e] by the rules in the header comment. */
-static void compile(struct ctx *c)
+static void compile(struct lc_ctx *c)
 {
 	struct lc_def *d = c->def;
 
@@ -854,15 +914,15 @@ static void compile(struct ctx *c)
 }
 
 /* The aggregate's names: its own, its table's and its key's. */
-static void parse_names(struct ctx *c, json_t *root)
+static void parse_names(struct lc_ctx *c, json_t *root)
 {
 	struct lc_def *d = c->def;
 
 	if (get_name(c, root, "aggregate", d->aggregate, true, "order") && strlen(d->aggregate) > LC_NAME_MAX - 7) {
-		push_key(c, "aggregate");
-		err(c, "\"aggregate\" is at most %d characters, so that its ledger %s_events is a SQL name: shorten it",
+		lc_push_key(c, "aggregate");
+		lc_err(c, "\"aggregate\" is at most %d characters, so that its ledger %s_events is a SQL name: shorten it",
 		    LC_NAME_MAX - 7, d->aggregate);
-		pop(c);
+		lc_pop(c);
 	}
 	if (get_name(c, root, "table", d->table, true, "orders") && d->aggregate[0] != '\0') {
 		char ledger[LC_NAME_MAX + 16], locks[LC_NAME_MAX + 16];
@@ -870,10 +930,10 @@ static void parse_names(struct ctx *c, json_t *root)
 		snprintf(ledger, sizeof ledger, "%s_events", d->aggregate);
 		snprintf(locks, sizeof locks, "%s_locks", d->aggregate);
 		if (strcmp(d->table, ledger) == 0 || strcmp(d->table, locks) == 0) {
-			push_key(c, "table");
-			err(c, "\"%s\" is the name of the aggregate's ledger or lock table: name the table otherwise, "
+			lc_push_key(c, "table");
+			lc_err(c, "\"%s\" is the name of the aggregate's ledger or lock table: name the table otherwise, "
 			       "like \"%ss\"", d->table, d->aggregate);
-			pop(c);
+			lc_pop(c);
 		}
 	}
 	if (get_name(c, root, "key", d->key, true, "order_id")) {
@@ -882,10 +942,10 @@ static void parse_names(struct ctx *c, json_t *root)
 			                             "payload_sha256", "held", NULL };
 		for (int k = 0; taken[k] != NULL; k++) {
 			if (strcmp(d->key, taken[k]) == 0) {
-				push_key(c, "key");
-				err(c, "\"%s\" is a column of the ledger already: name the key otherwise, like \"%s_id\"",
+				lc_push_key(c, "key");
+				lc_err(c, "\"%s\" is a column of the ledger already: name the key otherwise, like \"%s_id\"",
 				    d->key, d->aggregate[0] ? d->aggregate : "order");
-				pop(c);
+				lc_pop(c);
 			}
 		}
 	}
@@ -893,7 +953,7 @@ static void parse_names(struct ctx *c, json_t *root)
 
 /* "states"; false when there are none to name (everything else names
  * states, so nothing more is read). */
-static bool parse_states(struct ctx *c, json_t *root)
+static bool parse_states(struct lc_ctx *c, json_t *root)
 {
 	struct lc_def *d = c->def;
 	json_t *v, *x;
@@ -902,99 +962,99 @@ static bool parse_states(struct ctx *c, json_t *root)
 	d->nstates = 1;
 	d->states[0][0] = '\0';
 	v = json_object_get(root, "states");
-	push_key(c, "states");
+	lc_push_key(c, "states");
 	if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) >= LC_MAX_STATES) {
-		err(c, "\"states\" is a list of 1 to %d state names, like [\"Created\", \"Paid\", \"Cancelled\"]",
+		lc_err(c, "\"states\" is a list of 1 to %d state names, like [\"Created\", \"Paid\", \"Cancelled\"]",
 		    LC_MAX_STATES - 1);
-		pop(c);
+		lc_pop(c);
 		return false; /* everything else names states */
 	}
 	json_array_foreach(v, i, x) {
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		if (!json_is_string(x) || !name_ok(json_string_value(x)))
-			err(c, "a state is a name (a letter, then letters, digits or _, at most 64), like \"Created\"");
+			lc_err(c, "a state is a name (a letter, then letters, digits or _, at most 64), like \"Created\"");
 		else if (lc_state_index(d, json_string_value(x)) > 0)
-			err(c, "state \"%s\" is declared twice: declare it once", json_string_value(x));
+			lc_err(c, "state \"%s\" is declared twice: declare it once", json_string_value(x));
 		else
 			copy_name(d->states[d->nstates++], json_string_value(x));
-		pop(c);
+		lc_pop(c);
 	}
-	pop(c);
+	lc_pop(c);
 	return d->nstates >= 2;
 }
 
 /* "terminal" and "main_path", and every state on one of them. */
-static void parse_path(struct ctx *c, json_t *root)
+static void parse_path(struct lc_ctx *c, json_t *root)
 {
 	struct lc_def *d = c->def;
 	json_t *v, *x;
 	size_t i;
 
 	v = json_object_get(root, "terminal");
-	push_key(c, "terminal");
+	lc_push_key(c, "terminal");
 	if (v == NULL)
-		err(c, "missing \"terminal\": write the states the lifecycle ends in, like \"terminal\": [\"%s\"]",
+		lc_err(c, "missing \"terminal\": write the states the lifecycle ends in, like \"terminal\": [\"%s\"]",
 		    d->states[d->nstates - 1]);
 	else
 		d->terminal = state_list(c, v, "terminal");
-	pop(c);
+	lc_pop(c);
 
 	v = json_object_get(root, "main_path");
-	push_key(c, "main_path");
+	lc_push_key(c, "main_path");
 	if (!json_is_array(v) || json_array_size(v) == 0) {
-		err(c, "\"main_path\" is the states in the order the lifecycle normally goes through, like [\"%s\"]",
+		lc_err(c, "\"main_path\" is the states in the order the lifecycle normally goes through, like [\"%s\"]",
 		    d->states[1]);
 	} else {
 		json_array_foreach(v, i, x) {
 			int s;
 
-			push_index(c, (int)i);
+			lc_push_index(c, (int)i);
 			s = state_ref(c, x);
 			if (s > 0 && path_pos(d, s) >= 0)
-				err(c, "\"%s\" is on the main path twice: list it once", d->states[s]);
+				lc_err(c, "\"%s\" is on the main path twice: list it once", d->states[s]);
 			else if (s > 0 && (d->terminal & (1u << s)) && i + 1 != json_array_size(v))
-				err(c, "the terminal state \"%s\" can only end the main path: move it last, or out of "
+				lc_err(c, "the terminal state \"%s\" can only end the main path: move it last, or out of "
 				       "\"terminal\"", d->states[s]);
 			else if (s > 0)
 				d->path[d->npath++] = s;
-			pop(c);
+			lc_pop(c);
 		}
 	}
-	pop(c);
-	push_key(c, "states");
+	lc_pop(c);
+	lc_push_key(c, "states");
 	for (int s = 1; s < d->nstates; s++) {
 		if (!(d->terminal & (1u << s)) && path_pos(d, s) < 0) {
-			push_index(c, s - 1);
-			err(c, "\"%s\" is neither on the main path nor terminal: add it to \"main_path\" or to \"terminal\"",
+			lc_push_index(c, s - 1);
+			lc_err(c, "\"%s\" is neither on the main path nor terminal: add it to \"main_path\" or to \"terminal\"",
 			    d->states[s]);
-			pop(c);
+			lc_pop(c);
 		}
 	}
-	pop(c);
+	lc_pop(c);
 }
 
 /* "events": each one, names unique across types and aliases, the
  * compensations (which name other events), and one event that creates;
  * false when there is no list of events to read. */
-static bool parse_events(struct ctx *c, json_t *root)
+static bool parse_events(struct lc_ctx *c, json_t *root)
 {
 	struct lc_def *d = c->def;
 	json_t *v, *x;
 	size_t i;
 
 	v = json_object_get(root, "events");
-	push_key(c, "events");
+	lc_push_key(c, "events");
 	if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > LC_MAX_EVENTS) {
-		err(c, "\"events\" is a list of 1 to %d event types, like [{\"type\": \"OrderCreated\", "
+		lc_err(c, "\"events\" is a list of 1 to %d event types, like [{\"type\": \"OrderCreated\", "
 		       "\"creates\": \"%s\"}, ...]", LC_MAX_EVENTS, d->states[1]);
-		pop(c);
+		lc_pop(c);
 		return false;
 	}
 	d->nevents = (int)json_array_size(v);
 	json_array_foreach(v, i, x) {
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		parse_event(c, &d->events[i], x);
-		pop(c);
+		lc_pop(c);
 	}
 	/* Names are unique across types and aliases: a message's type picks one. */
 	for (int e = 0; e < d->nevents; e++) {
@@ -1014,19 +1074,21 @@ static bool parse_events(struct ctx *c, json_t *root)
 		}
 	}
 	json_array_foreach(v, i, x) {
-		push_index(c, (int)i);
+		lc_push_index(c, (int)i);
 		if (json_is_object(x))
 			parse_compensations(c, (int)i, x);
-		pop(c);
+		if (json_is_object(x))
+			lc_parse_statements(c, (int)i, x);
+		lc_pop(c);
 	}
-	pop(c);
+	lc_pop(c);
 	{
 		bool creator = false;
 
 		for (int e = 0; e < d->nevents; e++)
 			creator |= d->events[e].creates > 0;
 		if (!creator)
-			err(c, "no event creates the aggregate: give one event \"creates\": \"%s\"",
+			lc_err(c, "no event creates the aggregate: give one event \"creates\": \"%s\"",
 			    d->npath > 0 ? d->states[d->path[0]] : d->states[1]);
 	}
 	return true;
@@ -1056,7 +1118,7 @@ static void assign_marks(struct lc_def *d)
 	}
 }
 
-static void parse_top(struct ctx *c, json_t *root)
+static void parse_top(struct lc_ctx *c, json_t *root)
 {
 	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
 		                                "terminal", "events", NULL };
@@ -1065,17 +1127,17 @@ static void parse_top(struct ctx *c, json_t *root)
 	int line;
 
 	if (!json_is_object(root)) {
-		err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
+		lc_err(c, "a definition is one JSON object: {\"lifecycle\": 1, \"aggregate\": ..., \"states\": [...], ...}");
 		return;
 	}
-	known_keys(c, root, keys, "the definition");
+	lc_known_keys(c, root, keys, "the definition");
 	v = json_object_get(root, "lifecycle");
 	if (!json_is_integer(v) || json_integer_value(v) != 1) {
 		if (v != NULL)
-			push_key(c, "lifecycle");
-		err(c, "the format version is 1: write \"lifecycle\": 1");
+			lc_push_key(c, "lifecycle");
+		lc_err(c, "the format version is 1: write \"lifecycle\": 1");
 		if (v != NULL)
-			pop(c);
+			lc_pop(c);
 	}
 	parse_names(c, root);
 	if (!parse_states(c, root))
@@ -1092,7 +1154,7 @@ static void parse_top(struct ctx *c, json_t *root)
 
 struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs)
 {
-	struct ctx c = { text, len, errs, { 0, { { NULL, 0 } } }, NULL };
+	struct lc_ctx c = { text, len, errs, { 0, { { NULL, 0 } } }, NULL };
 	json_error_t jerr;
 	json_t *root = NULL;
 

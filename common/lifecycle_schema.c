@@ -106,7 +106,7 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 	for (int e = 0; e < d->nevents; e++) {
 		for (int k = 0; k < d->events[e].nsets; k++) {
 			const struct lc_set *st = &d->events[e].sets[k];
-			bool seen = false;
+			bool seen = st->column[0] == '\0'; /* a field: no column */
 
 			for (int i = 0; i < n && !seen; i++) {
 				if (nd[i].table != 0 || strcmp(nd[i].column, st->column) != 0)
