@@ -670,7 +670,7 @@ void db_rollback(struct db *d)
 	}
 }
 
-int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
+static int db_prepare_as(struct db *d, struct db_stmt **out, const char *sql, bool quiet)
 {
 	struct db_stmt *s = calloc(1, sizeof *s);
 	int rc;
@@ -687,7 +687,8 @@ int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
 	if (d->my != NULL) {
 		rc = db_stmt_prepare_on(s);
 		if (rc != ST_OK) {
-			LOG(LOG_LEVEL_ERROR, "prepare failed", LOG_S("error", d->last_error), LOG_S("sql", sql));
+			if (!quiet)
+				LOG(LOG_LEVEL_ERROR, "prepare failed", LOG_S("error", d->last_error), LOG_S("sql", sql));
 			free(s->sql);
 			free(s);
 			return rc;
@@ -697,6 +698,16 @@ int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
 	d->stmts = s;
 	*out = s;
 	return ST_OK;
+}
+
+int db_prepare(struct db *d, struct db_stmt **out, const char *sql)
+{
+	return db_prepare_as(d, out, sql, false);
+}
+
+int db_prepare_theirs(struct db *d, struct db_stmt **out, const char *sql)
+{
+	return db_prepare_as(d, out, sql, true);
 }
 
 static void db_bind_params(MYSQL_BIND *b, const struct db_param *p, int n)

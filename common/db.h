@@ -125,6 +125,9 @@ void db_rollback(struct db *d);
 
 /* Prepare sql on d.  The statement is owned by d. */
 int db_prepare(struct db *d, struct db_stmt **out, const char *sql);
+/* db_prepare for a statement someone else wrote (a lifecycle's own): a
+ * refusal is logged by nobody here, the caller says it with its origin. */
+int db_prepare_theirs(struct db *d, struct db_stmt **out, const char *sql);
 
 /*
  * Every call below that takes a parameter or column count checks it

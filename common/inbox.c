@@ -55,6 +55,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "effects.h"
 #include "fault.h"
 #include "inbox_int.h"
 #include "lifecycle_schema.h"
@@ -232,6 +233,12 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
 #undef PREP
+	/* The definition's own statements: prepared here as ours are, so a
+	 * schema that lacks their tables is refused at start (preflight says
+	 * which statement and line before the pool starts). */
+	rc = effects_open(&ib->fx, db, ib->bind->def, NULL);
+	if (rc != ST_OK)
+		goto fail;
 	/* The request: at most what the server takes (sqlbuf's default
 	 * ceiling); the sections: cut into requests by inbox_flush. */
 	ib->req.db = db;
@@ -285,6 +292,7 @@ void inbox_close(struct inbox **ibp)
 		return;
 	ib = *ibp;
 	/* Statements belong to the db and die with it. */
+	effects_close(&ib->fx);
 	free(ib->hrows);
 	free(ib->hbuf);
 	free(ib->hex);
@@ -740,6 +748,7 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	struct inbox_agg *o = inbox_find_order(ib, m->order_id);
 	struct inbox_event ev;
 	struct agg_verdict v;
+	enum msg_reason reason = MSG_REASON_NONE;
 	bool changed = false;
 	char *props = NULL;
 	int rc = ST_OK;
@@ -753,18 +762,21 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	if (v.decision == LC_HOLD) {
 		inbox_hold(ib, in, o);
 	} else {
-		if (v.decision == LC_INVALID && in->props_json != NULL) {
+		/* the properties a dead-letter copy keeps, when it may need one */
+		if ((v.decision == LC_INVALID || effects_count(ib->bind->def, (int)m->type) > 0) &&
+		    in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
-		rc = inbox_act(ib, o, &ev, v, SRC_LIVE, res, &changed);
+		rc = inbox_act(ib, o, &ev, v, SRC_LIVE, res, &changed, &reason);
 	}
 	if (rc == ST_OK && changed && (o->held > 0 || o->pending > 0))
 		rc = inbox_release_held(ib, o, res);
 	free(props);
 	if (rc != ST_OK)
 		return rc;
-	res->outcome = (enum inbox_outcome)v.decision; /* the enums agree up to DEAD_LETTERED */
+	/* the enums agree up to DEAD_LETTERED */
+	res->outcome = reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision;
 	res->state = o->state;
 	return ST_OK;
 }

@@ -65,6 +65,11 @@ struct inbox_in {
 
 struct inbox_result {
 	enum inbox_outcome outcome;
+	/* When outcome is INBOX_DEAD_LETTERED: why (invalid-transition, or
+	 * effect-failed: a statement of the definition refused the message's
+	 * data), and the detail its dead-letter copy carries. */
+	enum msg_reason reason;
+	char detail[MSG_DETAIL_MAX];
 	int released;      /* held events applied/settled by this transaction */
 	/* The released ones by their final outcome (INBOX_APPLIED,
 	 * INBOX_IGNORED, INBOX_COMPENSATED, INBOX_DEAD_LETTERED) and the

@@ -29,6 +29,7 @@
 #include <jansson.h>
 
 #include "array.h"
+#include "effects.h"
 #include "inbox_int.h"
 #include "log.h"
 #include "sqlbuf.h"
@@ -326,7 +327,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct
 	} else {
 		inbox_event_from_msg(&ev, &m, raw.body, raw.len, raw.routing_key, raw.props);
 		ev.ctx = &x.ctx;
-		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed);
+		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed, &reason);
 	}
 	if (rc != ST_OK) {
 		log_trace_clear();
@@ -335,8 +336,6 @@ static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct
 	sqlbuf_item(&ib->w[W_DEL]);
 	sqlbuf_i64(&ib->w[W_DEL], h.id);
 	*settled = true;
-	if (reason == MSG_REASON_NONE && v.decision == LC_INVALID)
-		reason = MSG_REASON_INVALID_TRANSITION;
 	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
 	res->released_reason[reason]++;
 	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
@@ -411,6 +410,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct i
 		const struct inbox_in *in;
 		struct inbox_event ev;
 		struct agg_verdict v;
+		enum msg_reason reason = MSG_REASON_NONE;
 		char *props = NULL;
 		bool changed = false;
 		int rc;
@@ -426,11 +426,12 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct i
 		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
 		ev.deliveries = in->deliveries;
 		ev.ctx = in->ctx;
-		if (v.decision == LC_INVALID && in->props_json != NULL) {
+		if ((v.decision == LC_INVALID || effects_count(ib->bind->def, (int)in->msg->type) > 0) &&
+		    in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
 			ev.props = props;
 		}
-		rc = inbox_act(ib, o, &ev, v, SRC_HELD_MEM, res, &changed);
+		rc = inbox_act(ib, o, &ev, v, SRC_HELD_MEM, res, &changed, &reason);
 		free(props);
 		if (rc != ST_OK)
 			return rc;
@@ -438,8 +439,9 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct i
 		o->pending--;
 		(*released)++;
 		*progress = *progress || changed;
-		res->released_as[(enum inbox_outcome)v.decision]++; /* the enums agree up to DEAD_LETTERED */
-		res->released_reason[v.decision == LC_INVALID ? MSG_REASON_INVALID_TRANSITION : MSG_REASON_NONE]++;
+		/* the enums agree up to DEAD_LETTERED */
+		res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
+		res->released_reason[reason]++;
 	}
 	return ST_OK;
 }

@@ -166,6 +166,8 @@ struct inbox {
 	const struct agg_binding *bind;
 	struct inbox_names sql;
 	struct sqlbuf vals;
+	/* The definition's own statements (effects.h); NULL: it has none. */
+	struct effects *fx;
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */
@@ -232,9 +234,11 @@ void inbox_sql_key_is(const struct inbox *ib, struct sqlbuf *b, const char *sour
 void inbox_w_outcome(struct inbox *ib, const struct inbox_event *ev, const char *outcome, const char *reason,
                      bool waited);
 int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, const char *reason, const char *detail);
-/* Carry out a verdict (not LC_HOLD) on a locked order. */
+/* Carry out a verdict (not LC_HOLD) on a locked order, the definition's
+ * statements first; *reason: why it was dead-lettered instead, or
+ * MSG_REASON_NONE. */
 int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev, struct agg_verdict v,
-              enum inbox_src src, struct inbox_result *res, bool *changed);
+              enum inbox_src src, struct inbox_result *res, bool *changed, enum msg_reason *reason);
 
 /* ---- inbox_held.c: the held events ----------------------------------- */
 

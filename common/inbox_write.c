@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "effects.h"
 #include "inbox_int.h"
 #include "outbox.h"
 #include "outbox_dispatch.h"
@@ -334,11 +335,6 @@ int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, const ch
 	return outbox_row_dead_letter(&ib->w[W_OUTBOX], ib->conf, ib->emit, &d);
 }
 
-static const char *inbox_reason_of(enum lc_decision d)
-{
-	return d == LC_INVALID ? "invalid-transition" : NULL;
-}
-
 /* The values ev's sets give their columns, as SQL text kept in ib->vals
  * until the aggregate's row is written (inbox_flush): the event took
  * effect on o. */
@@ -370,19 +366,57 @@ static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct
 	return ST_OK;
 }
 
-/* Carry out a verdict (not LC_HOLD) on a locked order: the order's new
- * state, its ledger row, the outbox rows and the inbox outcome go to the
- * write.  *changed is set when the order changed (held events may now
- * apply). */
+/* The definition's own statements for ev's verdict on o, in the
+ * transaction: ST_OK, with *refused set when the message's own data was
+ * refused (detail says how; nothing of them stays), or the server's code. */
+static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev,
+                         enum lc_decision decision, bool *refused, char *detail, size_t cap)
+{
+	const struct effects_args a = {
+		.message_id = ev->message_id, .source = ev->source, .type_name = ev->type_name, .key = ev->order_id,
+		.m = ev->msg,
+	};
+	int ran = 0, rc;
+
+	*refused = false;
+	if (ib->fx == NULL)
+		return ST_OK;
+	rc = effects_run(ib->fx, (int)ev->type, o->state, decision, &a, &ran, detail, cap);
+	if (rc == ST_ERR_DB_DATA) {
+		*refused = true;
+		return ST_OK;
+	}
+	return rc;
+}
+
+/* Carry out a verdict (not LC_HOLD) on a locked order: the definition's
+ * statements run, then the order's new state, its ledger row, the outbox
+ * rows and the inbox outcome go to the write.  *changed is set when the
+ * order changed (held events may now apply); *reason says why the event
+ * was dead-lettered instead (MSG_REASON_NONE: it was not), and for the
+ * live delivery res->reason and res->detail say it too. */
 int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev,
-              struct agg_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed)
+              struct agg_verdict v, enum inbox_src src, struct inbox_result *res, bool *changed,
+              enum msg_reason *reason)
 {
 	const struct lc_def *d = ib->bind->def;
 	const char *outcome = lc_decision_outcome(v.decision);
+	char detail[MSG_DETAIL_MAX] = "";
+	bool refused = false;
 	int nrows = 0, rc = ST_OK;
 
 	*changed = false;
-	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE) {
+	*reason = MSG_REASON_NONE;
+	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE)
+		rc = inbox_effects(ib, o, ev, v.decision, &refused, detail, sizeof detail);
+	if (rc != ST_OK)
+		return rc;
+	if (refused) {
+		*reason = MSG_REASON_EFFECT_FAILED;
+		outcome = "dead_lettered";
+		rc = inbox_w_dead_letter(ib, ev, msg_reason_name(*reason), detail);
+		nrows++;
+	} else if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE) {
 		struct sqlbuf *e = &ib->w[W_EVENT];
 
 		/* in the definition's order of emits (OrderPaid, RefundRequested,
@@ -420,18 +454,24 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 			*changed = true;
 		}
 	} else if (v.decision == LC_INVALID) {
-		char detail[160];
+		*reason = MSG_REASON_INVALID_TRANSITION;
 		snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
 		         agg_state_name(o->state));
-		rc = inbox_w_dead_letter(ib, ev, "invalid-transition", detail);
+		rc = inbox_w_dead_letter(ib, ev, msg_reason_name(*reason), detail);
 		nrows++;
 	}
 	/* On an error the rows written so far go with the rolled-back
-	 * transaction (inbox_end resets the write). */
-	if (rc == ST_OK && (src != SRC_LIVE || v.decision != LC_APPLY))
-		inbox_w_outcome(ib, ev, outcome, inbox_reason_of(v.decision), src == SRC_HELD_MEM);
+	 * transaction (inbox_end resets the write).  A live delivery's inbox
+	 * row says 'applied' from the claim; any other outcome is written. */
+	if (rc == ST_OK && (src != SRC_LIVE || v.decision != LC_APPLY || *reason != MSG_REASON_NONE))
+		inbox_w_outcome(ib, ev, outcome, *reason != MSG_REASON_NONE ? msg_reason_name(*reason) : NULL,
+		                src == SRC_HELD_MEM);
 	if (rc != ST_OK)
 		return rc;
+	if (src == SRC_LIVE && *reason != MSG_REASON_NONE) {
+		res->reason = *reason;
+		snprintf(res->detail, sizeof res->detail, "%s", detail);
+	}
 	res->outbox_rows += nrows;
 	return ST_OK;
 }

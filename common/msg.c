@@ -49,6 +49,7 @@ static const char *const reason_names[] = {
 	[MSG_REASON_INVALID_TRANSITION] = "invalid-transition",
 	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
 	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
+	[MSG_REASON_EFFECT_FAILED] = "effect-failed",
 };
 _Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum msg_reason");
 

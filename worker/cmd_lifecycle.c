@@ -8,11 +8,15 @@
 #include "cmd_lifecycle.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cfg.h"
+#include "db.h"
 #include "lifecycle.h"
 #include "lifecycle_schema.h"
 #include "aggregate.h"
+#include "preflight.h"
 #include "status.h"
 
 #define LC_USAGE "usage: inbox-worker lifecycle check|schema FILE"
@@ -40,6 +44,50 @@ static int print_schema(const char *path, FILE *out, FILE *err)
 	return code;
 }
 
+/* The definition's own statements prepared as `run` prepares them, on
+ * the database run's settings name (INBOX_DB_URL and the rest, read only
+ * here: a definition without statements needs no database to be
+ * checked).  0 when there are none, or each prepared, or there is no
+ * INBOX_DB_URL to prepare them on (said); 1 when the server refused one
+ * or could not be reached (said). */
+static int prepare_statements(const struct lc_def *d, const char *path, FILE *out, FILE *err)
+{
+	char *argv[] = { "inbox-worker", NULL };
+	char why[512];
+	struct cfg conf;
+	struct db *db = NULL;
+	const char *url = getenv("INBOX_DB_URL");
+	int code = 1;
+
+	if (d->nstmts == 0)
+		return 0;
+	if (url == NULL || url[0] == '\0') {
+		fprintf(out, "statements: %d, not prepared: set INBOX_DB_URL (as for run) to have the database prepare "
+		             "each one\n", d->nstmts);
+		return 0;
+	}
+	if (cfg_load(&conf, 1, argv, why, sizeof why) != CFG_OK) {
+		fprintf(err, "%s: cannot prepare its statements: %s\n", path, why);
+		return 1;
+	}
+	if (db_global_init() != 0) {
+		fprintf(err, "%s: cannot prepare its statements: mysql_library_init failed\n", path);
+		goto cleanup;
+	}
+	if (db_open_why(&db, &conf.db, why, sizeof why) != ST_OK) {
+		fprintf(err, "%s: cannot prepare its statements: %s: %s\n", path, conf.db.redacted, why);
+	} else if (preflight_effects(db, d, path) == 0) { /* says the refusal itself */
+		fprintf(out, "statements: %d, each prepared by %s\n", d->nstmts, conf.db.redacted);
+		code = 0;
+	}
+	db_rollback(db);
+	db_close(&db);
+	db_global_end();
+cleanup:
+	cfg_free(&conf);
+	return code;
+}
+
 void lifecycle_usage(FILE *f)
 {
 	fputs("  lifecycle check FILE\n"
@@ -64,8 +112,9 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 		fprintf(out, "%s\n\n"
 		             "  check FILE  validate a lifecycle definition (see doc/lifecycle.md), print its\n"
 		             "              decision table, and check exhaustively that any arrival order of\n"
-		             "              its events, with duplicates, ends the same; exit 0 when it does,\n"
-		             "              1 when the definition is refused, 2 on a usage error\n"
+		             "              its events, with duplicates, ends the same; with INBOX_DB_URL set,\n"
+		             "              the database prepares each of its own statements; exit 0 when it\n"
+		             "              does, 1 when the definition is refused, 2 on a usage error\n"
 		             "  schema FILE the tables the definition needs, as the CREATE TABLE statements\n"
 		             "              `migrate` runs with INBOX_LIFECYCLE=FILE\n",
 		        LC_USAGE);
@@ -96,8 +145,9 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	/* The same judgement as run's (preflight_lifecycle): what it refuses,
 	 * check refuses, with the same exit as any other refusal. */
 	if (agg_bind(d, &b, why, sizeof why) == 0) {
-		fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);
-		code = 0;
+		code = prepare_statements(d, argv[2], out, err);
+		if (code == 0)
+			fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);
 	} else {
 		fprintf(out, "this worker cannot run it: %s\n", why);
 		fprintf(err, "%s: this worker cannot run it: %s\n", argv[2], why);

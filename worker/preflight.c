@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "effects.h"
 #include "lifecycle_schema.h"
 #include "log.h"
 #include "metrics.h"
@@ -84,6 +85,24 @@ fail:
 	return 2;
 }
 
+int preflight_effects(struct db *db, const struct lc_def *d, const char *file)
+{
+	struct effects *fx = NULL;
+	struct effects_refusal r;
+	char line[600];
+	int rc;
+
+	rc = effects_open(&fx, db, d, &r);
+	effects_close(&fx);
+	if (rc == ST_OK)
+		return 0;
+	if (rc == ST_ERR_DB_CONN)
+		return 0; /* the pool waits for the database, and prepares them again */
+	effects_refusal_line(d, &r, file, line, sizeof line);
+	fprintf(stderr, "inbox-worker: %s\n", line);
+	return 2;
+}
+
 int preflight_lifecycle_schema(const struct cfg *conf)
 {
 	static struct lc_column cols[LC_SCHEMA_COLUMNS_MAX];
@@ -111,7 +130,9 @@ int preflight_lifecycle_schema(const struct cfg *conf)
 		fprintf(stderr, "inbox-worker: INBOX_LIFECYCLE %s needs a schema change: %s (run `inbox-worker migrate` "
 		                "with the same INBOX_LIFECYCLE)\n", name, diff);
 		code = 2;
+		goto cleanup;
 	}
+	code = preflight_effects(db, d, name);
 cleanup:
 	db_rollback(db);
 	db_close(&db);

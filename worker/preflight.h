@@ -40,6 +40,13 @@ int preflight_lifecycle(const struct cfg *conf);
  * first statement's to report: both are 0 here. */
 int preflight_lifecycle_schema(const struct cfg *conf);
 
+/* The definition's own statements prepared on db (its tables must
+ * exist; the read is the caller's to end): 0, or 2 after one line on
+ * stderr, "FILE:LINE: statement N of EVENT: the server's words" (file:
+ * the definition's, or "(built-in)").  `run` (inside
+ * preflight_lifecycle_schema) and `lifecycle check` with a database. */
+int preflight_effects(struct db *db, const struct lc_def *d, const char *file);
+
 /* Every command that writes rows (run, cleanup, dlq replay), at start-up:
  * 1 (said in one line) when schema_migrations holds a numbered migration
  * that conf->migrations_dir has no file for (a newer build migrated the

@@ -552,7 +552,7 @@ static void worker_count(const struct inbox_result *res)
 		metrics_held();
 		break;
 	case INBOX_DEAD_LETTERED:
-		metrics_dead_letter(MSG_REASON_INVALID_TRANSITION, 1);
+		metrics_dead_letter(res->reason != MSG_REASON_NONE ? res->reason : MSG_REASON_INVALID_TRANSITION, 1);
 		break;
 	case INBOX_CONFLICT: /* counted by the caller once its copy is confirmed */
 	case INBOX_OUTCOME_COUNT:
@@ -810,9 +810,9 @@ static int worker_account_one(struct worker *w, struct item *it)
 		outcome = inbox_outcome_name(it->res.outcome);
 		if (it->res.outcome == INBOX_DEAD_LETTERED) {
 			/* its dead-letter copy is in the outbox */
-			reason = msg_reason_name(MSG_REASON_INVALID_TRANSITION);
-			snprintf(detail, sizeof detail, "%s not allowed on an order in state %s",
-			         it->m.type_name, agg_state_name(it->res.state));
+			reason = msg_reason_name(it->res.reason != MSG_REASON_NONE ? it->res.reason
+			                                                           : MSG_REASON_INVALID_TRANSITION);
+			snprintf(detail, sizeof detail, "%s", it->res.detail);
 		}
 	}
 	worker_log_handled(w, it, outcome, reason, detail, it->res.released);
