@@ -886,7 +886,7 @@ Test(http_receiver, refuses_a_seeded_fraction_and_asks_for_patience)
 
 Test(http_receiver, goes_away_on_sigusr1_and_comes_back)
 {
-	const char *away[] = { "--away-seconds", "1", NULL };
+	const char *away[] = { "--away-seconds", "2", NULL };
 	struct http_client *cl = http_client_new();
 	struct receiver rv;
 	struct http_result r;
