@@ -83,10 +83,12 @@ struct http_dest {
  * The dest functions return ST_OK, or ST_ERR_INVALID (a bad value),
  * ST_ERR_IO / ST_ERR_NOT_FOUND (a file that cannot be read) or
  * ST_ERR_NOMEM, with one line in err (never a header's value, never a
- * URL's password; err may be NULL).  On error dest is as it was.
+ * URL's password; err may be NULL).  On error dest is as it was, but for
+ * http_dest_init.
  */
 /* Start dest afresh (it need not be initialised): url, method, the
- * default time-outs, no headers, no CA file. */
+ * default time-outs, no headers, no CA file.  On error dest is zeroed
+ * (http_dest_free on it is harmless). */
 int http_dest_init(struct http_dest *dest, const char *url, enum http_method method, char *err, size_t errlen);
 /* Add a header sent on every request to dest. */
 int http_dest_header(struct http_dest *dest, const char *name, const char *value, char *err, size_t errlen);
@@ -151,8 +153,13 @@ struct http_result {
  *
  * Returns ST_OK when the request was attempted (whatever its outcome);
  * ST_ERR_INVALID when the arguments are refused before anything is sent
- * (outcome HTTP_REFUSED: the same arguments will be refused again) and
- * ST_ERR_NOMEM (outcome HTTP_RETRY).  *out is always filled.
+ * (outcome HTTP_REFUSED: the same arguments will be refused again: a key
+ * that is not 1 to HTTP_KEY_MAX printable ASCII characters, a control
+ * character in content_type or traceparent, no body with len > 0);
+ * ST_ERR_NOMEM, and ST_ERR_IO when libcurl refuses an option (one built
+ * without TLS, say), both with outcome HTTP_RETRY.  *out is always filled
+ * (but for out NULL: ST_ERR_INVALID).  A call whose transfer failed after
+ * a final status came is judged by that status, out->error set too.
  */
 int http_call_send(struct http_client *client, const struct http_dest *dest, const void *body, size_t len,
                    const char *content_type, const char *idempotency_key, const char *traceparent,
