@@ -24,7 +24,7 @@ inbox_install_deps() {
 
 # The packages the build needs (tests add libcriterion-dev and valgrind).
 INBOX_BUILD_DEPS=(meson ninja-build pkg-config gcc libc6-dev librabbitmq-dev libmariadb-dev
-    libjansson-dev libssl-dev libmicrohttpd-dev)
+    libjansson-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev)
 
 # inbox_meson_setup DIR OPTIONS... — configure DIR, or reconfigure it when
 # it was configured before (so changed options take effect).
