@@ -232,7 +232,11 @@ int dlq_judge_entry(struct dlq_judge *j, const struct dlq_entry *e, enum dlq_jud
 		} else {
 			*v = DLQ_JUDGE_REOPEN;
 			snprintf(why, cap, "the inbox dead-lettered it (%s); %s %s is %s now: the key is reopened"
-			         " and the event %s", in.reason, agg, e->m.order_id, now, lc_decision_outcome(ov.decision));
+			         " and the event %s%s", in.reason, agg, e->m.order_id, now, lc_decision_outcome(ov.decision),
+			         strcmp(in.reason, "effect-failed") == 0
+			             ? "; its statements run again, and are refused again unless what they"
+			               " need has changed (see the detail)"
+			             : "");
 		}
 	}
 	return ST_OK;

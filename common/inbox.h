@@ -63,6 +63,8 @@ struct inbox_in {
 	const char *event;
 };
 
+#define INBOX_EVENTS_MAX 16 /* lifecycle.h's LC_MAX_EVENTS */
+
 struct inbox_result {
 	enum inbox_outcome outcome;
 	/* When outcome is INBOX_DEAD_LETTERED: why (invalid-transition, or
@@ -78,6 +80,10 @@ struct inbox_result {
 	int released_as[INBOX_OUTCOME_COUNT];
 	int released_reason[MSG_REASON_COUNT];
 	int outbox_rows;   /* rows written to the outbox */
+	/* The lifecycle's own statements this transaction ran (they commit
+	 * with it) and refused (effect-failed), by event index: the
+	 * delivery's and those of every event it released. */
+	uint16_t stmts_ran[INBOX_EVENTS_MAX], stmts_refused[INBOX_EVENTS_MAX];
 	int state;         /* the aggregate's, after: an index of the bound definition */
 	/* A duplicate or conflict of a key the inbox had forgotten (its row
 	 * deleted by retention) and the ledger remembers. */

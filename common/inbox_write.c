@@ -369,8 +369,11 @@ static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct
 /* The definition's own statements for ev's verdict on o, in the
  * transaction: ST_OK, with *refused set when the message's own data was
  * refused (detail says how; nothing of them stays), or the server's code. */
+_Static_assert(INBOX_EVENTS_MAX == LC_MAX_EVENTS, "a result counts the statements of every event");
+
 static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev,
-                         enum lc_decision decision, bool *refused, char *detail, size_t cap)
+                         enum lc_decision decision, struct inbox_result *res, bool *refused, char *detail,
+                         size_t cap)
 {
 	const struct effects_args a = {
 		.message_id = ev->message_id, .source = ev->source, .type_name = ev->type_name, .key = ev->order_id,
@@ -384,8 +387,11 @@ static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const stru
 	rc = effects_run(ib->fx, (int)ev->type, o->state, decision, &a, &ran, detail, cap);
 	if (rc == ST_ERR_DB_DATA) {
 		*refused = true;
+		res->stmts_refused[ev->type]++;
 		return ST_OK;
 	}
+	if (rc == ST_OK)
+		res->stmts_ran[ev->type] = (uint16_t)(res->stmts_ran[ev->type] + ran);
 	return rc;
 }
 
@@ -408,7 +414,7 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 	*changed = false;
 	*reason = MSG_REASON_NONE;
 	if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE)
-		rc = inbox_effects(ib, o, ev, v.decision, &refused, detail, sizeof detail);
+		rc = inbox_effects(ib, o, ev, v.decision, res, &refused, detail, sizeof detail);
 	if (rc != ST_OK)
 		return rc;
 	if (refused) {

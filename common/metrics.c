@@ -64,6 +64,12 @@ static struct {
 	 * before lifecycle_set is published, read only after it. */
 	char lifecycle[3][METRICS_NAME_MAX + 1];
 	atomic_bool lifecycle_set;
+	/* The event types that run statements of their own
+	 * (metrics_set_statement_events: "" for one that runs none), and
+	 * what their statements did: [event][0] ran, [event][1] refused. */
+	char stmt_event[METRICS_EVENTS_MAX][METRICS_NAME_MAX + 1];
+	atomic_bool stmt_events_set;
+	atomic_uint_fast64_t statements[METRICS_EVENTS_MAX][2];
 } metrics;
 
 static const char *const metrics_outcome_names[] = {
@@ -476,6 +482,62 @@ int metrics_set_lifecycle(const char *aggregate, const char *table, const char *
 	return 0;
 }
 
+int metrics_set_statement_events(const char *const *names, int n)
+{
+	if (atomic_load(&metrics.stmt_events_set) || n < 0 || n > METRICS_EVENTS_MAX)
+		return -1;
+	for (int e = 0; e < n; e++) {
+		if (names[e] == NULL)
+			continue;
+		if (strlen(names[e]) == 0 || strlen(names[e]) > METRICS_NAME_MAX)
+			return -1;
+		/* lc_load's names: a letter, then letters, digits or _ */
+		for (const char *c = names[e]; *c != '\0'; c++)
+			if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_'))
+				return -1;
+	}
+	for (int e = 0; e < n; e++)
+		snprintf(metrics.stmt_event[e], sizeof metrics.stmt_event[e], "%s", names[e] != NULL ? names[e] : "");
+	atomic_store_explicit(&metrics.stmt_events_set, true, memory_order_release);
+	return 0;
+}
+
+void metrics_statements(int event, int ran, int refused)
+{
+	if ((unsigned)event >= METRICS_EVENTS_MAX)
+		return;
+	if (ran > 0)
+		atomic_fetch_add_explicit(&metrics.statements[event][0], (uint_fast64_t)ran, memory_order_relaxed);
+	if (refused > 0)
+		atomic_fetch_add_explicit(&metrics.statements[event][1], (uint_fast64_t)refused, memory_order_relaxed);
+}
+
+uint64_t metrics_statements_count(int event, bool refused)
+{
+	return (unsigned)event < METRICS_EVENTS_MAX
+	           ? atomic_load_explicit(&metrics.statements[event][refused ? 1 : 0], memory_order_relaxed)
+	           : 0;
+}
+
+/* inbox_statements_total, when the lifecycle has statements of its own. */
+static void metrics_put_statements(struct metrics_buf *b)
+{
+	if (!atomic_load_explicit(&metrics.stmt_events_set, memory_order_acquire))
+		return;
+	metrics_put(b, "# HELP inbox_statements_total The lifecycle's own statements by event type: ran (committed"
+	               " with their batch) or refused (by the message's own data: the message is dead-lettered as"
+	               " effect-failed).\n"
+	               "# TYPE inbox_statements_total counter\n");
+	for (int e = 0; e < METRICS_EVENTS_MAX; e++) {
+		if (metrics.stmt_event[e][0] == '\0')
+			continue;
+		metrics_put(b, "inbox_statements_total{event=\"%s\",result=\"ran\"} %llu\n"
+		               "inbox_statements_total{event=\"%s\",result=\"refused\"} %llu\n",
+		            metrics.stmt_event[e], (unsigned long long)metrics_statements_count(e, false),
+		            metrics.stmt_event[e], (unsigned long long)metrics_statements_count(e, true));
+	}
+}
+
 /* A counter labelled by="database"/"thread" (enum metrics_split). */
 static void metrics_put_splits(struct metrics_buf *b, const char *name, const char *help,
                                const atomic_uint_fast64_t v[METRICS_SPLIT_COUNT])
@@ -501,6 +563,7 @@ int metrics_render(char *buf, size_t cap)
 		                "inbox_lifecycle_info{aggregate=\"%s\",table=\"%s\",key=\"%s\"} 1\n",
 		            metrics.lifecycle[0], metrics.lifecycle[1], metrics.lifecycle[2]);
 	metrics_outcomes(&b);
+	metrics_put_statements(&b);
 	metrics_put(&b, "# HELP inbox_held_total Events held on arrival to wait for their prerequisite (each is"
 	                " counted again in inbox_messages_total once settled).\n"
 	                "# TYPE inbox_held_total counter\n"

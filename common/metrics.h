@@ -106,6 +106,18 @@ uint64_t metrics_redelivered_count(void);
 #define METRICS_NAME_MAX 64
 int metrics_set_lifecycle(const char *aggregate, const char *table, const char *key);
 
+/* The event types whose statements inbox_statements_total{event,result}
+ * counts: names[e] for event index e, NULL for one that runs none (n at
+ * most METRICS_EVENTS_MAX, the lifecycle's LC_MAX_EVENTS).  Once, before
+ * the threads start; absent when never set.  0, or -1 (a bad name, or set
+ * already). */
+#define METRICS_EVENTS_MAX 16
+int metrics_set_statement_events(const char *const *names, int n);
+/* Statements of event that ran (committed with their batch) and were
+ * refused by their message's data. */
+void metrics_statements(int event, int ran, int refused);
+uint64_t metrics_statements_count(int event, bool refused);
+
 uint64_t metrics_outcome_count(enum metrics_outcome o);
 uint64_t metrics_dead_letter_count(enum msg_reason r);
 uint64_t metrics_held_count(void);

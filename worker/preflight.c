@@ -78,6 +78,15 @@ int preflight_lifecycle(const struct cfg *conf)
 	 * took is always a valid label, so a refusal only means "set before". */
 	if (metrics_set_lifecycle(run_def->aggregate, run_def->table, run_def->key) != 0)
 		LOG(LOG_LEVEL_WARN, "the lifecycle is not named in /metrics", LOG_S("aggregate", run_def->aggregate));
+	if (run_def->nstmts > 0) {
+		const char *names[LC_MAX_EVENTS] = { NULL };
+
+		for (int e = 0; e < run_def->nevents; e++)
+			names[e] = effects_count(run_def, e) > 0 ? run_def->events[e].type : NULL;
+		if (metrics_set_statement_events(names, run_def->nevents) != 0)
+			LOG(LOG_LEVEL_WARN, "the lifecycle's statements are not counted in /metrics",
+			    LOG_S("aggregate", run_def->aggregate));
+	}
 	return 0;
 fail:
 	lc_free(run_def);

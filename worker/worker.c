@@ -568,6 +568,8 @@ static void worker_count(const struct inbox_result *res)
 	/* the dead-lettered ones (released_as[INBOX_DEAD_LETTERED]) by reason */
 	for (int r = 1; r < MSG_REASON_COUNT; r++)
 		metrics_dead_letter((enum msg_reason)r, res->released_reason[r]);
+	for (int e = 0; e < INBOX_EVENTS_MAX; e++)
+		metrics_statements(e, res->stmts_ran[e], res->stmts_refused[e]);
 }
 
 /* The one "handled" line of a settled message.  reason: why it was

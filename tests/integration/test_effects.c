@@ -239,8 +239,9 @@ Test(effects, a_statement_the_server_fails_rolls_the_batch_back_and_dead_letters
 
 Test(effects, the_worker_runs_applied_and_compensating_statements_and_dead_letters_a_refused_one, .timeout = 300)
 {
-	char env[4200], path[4096], log[256], body[512];
-	const char *menv[] = { env, NULL };
+	char env[4200], path[4096], log[256], body[512], maddr[64];
+	static char page[1 << 16];
+	const char *menv[] = { env, maddr, NULL };
 	struct itest_dead dead[4];
 	struct mq *m;
 	pid_t w;
@@ -265,11 +266,19 @@ Test(effects, the_worker_runs_applied_and_compensating_statements_and_dead_lette
 		         evs[i][0], evs[i][1], evs[i][2], evs[i][3]);
 		itest_publish(m, evs[i][1], body, evs[i][0]);
 	}
+	snprintf(maddr, sizeof maddr, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
 	itest_log_path(log, sizeof log, "effects-worker");
 	w = itest_worker_logged(1, menv, log);
 	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages", 7, WAIT_S), 7, "see %s", log);
 	n = itest_dlq_drain(dead, 4, 1, WAIT_S);
 	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	/* c-pay-2 and c-pay-1 ran two each (applied, compensating); c-pay-3's first was refused */
+	cr_expect_eq(itest_wait_metric(itest_metrics_port(0),
+	                               "inbox_statements_total{event=\"PaymentReceived\",result=\"ran\"}", 4, 4, page,
+	                               sizeof page, WAIT_S), 4, "%s", page);
+	cr_expect_eq(itest_metric(page, "inbox_statements_total{event=\"PaymentReceived\",result=\"refused\"}"), 1);
+	cr_expect_eq(itest_metric(page, "inbox_dead_letters_total{reason=\"effect-failed\"}"), 1, "%s", page);
+	cr_expect(strstr(page, "inbox_statements_total{event=\"InvoiceIssued\"") == NULL, "only events with statements");
 	itest_stop_ok(w);
 	mq_close(&m);
 
@@ -326,4 +335,55 @@ Test(effects, run_refuses_a_statement_the_server_cannot_prepare_with_its_file_an
 	}
 	cr_expect_eq(itest_log_count(log, "inbox-worker:"), 1, "one line; see %s", log);
 	unlink(bad);
+}
+
+/* effect-failed is the inbox's own verdict: dlq show says what a replay
+ * would do, and once the data the statement needed exists, replay
+ * reopens the key and the payment applies, its statements once. */
+Test(effects, a_refused_payment_replayed_once_its_account_exists_applies, .timeout = 300)
+{
+	char env[4200], path[4096], log[256], slog[256], rlog[256], body[512];
+	const char *menv[] = { env, NULL };
+	const char *show[] = { "dlq", "show", "r-pay-3", NULL };
+	const char *replay[] = { "dlq", "replay", "--reason", "effect-failed", NULL };
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	invoice_setup();
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/invoice.json", path, sizeof path));
+	m = itest_mq();
+	snprintf(body, sizeof body, "{\"message_id\":\"r-iss-3\",\"source\":\"billing\",\"type\":\"InvoiceIssued\","
+	                            "\"invoice_id\":\"r-3\",\"data\":{\"account_id\":3,\"amount_cents\":25}}");
+	itest_publish(m, "InvoiceIssued", body, "r-iss-3");
+	snprintf(body, sizeof body, "{\"message_id\":\"r-pay-3\",\"source\":\"billing\",\"type\":\"PaymentReceived\","
+	                            "\"invoice_id\":\"r-3\",\"data\":{\"account_id\":3,\"amount_cents\":25}}");
+	itest_publish(m, "PaymentReceived", body, "r-pay-3");
+	itest_log_path(log, sizeof log, "effects-replay-worker");
+	w = itest_worker_logged(1, menv, log);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM processed_messages WHERE reason = 'effect-failed'", 1, WAIT_S), 1,
+	             "see %s", log);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 1, WAIT_S), 1, "the dead letter is in the DLQ; see %s", log);
+
+	itest_log_path(slog, sizeof slog, "effects-dlq-show");
+	st = itest_wait_exit(itest_spawn_program(bin, show, menv, slog, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq show (status %d); see %s", st, slog);
+	cr_expect(itest_log_has(slog, "effect-failed"), "see %s", slog);
+	cr_expect(itest_log_has(slog, "its statements run again"), "show says what a replay does; see %s", slog);
+
+	cr_assert_eq(db_exec(itest_db(), "INSERT INTO accounts (id) VALUES (3)"), ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	itest_log_path(rlog, sizeof rlog, "effects-dlq-replay");
+	st = itest_wait_exit(itest_spawn_program(bin, replay, menv, rlog, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq replay (status %d); see %s", st, rlog);
+	cr_expect_eq(itest_wait_int("SELECT COUNT(*) FROM ledger_entries WHERE message_id = 'r-pay-3'", 1, WAIT_S), 1,
+	             "the replayed payment ran its statements; see %s and %s", rlog, log);
+	cr_expect_eq(itest_wait_int("SELECT COUNT(*) FROM invoices WHERE id = 'r-3' AND status = 'Paid'", 1, WAIT_S), 1);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect_eq(itest_int("SELECT balance_cents FROM accounts WHERE id = 3"), 25);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'r-pay-3'"
+	                       " AND outcome = 'applied'"), 1);
 }
