@@ -778,6 +778,7 @@ int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, in
 	const void **ptrs = NULL;
 	unsigned long *lens = NULL;
 	long long *vals = NULL;
+	char *ind = NULL;
 	unsigned int size = (unsigned int)nrows;
 	int rc = ST_OK;
 
@@ -799,18 +800,38 @@ int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, in
 	memset(b, 0, sizeof(MYSQL_BIND) * (size_t)ncols);
 	for (int c = 0; c < ncols; c++) {
 		size_t base = (size_t)c * (size_t)nrows;
+		enum db_type type = DB_NULL;
+		bool nulls = false;
 
 		for (int r = 0; r < nrows; r++) {
 			const struct db_param *v = &p[(size_t)r * (size_t)ncols + (size_t)c];
 			ptrs[base + (size_t)r] = v->ptr;
 			lens[base + (size_t)r] = (unsigned long)v->len;
 			vals[base + (size_t)r] = v->i64;
+			if (v->type == DB_NULL)
+				nulls = true;
+			else if (type == DB_NULL)
+				type = v->type; /* the first row that has a value types the column */
 		}
-		if (p[c].type == DB_I64) {
+		if (nulls) {
+			/* A NULL row: an indicator per row (STMT_INDICATOR_NULL). */
+			if (ind == NULL)
+				ind = calloc((size_t)ncols * (size_t)nrows, 1);
+			if (ind == NULL) {
+				rc = db_fail(s->db, CR_OUT_OF_MEMORY, "out of memory");
+				goto cleanup;
+			}
+			for (int r = 0; r < nrows; r++)
+				ind[base + (size_t)r] = p[(size_t)r * (size_t)ncols + (size_t)c].type == DB_NULL
+				                            ? STMT_INDICATOR_NULL
+				                            : STMT_INDICATOR_NONE;
+			b[c].u.indicator = &ind[base];
+		}
+		if (type == DB_I64) {
 			b[c].buffer_type = MYSQL_TYPE_LONGLONG;
 			b[c].buffer = &vals[base];
 		} else {
-			b[c].buffer_type = p[c].type == DB_BLOB ? MYSQL_TYPE_BLOB : MYSQL_TYPE_STRING;
+			b[c].buffer_type = type == DB_BLOB ? MYSQL_TYPE_BLOB : MYSQL_TYPE_STRING;
 			b[c].buffer = (void *)&ptrs[base];
 			b[c].length = &lens[base];
 		}
@@ -827,6 +848,7 @@ cleanup:
 	free(ptrs);
 	free(lens);
 	free(vals);
+	free(ind);
 	return rc;
 }
 

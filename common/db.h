@@ -142,8 +142,10 @@ int db_stmt_exec(struct db_stmt *s, const struct db_param *p, int n, uint64_t *a
 /* Execute once over nrows rows of ncols parameters (p is row-major:
  * row r is p[r * ncols .. r * ncols + ncols - 1]) in one round trip:
  * MariaDB's array binding (STMT_ATTR_ARRAY_SIZE), a server-side feature
- * MySQL does not have.  DB_STR, DB_BLOB and DB_I64 parameters; the types
- * of row 0 stand for every row.  Used by the benchmark's ceilings. */
+ * MySQL does not have.  DB_STR, DB_BLOB and DB_I64 parameters, and
+ * DB_NULL in any row; the first row with a value types its column.  Used by
+ * the benchmark's ceilings and by the lifecycle's own statements
+ * (effects.h). */
 int db_stmt_exec_bulk(struct db_stmt *s, const struct db_param *p, int ncols, int nrows, uint64_t *affected);
 /* Execute a query; then call db_stmt_fetch until it returns 0. */
 int db_stmt_query(struct db_stmt *s, const struct db_param *p, int n);

@@ -22,10 +22,32 @@
 
 #define EFFECTS_SAVEPOINT "inbox_effects"
 
+/* A parameter kept for a deferred run: its value, text as an offset into
+ * the runner's arena (which moves as it grows). */
+struct effects_val {
+	enum db_type type;
+	int64_t i64;
+	size_t off, len;
+};
+
+/* The rows one statement runs over when the batch ends. */
+struct effects_rows {
+	struct effects_val *v; /* n rows of the statement's nparams values */
+	int n, cap;
+};
+
 struct effects {
 	struct db *db;
 	const struct lc_def *def;
 	struct db_stmt *st[LC_MAX_STMTS];
+	/* Deferred runs (effects_defer): per statement its rows, their text
+	 * in arena, and the parameters built for one array-bound execution. */
+	bool bulk;
+	struct effects_rows rows[LC_MAX_STMTS];
+	char *arena;
+	size_t alen, acap;
+	struct db_param *params;
+	size_t nparams_cap;
 };
 
 static bool effects_data_errno(unsigned e)
@@ -68,6 +90,7 @@ int effects_open(struct effects **out, struct db *db, const struct lc_def *def, 
 		return ST_ERR_NOMEM;
 	fx->db = db;
 	fx->def = def;
+	fx->bulk = true;
 	for (int i = 0; i < def->nstmts; i++) {
 		rc = db_prepare_theirs(db, &fx->st[i], def->stmts[i].fx.sql);
 		if (rc != ST_OK) {
@@ -90,6 +113,10 @@ void effects_close(struct effects **fx)
 {
 	if (fx == NULL || *fx == NULL)
 		return;
+	for (int i = 0; i < LC_MAX_STMTS; i++)
+		free((*fx)->rows[i].v);
+	free((*fx)->arena);
+	free((*fx)->params);
 	free(*fx);
 	*fx = NULL;
 }
@@ -188,4 +215,144 @@ int effects_run(struct effects *fx, int ev, int state, enum lc_decision decision
 		return ST_ERR_DB_DATA;
 	}
 	return ST_OK;
+}
+
+/* ---- deferred: one array-bound execution per statement and batch ------- */
+
+bool effects_bulk(const struct effects *fx)
+{
+	return fx != NULL && fx->bulk;
+}
+
+void effects_bulk_off(struct effects *fx)
+{
+	if (fx != NULL)
+		fx->bulk = false;
+}
+
+static int effects_keep_text(struct effects *fx, const void *p, size_t len, size_t *off)
+{
+	if (fx->alen + len > fx->acap) {
+		size_t cap = fx->acap > 0 ? fx->acap : 4096;
+		char *a;
+
+		while (cap < fx->alen + len)
+			cap *= 2;
+		a = realloc(fx->arena, cap);
+		if (a == NULL)
+			return ST_ERR_NOMEM;
+		fx->arena = a;
+		fx->acap = cap;
+	}
+	if (len > 0)
+		memcpy(fx->arena + fx->alen, p, len);
+	*off = fx->alen;
+	fx->alen += len;
+	return ST_OK;
+}
+
+int effects_defer(struct effects *fx, int ev, int state, enum lc_decision decision, const struct effects_args *a,
+                  int *n)
+{
+	const struct lc_def *def;
+	int first, rc;
+
+	*n = 0;
+	if (fx == NULL)
+		return ST_OK;
+	def = fx->def;
+	*n = lc_event_stmts(def, ev, state, decision, &first);
+	for (int i = first; i < first + *n; i++) {
+		const struct lc_stmt *st = &def->stmts[i];
+		struct effects_rows *r = &fx->rows[i];
+		int np = st->fx.nparams;
+
+		if (r->n == r->cap) {
+			int cap = r->cap > 0 ? r->cap * 2 : 64;
+			struct effects_val *v = realloc(r->v, (size_t)cap * (size_t)(np > 0 ? np : 1) * sizeof *v);
+
+			if (v == NULL)
+				return ST_ERR_NOMEM;
+			r->v = v;
+			r->cap = cap;
+		}
+		for (int k = 0; k < np; k++) {
+			struct db_param p = effects_param(def, ev, &st->fx.params[k], a);
+			struct effects_val *v = &r->v[(size_t)r->n * (size_t)np + (size_t)k];
+
+			*v = (struct effects_val){ .type = p.type, .i64 = p.i64 };
+			if (p.type == DB_STR || p.type == DB_BLOB) {
+				rc = effects_keep_text(fx, p.ptr, p.len, &v->off);
+				if (rc != ST_OK)
+					return rc;
+				v->len = p.len;
+			}
+		}
+		r->n++;
+	}
+	return ST_OK;
+}
+
+void effects_discard(struct effects *fx)
+{
+	if (fx == NULL)
+		return;
+	for (int i = 0; i < LC_MAX_STMTS; i++)
+		fx->rows[i].n = 0;
+	fx->alen = 0;
+}
+
+/* One statement's rows in one execution (a statement without parameters
+ * runs once a row: there is nothing to bind an array to). */
+static int effects_flush_one(struct effects *fx, int i)
+{
+	const struct lc_stmt *st = &fx->def->stmts[i];
+	struct effects_rows *r = &fx->rows[i];
+	int np = st->fx.nparams, rc = ST_OK;
+	size_t need = (size_t)r->n * (size_t)np;
+
+	if (np == 0) {
+		for (int k = 0; rc == ST_OK && k < r->n; k++)
+			rc = db_stmt_exec(fx->st[i], NULL, 0, NULL);
+		return rc;
+	}
+	if (need > fx->nparams_cap) {
+		struct db_param *p = realloc(fx->params, need * sizeof *p);
+
+		if (p == NULL)
+			return ST_ERR_NOMEM;
+		fx->params = p;
+		fx->nparams_cap = need;
+	}
+	for (size_t k = 0; k < need; k++) {
+		const struct effects_val *v = &r->v[k];
+
+		fx->params[k] = (struct db_param){ .type = v->type, .i64 = v->i64 };
+		if (v->type == DB_STR || v->type == DB_BLOB) {
+			fx->params[k].ptr = fx->arena + v->off;
+			fx->params[k].len = v->len;
+		}
+	}
+	return db_stmt_exec_bulk(fx->st[i], fx->params, np, r->n, NULL);
+}
+
+int effects_flush(struct effects *fx, bool *again)
+{
+	int rc = ST_OK;
+
+	*again = false;
+	if (fx == NULL)
+		return ST_OK;
+	for (int i = 0; rc == ST_OK && i < fx->def->nstmts; i++) {
+		if (fx->rows[i].n > 0)
+			rc = effects_flush_one(fx, i);
+	}
+	effects_discard(fx);
+	/* A lost connection, a deadlock, a lock wait: the server's, as in
+	 * effects_run; anything else may be one row's data, which only a run
+	 * a message at a time can tell. */
+	if (rc != ST_OK && rc != ST_ERR_DB_CONN && rc != ST_ERR_DB_DEADLOCK && rc != ST_ERR_DB_LOCK_TIMEOUT &&
+	    rc != ST_ERR_NOMEM)
+		*again = true;
+	return rc;
 }

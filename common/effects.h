@@ -22,6 +22,7 @@
 #ifndef INBOX_EFFECTS_H
 #define INBOX_EFFECTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "db.h"
@@ -64,6 +65,30 @@ struct effects_args {
  * them left, or the server's code.  *ran: how many ran to the end. */
 int effects_run(struct effects *fx, int ev, int state, enum lc_decision decision, const struct effects_args *a,
                 int *ran, char *detail, size_t cap);
+
+/*
+ * Deferred, the fast way: effects_defer keeps the values of ev's
+ * statements instead of running them, and effects_flush, at the end of
+ * the batch, runs each statement once over every row kept (MariaDB's
+ * array binding: one round trip a statement, not one a message).  The
+ * order changes (statement by statement, not message by message), which
+ * the arrival-order check makes harmless: every statement it accepts
+ * commutes.  What one execution cannot tell is which row the server
+ * refused: effects_flush then says *again, the caller rolls the batch
+ * back and runs it once more with effects_run, a message at a time, where
+ * a refusal is the message's own (effect-failed).  *again is also set for
+ * a failure that is no row's (a server without array binding): a run that
+ * then refuses nothing turns deferral off (effects_bulk_off).  A
+ * connection lost, a deadlock or a lock wait is returned as it came, to
+ * be retried as any other.  effects_discard forgets what was kept (a
+ * batch rolled back); effects_flush forgets it too.
+ */
+bool effects_bulk(const struct effects *fx);
+void effects_bulk_off(struct effects *fx);
+int effects_defer(struct effects *fx, int ev, int state, enum lc_decision decision, const struct effects_args *a,
+                  int *n);
+int effects_flush(struct effects *fx, bool *again);
+void effects_discard(struct effects *fx);
 
 /* Whether ev can run statements at all (the caller keeps what a
  * dead-letter copy would need only then). */

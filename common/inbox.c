@@ -796,6 +796,9 @@ int inbox_end(struct inbox *ib, int rc, bool hooks)
 	 * the COMMIT happened.  That is safe: the caller reconnects and runs
 	 * the messages again; if it did happen, their keys are taken now and
 	 * they are settled as duplicates instead of applied twice. */
+	ib->fx_again = false;
+	if (rc == ST_OK)
+		rc = effects_flush(ib->fx, &ib->fx_again);
 	if (rc == ST_OK) {
 		rc = inbox_flush(ib, true);
 		if (rc == ST_ERR_DB_CARDINALITY && ib->galera) {
@@ -811,6 +814,7 @@ int inbox_end(struct inbox *ib, int rc, bool hooks)
 		outbox_dispatcher_abort(ib->out); /* nothing of it was committed */
 	}
 	ib->emit = NULL;
+	effects_discard(ib->fx);
 	inbox_forget(ib);
 	return rc;
 }
@@ -865,7 +869,30 @@ static int inbox_batch(struct inbox *ib, const struct inbox_in *in, int n, struc
 	}
 	ib->in = NULL;
 	ib->npend = 0;
-	return inbox_end(ib, rc, true);
+	rc = inbox_end(ib, rc, true);
+	if (rc != ST_OK && ib->fx_again && !ib->fx_careful) {
+		int refused = 0;
+
+		/* The server refused a statement run over the batch's rows at
+		 * once: which message's row, only a run a message at a time can
+		 * tell, so the batch (rolled back) runs once more that way. */
+		LOG(LOG_LEVEL_DEBUG, "the lifecycle's statements were refused for the batch; running it a message at a time",
+		    LOG_S("error", db_errmsg(ib->db)));
+		ib->fx_again = false;
+		ib->fx_careful = true;
+		rc = inbox_batch(ib, in, n, res, nowait);
+		ib->fx_careful = false;
+		for (int i = 0; rc == ST_OK && i < n; i++)
+			for (int e = 0; e < INBOX_EVENTS_MAX; e++)
+				refused += res[i].stmts_refused[e];
+		if (rc == ST_OK && refused == 0) {
+			/* no message's data: the server cannot run them at once */
+			LOG0(LOG_LEVEL_WARN, "the database refused the lifecycle's statements run over a batch at once and"
+			                     " no message's alone: on this connection they run a message at a time");
+			effects_bulk_off(ib->fx);
+		}
+	}
+	return rc;
 }
 
 int inbox_run(struct inbox *ib, const struct inbox_in *in, int n, struct inbox_result *res)

@@ -166,8 +166,12 @@ struct inbox {
 	const struct agg_binding *bind;
 	struct inbox_names sql;
 	struct sqlbuf vals;
-	/* The definition's own statements (effects.h); NULL: it has none. */
+	/* The definition's own statements (effects.h); NULL: it has none.
+	 * They are deferred to the batch's end and run once a statement,
+	 * unless fx_careful: the batch runs again a message at a time
+	 * because one such run was refused (fx_again, inbox_batch). */
 	struct effects *fx;
+	bool fx_careful, fx_again;
 };
 
 /* One event as the transaction sees it: the live delivery or a held row. */

@@ -384,6 +384,13 @@ static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const stru
 	*refused = false;
 	if (ib->fx == NULL)
 		return ST_OK;
+	if (!ib->fx_careful && effects_bulk(ib->fx)) {
+		/* run at the end of the batch, once a statement (inbox_end) */
+		rc = effects_defer(ib->fx, (int)ev->type, o->state, decision, &a, &ran);
+		if (rc == ST_OK)
+			res->stmts_ran[ev->type] = (uint16_t)(res->stmts_ran[ev->type] + ran);
+		return rc;
+	}
 	rc = effects_run(ib->fx, (int)ev->type, o->state, decision, &a, &ran, detail, cap);
 	if (rc == ST_ERR_DB_DATA) {
 		*refused = true;

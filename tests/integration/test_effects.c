@@ -197,6 +197,44 @@ Test(effects, a_refused_statement_dead_letters_its_message_and_nothing_else_in_t
 	agg_use(NULL);
 }
 
+/* Deferred to the batch's end, each statement runs once over every
+ * payment of the batch: one payment or twelve cost the same round trips
+ * (the claim, the write with its COMMIT, one per statement). */
+Test(effects, a_batch_runs_each_statement_once_however_many_payments, .timeout = 300)
+{
+	struct tb issue = { .n = 0 }, one = { .n = 0 }, many = { .n = 0 };
+	struct inbox *ib;
+	struct db *d = NULL;
+	uint64_t before, r1, r12;
+	char id[32], inv[32];
+
+	invoice_setup();
+	agg_use(&invoice_bind);
+	ib = open_inbox(&d);
+	for (int i = 0; i < 13; i++) {
+		snprintf(id, sizeof id, "iss-%d", i);
+		snprintf(inv, sizeof inv, "i-%d", i);
+		tb_add(&issue, id, "InvoiceIssued", inv, "\"account_id\":1,\"amount_cents\":10");
+		snprintf(id, sizeof id, "pay-%d", i);
+		tb_add(i == 0 ? &one : &many, id, "PaymentReceived", inv, "\"account_id\":1,\"amount_cents\":10");
+	}
+	cr_assert_eq(tb_run(ib, &issue), ST_OK, "%s", db_errmsg(d));
+	before = db_round_trips(d);
+	cr_assert_eq(tb_run(ib, &one), ST_OK, "%s", db_errmsg(d));
+	r1 = db_round_trips(d) - before;
+	before = db_round_trips(d);
+	cr_assert_eq(tb_run(ib, &many), ST_OK, "%s", db_errmsg(d));
+	r12 = db_round_trips(d) - before;
+	cr_expect_eq(r12, r1, "one payment: %llu round trips, twelve: %llu", (unsigned long long)r1,
+	             (unsigned long long)r12);
+	cr_expect_eq(r1, 4, "the claim, two statements, the write: %llu", (unsigned long long)r1);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM ledger_entries"), 13);
+	cr_expect_eq(itest_int("SELECT balance_cents FROM accounts WHERE id = 1"), 130);
+	inbox_close(&ib);
+	db_close(&d);
+	agg_use(NULL);
+}
+
 Test(effects, a_statement_the_server_fails_rolls_the_batch_back_and_dead_letters_nothing, .timeout = 300)
 {
 	struct tb issue = { .n = 0 }, pay = { .n = 0 };
