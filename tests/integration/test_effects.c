@@ -425,3 +425,34 @@ Test(effects, a_refused_payment_replayed_once_its_account_exists_applies, .timeo
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 'r-pay-3'"
 	                       " AND outcome = 'applied'"), 1);
 }
+
+/* A privilege the worker's account lacks is found by the database's
+ * prepare, by `lifecycle check` as by `run`: mysql.* is no table of the
+ * worker's account. */
+Test(effects, lifecycle_check_prepares_each_statement_and_names_a_missing_privilege, .timeout = 120)
+{
+	char src[4096], bad[4200], log[256], text[16384];
+	const char *args[] = { "lifecycle", "check", bad, NULL };
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	char *at;
+	size_t len;
+	FILE *f;
+	int st;
+
+	invoice_setup();
+	len = itest_read_file(itest_source("lifecycles/invoice.json", src, sizeof src), text, sizeof text);
+	at = strstr(text, "UPDATE accounts SET refunds_due_cents");
+	cr_assert_not_null(at);
+	memcpy(at, "UPDATE mysql.db SET ", 20); /* "UPDATE accounts SET " */
+	snprintf(bad, sizeof bad, "%s/inbox-effects-priv-%d.json", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+	         (int)getpid());
+	f = fopen(bad, "w");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(text, 1, len, f), len);
+	cr_assert_eq(fclose(f), 0);
+	itest_log_path(log, sizeof log, "effects-check-priv");
+	st = itest_wait_exit(itest_spawn_program(bin, args, NULL, log, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "lifecycle check refuses it (status %d); see %s", st, log);
+	cr_expect(itest_log_has(log, "statement 2 of PaymentReceived: UPDATE command denied"), "see %s", log);
+	unlink(bad);
+}
