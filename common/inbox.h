@@ -64,6 +64,10 @@ struct inbox_in {
 };
 
 #define INBOX_EVENTS_MAX 16 /* lifecycle.h's LC_MAX_EVENTS */
+/* A dead letter's detail the inbox decides: the server's words about a
+ * statement are longer than a parse's line (MSG_DETAIL_MAX); below
+ * deadletter.h's DEADLETTER_DETAIL_MAX, which also carries a note. */
+#define INBOX_DETAIL_MAX 400
 
 struct inbox_result {
 	enum inbox_outcome outcome;
@@ -71,7 +75,7 @@ struct inbox_result {
 	 * effect-failed: a statement of the definition refused the message's
 	 * data), and the detail its dead-letter copy carries. */
 	enum msg_reason reason;
-	char detail[MSG_DETAIL_MAX];
+	char detail[INBOX_DETAIL_MAX];
 	int released;      /* held events applied/settled by this transaction */
 	/* The released ones by their final outcome (INBOX_APPLIED,
 	 * INBOX_IGNORED, INBOX_COMPENSATED, INBOX_DEAD_LETTERED) and the

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deadletter.h"
 #include "effects.h"
 #include "inbox_int.h"
 #include "outbox.h"
@@ -370,6 +371,7 @@ static int inbox_set_columns(struct inbox *ib, struct inbox_agg *o, const struct
  * transaction: ST_OK, with *refused set when the message's own data was
  * refused (detail says how; nothing of them stays), or the server's code. */
 _Static_assert(INBOX_EVENTS_MAX == LC_MAX_EVENTS, "a result counts the statements of every event");
+_Static_assert(INBOX_DETAIL_MAX < DEADLETTER_DETAIL_MAX, "a dead letter's header carries the inbox's detail whole");
 
 static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev,
                          enum lc_decision decision, struct inbox_result *res, bool *refused, char *detail,
@@ -414,7 +416,7 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 {
 	const struct lc_def *d = ib->bind->def;
 	const char *outcome = lc_decision_outcome(v.decision);
-	char detail[MSG_DETAIL_MAX] = "";
+	char detail[INBOX_DETAIL_MAX] = "";
 	bool refused = false;
 	int nrows = 0, rc = ST_OK;
 

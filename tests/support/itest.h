@@ -150,7 +150,7 @@ void itest_wait_queue_empty(const char *queue, int timeout_s);
 struct itest_dead {
 	char message_id[129];
 	char reason[40];
-	char detail[200];
+	char detail[640]; /* deadletter.h's DEADLETTER_DETAIL_MAX */
 	char type[40];
 	size_t len;         /* body length */
 	uint64_t body_hash; /* itest_hash of the body */
