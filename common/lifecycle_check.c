@@ -28,6 +28,27 @@ struct sim {
 	bool lifo;
 };
 
+/* Which statements run, as the check counts them: the case (0 applied,
+ * else the terminal state compensated after) whose list is the first with
+ * the same texts, so that an event that runs the same statements applied
+ * and compensating (an effect recorded either way) is one effect. */
+static int sim_fx_case(const struct lc_def *d, int ev, int c)
+{
+	const struct lc_event *e = &d->events[ev];
+	int n = c == 0 ? e->nfx : e->cfx_n[c], first = c == 0 ? e->fx_first : e->cfx_first[c];
+
+	for (int k = 0; k < c; k++) {
+		int kn = k == 0 ? e->nfx : e->cfx_n[k], kf = k == 0 ? e->fx_first : e->cfx_first[k];
+		bool same = kn == n;
+
+		for (int i = 0; same && i < n; i++)
+			same = strcmp(d->stmts[kf + i].fx.sql, d->stmts[first + i].fx.sql) == 0;
+		if (same && n > 0)
+			return k;
+	}
+	return c;
+}
+
 static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_verdict v)
 {
 	switch (v.decision) {
@@ -36,7 +57,7 @@ static void sim_record(const struct lc_def *d, struct sim *s, int ev, struct lc_
 		int first;
 
 		if (lc_event_stmts(d, ev, s->state, v.decision, &first) > 0)
-			s->fx[ev][v.decision == LC_APPLY ? 0 : s->state]++;
+			s->fx[ev][sim_fx_case(d, ev, v.decision == LC_APPLY ? 0 : s->state)]++;
 		s->state = v.next;
 		s->marks = v.marks;
 		s->version++;

@@ -255,7 +255,8 @@ static bool heap_absent(const char *name)
 /* The operator's guide's table of series (*Monitoring*) and what /metrics
  * renders: every family the worker serves has a row, and every series a
  * row names is served.  (The DLQ gauge is rendered once the janitor read
- * the queue's depth; set here, as the janitor would.) */
+ * the queue's depth, the lifecycle's series once it is bound: set here, as
+ * the janitor and the start-up would.) */
 Test(docs, operations_series_table_is_what_metrics_serves)
 {
 	static char page[65536];
@@ -266,6 +267,12 @@ Test(docs, operations_series_table_is_what_metrics_serves)
 	metrics_set_threads(1);
 	metrics_dlq_depth(0);
 	cr_assert_eq(metrics_set_lifecycle("order", "orders", "order_id"), 0); /* served once the worker binds it */
+	{
+		/* served when the lifecycle has statements of its own */
+		const char *const events[] = { "PaymentReceived" };
+
+		cr_assert_eq(metrics_set_statement_events(events, 1), 0);
+	}
 	cr_assert_gt(metrics_render(page, sizeof page), 0);
 	snprintf(path, sizeof path, "%s/doc/operations.md", getenv("INBOX_SOURCE_ROOT"));
 	doc = slurp(path);
