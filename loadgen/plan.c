@@ -84,13 +84,41 @@ static bool lg_route_expect(const struct lc_def *def, struct lg_route *r)
 	return true;
 }
 
+bool lg_stmt_same(const struct lc_def *def, int a, int b)
+{
+	const struct lc_stmt *x = &def->stmts[a], *y = &def->stmts[b];
+
+	if (strcmp(x->fx.sql, y->fx.sql) != 0 || x->fx.nparams != y->fx.nparams)
+		return false;
+	for (int i = 0; i < x->fx.nparams; i++) {
+		const struct lc_fx_param *p = &x->fx.params[i], *q = &y->fx.params[i];
+		const struct lc_set *ps, *qs;
+
+		if (p->src != q->src)
+			return false;
+		if (p->src != LC_FX_SET)
+			continue;
+		ps = &def->events[x->event].sets[p->set];
+		qs = &def->events[y->event].sets[q->set];
+		if (ps->src != qs->src || (ps->src == LC_SRC_DATA && strcmp(ps->field, qs->field) != 0))
+			return false;
+	}
+	return true;
+}
+
 /* Whether event ev runs the same statements decided as a in state sa as
  * decided as b in state sb: verify predicts the rows they write. */
 static bool lg_same_stmts(const struct lc_def *def, int ev, enum lc_decision a, int sa, enum lc_decision b, int sb)
 {
 	int fa = 0, fb = 0, na = lc_event_stmts(def, ev, sa, a, &fa), nb = lc_event_stmts(def, ev, sb, b, &fb);
 
-	return na == nb && (na == 0 || fa == fb);
+	if (na != nb)
+		return false;
+	for (int i = 0; i < na; i++) {
+		if (fa + i != fb + i && !lg_stmt_same(def, fa + i, fb + i))
+			return false;
+	}
+	return true;
 }
 
 /* Every arrival order of the route (Heap's algorithm) ends as the

@@ -102,6 +102,12 @@ struct lg_fold {
  * every change, as the worker does.  n <= LG_ROUTE_MAX. */
 void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold *f);
 
+/* Whether statements a and b of def are one statement: the same text
+ * and the same value in each parameter (a data field by its name).  An
+ * event that runs the same statements applied and compensating writes
+ * the same rows either way, as the arrival-order check counts it. */
+bool lg_stmt_same(const struct lc_def *def, int a, int b);
+
 /* The routes and fields of def.  Returns 0, or -1 with one line in err
  * (no main path, a route too long, the order definition against SPEC). */
 int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t cap);

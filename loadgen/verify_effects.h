@@ -28,6 +28,7 @@
 struct v_fx_figures {
 	int stmts;             /* the definition's */
 	int inserts, sums;     /* checked, by shape */
+	int same;              /* checked as an identical earlier statement (lg_stmt_same) */
 	int uncheckable;
 	long rows_exp, rows_once, rows_missing, rows_doubled, rows_wrong, rows_unexpected;
 	long sums_checked, sums_wrong;
