@@ -23,6 +23,11 @@
 
 #define V_FX_VALUE_MAX LC_FX_LITERAL_MAX
 #define V_FX_WHY_MAX 200
+/* A column of a row as read: the query cuts each at V_FX_CUT characters
+ * (a fetch that does not fit fails, db.h), 4 bytes each in utf8mb4; what
+ * is compared (an id, a drawn value) is far shorter. */
+#define V_FX_CUT 250
+#define V_FX_CELL (V_FX_CUT * 4 + 1)
 
 /* V_FX_SAME: the same statement as an earlier one (lg_stmt_same: the
  * same text and values, another event's or another case's), checked as
@@ -200,6 +205,7 @@ static void classify(struct v_state *st, int k)
 	const struct lc_stmt *ls = &st->def->stmts[k];
 	const struct lc_fx *fx = &ls->fx;
 	struct v_fx_stmt *s = &st->fx->s[k];
+	bool quoted = false; /* a name with a backtick: we could not quote it */
 
 	s->kind = V_FX_NONE;
 	for (int j = 0; j < k; j++) {
@@ -213,10 +219,13 @@ static void classify(struct v_state *st, int k)
 		for (int c = 0; c < fx->ncols; c++) {
 			if (fx->cols[c].v.kind == LC_FX_VAL_PARAM && fx->params[fx->cols[c].v.param].src == LC_FX_MESSAGE_ID)
 				s->msgcol = c;
-			if (strchr(fx->cols[c].name, '`') != NULL)
-				s->msgcol = -2;
+			quoted = quoted || strchr(fx->cols[c].name, '`') != NULL;
 		}
-		if (s->msgcol < 0 || strchr(fx->table, '`') != NULL) {
+		if (quoted || strchr(fx->table, '`') != NULL) {
+			snprintf(s->why, sizeof s->why, "a name holds a backtick, which verify does not quote");
+			return;
+		}
+		if (s->msgcol < 0) {
 			snprintf(s->why, sizeof s->why, "no column takes :message_id by itself");
 			return;
 		}
@@ -353,10 +362,10 @@ static bool compared(struct v_state *st, int k, int c, const struct v_msg *m, co
 static int insert_sql(const struct lc_fx *fx, int msgcol, char *buf, size_t cap)
 {
 	size_t used;
-	int n = snprintf(buf, cap, "SELECT CAST(`%s` AS CHAR)", fx->cols[msgcol].name);
+	int n = snprintf(buf, cap, "SELECT LEFT(CAST(`%s` AS CHAR), %d)", fx->cols[msgcol].name, V_FX_CUT);
 
 	for (int c = 0; n >= 0 && (size_t)n < cap && c < fx->ncols; c++)
-		n += snprintf(buf + n, cap - (size_t)n, ", CAST(`%s` AS CHAR)", fx->cols[c].name);
+		n += snprintf(buf + n, cap - (size_t)n, ", LEFT(CAST(`%s` AS CHAR), %d)", fx->cols[c].name, V_FX_CUT);
 	if (n < 0 || (size_t)n >= cap)
 		return -1;
 	used = (size_t)n;
@@ -379,7 +388,7 @@ static void stmt_name(const struct v_state *st, int k, char *buf, size_t cap)
 		snprintf(buf, cap, "statement %d of %s", ls->index, st->def->events[ls->event].type);
 }
 
-static void judge_row(struct v_state *st, int k, const char *id, char (*vals)[V_FX_VALUE_MAX], const char *name)
+static void judge_row(struct v_state *st, int k, const char *id, char (*vals)[V_FX_CELL], const char *name)
 {
 	const struct lc_fx *fx = &st->def->stmts[k].fx;
 	struct v_fx_stmt *s = &st->fx->s[k];
@@ -410,8 +419,8 @@ static int check_insert(struct v_state *st, int k)
 	struct v_fx_stmt *s = &st->fx->s[k];
 	struct db_stmt *q = NULL;
 	struct db_param p[1 + LC_FX_COLS];
-	char sql[LC_FX_COLS * 160 + 256], name[LC_NAME_MAX * 2 + 40], id[LG_ID_MAX];
-	char vals[LC_FX_COLS][V_FX_VALUE_MAX];
+	char sql[LC_FX_COLS * 180 + 256], name[LC_NAME_MAX * 2 + 40], id[V_FX_CELL];
+	static char vals[LC_FX_COLS][V_FX_CELL]; /* 16 KiB; verify is one thread */
 	int np = 0, rc, r;
 
 	stmt_name(st, k, name, sizeof name);
