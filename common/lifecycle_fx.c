@@ -9,6 +9,11 @@
  * its assignments add to themselves.  Whatever this lets through, the
  * server still prepares before anything runs (the caller's), and
  * whatever it cannot prove commutes it says so, never the other way.
+ *
+ * The same token stream gives a statement that commutes its shape
+ * (lifecycle_fx.h), read once here rather than by each checker: only the
+ * forms simple enough that what they wrote follows from their text, so
+ * that a checker never predicts rows from a statement it misread.
  */
 #include "lifecycle_fx.h"
 
@@ -304,6 +309,208 @@ static void judge(const struct fx_scan *s, int table_at, bool ignore, struct lc_
 	}
 }
 
+/* The index into params of the parameter token k: the parameters were
+ * appended in the order of their tokens. */
+static int param_index(const struct fx_scan *s, int k)
+{
+	int n = 0;
+
+	for (int j = 0; j < k; j++)
+		n += s->t[j].type == T_PARAM;
+	return n;
+}
+
+/* A name token into out without its backticks; false when too long. */
+static bool copy_name(const struct tok *k, char *out, size_t cap)
+{
+	if (!is_name(k) || k->len >= cap)
+		return false;
+	memcpy(out, k->p, k->len);
+	out[k->len] = '\0';
+	return true;
+}
+
+/* A quoted string's text as the server reads it (doubled quotes and
+ * backslash escapes undone); false when it does not fit or holds a NUL,
+ * which a C string cannot compare. */
+static bool unquote(const struct tok *k, char *out, size_t cap)
+{
+	char q = k->p[0];
+	size_t o = 0;
+
+	for (size_t i = 1; i + 1 < k->len; i++) {
+		char c = k->p[i], pre = '\0';
+
+		if (c == '\\' && i + 2 < k->len) {
+			c = k->p[++i];
+			switch (c) {
+			case 'n': c = '\n'; break;
+			case 't': c = '\t'; break;
+			case 'r': c = '\r'; break;
+			case 'b': c = '\b'; break;
+			case 'Z': c = '\x1a'; break;
+			case '0': return false;
+			case '%': case '_': pre = '\\'; break; /* the server keeps these two escapes as written */
+			default: break;
+			}
+		} else if (c == q) {
+			i++; /* a doubled quote (quoted() let no single one through) */
+		}
+		if (o + 2 >= cap)
+			return false;
+		if (pre != '\0')
+			out[o++] = pre;
+		out[o++] = c;
+	}
+	out[o] = '\0';
+	return true;
+}
+
+/* The value at token *k (a parameter, :applied_at, a number with an
+ * optional minus, a quoted string) into v, *k moved past it; false for
+ * anything else, an expression above all. */
+static bool shape_value(const struct fx_scan *s, int *k, struct lc_fx_value *v)
+{
+	const struct tok *t;
+	bool neg = false;
+
+	memset(v, 0, sizeof *v);
+	v->param = -1;
+	if (*k >= s->n)
+		return false;
+	t = &s->t[*k];
+	if (is_punct(t, '-') && *k + 1 < s->n && s->t[*k + 1].type == T_NUM) {
+		neg = true;
+		t = &s->t[++*k];
+	}
+	switch (t->type) {
+	case T_PARAM:
+		v->kind = LC_FX_VAL_PARAM;
+		v->param = param_index(s, *k);
+		break;
+	case T_CLOCK:
+		v->kind = LC_FX_VAL_CLOCK;
+		break;
+	case T_NUM:
+		if (t->len + 2 > sizeof v->text)
+			return false;
+		v->kind = LC_FX_VAL_NUMBER;
+		snprintf(v->text, sizeof v->text, "%s%.*s", neg ? "-" : "", (int)t->len, t->p);
+		break;
+	case T_STR:
+		v->kind = LC_FX_VAL_STRING;
+		if (!unquote(t, v->text, sizeof v->text))
+			return false;
+		break;
+	default:
+		return false;
+	}
+	++*k;
+	return true;
+}
+
+/* INSERT ... t (c, ...) VALUES (v, ...) from token i (just past the
+ * table), the statement's end right after the row. */
+static bool shape_insert(const struct fx_scan *s, int i, struct lc_fx *fx)
+{
+	int ncols = 0;
+
+	if (i >= s->n || !is_punct(&s->t[i], '('))
+		return false;
+	for (i++;; i++) {
+		if (i >= s->n || ncols >= LC_FX_COLS || !copy_name(&s->t[i], fx->cols[ncols].name, sizeof fx->cols[0].name))
+			return false;
+		ncols++;
+		if (++i >= s->n || !is_punct(&s->t[i], ','))
+			break;
+	}
+	if (i + 2 >= s->n || !is_punct(&s->t[i], ')') ||
+	    !(is_word(&s->t[i + 1], "VALUES") || is_word(&s->t[i + 1], "VALUE")) || !is_punct(&s->t[i + 2], '('))
+		return false;
+	i += 3;
+	for (int c = 0; c < ncols; c++) {
+		if (c > 0 && (i >= s->n || !is_punct(&s->t[i++], ',')))
+			return false;
+		if (!shape_value(s, &i, &fx->cols[c].v))
+			return false;
+	}
+	if (i + 1 != s->n || !is_punct(&s->t[i], ')'))
+		return false;
+	fx->ncols = ncols;
+	return true;
+}
+
+/* UPDATE t SET c = c +/- v WHERE k = :q [AND k2 = literal ...] from token
+ * i (just past the table), the statement's end right after the WHERE. */
+static bool shape_update(const struct fx_scan *s, int i, struct lc_fx *fx)
+{
+	const struct tok *col;
+	bool key = false;
+	int n = 1; /* cols[0] is the key's */
+
+	if (i + 5 >= s->n || !is_word(&s->t[i], "SET"))
+		return false;
+	col = &s->t[i + 1];
+	if (!copy_name(col, fx->add_column, sizeof fx->add_column) || !is_punct(&s->t[i + 2], '=') ||
+	    !same_name(&s->t[i + 3], col) || !(is_punct(&s->t[i + 4], '+') || is_punct(&s->t[i + 4], '-')))
+		return false;
+	fx->add_sign = is_punct(&s->t[i + 4], '+') ? 1 : -1;
+	i += 5;
+	if (!shape_value(s, &i, &fx->add) || (fx->add.kind != LC_FX_VAL_PARAM && fx->add.kind != LC_FX_VAL_NUMBER))
+		return false;
+	if (i >= s->n || !is_word(&s->t[i++], "WHERE"))
+		return false;
+	for (;;) {
+		struct lc_fx_col c;
+
+		if (i + 1 >= s->n || !copy_name(&s->t[i], c.name, sizeof c.name) || !is_punct(&s->t[i + 1], '='))
+			return false;
+		i += 2;
+		if (!shape_value(s, &i, &c.v) || c.v.kind == LC_FX_VAL_CLOCK)
+			return false;
+		if (c.v.kind == LC_FX_VAL_PARAM) {
+			if (key)
+				return false; /* two keys: which messages meet on a row is no longer one value's */
+			key = true;
+			fx->cols[0] = c;
+		} else {
+			if (n >= LC_FX_COLS)
+				return false;
+			fx->cols[n++] = c;
+		}
+		if (i == s->n)
+			break;
+		if (!is_word(&s->t[i++], "AND"))
+			return false;
+	}
+	if (!key)
+		return false;
+	fx->ncols = n;
+	return true;
+}
+
+/* fx's shape, read from token i (just past the table); left NONE, with
+ * nothing of a half-read shape behind, when it has none. */
+static void shape(const struct fx_scan *s, int i, struct lc_fx *fx)
+{
+	bool ok = false;
+
+	if (fx->kind == LC_FX_INSERT)
+		ok = shape_insert(s, i, fx);
+	else if (fx->kind == LC_FX_UPDATE)
+		ok = shape_update(s, i, fx);
+	if (ok) {
+		fx->shape = fx->kind == LC_FX_INSERT ? LC_FX_SHAPE_INSERT : LC_FX_SHAPE_ADD;
+		return;
+	}
+	fx->shape = LC_FX_SHAPE_NONE;
+	memset(fx->cols, 0, sizeof fx->cols);
+	fx->ncols = 0;
+	fx->add_column[0] = '\0';
+	fx->add_sign = 0;
+	memset(&fx->add, 0, sizeof fx->add);
+}
+
 bool lc_fx_compile(const char *text, lc_fx_names_fn names, void *arg, struct lc_fx *out, char *err, size_t cap)
 {
 	static const char *const kinds[] = { [LC_FX_INSERT] = "INSERT", [LC_FX_UPDATE] = "UPDATE",
@@ -313,7 +520,7 @@ bool lc_fx_compile(const char *text, lc_fx_names_fn names, void *arg, struct lc_
 	static const char *const banned[] = { "OUTFILE", "DUMPFILE", "LOAD_FILE", "SLEEP", "BENCHMARK",
 		                                  "GET_LOCK", "RELEASE_LOCK" };
 	static struct fx_scan s; /* the token array is large; a definition is read by one thread */
-	bool ignore = false, kind = false;
+	bool ignore = false, kind = false, qualified = false;
 	int i = 1;
 
 	memset(out, 0, sizeof *out);
@@ -356,11 +563,16 @@ bool lc_fx_compile(const char *text, lc_fx_names_fn names, void *arg, struct lc_
 	if (i < s.n && is_name(&s.t[i])) {
 		int at = i;
 
-		if (i + 2 < s.n && is_punct(&s.t[i + 1], '.') && is_name(&s.t[i + 2]))
+		if (i + 2 < s.n && is_punct(&s.t[i + 1], '.') && is_name(&s.t[i + 2])) {
 			at = i + 2; /* database.table */
+			qualified = true;
+		}
 		snprintf(out->table, sizeof out->table, "%.*s", (int)s.t[at].len, s.t[at].p);
 		i = at + 1;
 	}
 	judge(&s, i, ignore, out);
+	/* Another database's table: a checker would read ours under its name. */
+	if (out->commutes && !qualified)
+		shape(&s, i, out);
 	return true;
 }

@@ -21,6 +21,8 @@
 #define LC_FX_SQL_MAX 2048
 #define LC_FX_PARAMS 32
 #define LC_FX_WHY_MAX 240
+#define LC_FX_COLS 16         /* columns of a shaped INSERT, equalities of a shaped UPDATE's WHERE */
+#define LC_FX_LITERAL_MAX 128 /* a literal's text; a longer one leaves the statement without a shape */
 
 enum lc_fx_kind { LC_FX_INSERT = 0, LC_FX_UPDATE, LC_FX_DELETE, LC_FX_REPLACE };
 
@@ -32,6 +34,42 @@ enum lc_fx_src { LC_FX_MESSAGE_ID = 0, LC_FX_SOURCE, LC_FX_TYPE, LC_FX_KEY, LC_F
 struct lc_fx_param {
 	enum lc_fx_src src;
 	int set;
+};
+
+/* The shape of a statement that commutes, for a reader that checks what it
+ * wrote (inbox-loadgen verify): read from the text once, here, so that no
+ * caller parses SQL again.  Only the two forms whose effect can be told
+ * from their text alone have one; anything else is LC_FX_SHAPE_NONE, and
+ * a checker must say it cannot check it rather than guess. */
+enum lc_fx_shape {
+	LC_FX_SHAPE_NONE = 0,
+	/* INSERT INTO t (c, ...) VALUES (v, ...): one VALUES row, each value a
+	 * parameter, a literal or :applied_at.  Keyed by :message_id (it
+	 * commutes), so each message that runs it leaves exactly one row. */
+	LC_FX_SHAPE_INSERT,
+	/* UPDATE t SET c = c + v (or - v) WHERE k = :q [AND k2 = literal ...]:
+	 * v a parameter or a number.  The rows of one key end at what they
+	 * held plus the sum of what the messages that ran it added. */
+	LC_FX_SHAPE_ADD,
+};
+
+/* A value in a shaped statement. */
+enum lc_fx_value_kind {
+	LC_FX_VAL_PARAM = 0, /* params[param] */
+	LC_FX_VAL_NUMBER,    /* a number written in the definition, text as written ("-5", "2.50") */
+	LC_FX_VAL_STRING,    /* a quoted string written in the definition, text unquoted and unescaped */
+	LC_FX_VAL_CLOCK,     /* :applied_at, the server's clock at the write: nothing to predict */
+};
+
+struct lc_fx_value {
+	enum lc_fx_value_kind kind;
+	int param;                    /* LC_FX_VAL_PARAM: index into params */
+	char text[LC_FX_LITERAL_MAX]; /* LC_FX_VAL_NUMBER, LC_FX_VAL_STRING */
+};
+
+struct lc_fx_col {
+	char name[64 + 1];            /* as written, without backticks */
+	struct lc_fx_value v;
 };
 
 struct lc_fx {
@@ -47,6 +85,16 @@ struct lc_fx {
 	bool commutes;
 	bool keyed;                   /* it binds :message_id */
 	char why[LC_FX_WHY_MAX];
+	/* The shape (above), when it commutes and has one.  INSERT: cols are
+	 * its columns with their values, in the order written.  ADD: cols are
+	 * the WHERE's equalities, the key first (its value a parameter), then
+	 * those on literals; add_column gains add_sign (+1, -1) times add. */
+	enum lc_fx_shape shape;
+	struct lc_fx_col cols[LC_FX_COLS];
+	int ncols;
+	char add_column[64 + 1];
+	int add_sign;
+	struct lc_fx_value add;
 };
 
 /* Resolve a parameter's name (without the ':'; "data.amount_cents",

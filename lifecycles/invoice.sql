@@ -10,6 +10,12 @@
 -- worker) and adds its amount to its account.  A payment for an account
 -- that does not exist is refused by the foreign key, and the worker
 -- dead-letters it as effect-failed.
+--
+-- Accounts 1 .. 1000 are created here, every id the definition's
+-- account_id allows ("max": 1000), so that `inbox-loadgen publish
+-- --lifecycle lifecycles/invoice.json` draws only accounts that exist
+-- (MariaDB's sequence engine makes the rows; IGNORE keeps a balance
+-- already there when the file is run again).
 
 CREATE TABLE IF NOT EXISTS accounts (
   id BIGINT NOT NULL PRIMARY KEY,
@@ -29,3 +35,5 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
   KEY ledger_entries_invoice (invoice_id),
   CONSTRAINT ledger_entries_account FOREIGN KEY (account_id) REFERENCES accounts (id)
 ) ENGINE=InnoDB;
+
+INSERT IGNORE INTO accounts (id) SELECT seq FROM seq_1_to_1000;

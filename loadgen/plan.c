@@ -20,6 +20,7 @@ void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold 
 		bool progress;
 
 		f->out[i] = v.decision;
+		f->before[i] = f->state;
 		if (v.decision == LC_HOLD) {
 			f->held[i] = true;
 			held[nheld++] = i;
@@ -41,6 +42,7 @@ void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold 
 				if (hv.decision == LC_HOLD)
 					continue;
 				f->out[held[h]] = hv.decision;
+				f->before[held[h]] = f->state;
 				if (hv.decision == LC_APPLY || hv.decision == LC_COMPENSATE) {
 					f->state = hv.next;
 					f->marks = hv.marks;
@@ -73,6 +75,8 @@ static bool lg_route_expect(const struct lc_def *def, struct lg_route *r)
 		if (!lg_takes_effect(f.out[i]) && f.out[i] != LC_INVALID)
 			return false;
 		r->dead[i] = f.out[i] == LC_INVALID;
+		r->out[i] = f.out[i];
+		r->before[i] = f.before[i];
 	}
 	r->end = f.state;
 	r->version = f.version;
@@ -80,9 +84,46 @@ static bool lg_route_expect(const struct lc_def *def, struct lg_route *r)
 	return true;
 }
 
+bool lg_stmt_same(const struct lc_def *def, int a, int b)
+{
+	const struct lc_stmt *x = &def->stmts[a], *y = &def->stmts[b];
+
+	if (strcmp(x->fx.sql, y->fx.sql) != 0 || x->fx.nparams != y->fx.nparams)
+		return false;
+	for (int i = 0; i < x->fx.nparams; i++) {
+		const struct lc_fx_param *p = &x->fx.params[i], *q = &y->fx.params[i];
+		const struct lc_set *ps, *qs;
+
+		if (p->src != q->src)
+			return false;
+		if (p->src != LC_FX_SET)
+			continue;
+		ps = &def->events[x->event].sets[p->set];
+		qs = &def->events[y->event].sets[q->set];
+		if (ps->src != qs->src || (ps->src == LC_SRC_DATA && strcmp(ps->field, qs->field) != 0))
+			return false;
+	}
+	return true;
+}
+
+/* Whether event ev runs the same statements decided as a in state sa as
+ * decided as b in state sb: verify predicts the rows they write. */
+static bool lg_same_stmts(const struct lc_def *def, int ev, enum lc_decision a, int sa, enum lc_decision b, int sb)
+{
+	int fa = 0, fb = 0, na = lc_event_stmts(def, ev, sa, a, &fa), nb = lc_event_stmts(def, ev, sb, b, &fb);
+
+	if (na != nb)
+		return false;
+	for (int i = 0; i < na; i++) {
+		if (fa + i != fb + i && !lg_stmt_same(def, fa + i, fb + i))
+			return false;
+	}
+	return true;
+}
+
 /* Every arrival order of the route (Heap's algorithm) ends as the
  * canonical one: the same state, version and emits, and each message the
- * same effect or dead-letter. */
+ * same effect or dead-letter, running the same statements. */
 static bool lg_route_stable(const struct lc_def *def, const struct lg_route *r)
 {
 	int perm[LG_ROUTE_MAX], ev[LG_ROUTE_MAX], c[LG_ROUTE_MAX] = { 0 };
@@ -99,7 +140,8 @@ static bool lg_route_stable(const struct lc_def *def, const struct lg_route *r)
 		if (f.state != r->end || f.version != r->version || f.emits != r->emits)
 			return false;
 		for (int k = 0; k < r->n; k++)
-			if (!(f.out[k] == LC_INVALID ? r->dead[perm[k]] : lg_takes_effect(f.out[k]) && !r->dead[perm[k]]))
+			if (!(f.out[k] == LC_INVALID ? r->dead[perm[k]] : lg_takes_effect(f.out[k]) && !r->dead[perm[k]]) ||
+			    !lg_same_stmts(def, ev[k], f.out[k], f.before[k], r->out[perm[k]], r->before[perm[k]]))
 				return false;
 		while (i < r->n && c[i] >= i) {
 			c[i] = 0;

@@ -49,6 +49,12 @@ struct lg_route {
 	int ev[LG_ROUTE_MAX]; /* event indexes, canonical (file) order */
 	int n;
 	bool dead[LG_ROUTE_MAX]; /* dead-lettered (invalid-transition) in canonical order */
+	/* In canonical order, the decision each event ends in and the state it
+	 * was reached in: what lc_event_stmts needs to say which of the
+	 * definition's statements it runs (the same in every arrival order,
+	 * or the route is dropped). */
+	enum lc_decision out[LG_ROUTE_MAX];
+	int before[LG_ROUTE_MAX];
 	int end;               /* the state it ends in */
 	unsigned version;      /* effects: applied + compensated */
 	uint32_t emits;        /* bits into def->emits */
@@ -84,6 +90,7 @@ struct lg_plan {
  * decision and whether it waited first; the aggregate at the end. */
 struct lg_fold {
 	enum lc_decision out[LG_ROUTE_MAX];
+	int before[LG_ROUTE_MAX]; /* the state out[i] was decided in */
 	bool held[LG_ROUTE_MAX];
 	int state;
 	uint32_t marks;
@@ -94,6 +101,12 @@ struct lg_fold {
 /* Fold ev[0..n) through lc_decide: holds re-evaluated oldest-first after
  * every change, as the worker does.  n <= LG_ROUTE_MAX. */
 void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold *f);
+
+/* Whether statements a and b of def are one statement: the same text
+ * and the same value in each parameter (a data field by its name).  An
+ * event that runs the same statements applied and compensating writes
+ * the same rows either way, as the arrival-order check counts it. */
+bool lg_stmt_same(const struct lc_def *def, int a, int b);
 
 /* The routes and fields of def.  Returns 0, or -1 with one line in err
  * (no main path, a route too long, the order definition against SPEC). */

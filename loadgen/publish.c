@@ -33,6 +33,7 @@
 #include "log.h"
 #include "mq.h"
 #include "amqpx.h"
+#include "snapshot.h"
 #include "status.h"
 
 #define LG_ROW_SYNC 64
@@ -592,6 +593,7 @@ static int lg_wait_originals(const struct cfg *conf, const struct lg_scenario *s
 
 int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_publish_opts *po)
 {
+	struct lg_snapshot snap;
 	struct mq *m = NULL;
 	char vq[300], why[300];
 	FILE *f;
@@ -599,16 +601,24 @@ int lg_publish(const struct cfg *conf, struct lg_scenario *s, const struct lg_pu
 	int rc;
 
 	lg_verify_queue_name(conf, vq, sizeof vq);
+	/* Before the first message: the baseline of what the definition's
+	 * statements add to, which verify holds the end values against. */
+	if (lg_snapshot_take(conf, s, &snap) != 0)
+		return 1;
 	f = fopen(po->ledger, "w");
 	if (f == NULL) {
 		fprintf(stderr, "inbox-loadgen: cannot write %s: %s\n", po->ledger, strerror(errno));
+		lg_snapshot_free(&snap);
 		return 1;
 	}
-	if (lg_ledger_write(s, f, conf->consumer, conf->queue, conf->dlq, vq) != 0) {
+	if (lg_ledger_write(s, f, conf->consumer, conf->queue, conf->dlq, vq) != 0 ||
+	    lg_snapshot_write(&snap, s->plan.def, f) != 0) {
 		fprintf(stderr, "inbox-loadgen: writing %s: %s\n", po->ledger, strerror(errno));
+		lg_snapshot_free(&snap);
 		fclose(f);
 		return 1;
 	}
+	lg_snapshot_free(&snap);
 	if (fclose(f) != 0) {
 		fprintf(stderr, "inbox-loadgen: writing %s: %s\n", po->ledger, strerror(errno));
 		return 1;

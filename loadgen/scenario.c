@@ -790,6 +790,35 @@ static json_t *lg_field_text(uint64_t draw, int64_t max_length)
 	return json_string(buf);
 }
 
+/* An integer field's value in the messages of aggregate order (-1: a
+ * malformed message's 4200), within the field's bounds: what the worker
+ * reads, and what the ledger tells verify the statements were given. */
+static int64_t lg_order_int(const struct lg_scenario *s, int32_t order, int f)
+{
+	const struct lc_set *set = s->plan.fields[f].set;
+	int64_t x = order >= 0 ? s->orders[order].data[f] : 4200;
+
+	return x < set->min || x > set->max ? set->min : x;
+}
+
+int lg_scenario_field_text(const struct lg_scenario *s, int32_t order, int f, char *buf, size_t cap)
+{
+	const struct lc_set *set = s->plan.fields[f].set;
+	int n;
+
+	if (set->type == LC_TYPE_INTEGER) {
+		n = snprintf(buf, cap, "%lld", (long long)lg_order_int(s, order, f));
+	} else if (set->type == LC_TYPE_STRING && order >= 0) {
+		json_t *v = lg_field_text((uint64_t)s->orders[order].data[f], set->max_length);
+
+		n = v != NULL ? snprintf(buf, cap, "%s", json_string_value(v)) : -1;
+		json_decref(v);
+	} else {
+		return -1;
+	}
+	return n >= 0 && (size_t)n < cap ? 0 : -1;
+}
+
 /* data: each field of the plan with the aggregate's value (a malformed
  * message: 4200, "x"); a conflict changes the first one. */
 static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, const char *when)
@@ -810,9 +839,7 @@ static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, co
 			 * a datetime, a string for an integer */
 			v = set->type == LC_TYPE_INTEGER ? json_string("not a number") : json_integer(12345);
 		} else if (set->type == LC_TYPE_INTEGER) {
-			int64_t x = m->order >= 0 ? s->orders[m->order].data[f] : 4200;
-			if (x < set->min || x > set->max)
-				x = set->min;
+			int64_t x = lg_order_int(s, m->order, f);
 			if (change)
 				x = x <= set->max - 1 - it->copy ? x + 1 + it->copy : x - 1 - it->copy;
 			v = json_integer((json_int_t)x);
@@ -967,6 +994,38 @@ static int lg_ledger_lifecycle(const struct lg_scenario *s, FILE *f)
 	return rc;
 }
 
+/* An order line's tail for a definition with statements of its own (none:
+ * the line stays as it was): its route (plan.h, the index verify folds it
+ * by) and the values its messages carry in each integer and string field,
+ * which verify expects the statements' rows and sums to hold. */
+static int lg_ledger_fields(const struct lg_scenario *s, int32_t i, FILE *f)
+{
+	const struct lg_order *od = &s->orders[i];
+	int n = 0;
+
+	if (s->plan.def->nstmts == 0)
+		return 0;
+	if (fprintf(f, ",\"route\":%d,\"data\":{", od->route) < 0)
+		return -1;
+	for (int k = 0; k < s->plan.nfields; k++) {
+		const struct lc_set *set = s->plan.fields[k].set;
+		int rc = 0;
+
+		/* field names are [a-z][a-z0-9_]* (lc_load), texts hex digits */
+		if (set->type == LC_TYPE_INTEGER) {
+			rc = fprintf(f, "%s\"%s\":%lld", n++ ? "," : "", set->field, (long long)lg_order_int(s, i, k));
+		} else if (set->type == LC_TYPE_STRING) {
+			json_t *v = lg_field_text((uint64_t)od->data[k], set->max_length);
+
+			rc = v == NULL ? -1 : fprintf(f, "%s\"%s\":\"%s\"", n++ ? "," : "", set->field, json_string_value(v));
+			json_decref(v);
+		}
+		if (rc < 0)
+			return -1;
+	}
+	return fputs("}", f) < 0 ? -1 : 0;
+}
+
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, const char *queue,
                     const char *dlq, const char *verify_queue)
 {
@@ -1002,7 +1061,7 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 			    fprintf(f, "%s\"%s\"", n++ ? "," : "", label) < 0)
 				return -1;
 		}
-		if (fputs("]}\n", f) < 0)
+		if (fputs("]", f) < 0 || lg_ledger_fields(s, (int32_t)i, f) != 0 || fputs("}\n", f) < 0)
 			return -1;
 	}
 	for (size_t i = 0; i < s->nmsgs; i++) {

@@ -192,13 +192,21 @@ int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct 
  * carries (not UTF-8, with a NUL inside). */
 extern const unsigned char lg_binary_trace[8];
 
+/* The text of plan field f's value in aggregate order's messages (an
+ * integer in decimal, a string as sent) into buf: 0, or -1 for a datetime
+ * field (its occurred_at) or when cap is too small. */
+int lg_scenario_field_text(const struct lg_scenario *s, int32_t order, int f, char *buf, size_t cap);
+
 /* The routing key for an item's message (order.<type>, for every
  * lifecycle: the queue is bound with order.#, SPEC.md). */
 void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap);
 
 /* Write the ledger as JSON lines: one "run" line, then "order" (one per
  * aggregate, whatever the lifecycle), "msg" and "conflict" lines.  With
- * --lifecycle the run line names the definition (aggregate, table, key).  Returns 0 or -1 (errno set). */
+ * --lifecycle the run line names the definition (aggregate, table, key);
+ * for a definition with statements each order line also carries its
+ * route and its data fields' values (verify_ledger.h).  publish appends
+ * the additions' baseline (snapshot.h).  Returns 0 or -1 (errno set). */
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer,
                     const char *queue, const char *dlq, const char *verify_queue);
 

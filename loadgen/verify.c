@@ -10,7 +10,13 @@
  * that publish bound to the out exchange — and holds each against the
  * ledger.  This file runs those steps and prints the report; the ledger
  * reader is verify_ledger.c, the database and queue readers are
- * verify_read.c, and the judge that compares them is verify_judge.c.
+ * verify_read.c, the judge that compares them is verify_judge.c, and what
+ * the definition's own statements wrote is verify_effects.c's.
+ *
+ * A statement's problems go to the same lists as the worker's own
+ * (missing, doubled, wrong, unexpected), so they fail verify alike; the
+ * effects, missing and orders lines count them apart, so that their words
+ * (read by scripts/chaos) keep meaning what they meant.
  */
 #include "verify.h"
 
@@ -21,6 +27,7 @@
 
 #include "db.h"
 #include "status.h"
+#include "verify_effects.h"
 #include "verify_judge.h"
 #include "verify_ledger.h"
 #include "verify_read.h"
@@ -53,7 +60,8 @@ static long v_released(const struct v_state *st)
 static int v_report_json(const struct v_state *st, const struct lg_verify_opts *vo, bool ok,
                          const struct v_figures *f)
 {
-	json_t *by_reason = json_object(), *o, *holds;
+	const struct v_fx_figures *g = v_fx_figures(st);
+	json_t *by_reason = json_object(), *o, *holds, *stmts = v_fx_report_json(st);
 	char *text;
 
 	for (int i = 0; by_reason != NULL && i < st->ndead_reasons; i++)
@@ -84,12 +92,13 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	              (json_int_t)st->outcome_count[1], "ignored", (json_int_t)st->outcome_count[2], "dead_lettered",
 	              (json_int_t)st->outcome_count[3], "held", (json_int_t)st->outcome_count[4],
 	              "effects", "expected", (json_int_t)f->eff_exp, "exactly_once", (json_int_t)f->eff_found, "missing",
-	              (json_int_t)st->miss_effects, "doubled", (json_int_t)st->doubled.count,
+	              (json_int_t)st->miss_effects, "doubled", (json_int_t)(st->doubled.count - g->rows_doubled),
 	              "missing", "total", (json_int_t)st->missing.count, "effects", (json_int_t)st->miss_effects,
 	              "dead_letters", (json_int_t)st->miss_dead, "dead_letters_without_reason",
 	              (json_int_t)st->miss_dead_bare, "conflict_dead_letters", (json_int_t)st->miss_conflicts,
 	              "order_rows", (json_int_t)st->miss_orders, "emitted", (json_int_t)st->miss_emits,
-	              "orders", "checked", (json_int_t)st->norders, "wrong", (json_int_t)(st->wrong.count - st->wrong_ids),
+	              "orders", "checked", (json_int_t)st->norders, "wrong",
+	              (json_int_t)(st->wrong.count - st->wrong_ids - g->rows_wrong - g->sums_wrong),
 	              "dead_letters", "expected", (json_int_t)f->dead_exp, "found", (json_int_t)f->dead_seen,
 	              "copies_by_reason", by_reason,
 	              "emitted", "expected", (json_int_t)f->emit_exp, "found", (json_int_t)f->emits_seen, "republished",
@@ -107,7 +116,10 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 	                  (json_int_t)st->held_released[0], "compensated", (json_int_t)st->held_released[1], "ignored",
 	                  (json_int_t)st->held_released[2], "dead_lettered", (json_int_t)st->held_released[3], "expired",
 	                  (json_int_t)st->held_expired, "still_held", (json_int_t)st->held_still);
-	if (o == NULL || holds == NULL || json_object_set_new(o, "holds", holds) != 0) {
+	if (o == NULL || holds == NULL || json_object_set_new(o, "holds", holds) != 0 ||
+	    (stmts != NULL && json_object_set_new(o, "statements", stmts) != 0) ||
+	    (stmts != NULL && json_object_set_new(json_object_get(o, "missing"), "statement_rows",
+	                                          json_integer((json_int_t)g->rows_missing)) != 0)) {
 		fprintf(stderr, "inbox-loadgen: cannot build the JSON report\n");
 		json_decref(o);
 		return -1;
@@ -125,6 +137,8 @@ static int v_report_json(const struct v_state *st, const struct lg_verify_opts *
 static void v_report_text(const struct v_state *st, const struct lg_verify_opts *vo, const struct v_figures *fig,
                           bool ok)
 {
+	const struct v_fx_figures *g = v_fx_figures(st);
+
 	printf("inbox-loadgen verify: run %s, ledger %s\n", st->prefix, vo->ledger);
 	printf("published   %lld messages: %lld originals, duplicate copies %lld immediate + %lld concurrent + %lld delayed,"
 	       " %lld conflicts, %lld malformed; %lld orders\n",
@@ -138,13 +152,18 @@ static void v_report_text(const struct v_state *st, const struct lg_verify_opts 
 	printf("inbox rows  applied %ld, compensated %ld, ignored %ld, dead_lettered %ld, held %ld\n",
 	       st->outcome_count[0], st->outcome_count[1], st->outcome_count[2], st->outcome_count[3], st->outcome_count[4]);
 	printf("effects     expected %ld, exactly once %ld, missing %ld, doubled %ld\n", fig->eff_exp, fig->eff_found,
-	       st->miss_effects, st->doubled.count);
+	       st->miss_effects, st->doubled.count - g->rows_doubled);
 	/* Scripts read this line (scripts/chaos): keep its words. */
 	printf("missing     %ld in all: effects %ld, dead-letters %ld (%ld of them reached the DLQ only without"
-	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld\n",
+	       " x-inbox-reason), conflict dead-letters %ld, order rows %ld, emitted messages %ld",
 	       st->missing.count, st->miss_effects, st->miss_dead, st->miss_dead_bare, st->miss_conflicts, st->miss_orders,
 	       st->miss_emits);
-	printf("orders      %zu checked, wrong state or version %ld\n", st->norders, st->wrong.count - st->wrong_ids);
+	if (st->fx != NULL)
+		printf(", statement rows %ld", g->rows_missing);
+	printf("\n");
+	printf("orders      %zu checked, wrong state or version %ld\n", st->norders,
+	       st->wrong.count - st->wrong_ids - g->rows_wrong - g->sums_wrong);
+	v_fx_report_text(st, stdout);
 	printf("dead-letters expected %ld, found %ld; emitted expected %ld, found %ld (re-published %ld, without the"
 	       " stable id %ld)\n", fig->dead_exp, fig->dead_seen, fig->emit_exp, fig->emits_seen, st->republished,
 	       st->wrong_ids);
@@ -157,7 +176,7 @@ static void v_report_text(const struct v_state *st, const struct lg_verify_opts 
 		printf("%s %s %ld", i ? "," : "", st->dead_by_reason[i].reason, st->dead_by_reason[i].n);
 	printf("\n");
 	printf("duplicates  %lld copies published, absorbed %lld (doubled effects %ld)\n", fig->dups_published,
-	       fig->dups_absorbed, st->doubled.count);
+	       fig->dups_absorbed, st->doubled.count - g->rows_doubled);
 	printf("holds       held %ld, released %ld (applied %ld, compensated %ld, ignored %ld, dead_lettered %ld),"
 	       " expired %ld, still held %ld\n",
 	       st->held_total, v_released(st), st->held_released[0], st->held_released[1], st->held_released[2],
@@ -213,6 +232,10 @@ int lg_verify(const struct cfg *conf, const struct lg_verify_opts *vo)
 	if (v_read_queues(&st) != ST_OK)
 		goto out;
 	v_judge(&st, &fig);
+	if (v_fx_check(&st) != ST_OK) {
+		fprintf(stderr, "inbox-loadgen: reading what the statements wrote: %s\n", db_errmsg(st.db));
+		goto out;
+	}
 	exit_code = st.missing.count == 0 && st.doubled.count == 0 && st.wrong.count == 0 && st.unexpected.count == 0 ? 0 : 1;
 	if (vo->json) {
 		exit_code = v_report_json(&st, vo, exit_code == 0, &fig) == 0

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "lifecycle_emit.h"
+#include "verify_effects.h"
 
 static uint64_t v_hash(const char *s, size_t n)
 {
@@ -122,7 +123,7 @@ static int v_load_run(struct v_state *st, json_t *o, size_t *ocap, size_t *mcap)
 	st->orders = calloc(*ocap, sizeof *st->orders);
 	st->msgs = calloc(*mcap, sizeof *st->msgs);
 	if (st->orders == NULL || st->msgs == NULL || v_map_init(&st->omap, *ocap) != 0 ||
-	    v_map_init(&st->mmap, *mcap) != 0)
+	    v_map_init(&st->mmap, *mcap) != 0 || v_fx_open(st, *ocap, *mcap) != 0)
 		return -1;
 	return 0;
 }
@@ -140,6 +141,9 @@ static void v_load_order(struct v_state *st, json_t *o)
 		if (json_is_string(e))
 			od->emits |= v_emit_bit(st, json_string_value(e));
 	}
+	e = json_object_get(o, "route");
+	od->route = json_is_integer(e) ? (int)json_integer_value(e) : -1;
+	v_fx_order(st, st->norders, json_object_get(o, "data"));
 	v_map_find(&st->omap, od->id, strlen(od->id), v_order_name, st->orders, (long)st->norders);
 	st->norders++;
 }
@@ -148,6 +152,7 @@ static void v_load_msg(struct v_state *st, json_t *o)
 {
 	struct v_msg *m = &st->msgs[st->nmsgs];
 	const char *ex = json_string_value(json_object_get(o, "expect"));
+	long oi;
 
 	v_copy(m->id, sizeof m->id, json_object_get(o, "id"));
 	v_copy(m->order, sizeof m->order, json_object_get(o, "order"));
@@ -156,6 +161,16 @@ static void v_load_msg(struct v_state *st, json_t *o)
 	m->effect = ex != NULL && strcmp(ex, "effect") == 0;
 	m->conflicts = (int)json_integer_value(json_object_get(o, "conflicts"));
 	m->copies = (int)json_integer_value(json_object_get(o, "copies"));
+	oi = m->order[0] != '\0' ? v_map_find(&st->omap, m->order, strlen(m->order), v_order_name, st->orders, -1) : -1;
+	if (oi >= 0) {
+		struct v_order *od = &st->orders[oi];
+
+		if (od->nmsg == 0)
+			od->first_msg = (uint32_t)st->nmsgs;
+		else if (od->first_msg + od->nmsg != st->nmsgs)
+			od->apart = true;
+		od->nmsg++;
+	}
 	v_map_find(&st->mmap, m->id, strlen(m->id), v_msg_name, st->msgs, (long)st->nmsgs);
 	st->nmsgs++;
 }
@@ -197,6 +212,8 @@ int v_load(struct v_state *st, const char *path)
 			v_load_order(st, o);
 		} else if (strcmp(k, "msg") == 0 && st->nmsgs < mcap) {
 			v_load_msg(st, o);
+		} else if (strcmp(k, "stmt") == 0 || strcmp(k, "sum") == 0) {
+			bad = v_fx_line(st, k, o, path, lineno) != 0;
 		}
 		json_decref(o);
 		if (bad)
@@ -231,4 +248,5 @@ void v_state_free(struct v_state *st)
 	free(st->lat);
 	free(st->probe_dead);
 	free(st->probe_conflicts);
+	v_fx_free(&st->fx);
 }

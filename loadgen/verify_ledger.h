@@ -4,8 +4,23 @@
  * each message and order (read by v_load), next to what the readers found
  * (verify_read.c), for the judge (verify_judge.c) to compare.
  *
+ * The ledger's lines (JSON, one object a line, "k" says which):
+ *   run       the run: prefix, counts, queues, the lifecycle it was planned from;
+ *   order     one per aggregate: id, status, version, emits; for a
+ *             definition with statements also "route" (its index among
+ *             plan.h's routes) and "data" (each integer and string field's
+ *             value in its messages, a JSON number or string);
+ *   msg       one per message, its aggregate's in canonical order;
+ *   stmt      one per addition publish took a baseline of (snapshot.h):
+ *             "stmt" (its index in def->stmts), "event", "after",
+ *             "index", "table", "column", "key", so that verify refuses a
+ *             ledger of other statements;
+ *   sum       one per key of a stmt line: "stmt", "key" (text), "rows"
+ *             and "sum" (text): the key's rows and their sum before the run.
+ * A line of an unknown k is skipped.
+ *
  * Ownership: struct v_state is the caller's; v_load allocates its orders,
- * msgs, maps and run line, which lg_verify releases (v_state_free).
+ * msgs, maps, run line and fx, which lg_verify releases (v_state_free).
  */
 #ifndef INBOX_LG_VERIFY_LEDGER_H
 #define INBOX_LG_VERIFY_LEDGER_H
@@ -28,6 +43,13 @@
 
 struct v_order {
 	char id[LG_ID_MAX];
+	/* For a definition with statements: the route it was planned on
+	 * (-1: the ledger does not say) and its messages, msgs[first_msg ..
+	 * first_msg + nmsg) in canonical order (apart: they were not listed
+	 * together, and cannot be folded). */
+	int route;
+	uint32_t first_msg, nmsg;
+	bool apart;
 	char status[24];
 	unsigned version;
 	uint32_t emits;      /* expected: bits into def->emits */
@@ -107,6 +129,9 @@ struct v_state {
 	size_t nlat;
 	int64_t first_pub, last_done;
 	struct db *db;
+	/* What the definition's own statements wrote (verify_effects.h):
+	 * allocated by v_load, released by v_state_free. */
+	struct v_fx *fx;
 };
 
 /* Find key (len bytes); name(arr, i) gives entry i's id.  Returns the index

@@ -9,7 +9,12 @@
  *     worker runs it today;
  *   - lifecycles/shipment.json: another aggregate, table and key
  *     (shipments, shipment_events, shipment_id); needs a worker that runs
- *     any definition (issue 27, helper 1's wt-lrun).
+ *     any definition (issue 27, helper 1's wt-lrun);
+ *   - lifecycles/invoice.json: a definition with statements of its own
+ *     (issue 45) on the tables of lifecycles/invoice.sql: verify also
+ *     finds each payment's ledger_entries row once and every account's
+ *     balance at its baseline plus the payments, and, once a row is taken
+ *     away and a balance moved, says so and fails.
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -23,11 +28,19 @@
 #include "itest.h"
 #include "status.h"
 
+/* A run's files, for a test that verifies its ledger again. */
+struct lgl_run {
+	char file[1024], ledger[256], vlog[300];
+};
+
 /* Migrate with the definition, publish a scenario of it while two workers
- * run it, verify against it.  tables: the definition's own tables, dropped
- * first so that migrate creates them as this build's definition says
- * (itest_fresh drops the order's); NULL for the order definition. */
-static void run_lifecycle(const char *rel, const char *name, const char *const *tables)
+ * run it, verify against it.  tables: the definition's own tables and
+ * those of its statements, dropped first so that migrate and own_sql
+ * create them as this build says (itest_fresh drops the order's); NULL
+ * for the order definition.  own_sql: the file that creates its
+ * statements' tables (relative to the source root), or NULL. */
+static void run_lifecycle(const char *rel, const char *name, const char *const *tables, const char *own_sql,
+                          struct lgl_run *out)
 {
 	const char *root = getenv("INBOX_SOURCE_ROOT");
 	char file[1024], env_lc[1100], ledger[256], plog[300], vlog[300];
@@ -53,6 +66,17 @@ static void run_lifecycle(const char *rel, const char *name, const char *const *
 		snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS `%s`", tables[i]);
 		cr_assert_eq(db_exec(itest_db(), sql), ST_OK, "%s: %s", sql, db_errmsg(itest_db()));
 	}
+	if (own_sql != NULL) {
+		static char script[16384];
+		char path[1100];
+		size_t len;
+
+		snprintf(path, sizeof path, "%s/%s", root, own_sql);
+		len = itest_read_file(path, script, sizeof script);
+		cr_assert_gt(len, 0, "%s", path);
+		cr_assert_eq(db_exec_script(itest_db(), script, len), ST_OK, "%s: %s", own_sql, db_errmsg(itest_db()));
+		cr_assert_eq(db_commit(itest_db()), ST_OK);
+	}
 	st = itest_wait_exit(itest_spawn(migrate, env), 120);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with %s failed (status %d)", rel, st);
 	w1 = itest_worker(4, env);
@@ -67,16 +91,83 @@ static void run_lifecycle(const char *rel, const char *name, const char *const *
 	cr_assert(itest_log_has(vlog, "missing 0, doubled 0"), "report lacks the zero counts, see %s", vlog);
 	cr_assert(itest_log_has(vlog, "missing     0 in all"), "see %s", vlog);
 	cr_assert(itest_log_has(vlog, "without the stable id 0)"), "see %s", vlog);
+	if (out != NULL) {
+		snprintf(out->file, sizeof out->file, "%s", file);
+		snprintf(out->ledger, sizeof out->ledger, "%s", ledger);
+		snprintf(out->vlog, sizeof out->vlog, "%s", vlog);
+	}
+}
+
+static const char *const invoice_tables[] = { "invoice_events", "invoice_locks", "invoices", "ledger_entries",
+	                                           "accounts", NULL };
+
+/* The run of the invoice definition, with the statement lines of a clean
+ * report: every payment's row once, every sum right, nothing uncheckable. */
+static void run_invoice(struct lgl_run *r)
+{
+	run_lifecycle("lifecycles/invoice.json", "invoice", invoice_tables, "lifecycles/invoice.sql", r);
+	cr_assert(itest_log_has(r->vlog, "statements  4: checked 4 (2 keyed inserts, 2 additions), cannot check 0"),
+	          "see %s", r->vlog);
+	cr_assert(itest_log_has(r->vlog, "missing 0, doubled 0, wrong values 0, unexpected 0"), "see %s", r->vlog);
+	cr_assert(itest_log_has(r->vlog, ", statement rows 0"), "see %s", r->vlog);
+	cr_assert(itest_log_has(r->vlog, "statement sums checked "), "see %s", r->vlog);
+	cr_assert(itest_log_has(r->vlog, ", wrong 0 (keys without a baseline, not checked: 0)"), "see %s", r->vlog);
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM ledger_entries WHERE kind = 'payment'"), 0, "no payment ran");
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM accounts WHERE balance_cents > 0"), 0, "no balance moved");
 }
 
 Test(lifecycle_load, order_definition_file_verifies_clean, .timeout = 600)
 {
-	run_lifecycle("lifecycles/order.json", "order", NULL);
+	run_lifecycle("lifecycles/order.json", "order", NULL, NULL, NULL);
 }
 
 Test(lifecycle_load, shipment_definition_verifies_clean, .timeout = 600)
 {
 	static const char *const tables[] = { "shipment_events", "shipment_locks", "shipments", NULL };
 
-	run_lifecycle("lifecycles/shipment.json", "shipment", tables);
+	run_lifecycle("lifecycles/shipment.json", "shipment", tables, NULL, NULL);
+}
+
+Test(lifecycle_load, invoice_definition_with_statements_verifies_rows_and_sums, .timeout = 600)
+{
+	struct lgl_run r;
+
+	run_invoice(&r);
+}
+
+/* A verify that cannot fail checks nothing: after a clean run, one
+ * payment's ledger row is taken away and one balance moved by a cent, and
+ * verify, run again on the same ledger, must fail naming both. */
+Test(lifecycle_load, invoice_verify_catches_a_lost_row_and_a_wrong_sum, .timeout = 600)
+{
+	struct lgl_run r;
+	const char *ver[] = { "verify", "--lifecycle", r.file, "--ledger", r.ledger, "--timeout", "60", NULL };
+	char vlog[320], lost[256], account[32];
+	int64_t id;
+
+	run_invoice(&r);
+	snprintf(vlog, sizeof vlog, "%s.again.log", r.ledger);
+	cr_assert(itest_str1("SELECT message_id FROM ledger_entries WHERE kind = ? ORDER BY id LIMIT 1", "payment", lost,
+	                     sizeof lost));
+	id = itest_int("SELECT MIN(id) FROM accounts WHERE balance_cents > 0");
+	cr_assert_gt(id, 0);
+	snprintf(account, sizeof account, "%lld", (long long)id);
+	cr_assert_eq(db_exec(itest_db(), "DELETE FROM ledger_entries WHERE kind = 'payment' ORDER BY id LIMIT 1"), ST_OK,
+	             "%s", db_errmsg(itest_db()));
+	cr_assert_eq(db_exec(itest_db(), "UPDATE accounts SET balance_cents = balance_cents + 1 WHERE balance_cents > 0"
+	                                 " ORDER BY id LIMIT 1"), ST_OK, "%s", db_errmsg(itest_db()));
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	cr_assert_neq(itest_loadgen(ver, NULL, vlog, 300), 0, "verify passed a lost row and a wrong sum, see %s", vlog);
+	cr_assert(itest_log_has(vlog, "missing 1, doubled 0, wrong values 0"), "see %s", vlog);
+	cr_assert(itest_log_has(vlog, ", statement rows 1"), "see %s", vlog);
+	cr_assert(itest_log_has(vlog, "statement sums checked "), "see %s", vlog);
+	cr_assert(itest_log_has(vlog, ", wrong 1 (keys without a baseline"), "see %s", vlog);
+	{
+		char want[400];
+		snprintf(want, sizeof want, "%s: no ledger_entries row (statement 1 of PaymentReceived)", lost);
+		cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
+		snprintf(want, sizeof want, "accounts.balance_cents where id = %s is ", account);
+		cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
+	}
+	cr_assert(itest_log_has(vlog, "result      FAIL"), "see %s", vlog);
 }

@@ -489,3 +489,35 @@ Test(lgplan, verify_refuses_a_ledger_of_another_lifecycle)
 	cr_assert(strstr(text, "published for the shipment lifecycle") != NULL, "%s", text);
 	free(text);
 }
+
+/* What verify folds a definition's own statements by: each route event's
+ * decision and the state it was reached in, and one statement for two of
+ * the same text and values (another event's, or compensating), so that a
+ * route whose events run the same statements in every arrival order is
+ * kept (bench's order_fx1: five routes, as the order's) and verify checks
+ * those rows once. */
+Test(lgplan, routes_say_which_statements_each_event_runs)
+{
+	struct lc_def *inv = load_def("lifecycles/invoice.json"), *fx1 = load_def("bench/lifecycles/order_fx1.json");
+	int pay = lc_event_find(inv, "PaymentReceived"), first = -1, n;
+	struct lg_plan p;
+	char err[512] = "";
+
+	cr_assert_eq(lg_plan_build(&p, inv, err, sizeof err), 0, "plan: %s", err);
+	cr_assert_eq(p.routes[0].ev[1], pay);
+	cr_expect_eq(p.routes[0].out[1], LC_APPLY);
+	cr_expect_str_eq(inv->states[p.routes[0].before[1]], "Issued");
+	n = lc_event_stmts(inv, pay, p.routes[0].before[1], p.routes[0].out[1], &first);
+	cr_assert_eq(n, 2);
+	cr_expect_eq(inv->stmts[first].fx.shape, LC_FX_SHAPE_INSERT);
+	cr_expect_eq(inv->stmts[first + 1].fx.shape, LC_FX_SHAPE_ADD);
+	/* the payment's and the refund's rows differ by their literal */
+	cr_expect(!lg_stmt_same(inv, first, first + 2));
+	cr_expect(lg_stmt_same(inv, first, first));
+
+	cr_assert_eq(lg_plan_build(&p, fx1, err, sizeof err), 0, "plan: %s", err);
+	cr_expect_eq(p.nroutes, 5, "a route dropped although its statements are the same in every order");
+	cr_expect(lg_stmt_same(fx1, 0, fx1->nstmts - 1), "one text, one statement, whichever event runs it");
+	lc_free(inv);
+	lc_free(fx1);
+}
