@@ -302,6 +302,11 @@ static const struct cfg_setting cfg_settings[] = {
 	  "That thread publishes the rows right after its commit and marks them sent "
 	  "in its next write; only a crash between the two (or a publish that failed) leaves a row for the "
 	  "relay, under the same message id (a duplicate downstream if it had gone out)." },
+	{ "INBOX_HTTP_MAX_ATTEMPTS", "http-max-attempts", NULL, NULL, "10", K_INT, F(http_max_attempts), 1, 1000, NULL,
+	  "calls to an HTTP destination of the lifecycle per emitted event before it is dead-lettered as "
+	  "delivery-failed (408, 425, 429, 5xx and no answer are called again; any other 4xx at once)",
+	  "The waits double from 1 s to 60 s (half fixed, half jitter) and honour Retry-After: the default "
+	  "keeps calling for about five minutes.  See doc/lifecycle.md." },
 };
 
 #define CFG_NSETTINGS (sizeof cfg_settings / sizeof cfg_settings[0])

@@ -145,6 +145,7 @@ struct cfg {
 	enum cfg_emit_envelope emit_envelope; /* INBOX_EMIT_ENVELOPE native */
 	enum cfg_outbox_dispatch outbox_dispatch; /* INBOX_OUTBOX_DISPATCH relay */
 	long outbox_sweep_s;        /* INBOX_OUTBOX_SWEEP 30s [1s, 1d]: the relay's delay for dispatched rows */
+	int http_max_attempts;      /* INBOX_HTTP_MAX_ATTEMPTS 10 [1,1000]: calls to a destination per row */
 };
 
 enum cfg_result {

@@ -39,7 +39,11 @@
  * x-inbox-* name, so that a worker's dead-letter copy keeps it. */
 #define DEADLETTER_REPLAYS "x-replay-count"
 
-#define DEADLETTER_HEADERS_MAX 4
+/* The HTTP destination a delivery-failed copy was for (issue 45): dlq
+ * replay gives the row back to it, under the same idempotency key. */
+#define DEADLETTER_DESTINATION "x-inbox-destination"
+
+#define DEADLETTER_HEADERS_MAX 5
 #define DEADLETTER_DETAIL_MAX 640
 
 struct deadletter_headers {

@@ -35,6 +35,9 @@
 #define LC_MAX_EVENT_STMTS 8 /* in one list (an event applied, or compensated after a state) */
 #define LC_MAX_ERRORS 16
 #define LC_CHECK_MAX_EVENTS 8 /* the exhaustive check grows as n! */
+#define LC_MAX_DESTS 8 /* HTTP destinations (lifecycle_dest.h) */
+#define LC_DEST_MAX_HEADERS 16
+#define LC_VALUE_MAX 1024 /* a destination's value as written: text, a variable's name, a path */
 
 enum lc_decision {
 	LC_APPLY = 0,  /* transition: version + 1, one ledger row, emits */
@@ -107,6 +110,30 @@ struct lc_rule {
 	uint32_t emits; /* for COMPENSATE; APPLY adds the event's own */
 };
 
+/* A destination's value as the definition writes it: the text itself, or
+ * where to read it when the worker starts (lifecycle_dest.h). */
+enum lc_value_from { LC_VALUE_TEXT = 0, LC_VALUE_ENV, LC_VALUE_FILE };
+struct lc_value {
+	enum lc_value_from from;
+	char text[LC_VALUE_MAX + 1]; /* the text, the variable's name or the path; "" when absent */
+};
+
+/* An HTTP endpoint emitted events may go to (issue 45), as read; the
+ * values are resolved into a struct http_dest by lc_dest_resolve. */
+struct lc_dest {
+	char name[LC_NAME_MAX + 1];
+	struct lc_value url;
+	bool put;                    /* PUT instead of POST */
+	struct {
+		char name[LC_NAME_MAX + 1];
+		struct lc_value value;
+	} headers[LC_DEST_MAX_HEADERS];
+	int nheaders;
+	struct lc_value ca_file;     /* text "": the system's store */
+	long timeout_ms, connect_timeout_ms; /* 0: http_call's defaults */
+	int line;
+};
+
 struct lc_def {
 	char aggregate[LC_NAME_MAX + 1];
 	char table[LC_NAME_MAX + 1];
@@ -128,6 +155,13 @@ struct lc_def {
 	struct lc_rule rules[LC_MAX_STATES][LC_MAX_EVENTS];
 	struct lc_stmt stmts[LC_MAX_STMTS];
 	int nstmts;
+	/* Where each emitted kind goes ("deliver"): emit_dests[k] bit d is
+	 * dests[d]; bit k of emit_no_exchange: not to our exchange (only
+	 * when the kind has a destination).  Nothing said: the exchange. */
+	struct lc_dest dests[LC_MAX_DESTS];
+	int ndests;
+	uint32_t emit_dests[LC_MAX_EMITS];
+	uint32_t emit_no_exchange;
 };
 
 struct lc_verdict {

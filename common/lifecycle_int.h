@@ -49,6 +49,10 @@ void lc_known_keys(struct lc_ctx *c, json_t *obj, const char *const *allowed, co
  * compensations (obj is the event's object). */
 void lc_parse_statements(struct lc_ctx *c, int evi, json_t *obj);
 
+/* The definition's "destinations" and "deliver" (lifecycle_dest.c),
+ * read once the events (and so the emitted kinds) are. */
+void lc_parse_destinations(struct lc_ctx *c, json_t *root);
+
 /* The index of the declared state called name (1..nstates-1), or -1. */
 int lc_state_index(const struct lc_def *d, const char *name);
 

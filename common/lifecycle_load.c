@@ -1121,7 +1121,7 @@ static void assign_marks(struct lc_def *d)
 static void parse_top(struct lc_ctx *c, json_t *root)
 {
 	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
-		                                "terminal", "events", NULL };
+		                                "terminal", "events", "destinations", "deliver", NULL };
 	char why[320];
 	json_t *v;
 	int line;
@@ -1149,6 +1149,8 @@ static void parse_top(struct lc_ctx *c, json_t *root)
 		err_line(c->errs, line, 0, "%s", why);
 		return;
 	}
+	if (c->errs->n == 0)
+		lc_parse_destinations(c, root);
 	assign_marks(c->def);
 }
 

@@ -70,6 +70,13 @@ static struct {
 	char stmt_event[METRICS_EVENTS_MAX][METRICS_NAME_MAX + 1];
 	atomic_bool stmt_events_set;
 	atomic_uint_fast64_t statements[METRICS_EVENTS_MAX][2];
+	/* HTTP destinations (metrics_set_destinations) and their rows. */
+	char dest[METRICS_DESTS_MAX][METRICS_NAME_MAX + 1];
+	int ndests;
+	atomic_bool dests_set;
+	atomic_uint_fast64_t deliveries[METRICS_DESTS_MAX][METRICS_DELIVERY_COUNT];
+	atomic_int_fast64_t dest_pending[METRICS_DESTS_MAX];
+	atomic_int_fast64_t dest_oldest_ms[METRICS_DESTS_MAX];
 } metrics;
 
 static const char *const metrics_outcome_names[] = {
@@ -519,6 +526,73 @@ uint64_t metrics_statements_count(int event, bool refused)
 	           : 0;
 }
 
+int metrics_set_destinations(const char *const *names, int n)
+{
+	if (atomic_load(&metrics.dests_set) || n < 0 || n > METRICS_DESTS_MAX)
+		return -1;
+	for (int d = 0; d < n; d++) {
+		if (names[d] == NULL || names[d][0] == '\0' || strlen(names[d]) > METRICS_NAME_MAX)
+			return -1;
+		/* lifecycle_dest.c's names: [a-z][a-z0-9_-]* */
+		for (const char *c = names[d]; *c != '\0'; c++)
+			if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-'))
+				return -1;
+	}
+	for (int d = 0; d < n; d++)
+		snprintf(metrics.dest[d], sizeof metrics.dest[d], "%s", names[d]);
+	metrics.ndests = n;
+	atomic_store_explicit(&metrics.dests_set, true, memory_order_release);
+	return 0;
+}
+
+void metrics_delivery(int dest, enum metrics_delivery result, int n)
+{
+	if ((unsigned)dest < METRICS_DESTS_MAX && (unsigned)result < METRICS_DELIVERY_COUNT && n > 0)
+		atomic_fetch_add_explicit(&metrics.deliveries[dest][result], (uint_fast64_t)n, memory_order_relaxed);
+}
+
+uint64_t metrics_delivery_count(int dest, enum metrics_delivery result)
+{
+	return (unsigned)dest < METRICS_DESTS_MAX && (unsigned)result < METRICS_DELIVERY_COUNT
+	           ? atomic_load_explicit(&metrics.deliveries[dest][result], memory_order_relaxed)
+	           : 0;
+}
+
+void metrics_destination_backlog(int dest, int64_t pending, double oldest_s)
+{
+	if ((unsigned)dest >= METRICS_DESTS_MAX)
+		return;
+	atomic_store_explicit(&metrics.dest_pending[dest], pending, memory_order_relaxed);
+	atomic_store_explicit(&metrics.dest_oldest_ms[dest], (int_fast64_t)(oldest_s * 1000), memory_order_relaxed);
+}
+
+/* The series of the HTTP destinations, when the lifecycle has any. */
+static void metrics_put_destinations(struct metrics_buf *b)
+{
+	static const char *const results[] = { "delivered", "retried", "dead_lettered" };
+
+	if (!atomic_load_explicit(&metrics.dests_set, memory_order_acquire) || metrics.ndests == 0)
+		return;
+	metrics_put(b, "# HELP inbox_http_deliveries_total Calls to the lifecycle's HTTP destinations by result:"
+	               " delivered (2xx), retried (to be called again), dead_lettered (delivery-failed).\n"
+	               "# TYPE inbox_http_deliveries_total counter\n");
+	for (int d = 0; d < metrics.ndests; d++)
+		for (int r = 0; r < METRICS_DELIVERY_COUNT; r++)
+			metrics_put(b, "inbox_http_deliveries_total{destination=\"%s\",result=\"%s\"} %llu\n",
+			            metrics.dest[d], results[r], (unsigned long long)metrics_delivery_count(d, r));
+	metrics_put(b, "# HELP inbox_http_undelivered Outbox rows for an HTTP destination not delivered yet.\n"
+	               "# TYPE inbox_http_undelivered gauge\n");
+	for (int d = 0; d < metrics.ndests; d++)
+		metrics_put(b, "inbox_http_undelivered{destination=\"%s\"} %lld\n", metrics.dest[d],
+		            (long long)atomic_load_explicit(&metrics.dest_pending[d], memory_order_relaxed));
+	metrics_put(b, "# HELP inbox_http_oldest_undelivered_seconds Age of the oldest row an HTTP destination"
+	               " has not taken yet (0 when none).\n"
+	               "# TYPE inbox_http_oldest_undelivered_seconds gauge\n");
+	for (int d = 0; d < metrics.ndests; d++)
+		metrics_put(b, "inbox_http_oldest_undelivered_seconds{destination=\"%s\"} %.3f\n", metrics.dest[d],
+		            (double)atomic_load_explicit(&metrics.dest_oldest_ms[d], memory_order_relaxed) / 1000.0);
+}
+
 /* inbox_statements_total, when the lifecycle has statements of its own. */
 static void metrics_put_statements(struct metrics_buf *b)
 {
@@ -564,6 +638,7 @@ int metrics_render(char *buf, size_t cap)
 		            metrics.lifecycle[0], metrics.lifecycle[1], metrics.lifecycle[2]);
 	metrics_outcomes(&b);
 	metrics_put_statements(&b);
+	metrics_put_destinations(&b);
 	metrics_put(&b, "# HELP inbox_held_total Events held on arrival to wait for their prerequisite (each is"
 	                " counted again in inbox_messages_total once settled).\n"
 	                "# TYPE inbox_held_total counter\n"

@@ -125,6 +125,17 @@ uint64_t metrics_released_count(void);
 
 /* Render the Prometheus text into buf; returns the length or -1 if cap is
  * too small. */
+/* The HTTP destinations of the running definition (names as lc_load
+ * checked them), at most METRICS_DESTS_MAX, once before the threads
+ * start; then per destination index: deliveries by result, and the
+ * undelivered rows' count and oldest age. */
+#define METRICS_DESTS_MAX 8
+enum metrics_delivery { METRICS_HTTP_DELIVERED = 0, METRICS_HTTP_RETRIED, METRICS_HTTP_DEAD_LETTERED, METRICS_DELIVERY_COUNT };
+int metrics_set_destinations(const char *const *names, int n);
+void metrics_delivery(int dest, enum metrics_delivery result, int n);
+uint64_t metrics_delivery_count(int dest, enum metrics_delivery result);
+void metrics_destination_backlog(int dest, int64_t pending, double oldest_s);
+
 int metrics_render(char *buf, size_t cap);
 
 /* Serve on addr ("host:port"); "" or NULL serves nothing.  Returns 0 or -1

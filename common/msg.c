@@ -50,6 +50,7 @@ static const char *const reason_names[] = {
 	[MSG_REASON_RETRIES_EXHAUSTED] = "retries-exhausted",
 	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
 	[MSG_REASON_EFFECT_FAILED] = "effect-failed",
+	[MSG_REASON_DELIVERY_FAILED] = "delivery-failed",
 };
 _Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum msg_reason");
 

@@ -61,6 +61,7 @@ enum msg_reason {
 	MSG_REASON_RETRIES_EXHAUSTED,
 	MSG_REASON_UNPROCESSABLE, /* the database refused the message's own values */
 	MSG_REASON_EFFECT_FAILED, /* a statement of the definition refused the message's own data */
+	MSG_REASON_DELIVERY_FAILED, /* an HTTP destination refused an emitted event, or never took it */
 	MSG_REASON_COUNT
 };
 

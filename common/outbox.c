@@ -55,6 +55,7 @@
 
 #include "array.h"
 #include "deadletter.h"
+#include "lifecycle_dest.h"
 #include "lifecycle_emit.h"
 #include "log.h"
 #include "outbox_int.h"
@@ -199,9 +200,10 @@ void outbox_mem_free(struct outbox_mem *mem)
 	mem->cap = 0;
 }
 
+/* dest: the running definition's destination index, -1 for none. */
 static int outbox_row_sql(struct sqlbuf *b, struct outbox_mem *mem, const char *id, const char *exchange,
                           const char *rk, const char *type, const char *order_id, const char *props,
-                          const char *headers, const void *body, size_t len)
+                          const char *headers, const void *body, size_t len, int dest)
 {
 	sqlbuf_row(b);
 	sqlbuf_str(b, id);
@@ -215,6 +217,10 @@ static int outbox_row_sql(struct sqlbuf *b, struct outbox_mem *mem, const char *
 	sqlbuf_value(b, "NOW(6)");
 	if (mem != NULL)
 		sqlbuf_i64(b, mem->claim);
+	else
+		sqlbuf_value(b, "NULL");
+	if (dest >= 0)
+		sqlbuf_str(b, agg_current()->def->dests[dest].name);
 	else
 		sqlbuf_value(b, "NULL");
 	sqlbuf_row_end(b);
@@ -291,7 +297,19 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 		free(props);
 		return ST_ERR_NOMEM;
 	}
-	rc = outbox_row_sql(b, mem, id, conf->out_exchange, rk, type, order_id, props, NULL, body, strlen(body));
+	if (lc_emit_to_exchange(def, emit))
+		rc = outbox_row_sql(b, mem, id, conf->out_exchange, rk, type, order_id, props, NULL, body, strlen(body),
+		                    -1);
+	for (int d = 0; rc == ST_OK && d < def->ndests; d++) {
+		char exch[OUTBOX_SHORTSTR_MAX + 1];
+
+		if (!lc_emit_to_dest(def, emit, d))
+			continue;
+		snprintf(exch, sizeof exch, "%s%s", OUTBOX_HTTP_EXCHANGE, def->dests[d].name);
+		/* claim NULL, no copy: the destination's courier takes it at
+		 * once (outbox_http.h), not the committing thread */
+		rc = outbox_row_sql(b, NULL, id, exch, rk, type, order_id, props, NULL, body, strlen(body), d);
+	}
 	free(body);
 	free(props);
 	return rc;
@@ -309,11 +327,13 @@ int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outb
 	 * DLQ reader looks (props.c keeps the note ASCII). */
 	mq_props_json_note(d->props, note, sizeof note);
 	deadletter_headers(&dh, d->reason, d->detail, note, d->deliveries);
+	if (d->destination != NULL)
+		dh.h[dh.n++] = (struct mq_header){ DEADLETTER_DESTINATION, d->destination };
 	headers = deadletter_headers_json(&dh);
 	if (headers == NULL)
 		return ST_ERR_NOMEM;
 	rc = outbox_row_sql(b, mem, d->message_id, conf->dlx, d->routing_key, d->type, d->order_id, d->props, headers,
-	                    d->body, d->len);
+	                    d->body, d->len, -1);
 	free(headers);
 	return rc;
 }
@@ -360,16 +380,17 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 	ob->db = db;
 	ob->conf = conf;
 	ob->budget_ms = OUTBOX_ROUND_BUDGET_MS;
-	/* Both scans read ix_outbox_due (migrations/0005) in its order, so
-	 * rows backing off are never walked over by the first one. */
+	/* Both scans read ix_outbox_route (migrations/0019) in its order,
+	 * so rows backing off are never walked over by the first one, nor
+	 * rows for an HTTP destination (its courier's, outbox_http.h). */
 	rc = db_prepare(db, &ob->take_due,
-	                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at <= NOW(6)"
+	                "SELECT id FROM outbox WHERE sent_at IS NULL AND destination IS NULL AND next_attempt_at <= NOW(6)"
 	                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
 	                " AND (claim IS NULL OR created_at < NOW(6) - INTERVAL ? SECOND)"
 	                " ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->take_new,
-		                "SELECT id FROM outbox WHERE sent_at IS NULL AND next_attempt_at IS NULL"
+		                "SELECT id FROM outbox WHERE sent_at IS NULL AND destination IS NULL AND next_attempt_at IS NULL"
 		                " AND (leased_until IS NULL OR leased_until <= NOW(6))"
 		                " AND (claim IS NULL OR created_at < NOW(6) - INTERVAL ? SECOND)"
 		                " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
@@ -394,7 +415,7 @@ int outbox_open(struct outbox **out, struct db *db, const struct cfg *conf)
 	if (rc == ST_OK)
 		rc = db_prepare(db, &ob->stats,
 		                "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)), 0)"
-		                " FROM outbox WHERE sent_at IS NULL");
+		                " FROM outbox WHERE sent_at IS NULL AND destination IS NULL");
 	if (rc != ST_OK)
 		goto fail;
 	*out = ob;

@@ -59,7 +59,13 @@ struct outbox_round {
  * publish after the commit. */
 #define OUTBOX_INSERT_HEAD                                                                             \
 	"INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, headers, body,"  \
-	" created_at, claim) VALUES "
+	" created_at, claim, destination) VALUES "
+
+/* The exchange column of a row for an HTTP destination (migration 0019):
+ * not an exchange anyone declares, so that a relay of a build before
+ * destinations, were one to take the row, fails to publish it and keeps
+ * it rather than publish it nowhere and mark it sent. */
+#define OUTBOX_HTTP_EXCHANGE "inbox-http:"
 
 /* A copy of a row the transaction wrote, kept for the committing thread
  * to publish from memory after the COMMIT (outbox_dispatch.h). */
@@ -81,7 +87,9 @@ void outbox_mem_free(struct outbox_mem *mem);
 
 /* An event the worker emits, kind emit of the running definition
  * (lifecycle_emit.h), in SPEC.md's envelope, to conf->out_exchange with
- * routing key <aggregate>.<type>.  Its message id, lc_emit_id's
+ * routing key <aggregate>.<type>, and one row more for each HTTP
+ * destination the definition routes the kind to (lifecycle_dest.h), the
+ * same id, body and properties, destination set.  Its message id, lc_emit_id's
  * "<type>:<order id>" (":<cause>" when several events emit the type), names
  * this one event of the order, so that a re-publish after a crash is
  * recognisable downstream.  cause_*: the event that caused it (data);
@@ -109,6 +117,7 @@ struct outbox_dead_letter {
 	const char *reason; /* x-inbox-reason */
 	const char *detail; /* x-inbox-detail */
 	int64_t deliveries; /* x-inbox-delivery-count; 0 when unknown */
+	const char *destination; /* x-inbox-destination (delivery-failed); NULL: none */
 };
 int outbox_row_dead_letter(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem,
                            const struct outbox_dead_letter *d);

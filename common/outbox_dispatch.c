@@ -102,7 +102,8 @@ void outbox_dispatcher_write_marks(const struct outbox_dispatcher *d, struct sql
 			continue;
 		if (!open) {
 			sqlbuf_stmt(b);
-			sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim IN (");
+			sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND destination IS NULL"
+			                 " AND claim IN (");
 			sqlbuf_list(b);
 			open = true;
 		}
@@ -117,7 +118,8 @@ void outbox_dispatcher_write_marks(const struct outbox_dispatcher *d, struct sql
 		if (mk[i].nexcept == 0)
 			continue;
 		sqlbuf_stmt(b);
-		sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND claim = ");
+		sqlbuf_sql(b, "UPDATE outbox SET sent_at = NOW(6) WHERE sent_at IS NULL AND destination IS NULL"
+		                 " AND claim = ");
 		sqlbuf_i64(b, mk[i].claim);
 		sqlbuf_sql(b, " AND message_id NOT IN (");
 		sqlbuf_list(b);

@@ -31,6 +31,7 @@
 #include "array.h"
 #include "cmd.h"
 #include "deadletter.h"
+#include "outbox.h"
 #include "dlq_entry.h"
 #include "dlq_judge.h"
 #include "envelope.h"
@@ -419,6 +420,64 @@ cleanup:
 	return rc;
 }
 
+/* A delivery-failed dead letter (an emitted event an HTTP destination
+ * never took) goes back to its destination's outbox, not to our queue: a
+ * row like the one that failed, the same id and so the same
+ * Idempotency-Key, for the destination's courier (common/outbox_http.h).
+ * Returns ST_OK when e is not such a letter (*done false). */
+static int dlq_replay_delivery(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e, bool *done)
+{
+	const char *dest = json_string_value(json_object_get(json_object_get(e->props, "headers"), DEADLETTER_DESTINATION));
+	char exch[300], *props = NULL;
+	struct db_stmt *ins = NULL;
+	int rc;
+
+	*done = false;
+	if (strcmp(e->reason, msg_reason_name(MSG_REASON_DELIVERY_FAILED)) != 0 || dest == NULL)
+		return ST_OK;
+	*done = true;
+	if (r->o->dry_run)
+		goto said;
+	props = dlq_replay_props(e);
+	if (props == NULL)
+		return ST_ERR_NOMEM;
+	snprintf(exch, sizeof exch, "%s%s", OUTBOX_HTTP_EXCHANGE, dest);
+	rc = db_prepare(r->judge.db, &ins,
+	                "INSERT INTO outbox (message_id, exchange, routing_key, type, order_id, props, body, created_at,"
+	                " destination) VALUES (?, ?, ?, ?, ?, ?, ?, NOW(6), ?)");
+	if (rc == ST_OK) {
+		struct db_param p[8] = {
+			DBP_STR(e->message_id), DBP_STR(exch), DBP_STR(d->routing_key), DBP_STR(e->type),
+			DBP_STR(e->order_id), DBP_STR(props), DBP_BLOB(d->body, d->len), DBP_STR(dest),
+		};
+
+		rc = db_stmt_exec(ins, p, 8, NULL);
+	}
+	if (rc == ST_OK)
+		rc = db_commit(r->judge.db);
+	free(props);
+	if (rc != ST_OK) {
+		db_rollback(r->judge.db);
+		LOG(LOG_LEVEL_ERROR, "cannot give the event back to its destination; the dead letter stays",
+		    LOG_S("msg", e->message_id), LOG_S("destination", dest), LOG_S("error", dlq_judge_errmsg(&r->judge)));
+		return rc;
+	}
+	rc = mq_ack(r->mq, d->tag, false);
+	if (rc != ST_OK) {
+		LOG(LOG_LEVEL_ERROR, "replayed, but the dead letter could not be removed: a later replay calls again with"
+		    " the same key", LOG_S("msg", e->message_id), LOG_S("error", mq_errmsg(r->mq)));
+		return rc;
+	}
+said:
+	r->acted++;
+	fprintf(r->out, "%-10s %-24s %-12s %-20s back to destination %s, the same Idempotency-Key\n",
+	        r->o->dry_run ? "would replay" : "replayed", e->message_id, e->order_id[0] ? e->order_id : "-", e->reason,
+	        dest);
+	if (r->o->limit > 0 && r->acted >= r->o->limit)
+		r->stop = true;
+	return ST_OK;
+}
+
 static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
 {
 	enum dlq_judge_verdict v;
@@ -427,7 +486,12 @@ static int dlq_visit_replay(struct dlq_run *r, const struct mq_delivery *d, stru
 	bool chosen;
 	int rc = dlq_choose(r, e, &chosen);
 
+	bool done;
+
 	if (rc != ST_OK || !chosen)
+		return rc;
+	rc = dlq_replay_delivery(r, d, e, &done);
+	if (rc != ST_OK || done)
 		return rc;
 	if (!dlq_run_judge(r, e, &v, why, sizeof why)) {
 		rc = dlq_judge_entry(&r->judge, e, &v, why, sizeof why);

@@ -27,7 +27,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "aggregate.h"
 #include "config.h"
+#include "courier.h"
+#include "http_call.h"
 #include "db.h"
 #include "inbox.h"
 #include "inflight.h"
@@ -503,6 +506,11 @@ struct pool {
 	struct pool_shared shared;
 	bool have_cv, have_mu;
 	struct pool_watch watch;
+	/* One per HTTP destination (courier.h), outside the watchdog's
+	 * threads: a call waits its destination's time-out at most. */
+	struct courier *couriers;
+	int ncouriers, couriers_started;
+	bool http_up;
 };
 
 /* Only the signal loop sees SIGINT/SIGTERM: blocked before any thread
@@ -589,6 +597,39 @@ static int pool_start(struct pool *p)
 	return 0;
 }
 
+/* The couriers, after the other threads: 1 when one cannot start (the
+ * pool stops). */
+static int pool_start_couriers(struct pool *p)
+{
+	const struct lc_def *def = agg_current()->def;
+
+	if (def->ndests == 0)
+		return 0;
+	if (http_global_init() != ST_OK) {
+		LOG0(LOG_LEVEL_ERROR, "cannot initialise libcurl");
+		atomic_store(&pool_stop, true);
+		return 1;
+	}
+	p->http_up = true;
+	p->couriers = calloc((size_t)def->ndests, sizeof *p->couriers);
+	if (p->couriers == NULL) {
+		LOG0(LOG_LEVEL_ERROR, "out of memory");
+		atomic_store(&pool_stop, true);
+		return 1;
+	}
+	for (int d = 0; d < def->ndests; d++) {
+		p->ncouriers++;
+		if (courier_init(&p->couriers[d], d, p->conf, &p->shared) != ST_OK ||
+		    pthread_create(&p->couriers[d].t.thread, NULL, courier_main, &p->couriers[d]) != 0) {
+			LOG(LOG_LEVEL_ERROR, "cannot start a courier thread", LOG_S("destination", def->dests[d].name));
+			atomic_store(&pool_stop, true);
+			return 1;
+		}
+		p->couriers_started++;
+	}
+	return 0;
+}
+
 /* Join what has ended; true when every started thread has. */
 static bool pool_join_ended(struct pool *p)
 {
@@ -652,6 +693,11 @@ static void pool_release(struct pool *p)
 		for (int i = 0; i < p->conf->threads; i++)
 			worker_free(&p->workers[i]);
 	inflight_close(&p->shared.inflight);
+	for (int i = 0; i < p->ncouriers; i++)
+		courier_free(&p->couriers[i]);
+	free(p->couriers);
+	if (p->http_up)
+		http_global_end();
 	free(p->workers);
 	free(p->janitor);
 	free(p->threads);
@@ -685,7 +731,11 @@ int pool_main(const struct cfg *conf)
 	LOG(LOG_LEVEL_INFO, "starting", LOG_S("version", INBOX_VERSION), LOG_I("threads", conf->threads), LOG_S("amqp", conf->amqp.redacted),
 	    LOG_S("db", conf->db.redacted), LOG_S("queue", conf->queue), LOG_S("consumer", conf->consumer));
 	code = pool_start(&p);
+	if (code == 0)
+		code = pool_start_couriers(&p);
 	pool_wait(&p, &set);
+	for (int i = 0; i < p.couriers_started; i++)
+		pthread_join(p.couriers[i].t.thread, NULL);
 	for (int i = 0; i < p.started; i++)
 		if (atomic_load(&p.threads[i]->exit_code) != 0)
 			code = atomic_load(&p.threads[i]->exit_code);

@@ -87,7 +87,7 @@ struct pool_thread {
 };
 
 /* The thread's name in log lines: worker=N, or thread=janitor. */
-#define POOL_KV(t) ((t)->index >= 0 ? LOG_I("worker", (t)->index) : LOG_S("thread", "janitor"))
+#define POOL_KV(t) ((t)->index >= 0 ? LOG_I("worker", (t)->index) : LOG_S("thread", (t)->index == -1 ? "janitor" : "courier"))
 
 /* The database side of a thread, opened and reopened by pool_db_up: the
  * handle and the statements prepared on it.  node: the database node the

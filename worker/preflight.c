@@ -19,6 +19,7 @@
 #include "lifecycle_schema.h"
 #include "log.h"
 #include "metrics.h"
+#include "lifecycle_dest.h"
 #include "migration.h"
 #include "aggregate.h"
 #include "status.h"
@@ -85,6 +86,26 @@ int preflight_lifecycle(const struct cfg *conf)
 			names[e] = effects_count(run_def, e) > 0 ? run_def->events[e].type : NULL;
 		if (metrics_set_statement_events(names, run_def->nevents) != 0)
 			LOG(LOG_LEVEL_WARN, "the lifecycle's statements are not counted in /metrics",
+			    LOG_S("aggregate", run_def->aggregate));
+	}
+	for (int d = 0; d < run_def->ndests; d++) {
+		struct http_dest dest;
+		char err[600];
+		int rc = lc_dest_resolve(run_def, d, &dest, err, sizeof err);
+
+		http_dest_free(&dest);
+		if (rc != ST_OK) {
+			fprintf(stderr, "inbox-worker: INBOX_LIFECYCLE %s: %s\n", name ? name : "(built-in)", err);
+			goto fail;
+		}
+	}
+	if (run_def->ndests > 0) {
+		const char *names[LC_MAX_DESTS];
+
+		for (int d = 0; d < run_def->ndests; d++)
+			names[d] = run_def->dests[d].name;
+		if (metrics_set_destinations(names, run_def->ndests) != 0)
+			LOG(LOG_LEVEL_WARN, "the lifecycle's destinations are not counted in /metrics",
 			    LOG_S("aggregate", run_def->aggregate));
 	}
 	return 0;
