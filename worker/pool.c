@@ -734,8 +734,11 @@ int pool_main(const struct cfg *conf)
 	if (code == 0)
 		code = pool_start_couriers(&p);
 	pool_wait(&p, &set);
-	for (int i = 0; i < p.couriers_started; i++)
+	for (int i = 0; i < p.couriers_started; i++) {
 		pthread_join(p.couriers[i].t.thread, NULL);
+		if (atomic_load(&p.couriers[i].t.exit_code) != 0)
+			code = atomic_load(&p.couriers[i].t.exit_code);
+	}
 	for (int i = 0; i < p.started; i++)
 		if (atomic_load(&p.threads[i]->exit_code) != 0)
 			code = atomic_load(&p.threads[i]->exit_code);
