@@ -14,6 +14,10 @@
  *     receipt is dead-lettered as delivery-failed, the status in its
  *     detail and the destination in x-inbox-destination, while the
  *     invoice itself is paid;
+ *   - a receiver away for 20 s: every receipt accepted once when it is
+ *     back, none dead-lettered;
+ *   - `dlq replay` gives a delivery-failed letter back to its destination
+ *     under the same Idempotency-Key;
  *   - `run` with the destination's variable unset exits 2 and names it.
  */
 #include <criterion/criterion.h>
@@ -22,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,7 +69,9 @@ static void receiver_start(struct receiver *rv, const char *const *extra)
 	rv->pid = fork();
 	cr_assert_geq(rv->pid, 0);
 	if (rv->pid == 0) {
-		if (dup2(pfd[1], STDOUT_FILENO) < 0)
+		/* a failed assertion ends the test: the receiver with it, so
+		 * that meson is not left waiting on its stderr */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || dup2(pfd[1], STDOUT_FILENO) < 0)
 			_exit(127);
 		close(pfd[0]);
 		close(pfd[1]);
@@ -317,5 +324,61 @@ Test(destinations, dlq_replay_gives_a_delivery_failed_event_back_to_its_destinat
 	fclose(f);
 	cr_expect_eq(accepted, 1);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE exchange LIKE '%.dlx'"), 1, "dead-lettered once only");
+	unlink(rv.log);
+}
+
+Test(destinations, a_receiver_away_for_twenty_seconds_gets_every_receipt_once_none_dead_lettered, .timeout = 600)
+{
+	char path[256], lenv[300], uenv[128], log[256], line[8192], away[8];
+	const char *menv[] = { lenv, uenv, NULL };
+	const char *args[] = { "--away-seconds", "20", NULL };
+	struct receiver rv;
+	json_t *accepted;
+	FILE *f;
+	pid_t w;
+	const int n = 20;
+
+	mail_setup(path, sizeof path);
+	receiver_start(&rv, args);
+	snprintf(lenv, sizeof lenv, "INBOX_LIFECYCLE=%s", path);
+	snprintf(uenv, sizeof uenv, "TEST_MAIL_URL=http://127.0.0.1:%d/receipts", rv.port);
+	cr_assert_eq(kill(rv.pid, SIGUSR1), 0);
+	cr_assert_not_null(fgets(away, sizeof away, rv.out));
+	cr_assert_eq(strncmp(away, "away", 4), 0, "%s", away);
+	publish_invoices(n);
+	itest_log_path(log, sizeof log, "destinations-away");
+	w = itest_worker_logged(2, menv, log);
+	/* the backoff doubles: the calls after 20 s away come some 30 s on */
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM outbox WHERE destination = 'mail' AND sent_at IS NOT NULL", n,
+	                            2 * WAIT_S), n, "see %s", log);
+	cr_expect_gt(itest_int("SELECT MAX(attempts) FROM outbox WHERE destination = 'mail'"), 0,
+	             "calls were refused while it was away");
+	itest_stop_ok(w);
+	receiver_stop(&rv);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE exchange LIKE '%.dlx'"), 0, "nothing dead-lettered");
+	accepted = json_object();
+	f = fopen(rv.log, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof line, f) != NULL) {
+		json_t *o = json_loads(line, 0, NULL);
+		const char *key;
+
+		cr_assert_not_null(o);
+		key = json_string_value(json_object_get(o, "idempotency_key"));
+		cr_assert_not_null(key);
+		if (json_integer_value(json_object_get(o, "status")) == 200)
+			json_object_set_new(accepted, key, json_integer(json_integer_value(json_object_get(accepted, key)) + 1));
+		json_decref(o);
+	}
+	fclose(f);
+	cr_expect_eq(json_object_size(accepted), (size_t)n, "every receipt accepted");
+	{
+		const char *k;
+		json_t *v;
+
+		json_object_foreach(accepted, k, v)
+			cr_expect_eq(json_integer_value(v), 1, "%s accepted %lld times", k, (long long)json_integer_value(v));
+	}
+	json_decref(accepted);
 	unlink(rv.log);
 }
