@@ -273,6 +273,12 @@ Test(docs, operations_series_table_is_what_metrics_serves)
 
 		cr_assert_eq(metrics_set_statement_events(events, 1), 0);
 	}
+	{
+		/* served when the lifecycle has HTTP destinations */
+		const char *const dests[] = { "mail" };
+
+		cr_assert_eq(metrics_set_destinations(dests, 1), 0);
+	}
 	cr_assert_gt(metrics_render(page, sizeof page), 0);
 	snprintf(path, sizeof path, "%s/doc/operations.md", getenv("INBOX_SOURCE_ROOT"));
 	doc = slurp(path);
