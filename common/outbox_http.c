@@ -34,7 +34,8 @@ struct outbox_http {
 	const struct http_dest *dest;
 	struct http_client *client;
 	uint64_t rng;
-	struct db_stmt *take_due, *take_new, *lease, *read, *mark, *fail, *dead, *stats;
+	const atomic_bool *stop;
+	struct db_stmt *take_due, *take_new, *lease, *release, *read, *mark, *fail, *dead, *stats;
 	char *body, *props;
 	size_t body_cap, props_cap;
 };
@@ -104,6 +105,8 @@ int outbox_http_open(struct outbox_http **out, struct db *db, const struct cfg *
 		                " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &c->lease, "UPDATE outbox SET leased_until = NOW(6) + INTERVAL ? SECOND WHERE id = ?");
+	if (rc == ST_OK)
+		rc = db_prepare(db, &c->release, "UPDATE outbox SET leased_until = NULL WHERE id = ? AND sent_at IS NULL");
 	if (rc == ST_OK)
 		rc = db_prepare(db, &c->read,
 		                "SELECT message_id, routing_key, type, order_id, props, body, attempts FROM outbox"
@@ -334,6 +337,18 @@ int outbox_http_round(struct outbox_http *c, int limit, struct outbox_http_round
 	}
 	r->taken = n;
 	for (int i = 0; i < n; i++) {
+		if (c->stop != NULL && atomic_load(c->stop)) {
+			for (int k = i; rc == ST_OK && k < n; k++) {
+				struct db_param p[1] = { DBP_I64(ids[k]) };
+
+				rc = db_stmt_exec(c->release, p, 1, NULL);
+			}
+			if (rc == ST_OK)
+				rc = db_commit(c->db);
+			if (rc != ST_OK)
+				db_rollback(c->db); /* their leases run out instead */
+			return rc;
+		}
 		rc = outbox_http_one(c, ids[i], r);
 		if (rc != ST_OK) {
 			db_rollback(c->db);
@@ -341,6 +356,11 @@ int outbox_http_round(struct outbox_http *c, int limit, struct outbox_http_round
 		}
 	}
 	return ST_OK;
+}
+
+void outbox_http_set_stop(struct outbox_http *c, const atomic_bool *stop)
+{
+	c->stop = stop;
 }
 
 int outbox_http_stats(struct outbox_http *c, int64_t *pending, double *oldest_s)

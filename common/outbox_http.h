@@ -35,6 +35,7 @@
 #ifndef INBOX_OUTBOX_HTTP_H
 #define INBOX_OUTBOX_HTTP_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "cfg.h"
@@ -59,6 +60,11 @@ struct outbox_http_round {
 int outbox_http_open(struct outbox_http **out, struct db *db, const struct cfg *conf, const char *name, int index,
                      const struct http_dest *dest);
 void outbox_http_close(struct outbox_http **c);
+
+/* A flag the round reads between calls (the pool's stop): once set, the
+ * rows not called yet are given back (their lease ended) and the round
+ * returns, so a stop waits for one call at most.  NULL: none. */
+void outbox_http_set_stop(struct outbox_http *c, const atomic_bool *stop);
 
 /* One round over up to limit due rows.  ST_OK (*r filled), or a database
  * error: the caller reconnects; a row called but not settled is called

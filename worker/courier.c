@@ -76,6 +76,7 @@ void *courier_main(void *arg)
 			pool_sleep_ms(1000);
 			continue;
 		}
+		outbox_http_set_stop(c->ob, &pool_stop);
 		rc = outbox_http_round(c->ob, OUTBOX_HTTP_ROUND_MAX, &r);
 		if (rc != ST_OK) {
 			LOG(LOG_LEVEL_WARN, "courier round interrupted; its rows are called again", LOG_S("destination", c->dname),
