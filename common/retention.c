@@ -5,7 +5,7 @@
  * DELETE of every expired row locks and logs them all in one transaction
  * (2 million rows take minutes, and a Galera write set that size is
  * refused), and whoever runs it is stuck until it ends.  A slice walks
- * ix_processed_messages_processed_at (or ix_outbox_due) from its oldest
+ * ix_processed_messages_processed_at (or ix_outbox_route) from its oldest
  * entry and stops after slice_rows rows, so its cost is bounded by the rows
  * it deletes plus the held rows it steps over.  Rows come and go only at
  * the young end of those indexes, so slices contend with no live

@@ -5,7 +5,7 @@
  *
  * The work is cut into slices: one DELETE of at most slice_rows rows in the
  * order of an index on the age column (ix_processed_messages_processed_at,
- * ix_outbox_due), each its own short transaction, so no slice holds
+ * ix_outbox_route), each its own short transaction, so no slice holds
  * many locks, a large undo log or a Galera write set, and the caller can
  * stop between any two.  The pool's janitor runs a few slices per tick
  * within a time budget and comes back for more until it has caught up;
