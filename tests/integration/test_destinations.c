@@ -159,6 +159,43 @@ static void publish_invoices(int n)
 	}
 }
 
+/* The receiver's lines: every call keyed by a receipt's stable id, with
+ * the payment's trace, on the destination's path; n receipts each
+ * accepted (200) exactly once.  Returns the calls made. */
+static int expect_each_accepted_once(const char *log, int n)
+{
+	json_t *accepted = json_object();
+	char line[8192];
+	const char *k;
+	json_t *v;
+	int calls = 0;
+	FILE *f = fopen(log, "r");
+
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof line, f) != NULL) {
+		json_t *o = json_loads(line, 0, NULL);
+		const char *key, *tp;
+
+		cr_assert_not_null(o, "%s", line);
+		calls++;
+		key = json_string_value(json_object_get(o, "idempotency_key"));
+		tp = json_string_value(json_object_get(o, "traceparent"));
+		cr_assert_not_null(key);
+		cr_expect_eq(strncmp(key, "\"ReceiptRequested:d-", 20), 0, "%s", key);
+		cr_expect(tp != NULL && strncmp(tp, "00-4bf92f3577b34da6a3ce929d0e0e4736-", 36) == 0, "%s", line);
+		cr_expect_str_eq(json_string_value(json_object_get(o, "path")), "/receipts");
+		if (json_integer_value(json_object_get(o, "status")) == 200)
+			json_object_set_new(accepted, key, json_integer(json_integer_value(json_object_get(accepted, key)) + 1));
+		json_decref(o);
+	}
+	fclose(f);
+	cr_expect_eq(json_object_size(accepted), (size_t)n, "every receipt accepted");
+	json_object_foreach(accepted, k, v)
+		cr_expect_eq(json_integer_value(v), 1, "%s accepted %lld times", k, (long long)json_integer_value(v));
+	json_decref(accepted);
+	return calls;
+}
+
 Test(destinations, every_receipt_reaches_a_flaky_receiver_once_accepted_by_its_idempotency_key, .timeout = 600)
 {
 	char path[256], lenv[300], uenv[128], maddr[64], log[256];
@@ -166,11 +203,8 @@ Test(destinations, every_receipt_reaches_a_flaky_receiver_once_accepted_by_its_i
 	const char *menv[] = { lenv, uenv, maddr, NULL };
 	const char *flaky[] = { "--fail-ratio", "0.33", "--429-ratio", "0.2", "--retry-after", "1", "--seed", "7", NULL };
 	struct receiver rv;
-	json_t *accepted;
-	char line[8192];
-	FILE *f;
 	pid_t w;
-	int calls = 0;
+	int calls;
 	const int n = 12;
 
 	mail_setup(path, sizeof path);
@@ -195,39 +229,8 @@ Test(destinations, every_receipt_reaches_a_flaky_receiver_once_accepted_by_its_i
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE exchange LIKE '%.dlx'"), 0, "nothing dead-lettered");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM invoices WHERE status = 'Paid'"), n);
 
-	/* the receiver's lines: each receipt accepted (200) exactly once
-	 * here, every call keyed by the event's stable id, with the trace */
-	accepted = json_object();
-	f = fopen(rv.log, "r");
-	cr_assert_not_null(f);
-	while (fgets(line, sizeof line, f) != NULL) {
-		json_t *o = json_loads(line, 0, NULL);
-		const char *key, *tp;
-
-		cr_assert_not_null(o, "%s", line);
-		calls++;
-		key = json_string_value(json_object_get(o, "idempotency_key"));
-		tp = json_string_value(json_object_get(o, "traceparent"));
-		cr_assert_not_null(key);
-		cr_expect_eq(strncmp(key, "\"ReceiptRequested:d-", 20), 0, "%s", key);
-		cr_expect(tp != NULL && strncmp(tp, "00-4bf92f3577b34da6a3ce929d0e0e4736-", 36) == 0, "%s", line);
-		cr_expect_str_eq(json_string_value(json_object_get(o, "path")), "/receipts");
-		if (json_integer_value(json_object_get(o, "status")) == 200)
-			json_object_set_new(accepted, key,
-			                    json_integer(json_integer_value(json_object_get(accepted, key)) + 1));
-		json_decref(o);
-	}
-	fclose(f);
-	cr_expect_eq(json_object_size(accepted), (size_t)n, "every receipt accepted");
-	{
-		const char *k;
-		json_t *v;
-
-		json_object_foreach(accepted, k, v)
-			cr_expect_eq(json_integer_value(v), 1, "%s accepted %lld times", k, (long long)json_integer_value(v));
-	}
+	calls = expect_each_accepted_once(rv.log, n);
 	cr_expect_gt(calls, n, "refused calls were made again");
-	json_decref(accepted);
 	unlink(rv.log);
 }
 
@@ -329,12 +332,10 @@ Test(destinations, dlq_replay_gives_a_delivery_failed_event_back_to_its_destinat
 
 Test(destinations, a_receiver_away_for_twenty_seconds_gets_every_receipt_once_none_dead_lettered, .timeout = 600)
 {
-	char path[256], lenv[300], uenv[128], log[256], line[8192], away[8];
+	char path[256], lenv[300], uenv[128], log[256], away[8];
 	const char *menv[] = { lenv, uenv, NULL };
 	const char *args[] = { "--away-seconds", "20", NULL };
 	struct receiver rv;
-	json_t *accepted;
-	FILE *f;
 	pid_t w;
 	const int n = 20;
 
@@ -356,29 +357,6 @@ Test(destinations, a_receiver_away_for_twenty_seconds_gets_every_receipt_once_no
 	itest_stop_ok(w);
 	receiver_stop(&rv);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE exchange LIKE '%.dlx'"), 0, "nothing dead-lettered");
-	accepted = json_object();
-	f = fopen(rv.log, "r");
-	cr_assert_not_null(f);
-	while (fgets(line, sizeof line, f) != NULL) {
-		json_t *o = json_loads(line, 0, NULL);
-		const char *key;
-
-		cr_assert_not_null(o);
-		key = json_string_value(json_object_get(o, "idempotency_key"));
-		cr_assert_not_null(key);
-		if (json_integer_value(json_object_get(o, "status")) == 200)
-			json_object_set_new(accepted, key, json_integer(json_integer_value(json_object_get(accepted, key)) + 1));
-		json_decref(o);
-	}
-	fclose(f);
-	cr_expect_eq(json_object_size(accepted), (size_t)n, "every receipt accepted");
-	{
-		const char *k;
-		json_t *v;
-
-		json_object_foreach(accepted, k, v)
-			cr_expect_eq(json_integer_value(v), 1, "%s accepted %lld times", k, (long long)json_integer_value(v));
-	}
-	json_decref(accepted);
+	(void)expect_each_accepted_once(rv.log, n);
 	unlink(rv.log);
 }
