@@ -30,6 +30,7 @@
 #include "db.h"
 #include "inbox.h"
 #include "itest.h"
+#include "receiver.h"
 #include "lifecycle.h"
 #include "msg.h"
 #include "status.h"
@@ -40,6 +41,9 @@
 
 static struct lc_def *invoice_def;
 static struct agg_binding invoice_bind;
+/* The mail service invoice.json sends its receipts to (INVOICE_MAIL_URL);
+ * the suite test_destinations is where they are judged. */
+static struct rcv_child mail;
 
 /* Fresh worker tables for the invoice definition, and the example's own
  * tables with accounts 1, 2 and 5 (5 near BIGINT's end); 3 does not exist.
@@ -56,6 +60,14 @@ static void invoice_setup(void)
 	int st;
 
 	itest_fresh();
+	if (mail.pid == 0) {
+		char url[64];
+
+		rcv_start(&mail, NULL);
+		cr_assert_eq(unlink(mail.log), 0, "read by no one here");
+		snprintf(url, sizeof url, "http://127.0.0.1:%d/receipts", mail.port);
+		cr_assert_eq(setenv("INVOICE_MAIL_URL", url, 1), 0);
+	}
 	d = itest_db();
 	cr_assert_eq(db_exec(d, "DROP TABLE IF EXISTS ledger_entries, accounts, invoices, invoice_events, invoice_locks"),
 	             ST_OK, "%s", db_errmsg(d));

@@ -26,6 +26,7 @@
 
 #include "db.h"
 #include "itest.h"
+#include "receiver.h"
 #include "status.h"
 
 /* A run's files, for a test that verifies its ledger again. */
@@ -105,7 +106,29 @@ static const char *const invoice_tables[] = { "invoice_events", "invoice_locks",
  * report: every payment's row once, every sum right, nothing uncheckable. */
 static void run_invoice(struct lgl_run *r)
 {
+	/* The mail service of its receipts: refusing a fifth of the calls */
+	const char *flaky[] = { "--fail-ratio", "0.2", "--seed", "3", NULL };
+	struct rcv_child mail;
+	char url[64];
+	int keys, replays, conflicts;
+
+	rcv_start(&mail, flaky);
+	snprintf(url, sizeof url, "http://127.0.0.1:%d/receipts", mail.port);
+	cr_assert_eq(setenv("INVOICE_MAIL_URL", url, 1), 0);
 	run_lifecycle("lifecycles/invoice.json", "invoice", invoice_tables, "lifecycles/invoice.sql", r);
+	rcv_stop(&mail);
+	/* verify waited for the outbox, the mail's rows with the rest: each
+	 * receipt the workers wrote reached the service, accepted once */
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE destination = 'mail' AND sent_at IS NULL"), 0);
+	(void)rcv_accepted(&mail, &keys, &replays, &conflicts);
+	cr_assert_gt(keys, 0, "no receipt reached the mail service");
+	cr_assert_eq(keys, itest_int("SELECT COUNT(*) FROM outbox WHERE destination = 'mail'"),
+	             "every receipt the workers wrote accepted once, and no other");
+	cr_assert_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE destination = 'mail' AND type <> 'ReceiptRequested'"),
+	             0);
+	cr_expect_eq(replays, 0, "no receipt sent again after its 200");
+	cr_expect_eq(conflicts, 0, "no key sent with two bodies");
+	cr_assert_eq(unlink(mail.log), 0);
 	cr_assert(itest_log_has(r->vlog, "statements  4: checked 4 (2 keyed inserts, 2 additions), cannot check 0"),
 	          "see %s", r->vlog);
 	cr_assert(itest_log_has(r->vlog, "missing 0, doubled 0, wrong values 0, unexpected 0"), "see %s", r->vlog);

@@ -19,6 +19,12 @@
  *   --fail-ratio + --429-ratio 429 with Retry-After: --retry-after (default
  *   1), otherwise 200.  The same seed and the same order of requests give
  *   the same answers.  Other methods get 405, bodies over 1 MiB 413.
+ * - It keeps the Idempotency-Key promise a real service makes (the IETF
+ *   httpapi draft): a key it has answered 200 before is answered 200 again
+ *   without a second effect, its line marked "replay": true, when the body
+ *   is the same, and 422 when it is not (a key reused for a different
+ *   request).  A client killed between our 200 and its own record sends
+ *   again; the replay is how such a call is told from a second effect.
  * - SIGUSR1: stop listening (the socket closed, open connections dropped,
  *   so a connect is refused) for --away-seconds (default 5), then listen on
  *   the same port again.  SIGTERM or SIGINT: exit 0.
@@ -58,6 +64,7 @@ struct rcv {
 	uint64_t rng;
 	pthread_mutex_t mu; /* out and rng, should answers ever come from two threads */
 	struct MHD_Daemon *d;
+	json_t *accepted; /* key -> the body it was accepted with; under mu */
 };
 
 struct rcv_req {
@@ -92,18 +99,18 @@ static json_t *rcv_header(struct MHD_Connection *c, const char *name)
 
 /* The request's line, written and flushed; false when it could not be. */
 static bool rcv_record(struct rcv *r, struct MHD_Connection *c, const char *method, const char *url,
-                       const struct rcv_req *q, unsigned status)
+                       const struct rcv_req *q, unsigned status, bool replay)
 {
 	json_t *o;
 	char *line = NULL;
 	bool ok = false;
 
 	/* json_pack's "o" takes the references, on failure too. */
-	o = json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:i}",
+	o = json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:i, s:b}",
 	              "method", rcv_jstr(method, strlen(method)), "path", rcv_jstr(url, strlen(url)),
 	              "idempotency_key", rcv_header(c, "Idempotency-Key"), "traceparent", rcv_header(c, "traceparent"),
 	              "body", q->too_long ? json_null() : rcv_jstr(q->body != NULL ? q->body : "", q->len),
-	              "body_bytes", (json_int_t)q->len, "status", (int)status);
+	              "body_bytes", (json_int_t)q->len, "status", (int)status, "replay", replay);
 	if (o == NULL)
 		goto cleanup;
 	line = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
@@ -166,8 +173,8 @@ static enum MHD_Result rcv_answer(void *cls, struct MHD_Connection *c, const cha
 	struct rcv *r = cls;
 	struct rcv_req *q = *req_cls;
 	unsigned status = 200;
-	const char *text = "ok\n", *retry_after = NULL;
-	bool recorded;
+	const char *text = "ok\n", *retry_after = NULL, *key;
+	bool recorded, replay = false;
 
 	(void)version;
 	if (q == NULL) {
@@ -204,7 +211,25 @@ static enum MHD_Result rcv_answer(void *cls, struct MHD_Connection *c, const cha
 			retry_after = r->retry_after;
 		}
 	}
-	recorded = rcv_record(r, c, method, url, q, status);
+	key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+	if (status == 200 && key != NULL) {
+		json_t *seen = json_object_get(r->accepted, key);
+		json_t *body = json_stringn(q->body != NULL ? q->body : "", q->len);
+
+		if (body == NULL) {
+			/* not UTF-8: nothing to compare later, so nothing kept */
+		} else if (seen == NULL) {
+			if (json_object_set(r->accepted, key, body) != 0)
+				status = 500, text = "cannot keep the key\n";
+		} else if (json_equal(seen, body)) {
+			replay = true;
+		} else {
+			status = 422;
+			text = "Idempotency-Key reused with a different body\n";
+		}
+		json_decref(body);
+	}
+	recorded = rcv_record(r, c, method, url, q, status, replay);
 	if (pthread_mutex_unlock(&r->mu) != 0)
 		return MHD_NO;
 	if (!recorded)
@@ -410,6 +435,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "http_receiver: pthread_mutex_init: %s\n", strerror(err));
 		return 1;
 	}
+	r.accepted = json_object();
+	if (r.accepted == NULL) {
+		fprintf(stderr, "http_receiver: out of memory\n");
+		goto cleanup;
+	}
 	/* Blocked before the server's thread starts, so that it inherits the
 	 * mask and only sigwait below takes them. */
 	if (sigemptyset(&set) != 0 || sigaddset(&set, SIGUSR1) != 0 || sigaddset(&set, SIGTERM) != 0 ||
@@ -456,6 +486,7 @@ cleanup:
 		fprintf(stderr, "http_receiver: %s: %s\n", out_path, strerror(errno));
 		rc = 1;
 	}
+	json_decref(r.accepted);
 	if (pthread_mutex_destroy(&r.mu) != 0)
 		rc = 1;
 	return rc;

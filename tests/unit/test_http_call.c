@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "http_call.h"
+#include "receiver.h"
 #include "status.h"
 
 /* ---- the server ---------------------------------------------------------- */
@@ -699,66 +700,7 @@ Test(http_call, backoff_grows_stays_within_the_cap_and_honours_retry_after)
 
 /* ---- the test receiver (tests/support/http_receiver.c) ---------------------- */
 
-struct receiver {
-	pid_t pid;
-	FILE *out; /* its stdout */
-	int port;
-	char log[64];
-};
-
-/* Start the receiver with extra arguments (NULL-terminated); wait for its
- * "ready PORT" line. */
-static void receiver_start(struct receiver *rv, const char *const *extra)
-{
-	const char *bin = getenv("INBOX_HTTP_RECEIVER_BIN");
-	const char *argv[32];
-	int pfd[2], fd, n = 0;
-	char line[128];
-
-	cr_assert_not_null(bin, "INBOX_HTTP_RECEIVER_BIN is not set");
-	snprintf(rv->log, sizeof rv->log, "/tmp/test_http_receiverXXXXXX");
-	fd = mkstemp(rv->log);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(close(fd), 0);
-	argv[n++] = bin;
-	argv[n++] = "--port";
-	argv[n++] = "0";
-	argv[n++] = "--out";
-	argv[n++] = rv->log;
-	for (; extra != NULL && *extra != NULL && n < 30; extra++)
-		argv[n++] = *extra;
-	argv[n] = NULL;
-	cr_assert_eq(pipe(pfd), 0);
-	rv->pid = fork();
-	cr_assert_geq(rv->pid, 0);
-	if (rv->pid == 0) {
-		if (dup2(pfd[1], STDOUT_FILENO) < 0)
-			_exit(127);
-		close(pfd[0]);
-		close(pfd[1]);
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	cr_assert_eq(close(pfd[1]), 0);
-	rv->out = fdopen(pfd[0], "r");
-	cr_assert_not_null(rv->out);
-	cr_assert_not_null(fgets(line, sizeof line, rv->out), "the receiver said nothing");
-	cr_assert_eq(sscanf(line, "ready %d", &rv->port), 1, "%s", line);
-	cr_assert_gt(rv->port, 0);
-}
-
-static void receiver_stop(struct receiver *rv)
-{
-	int st;
-
-	cr_assert_eq(kill(rv->pid, SIGTERM), 0);
-	cr_assert_eq(waitpid(rv->pid, &st, 0), rv->pid);
-	cr_assert(WIFEXITED(st), "status %d", st);
-	cr_assert_eq(WEXITSTATUS(st), 0);
-	cr_assert_eq(fclose(rv->out), 0);
-}
-
-static struct http_result receiver_send(const struct receiver *rv, struct http_client *cl, enum http_method m,
+static struct http_result receiver_send(const struct rcv_child *rv, struct http_client *cl, enum http_method m,
                                         const char *path, const char *body, const char *key, const char *tp)
 {
 	struct http_dest d;
@@ -770,27 +712,6 @@ static struct http_result receiver_send(const struct receiver *rv, struct http_c
 	cr_assert_eq(http_call_send(cl, &d, body, strlen(body), "application/json", key, tp, &r), ST_OK);
 	http_dest_free(&d);
 	return r;
-}
-
-/* The receiver's lines, parsed. */
-static int receiver_lines(const struct receiver *rv, json_t **lines, int cap)
-{
-	FILE *f = fopen(rv->log, "r");
-	char buf[8192];
-	int n = 0;
-
-	cr_assert_not_null(f);
-	while (fgets(buf, sizeof buf, f) != NULL) {
-		json_error_t je;
-
-		cr_assert_lt(n, cap);
-		cr_assert_neq(strchr(buf, '\n'), NULL, "one whole line per request");
-		lines[n] = json_loads(buf, 0, &je);
-		cr_assert_not_null(lines[n], "%s: %s", je.text, buf);
-		n++;
-	}
-	cr_assert_eq(fclose(f), 0);
-	return n;
 }
 
 static const char *jstr(json_t *o, const char *k)
@@ -807,20 +728,20 @@ Test(http_receiver, records_one_line_per_request)
 {
 	const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 	struct http_client *cl = http_client_new();
-	struct receiver rv;
+	struct rcv_child rv;
 	struct http_result r;
 	json_t *lines[8];
 
-	receiver_start(&rv, NULL);
+	rcv_start(&rv, NULL);
 	r = receiver_send(&rv, cl, HTTP_POST, "/a", "{\"n\":1}", "key-1", tp);
 	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
 	r = receiver_send(&rv, cl, HTTP_PUT, "/b/c", "{\"n\":2}", "key-2", NULL);
 	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
 	r = receiver_send(&rv, cl, HTTP_POST, "/a", "caf\xc3\xa9 \"q\"", "key-3", NULL);
 	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
-	receiver_stop(&rv);
+	rcv_stop(&rv);
 
-	cr_assert_eq(receiver_lines(&rv, lines, 8), 3);
+	cr_assert_eq(rcv_lines(&rv, lines, 8), 3);
 	cr_assert_str_eq(jstr(lines[0], "method"), "POST");
 	cr_assert_str_eq(jstr(lines[0], "path"), "/a");
 	cr_assert_str_eq(jstr(lines[0], "idempotency_key"), "\"key-1\"", "as it came: an sf-string");
@@ -838,45 +759,80 @@ Test(http_receiver, records_one_line_per_request)
 	cr_assert_eq(unlink(rv.log), 0);
 }
 
+/* The promise a real service makes for an Idempotency-Key: the chaos run
+ * judges exactly once by it, since a courier killed between the 200 and
+ * its own record calls again. */
+Test(http_receiver, answers_a_key_again_without_a_second_effect_and_refuses_it_for_another_body)
+{
+	struct http_client *cl = http_client_new();
+	struct rcv_child rv;
+	struct http_result r;
+	json_t *lines[8];
+
+	rcv_start(&rv, NULL);
+	r = receiver_send(&rv, cl, HTTP_POST, "/a", "{\"n\":1}", "key-1", NULL);
+	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
+	r = receiver_send(&rv, cl, HTTP_POST, "/a", "{\"n\":1}", "key-1", NULL);
+	cr_assert_eq(r.outcome, HTTP_DELIVERED, "the same call again is answered as before: %s", r.error);
+	r = receiver_send(&rv, cl, HTTP_POST, "/a", "{\"n\":2}", "key-1", NULL);
+	cr_assert_eq(r.outcome, HTTP_REFUSED, "the key reused for another body");
+	cr_assert_eq(r.status, 422);
+	r = receiver_send(&rv, cl, HTTP_POST, "/a", "{\"n\":2}", "key-2", NULL);
+	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
+	rcv_stop(&rv);
+
+	cr_assert_eq(rcv_lines(&rv, lines, 8), 4);
+	cr_assert(json_is_false(json_object_get(lines[0], "replay")));
+	cr_assert(json_is_true(json_object_get(lines[1], "replay")));
+	cr_assert_eq(json_integer_value(json_object_get(lines[1], "status")), 200);
+	cr_assert_eq(json_integer_value(json_object_get(lines[2], "status")), 422);
+	cr_assert(json_is_false(json_object_get(lines[2], "replay")));
+	cr_assert(json_is_false(json_object_get(lines[3], "replay")));
+	for (int i = 0; i < 4; i++)
+		json_decref(lines[i]);
+	http_client_free(&cl);
+	cr_assert_eq(unlink(rv.log), 0);
+}
+
 Test(http_receiver, refuses_a_seeded_fraction_and_asks_for_patience)
 {
 	const char *fail_all[] = { "--fail-ratio", "1", NULL };
 	const char *slow_all[] = { "--429-ratio", "1", "--retry-after", "7", NULL };
 	const char *half[] = { "--fail-ratio", "0.5", "--seed", "7", NULL };
 	struct http_client *cl = http_client_new();
-	struct receiver rv;
+	struct rcv_child rv;
 	struct http_result r;
 	json_t *lines[64];
 	char pattern[2][33];
 	int retried = 0;
 
-	receiver_start(&rv, fail_all);
+	rcv_start(&rv, fail_all);
 	r = receiver_send(&rv, cl, HTTP_POST, "/x", "{}", "k", NULL);
 	cr_assert_eq(r.outcome, HTTP_RETRY);
 	cr_assert_eq(r.status, 503);
-	receiver_stop(&rv);
-	cr_assert_eq(receiver_lines(&rv, lines, 64), 1);
+	rcv_stop(&rv);
+	cr_assert_eq(rcv_lines(&rv, lines, 64), 1);
 	cr_assert_eq(json_integer_value(json_object_get(lines[0], "status")), 503, "refused requests are recorded too");
 	json_decref(lines[0]);
 	cr_assert_eq(unlink(rv.log), 0);
 
-	receiver_start(&rv, slow_all);
+	rcv_start(&rv, slow_all);
 	r = receiver_send(&rv, cl, HTTP_POST, "/x", "{}", "k", NULL);
 	cr_assert_eq(r.status, 429);
 	cr_assert_eq(r.retry_after_ms, 7000);
-	receiver_stop(&rv);
+	rcv_stop(&rv);
 	cr_assert_eq(unlink(rv.log), 0);
 
 	/* The same seed, the same answers in the same order. */
 	for (int run = 0; run < 2; run++) {
-		receiver_start(&rv, half);
+		rcv_start(&rv, half);
 		for (int i = 0; i < 32; i++) {
 			r = receiver_send(&rv, cl, HTTP_POST, "/x", "{}", "k", NULL);
 			pattern[run][i] = r.outcome == HTTP_DELIVERED ? '.' : 'R';
 			retried += r.outcome == HTTP_RETRY;
 		}
 		pattern[run][32] = '\0';
-		receiver_stop(&rv);
+		rcv_stop(&rv);
 		cr_assert_eq(unlink(rv.log), 0);
 	}
 	cr_assert_str_eq(pattern[0], pattern[1]);
@@ -888,12 +844,12 @@ Test(http_receiver, goes_away_on_sigusr1_and_comes_back)
 {
 	const char *away[] = { "--away-seconds", "2", NULL };
 	struct http_client *cl = http_client_new();
-	struct receiver rv;
+	struct rcv_child rv;
 	struct http_result r;
 	char line[128];
 	int port;
 
-	receiver_start(&rv, away);
+	rcv_start(&rv, away);
 	r = receiver_send(&rv, cl, HTTP_POST, "/x", "{}", "k-1", NULL);
 	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
 	cr_assert_eq(kill(rv.pid, SIGUSR1), 0);
@@ -907,11 +863,11 @@ Test(http_receiver, goes_away_on_sigusr1_and_comes_back)
 	cr_assert_eq(port, rv.port, "back on the same port");
 	r = receiver_send(&rv, cl, HTTP_POST, "/x", "{}", "k-3", NULL);
 	cr_assert_eq(r.outcome, HTTP_DELIVERED, "%s", r.error);
-	receiver_stop(&rv);
+	rcv_stop(&rv);
 	{
 		json_t *lines[8];
 
-		cr_assert_eq(receiver_lines(&rv, lines, 8), 2);
+		cr_assert_eq(rcv_lines(&rv, lines, 8), 2);
 		cr_assert_str_eq(jstr(lines[1], "idempotency_key"), "\"k-3\"");
 		json_decref(lines[0]);
 		json_decref(lines[1]);
