@@ -1,7 +1,7 @@
 /*
  * test_destinations.c - emitted events delivered to an HTTP destination
  * through the outbox (issue 45, item 2), against the real broker and
- * database and the suite's own receiver (tests/support/http_receiver.c):
+ * database and the suite's own receiver (loadgen/http_receiver.c):
  * lifecycles/invoice.json with ReceiptRequested routed to a "mail"
  * destination whose URL comes from the environment.
  *

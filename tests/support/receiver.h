@@ -1,5 +1,5 @@
 /*
- * receiver.h - http_receiver (tests/support/http_receiver.c) as a child of
+ * receiver.h - http_receiver (loadgen/http_receiver.c) as a child of
  * a criterion test: started on a port of its own, its lines read back.
  * Shared by the unit suite http_call and the integration suites that
  * deliver to a destination (destinations, effects, lifecycle_load).

@@ -7,7 +7,7 @@
  * answer (2xx delivered; 408, 425, 429, 5xx, a closed port, a time-out,
  * TLS against a plain server retried; other 4xx and redirects refused),
  * Retry-After in both forms, and the backoff.  Also the test receiver of
- * tests/support/http_receiver.c, run as a child: one JSON line per request.
+ * loadgen/http_receiver.c, run as a child: one JSON line per request.
  * Nothing leaves 127.0.0.1; no assertion reads a clock.
  */
 #include <criterion/criterion.h>
@@ -698,7 +698,7 @@ Test(http_call, backoff_grows_stays_within_the_cap_and_honours_retry_after)
 	cr_assert_eq(http_backoff_ms(4, 0, 1000, -1, &rng), 0);
 }
 
-/* ---- the test receiver (tests/support/http_receiver.c) ---------------------- */
+/* ---- the test receiver (loadgen/http_receiver.c) ---------------------- */
 
 static struct http_result receiver_send(const struct rcv_child *rv, struct http_client *cl, enum http_method m,
                                         const char *path, const char *body, const char *key, const char *tp)

@@ -1,10 +1,12 @@
 /*
- * http_receiver.c - the other service, for the tests of the calls through
- * the outbox (common/http_call.c; a chaos run later): an HTTP server on
- * 127.0.0.1 that writes down every request it gets and can be told to
- * misbehave in the ways a real service does.  Not installed.
+ * http_receiver.c - inbox-http-receiver, the other service of the calls
+ * through the outbox (common/http_call.c): for the suites, scripts/chaos
+ * and dashboard-check, and a stand-in mail service for doc/lifecycle.md.
+ * An HTTP server on 127.0.0.1 that writes down every request it gets and
+ * can be told to misbehave in the ways a real service does.  Not
+ * installed.
  *
- *   http_receiver --out FILE [--port N] [--fail-ratio R] [--429-ratio R]
+ *   inbox-http-receiver --out FILE [--port N] [--fail-ratio R] [--429-ratio R]
  *                 [--retry-after N] [--seed S] [--away-seconds N]
  *
  * - POST and PUT on any path; each request is one JSON line appended to
@@ -117,7 +119,7 @@ static bool rcv_record(struct rcv *r, struct MHD_Connection *c, const char *meth
 	if (line == NULL)
 		goto cleanup;
 	if (fprintf(r->out, "%s\n", line) < 0 || fflush(r->out) != 0) {
-		fprintf(stderr, "http_receiver: cannot write the request's line: %s\n", strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: cannot write the request's line: %s\n", strerror(errno));
 		goto cleanup;
 	}
 	ok = true;
@@ -258,13 +260,13 @@ static bool rcv_listen(struct rcv *r)
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
-		fprintf(stderr, "http_receiver: socket: %s\n", strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: socket: %s\n", strerror(errno));
 		return false;
 	}
 	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
 	    bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 64) != 0 ||
 	    getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-		fprintf(stderr, "http_receiver: cannot listen on 127.0.0.1:%d: %s\n", r->port, strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: cannot listen on 127.0.0.1:%d: %s\n", r->port, strerror(errno));
 		close(fd);
 		return false;
 	}
@@ -274,12 +276,12 @@ static bool rcv_listen(struct rcv *r)
 	                        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)RCV_CONN_TIMEOUT_S,
 	                        MHD_OPTION_NOTIFY_COMPLETED, rcv_done, NULL, MHD_OPTION_END);
 	if (r->d == NULL) {
-		fprintf(stderr, "http_receiver: the HTTP server did not start\n");
+		fprintf(stderr, "inbox-http-receiver: the HTTP server did not start\n");
 		close(fd);
 		return false;
 	}
 	if (printf("ready %d\n", r->port) < 0 || fflush(stdout) != 0) {
-		fprintf(stderr, "http_receiver: cannot write to stdout\n");
+		fprintf(stderr, "inbox-http-receiver: cannot write to stdout\n");
 		return false;
 	}
 	return true;
@@ -302,7 +304,7 @@ static bool rcv_num(const char *flag, const char *s, double lo, double hi, doubl
 	errno = 0;
 	v = strtod(s, &end);
 	if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
-		fprintf(stderr, "http_receiver: %s wants a number in [%g, %g], not \"%s\"\n", flag, lo, hi, s);
+		fprintf(stderr, "inbox-http-receiver: %s wants a number in [%g, %g], not \"%s\"\n", flag, lo, hi, s);
 		return false;
 	}
 	*out = v;
@@ -317,7 +319,7 @@ static bool rcv_int(const char *flag, const char *s, long long lo, long long hi,
 	errno = 0;
 	v = strtoll(s, &end, 10);
 	if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-		fprintf(stderr, "http_receiver: %s wants an integer in [%lld, %lld], not \"%s\"\n", flag, lo, hi, s);
+		fprintf(stderr, "inbox-http-receiver: %s wants an integer in [%lld, %lld], not \"%s\"\n", flag, lo, hi, s);
 		return false;
 	}
 	*out = v;
@@ -326,8 +328,8 @@ static bool rcv_int(const char *flag, const char *s, long long lo, long long hi,
 
 static void rcv_usage(FILE *f)
 {
-	fputs("usage: http_receiver --out FILE [--port N] [--fail-ratio R] [--429-ratio R]\n"
-	      "                     [--retry-after N] [--seed S] [--away-seconds N]\n", f);
+	fputs("usage: inbox-http-receiver --out FILE [--port N] [--fail-ratio R] [--429-ratio R]\n"
+	      "                           [--retry-after N] [--seed S] [--away-seconds N]\n", f);
 }
 
 static int rcv_args(int argc, char **argv, struct rcv *r, const char **out_path)
@@ -343,7 +345,7 @@ static int rcv_args(int argc, char **argv, struct rcv *r, const char **out_path)
 			exit(0);
 		}
 		if (val == NULL) {
-			fprintf(stderr, "http_receiver: %s wants a value\n", a);
+			fprintf(stderr, "inbox-http-receiver: %s wants a value\n", a);
 			return -1;
 		}
 		i++;
@@ -367,18 +369,18 @@ static int rcv_args(int argc, char **argv, struct rcv *r, const char **out_path)
 			ok = rcv_int(a, val, 0, 3600, &v);
 			r->away_s = (long)v;
 		} else {
-			fprintf(stderr, "http_receiver: unknown option %s\n", a);
+			fprintf(stderr, "inbox-http-receiver: unknown option %s\n", a);
 			ok = false;
 		}
 		if (!ok)
 			return -1;
 	}
 	if (*out_path == NULL) {
-		fprintf(stderr, "http_receiver: --out FILE is needed\n");
+		fprintf(stderr, "inbox-http-receiver: --out FILE is needed\n");
 		return -1;
 	}
 	if (r->fail_ratio + r->ratio_429 > 1) {
-		fprintf(stderr, "http_receiver: --fail-ratio and --429-ratio add up to more than 1\n");
+		fprintf(stderr, "inbox-http-receiver: --fail-ratio and --429-ratio add up to more than 1\n");
 		return -1;
 	}
 	return 0;
@@ -411,7 +413,7 @@ static bool rcv_away(const struct rcv *r, const sigset_t *set)
 		if (sig < 0 && errno == EAGAIN)
 			return true;
 		if (sig < 0 && errno != EINTR) {
-			fprintf(stderr, "http_receiver: sigtimedwait: %s\n", strerror(errno));
+			fprintf(stderr, "inbox-http-receiver: sigtimedwait: %s\n", strerror(errno));
 			return false;
 		}
 		if (sig == SIGTERM || sig == SIGINT)
@@ -432,29 +434,29 @@ int main(int argc, char **argv)
 	}
 	err = pthread_mutex_init(&r.mu, NULL);
 	if (err != 0) {
-		fprintf(stderr, "http_receiver: pthread_mutex_init: %s\n", strerror(err));
+		fprintf(stderr, "inbox-http-receiver: pthread_mutex_init: %s\n", strerror(err));
 		return 1;
 	}
 	r.accepted = json_object();
 	if (r.accepted == NULL) {
-		fprintf(stderr, "http_receiver: out of memory\n");
+		fprintf(stderr, "inbox-http-receiver: out of memory\n");
 		goto cleanup;
 	}
 	/* Blocked before the server's thread starts, so that it inherits the
 	 * mask and only sigwait below takes them. */
 	if (sigemptyset(&set) != 0 || sigaddset(&set, SIGUSR1) != 0 || sigaddset(&set, SIGTERM) != 0 ||
 	    sigaddset(&set, SIGINT) != 0) {
-		fprintf(stderr, "http_receiver: sigaddset: %s\n", strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: sigaddset: %s\n", strerror(errno));
 		goto cleanup;
 	}
 	err = pthread_sigmask(SIG_BLOCK, &set, NULL);
 	if (err != 0) {
-		fprintf(stderr, "http_receiver: pthread_sigmask: %s\n", strerror(err));
+		fprintf(stderr, "inbox-http-receiver: pthread_sigmask: %s\n", strerror(err));
 		goto cleanup;
 	}
 	r.out = fopen(out_path, "a");
 	if (r.out == NULL) {
-		fprintf(stderr, "http_receiver: %s: %s\n", out_path, strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: %s: %s\n", out_path, strerror(errno));
 		goto cleanup;
 	}
 	if (!rcv_listen(&r))
@@ -464,14 +466,14 @@ int main(int argc, char **argv)
 
 		err = sigwait(&set, &sig);
 		if (err != 0) {
-			fprintf(stderr, "http_receiver: sigwait: %s\n", strerror(err));
+			fprintf(stderr, "inbox-http-receiver: sigwait: %s\n", strerror(err));
 			goto cleanup;
 		}
 		if (sig != SIGUSR1)
 			break;
 		rcv_unlisten(&r);
 		if (printf("away\n") < 0 || fflush(stdout) != 0) {
-			fprintf(stderr, "http_receiver: cannot write to stdout\n");
+			fprintf(stderr, "inbox-http-receiver: cannot write to stdout\n");
 			goto cleanup;
 		}
 		if (!rcv_away(&r, &set))
@@ -483,7 +485,7 @@ int main(int argc, char **argv)
 cleanup:
 	rcv_unlisten(&r);
 	if (r.out != NULL && fclose(r.out) != 0) {
-		fprintf(stderr, "http_receiver: %s: %s\n", out_path, strerror(errno));
+		fprintf(stderr, "inbox-http-receiver: %s: %s\n", out_path, strerror(errno));
 		rc = 1;
 	}
 	json_decref(r.accepted);
