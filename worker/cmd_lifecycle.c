@@ -14,6 +14,7 @@
 #include "cfg.h"
 #include "db.h"
 #include "lifecycle.h"
+#include "lifecycle_dest.h"
 #include "lifecycle_schema.h"
 #include "aggregate.h"
 #include "preflight.h"
@@ -98,6 +99,47 @@ void lifecycle_usage(FILE *f)
 	      "            INBOX_LIFECYCLE=FILE)\n", f);
 }
 
+/* Each destination as run would call it, resolved from this environment
+ * (secrets as ***), and where each emitted type goes.  A value missing
+ * here is said and not refused: the check may run where the secrets are
+ * not, and run refuses it where they should be. */
+static void print_routes(const struct lc_def *d, FILE *out)
+{
+	char line[1024], why[512];
+
+	if (d->ndests == 0)
+		return;
+	for (int i = 0; i < d->ndests; i++) {
+		struct http_dest hd = { 0 };
+
+		if (lc_dest_resolve(d, i, &hd, why, sizeof why) == ST_OK) {
+			(void)http_dest_format(&hd, line, sizeof line);
+			fprintf(out, "destination %s: %s\n", d->dests[i].name, line);
+		} else {
+			/* why starts with "destination NAME: " */
+			const char *what = strchr(why, ':');
+
+			fprintf(out, "destination %s: not resolved here: %s; run exits 2 without it\n", d->dests[i].name,
+			        what != NULL ? what + 2 : why);
+		}
+		http_dest_free(&hd);
+	}
+	fputs("emitted events go to:\n", out);
+	for (int k = 0; k < d->nemits; k++) {
+		const char *sep = "";
+
+		fprintf(out, "  %s -> ", d->emits[k]);
+		for (int i = 0; i < d->ndests; i++)
+			if (lc_emit_to_dest(d, k, i)) {
+				fprintf(out, "%s%s", sep, d->dests[i].name);
+				sep = ", ";
+			}
+		if (lc_emit_to_exchange(d, k))
+			fprintf(out, "%sour exchange", sep);
+		fputc('\n', out);
+	}
+}
+
 int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 {
 	struct lc_errors errs;
@@ -145,6 +187,7 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	/* The same judgement as run's (preflight_lifecycle): what it refuses,
 	 * check refuses, with the same exit as any other refusal. */
 	if (agg_bind(d, &b, why, sizeof why) == 0) {
+		print_routes(d, out);
 		code = prepare_statements(d, argv[2], out, err);
 		if (code == 0)
 			fprintf(out, "this worker can run it: INBOX_LIFECYCLE=%s\n", argv[2]);

@@ -59,6 +59,24 @@ Test(lifecycle_cmd, check_accepts_the_shipment_example_and_says_it_can_run_it)
 	cr_expect(strstr(out, "this worker can run it: INBOX_LIFECYCLE=lifecycles/shipment.json") != NULL, "%s", out);
 }
 
+/* Where each emitted type goes, and what run would call: resolved from
+ * this environment, the secrets as ***; a variable unset here is said,
+ * not refused (the check may run where the secrets are not). */
+Test(lifecycle_cmd, check_says_where_emitted_events_go_and_resolves_each_destination)
+{
+	cr_assert_eq(run("INVOICE_MAIL_URL=https://user:pw@mail.example:8443/receipts?token=abc",
+	                 "lifecycle check lifecycles/invoice.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "destination mail: POST https://user:***@mail.example:8443/receipts?*** timeout_ms=5000") !=
+	                  NULL, "%s", out);
+	cr_expect(strstr(out, "  ReceiptRequested -> mail, our exchange\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "  RefundRequested -> our exchange\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "pw") == NULL && strstr(out, "abc") == NULL, "no secret shown: %s", out);
+
+	cr_assert_eq(run("", "lifecycle check lifecycles/invoice.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "destination mail: not resolved here: url: neither INVOICE_MAIL_URL nor "
+	                      "INVOICE_MAIL_URL_FILE is set; run exits 2 without it\n") != NULL, "%s", out);
+}
+
 Test(lifecycle_cmd, check_refuses_an_order_dependent_definition_printing_both_orders)
 {
 	cr_assert_eq(run("", "lifecycle check tests/lifecycles/bad_payment_after_cancel_ignored.json", out, sizeof out,
