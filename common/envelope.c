@@ -984,6 +984,19 @@ char *env_emit_body(const struct cfg *conf, const struct env_emitted *e)
 		              "type", e->type, e->key_field, e->key, "occurred_at", e->time, "data", "cause_message_id",
 		              e->cause_message_id, "cause_type", e->cause_type);
 	}
+	/* The cause's number: a second worker downstream orders the emitted
+	 * events by it ("sequence": {"from": "data.sequence"}), and a
+	 * CloudEvent says it in the sequence extension too (a string). */
+	if (o != NULL && e->sequence > 0) {
+		char n[24];
+
+		snprintf(n, sizeof n, "%lld", (long long)e->sequence);
+		if (json_object_set_new(json_object_get(o, "data"), "sequence", json_integer(e->sequence)) != 0 ||
+		    (conf->emit_envelope == CFG_EMIT_CLOUDEVENTS && json_object_set_new(o, "sequence", json_string(n)) != 0)) {
+			json_decref(o);
+			o = NULL;
+		}
+	}
 	if (o != NULL)
 		body = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(o);

@@ -759,6 +759,19 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	ev.deliveries = in->deliveries;
 	ev.ctx = in->ctx;
 	v = agg_decide(o->state, o->flags, m->type);
+	if (lc_sequenced(ib->bind->def)) {
+		bool taken;
+
+		v = inbox_seq_verdict(o, m->seq, v, &taken);
+		if (taken) {
+			rc = inbox_seq_taken(ib, o, &ev, m->seq, SRC_LIVE, res);
+			if (rc != ST_OK)
+				return rc;
+			res->outcome = INBOX_DEAD_LETTERED;
+			res->state = o->state;
+			return ST_OK;
+		}
+	}
 	if (v.decision == LC_HOLD) {
 		inbox_hold(ib, in, o);
 	} else {

@@ -322,6 +322,20 @@ static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct
 	/* Its lines carry its trace (the worker's are of the delivery in hand). */
 	log_trace_set(x.ctx.trace_id, x.ctx.span_id);
 	reason = inbox_held_parse(&h, &x, o->id, &raw, &m);
+	if (reason == MSG_REASON_NONE && lc_sequenced(ib->bind->def)) {
+		bool taken;
+
+		v = inbox_seq_verdict(o, m.seq, v, &taken);
+		if (taken) {
+			rc = inbox_seq_taken(ib, o, &raw, m.seq, SRC_HELD_ROW, res);
+			reason = MSG_REASON_PAYLOAD_CONFLICT;
+			goto settled;
+		}
+		if (v.decision == LC_HOLD) {
+			log_trace_clear();
+			return ST_OK; /* not its number's turn yet */
+		}
+	}
 	if (reason != MSG_REASON_NONE) {
 		rc = inbox_held_reject(ib, &raw, reason, m.detail, res);
 	} else {
@@ -329,6 +343,7 @@ static int inbox_release_one(struct inbox *ib, struct inbox_agg *o, const struct
 		ev.ctx = &x.ctx;
 		rc = inbox_act(ib, o, &ev, v, SRC_HELD_ROW, res, changed, &reason);
 	}
+settled:
 	if (rc != ST_OK) {
 		log_trace_clear();
 		return rc;
@@ -412,7 +427,7 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct i
 		struct agg_verdict v;
 		enum msg_reason reason = MSG_REASON_NONE;
 		char *props = NULL;
-		bool changed = false;
+		bool changed = false, taken = false;
 		int rc;
 
 		if (ib->pend[k] < 0)
@@ -421,11 +436,25 @@ static int inbox_release_pending(struct inbox *ib, struct inbox_agg *o, struct i
 		if (strcmp(in->msg->order_id, o->id) != 0)
 			continue;
 		v = agg_decide(o->state, o->flags, in->msg->type);
-		if (v.decision == LC_HOLD)
+		if (lc_sequenced(ib->bind->def))
+			v = inbox_seq_verdict(o, in->msg->seq, v, &taken);
+		if (v.decision == LC_HOLD && !taken)
 			continue;
 		inbox_event_from_msg(&ev, in->msg, in->body, in->len, in->routing_key, NULL);
 		ev.deliveries = in->deliveries;
 		ev.ctx = in->ctx;
+		if (taken) {
+			/* a later event of this batch took its number */
+			rc = inbox_seq_taken(ib, o, &ev, in->msg->seq, SRC_HELD_MEM, res);
+			if (rc != ST_OK)
+				return rc;
+			ib->pend[k] = -1;
+			o->pending--;
+			(*released)++;
+			res->released_as[INBOX_DEAD_LETTERED]++;
+			res->released_reason[MSG_REASON_PAYLOAD_CONFLICT]++;
+			continue;
+		}
 		if ((v.decision == LC_INVALID || effects_count(ib->bind->def, (int)in->msg->type) > 0) &&
 		    in->props_json != NULL) {
 			props = in->props_json(in->props_arg);
@@ -597,6 +626,13 @@ static int inbox_expire_read(struct inbox *ib, const struct inbox_expiring *rows
 	return rc;
 }
 
+/* Why a held event expires: in a sequenced definition only a missing
+ * number holds one. */
+static const char *inbox_expiry_reason(const struct inbox *ib)
+{
+	return msg_reason_name(lc_sequenced(ib->bind->def) ? MSG_REASON_SEQUENCE_GAP : MSG_REASON_HOLD_EXPIRED);
+}
+
 /* Dead-letter every held row read back (past its TTL, under its order's
  * lock) into the write: its copy through the outbox, its outcome, its
  * row deleted, its order's held count.  log[*n]: what to log of each. */
@@ -608,19 +644,34 @@ static int inbox_expire_write(struct inbox *ib, struct inbox_expired *log, int *
 		struct inbox_held h;
 		struct inbox_held_more x;
 		struct inbox_event ev;
-		char detail[160];
+		char detail[INBOX_DETAIL_MAX];
 		int rc;
 
 		if (o == NULL)
 			return ST_ERR_DB; /* a row we did not ask for */
 		inbox_hrow_event(ib, r, &h, &x, &ev);
 		ev.order_id = o->id;
-		snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
-		         h.type, ib->conf->hold_ttl_s);
-		rc = inbox_w_dead_letter(ib, &ev, "hold-expired", detail);
+		if (lc_sequenced(ib->bind->def)) {
+			/* what it waited for: the number after the aggregate's */
+			struct inbox_event raw = ev;
+			struct msg m;
+
+			if (inbox_held_parse(&h, &x, o->id, &raw, &m) == MSG_REASON_NONE)
+				snprintf(detail, sizeof detail, "%s (number %lld) held longer than INBOX_HOLD_TTL (%lds): number "
+				         "%lld of %s %s never came", h.type, (long long)m.seq, ib->conf->hold_ttl_s,
+				         (long long)(o->version + 1), ib->bind->a_name, o->id);
+			else
+				snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds): number %lld of %s %s "
+				         "never came", h.type, ib->conf->hold_ttl_s, (long long)(o->version + 1),
+				         ib->bind->a_name, o->id);
+		} else {
+			snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
+			         h.type, ib->conf->hold_ttl_s);
+		}
+		rc = inbox_w_dead_letter(ib, &ev, inbox_expiry_reason(ib), detail);
 		if (rc != ST_OK)
 			return rc;
-		inbox_w_outcome(ib, &ev, "dead_lettered", "hold-expired", false);
+		inbox_w_outcome(ib, &ev, "dead_lettered", inbox_expiry_reason(ib), false);
 		sqlbuf_item(&ib->w[W_DEL]);
 		sqlbuf_i64(&ib->w[W_DEL], r->id);
 		o->held = o->held > 0 ? o->held - 1 : 0;
@@ -672,7 +723,7 @@ int inbox_expire_holds(struct inbox *ib, int limit, int *expired)
 	for (int i = 0; rc == ST_OK && i < nlog; i++) {
 		log_trace_set(log[i].ctx.trace_id, log[i].ctx.span_id);
 		LOG(LOG_LEVEL_INFO, "hold expired", LOG_S("message_id", log[i].message_id), LOG_S("order", log[i].order_id),
-		    LOG_S("type", log[i].type), LOG_S("outcome", "dead_lettered"), LOG_S("reason", "hold-expired"));
+		    LOG_S("type", log[i].type), LOG_S("outcome", "dead_lettered"), LOG_S("reason", inbox_expiry_reason(ib)));
 		log_trace_clear();
 	}
 	if (rc == ST_OK)

@@ -243,6 +243,15 @@ int inbox_w_dead_letter(struct inbox *ib, const struct inbox_event *ev, const ch
  * MSG_REASON_NONE. */
 int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *ev, struct agg_verdict v,
               enum inbox_src src, struct inbox_result *res, bool *changed, enum msg_reason *reason);
+/* A sequenced definition's verdict (lc_sequenced) on event number n of o,
+ * which has taken every number up to o->version: the table's verdict v
+ * when n is the next, LC_HOLD when n is ahead; *taken when n was taken
+ * already (by another event: a copy of the same one is settled by its
+ * key before this). */
+struct agg_verdict inbox_seq_verdict(const struct inbox_agg *o, int64_t n, struct agg_verdict v, bool *taken);
+/* Dead-letter ev for number n taken already, from src, into the write. */
+int inbox_seq_taken(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev, int64_t n,
+                    enum inbox_src src, struct inbox_result *res);
 
 /* ---- inbox_held.c: the held events ----------------------------------- */
 

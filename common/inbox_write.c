@@ -404,6 +404,37 @@ static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const stru
 	return rc;
 }
 
+struct agg_verdict inbox_seq_verdict(const struct inbox_agg *o, int64_t n, struct agg_verdict v, bool *taken)
+{
+	*taken = n <= o->version;
+	if (n > o->version + 1)
+		v.decision = LC_HOLD;
+	return v;
+}
+
+int inbox_seq_taken(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev, int64_t n,
+                    enum inbox_src src, struct inbox_result *res)
+{
+	const char *reason = msg_reason_name(MSG_REASON_PAYLOAD_CONFLICT);
+	char detail[INBOX_DETAIL_MAX];
+	int rc;
+
+	/* The payload hash covers the message id, so another id with the
+	 * same number is another event: the first one stands. */
+	snprintf(detail, sizeof detail, "%s is number %lld of %s %s, which another event took (the %s is at %lld)",
+	         ev->type_name, (long long)n, ib->bind->a_name, o->id, ib->bind->a_name, (long long)o->version);
+	rc = inbox_w_dead_letter(ib, ev, reason, detail);
+	if (rc != ST_OK)
+		return rc;
+	inbox_w_outcome(ib, ev, "dead_lettered", reason, src == SRC_HELD_MEM);
+	res->outbox_rows++;
+	if (src == SRC_LIVE) {
+		res->reason = MSG_REASON_PAYLOAD_CONFLICT;
+		snprintf(res->detail, sizeof res->detail, "%s", detail);
+	}
+	return ST_OK;
+}
+
 /* Carry out a verdict (not LC_HOLD) on a locked order: the definition's
  * statements run, then the order's new state, its ledger row, the outbox
  * rows and the inbox outcome go to the write.  *changed is set when the
@@ -438,8 +469,8 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 		 * InventoryReleaseRequested for orders) */
 		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
 			if (v.emits & (1u << i)) {
-				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->emit,
-				                      i, ev->order_id, ev->message_id, ev->type_name, ev->ctx);
+				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->emit, i, ev->order_id, ev->message_id,
+				                      ev->type_name, ev->ctx, lc_sequenced(d) ? o->version + 1 : 0);
 				nrows++;
 			}
 		}
@@ -468,10 +499,21 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 			o->dirty = true;
 			*changed = true;
 		}
+	} else if (v.decision == LC_IGNORE && lc_sequenced(d)) {
+		/* the number is taken all the same: the next one may follow */
+		o->version++;
+		o->dirty = true;
+		*changed = true;
 	} else if (v.decision == LC_INVALID) {
 		*reason = MSG_REASON_INVALID_TRANSITION;
-		snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
-		         agg_state_name(o->state));
+		if (lc_sequenced(d))
+			snprintf(detail, sizeof detail, "%s (number %lld) not allowed on %s in state %s; the %s waits at "
+			         "number %lld for it: later numbers are held until it is replayed or skipped",
+			         ev->type_name, (long long)(o->version + 1), ib->bind->a_name, agg_state_name(o->state),
+			         ib->bind->a_name, (long long)(o->version + 1));
+		else
+			snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
+			         agg_state_name(o->state));
 		rc = inbox_w_dead_letter(ib, ev, msg_reason_name(*reason), detail);
 		nrows++;
 	}

@@ -194,7 +194,7 @@ void lc_print_table(const struct lc_def *d, FILE *f)
 
 		snprintf(key, sizeof key, "<%s>", d->key);
 		if (lc_emit_id(d, k, key, id, sizeof id) >= 0)
-			fprintf(f, " %s", id);
+			fprintf(f, " %s%s", id, lc_sequenced(d) ? ":<number>" : "");
 	}
 	fprintf(f, "%s\n", d->nemits == 0 ? " none" : "");
 }

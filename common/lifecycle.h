@@ -162,7 +162,17 @@ struct lc_def {
 	int ndests;
 	uint32_t emit_dests[LC_MAX_EMITS];
 	uint32_t emit_no_exchange;
+	/* Events the producer numbers (issue 46, "sequence"): seq_field is
+	 * the data field that carries an event's position in its aggregate's
+	 * sequence (1, 2, ...); "" when the states alone order the events. */
+	char seq_field[LC_NAME_MAX + 1];
 };
+
+/* Whether the producer numbers the definition's events. */
+static inline bool lc_sequenced(const struct lc_def *d)
+{
+	return d->seq_field[0] != '\0';
+}
 
 struct lc_verdict {
 	enum lc_decision decision;
@@ -238,10 +248,16 @@ struct lc_check {
 	long runs;      /* arrival orders simulated (each twice: FIFO, LIFO) */
 	long sets;      /* sets compared */
 	long conflicts; /* sets skipped as conflicts */
+	bool sequenced; /* the producer's numbers order the events: nothing simulated */
+	int reachable;  /* sequenced: the states reachable from the creation */
 	char why[1024]; /* when it fails: the two arrival orders and what differs */
 };
 
-/* true when the property holds; false with out->why set. */
+/* true when the property holds; false with out->why set.  For a
+ * sequenced definition (lc_sequenced) the numbers make every arrival
+ * order the producer's, so what is checked instead is what still can be:
+ * every state reachable from the creation, every event able to apply in
+ * some state (out->sequenced, out->reachable). */
 bool lc_check_order_independence(const struct lc_def *def, struct lc_check *out);
 
 #endif

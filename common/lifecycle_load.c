@@ -650,8 +650,19 @@ static void parse_after(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 		int s = lc_state_index(c->def, sname);
 
 		lc_push_key(c, sname);
-		if (s < 0 || !(c->def->terminal & (1u << s))) {
-			lc_err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\"", sname);
+		if (s <= 0) {
+			lc_err(c, "\"%s\" is not a state of the definition", sname);
+			lc_pop(c);
+			continue;
+		}
+		if (!(c->def->terminal & (1u << s)) && !lc_sequenced(c->def)) {
+			lc_err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\" (any "
+			       "state, in a definition whose producer numbers its events: \"sequence\")", sname);
+			lc_pop(c);
+			continue;
+		}
+		if (ev->from & (1u << s)) {
+			lc_err(c, "\"%s\" moves from \"%s\": \"after\" names states it does not apply in", ev->type, sname);
 			lc_pop(c);
 			continue;
 		}
@@ -844,10 +855,50 @@ static int path_pos(const struct lc_def *d, int s)
 	return -1;
 }
 
+/* The table of a sequenced definition: the number says the event is
+ * next, so nothing is held or stale by the states.  An event applies in
+ * a state it moves from; anywhere else it does what its "after" says for
+ * that state, and without a word it is an invalid transition.  A second
+ * creation is one too. */
+static void compile_sequenced(struct lc_def *d)
+{
+	for (int e = 0; e < d->nevents; e++) {
+		const struct lc_event *ev = &d->events[e];
+
+		for (int s = 0; s < d->nstates; s++) {
+			struct lc_rule *r = &d->rules[s][e];
+
+			r->next = s;
+			r->emits = 0;
+			if (s == 0 && ev->creates > 0) {
+				r->decision = LC_APPLY;
+				r->next = ev->creates;
+			} else if (s == 0) {
+				r->decision = LC_HOLD; /* before its creation: number 1 is the creation */
+			} else if (ev->creates == 0 && (ev->from & (1u << s))) {
+				r->decision = LC_APPLY;
+				r->next = ev->to;
+			} else if (ev->after[s] == LC_AFTER_IGNORE) {
+				r->decision = LC_IGNORE;
+			} else if (ev->after[s] == LC_AFTER_COMPENSATE) {
+				r->decision = LC_COMPENSATE;
+				r->emits = ev->after_emits[s];
+			} else {
+				r->decision = LC_INVALID;
+			}
+		}
+	}
+}
+
 /* Fill rules[s][e] by the rules in the header comment. */
 static void compile(struct lc_ctx *c)
 {
 	struct lc_def *d = c->def;
+
+	if (lc_sequenced(d)) {
+		compile_sequenced(d);
+		return;
+	}
 
 	for (int e = 0; e < d->nevents; e++) {
 		const struct lc_event *ev = &d->events[e];
@@ -1118,10 +1169,43 @@ static void assign_marks(struct lc_def *d)
 	}
 }
 
+/* "sequence": {"from": "data.<field>"}: the producer numbers each
+ * aggregate's events 1, 2, ... in that field (an integer the event must
+ * carry, like a declared field). */
+static void parse_sequence(struct lc_ctx *c, json_t *root)
+{
+	static const char *const keys[] = { "from", NULL };
+	json_t *v = json_object_get(root, "sequence"), *from;
+	const char *f;
+
+	if (v == NULL)
+		return;
+	lc_push_key(c, "sequence");
+	if (!json_is_object(v)) {
+		lc_err(c, "\"sequence\" says where the producer numbers each event: {\"from\": \"data.seq\"}");
+		goto done;
+	}
+	lc_known_keys(c, v, keys, "\"sequence\"");
+	from = json_object_get(v, "from");
+	f = json_string_value(from);
+	if (f == NULL || strncmp(f, "data.", 5) != 0 || !ident_ok(f + 5) || strlen(f + 5) > LC_NAME_MAX) {
+		if (from != NULL)
+			lc_push_key(c, "from");
+		lc_err(c, "write \"from\": \"data.<field>\", the data field that carries the event's number in its "
+		       "aggregate's sequence (1, 2, ...)");
+		if (from != NULL)
+			lc_pop(c);
+		goto done;
+	}
+	snprintf(c->def->seq_field, sizeof c->def->seq_field, "%s", f + 5);
+done:
+	lc_pop(c);
+}
+
 static void parse_top(struct lc_ctx *c, json_t *root)
 {
 	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
-		                                "terminal", "events", "destinations", "deliver", NULL };
+		                                "terminal", "events", "destinations", "deliver", "sequence", NULL };
 	char why[320];
 	json_t *v;
 	int line;
@@ -1140,6 +1224,7 @@ static void parse_top(struct lc_ctx *c, json_t *root)
 			lc_pop(c);
 	}
 	parse_names(c, root);
+	parse_sequence(c, root);
 	if (!parse_states(c, root))
 		return;
 	parse_path(c, root);

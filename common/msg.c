@@ -51,6 +51,7 @@ static const char *const reason_names[] = {
 	[MSG_REASON_UNPROCESSABLE] = "unprocessable",
 	[MSG_REASON_EFFECT_FAILED] = "effect-failed",
 	[MSG_REASON_DELIVERY_FAILED] = "delivery-failed",
+	[MSG_REASON_SEQUENCE_GAP] = "sequence-gap",
 };
 _Static_assert(ARRAY_LEN(reason_names) == MSG_REASON_COUNT, "one name per enum msg_reason");
 
@@ -735,6 +736,24 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	r = msg_values(def, type, data, nm->data, out);
 	if (r != MSG_REASON_NONE)
 		return r;
+	if (lc_sequenced(def)) {
+		/* The producer's number of the event in its aggregate: 1, 2, ...
+		 * (an integer as JSON writes one; 2^53 is as far as every
+		 * producer's JSON can count). */
+		json_t *n = data != NULL && json_is_object(data) ? json_object_get(data, def->seq_field) : NULL;
+
+		if (n == NULL || json_is_null(n)) {
+			set_detail(out, "%s.%s (the event's number in its %s's sequence) is missing", nm->data, def->seq_field,
+			           def->aggregate);
+			return MSG_REASON_MISSING_FIELD;
+		}
+		if (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > (1LL << 53)) {
+			set_detail(out, "%s.%s must be an integer from 1 to 2^53 (the event's number in its %s's sequence)",
+			           nm->data, def->seq_field, def->aggregate);
+			return MSG_REASON_INVALID_FIELD;
+		}
+		out->seq = (int64_t)json_integer_value(n);
+	}
 
 	if (!body_hash(root, out->sha256)) {
 		/* Only out of memory ends up here; jansson reports that as a parse

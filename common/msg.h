@@ -62,6 +62,7 @@ enum msg_reason {
 	MSG_REASON_UNPROCESSABLE, /* the database refused the message's own values */
 	MSG_REASON_EFFECT_FAILED, /* a statement of the definition refused the message's own data */
 	MSG_REASON_DELIVERY_FAILED, /* an HTTP destination refused an emitted event, or never took it */
+	MSG_REASON_SEQUENCE_GAP, /* held past INBOX_HOLD_TTL waiting for an earlier number (lc_sequenced) */
 	MSG_REASON_COUNT
 };
 
@@ -93,6 +94,7 @@ struct msg {
 	char type_name[MSG_TYPE_NAME_MAX + 1]; /* as sent: "PaymentConfirmed" stays */
 	enum msg_type type;
 	char occurred_at[MSG_TIME_MAX + 1];    /* "" when absent */
+	int64_t seq;                           /* its number, in a sequenced definition (lc_sequenced); else 0 */
 	struct msg_val vals[LC_MAX_SETS];
 	unsigned char sha256[32];
 	char detail[MSG_DETAIL_MAX];           /* one human line when the parse fails */

@@ -263,7 +263,7 @@ out:
 
 int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
-                     const struct env_context *ctx)
+                     const struct env_context *ctx, int64_t seq)
 {
 	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1];
 	char *body = NULL, *props = NULL;
@@ -277,6 +277,12 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 	 * outbox's 255, so it is never cut into another event's id. */
 	if (lc_emit_id(def, emit, order_id, id, sizeof id) < 0)
 		return ST_ERR_INVALID;
+	if (seq > 0) {
+		size_t l = strlen(id);
+
+		if (snprintf(id + l, sizeof id - l, ":%lld", (long long)seq) >= (int)(sizeof id - l))
+			return ST_ERR_INVALID;
+	}
 	type = def->emits[emit];
 	/* The aggregate's name and key are the lifecycle definition's
 	 * ("order", "order_id" for the built-in one). */
@@ -286,7 +292,7 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 		struct env_emitted e = {
 			.id = id, .type = type, .key_field = def->key, .key = order_id, .time = ts,
 			.cause_message_id = cause_message_id, .cause_type = cause_type, .traceparent = tp,
-			.tracestate = tp[0] != '\0' ? ctx->tracestate : "",
+			.tracestate = tp[0] != '\0' ? ctx->tracestate : "", .sequence = seq,
 		};
 
 		body = env_emit_body(conf, &e);

@@ -95,10 +95,13 @@ void outbox_mem_free(struct outbox_mem *mem);
  * recognisable downstream.  cause_*: the event that caused it (data);
  * ctx (NULL: nothing) what it carried: the trace continued and the
  * correlation id (props), with conf->emit_envelope's envelope.
+ * seq > 0: the cause's number in a sequenced definition, which the id
+ * ends with (":<seq>": a loop emits a type again, under another id) and
+ * the body carries as data.sequence.
  * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
 int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
-                     const struct env_context *ctx);
+                     const struct env_context *ctx, int64_t seq);
 
 /* The dead-letter copy of an event (its transition is impossible, its
  * hold expired, its stored body cannot be applied): its own body,

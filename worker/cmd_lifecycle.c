@@ -177,11 +177,15 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	ok = lc_check_order_independence(d, &chk);
 	fputc('\n', out);
 	if (!ok) {
-		fprintf(err, "%s: order-dependent: %s\n", argv[2], chk.why);
+		fprintf(err, "%s: %s: %s\n", argv[2], chk.sequenced ? "refused" : "order-dependent", chk.why);
 		lc_free(d);
 		return 1;
 	}
-	fprintf(out, "arrival order: independent (%ld sets of event types, each alone and with one type twice, "
+	if (chk.sequenced)
+		fprintf(out, "arrival order: the producer's (each event's number in data.%s); every one of the %d states "
+		             "reachable, every event applies in some state; loops allowed\n", d->seq_field, chk.reachable);
+	else
+		fprintf(out, "arrival order: independent (%ld sets of event types, each alone and with one type twice, "
 	             "%ld arrival orders simulated; %ld sets skipped as conflicts between terminal states)\n",
 	        chk.sets, chk.runs, chk.conflicts);
 	/* The same judgement as run's (preflight_lifecycle): what it refuses,

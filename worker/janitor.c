@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "aggregate.h"
 #include "db.h"
 #include "gauge.h"
 #include "inbox.h"
@@ -211,7 +212,8 @@ static void janitor_housekeeping(struct janitor *j)
 		LOG(LOG_LEVEL_WARN, "hold expiry failed", LOG_S("error", db_errmsg(j->d.db)));
 	/* 0 when the pass failed: it is one transaction (issue 43), and
 	 * nothing of it was committed */
-	metrics_dead_letter(MSG_REASON_HOLD_EXPIRED, expired);
+	metrics_dead_letter(lc_sequenced(agg_current()->def) ? MSG_REASON_SEQUENCE_GAP : MSG_REASON_HOLD_EXPIRED,
+	                    expired);
 	if (expired > 0)
 		janitor_relay(j);
 	if (outbox_stats(j->d.outbox, &pending, &oldest) == ST_OK) {

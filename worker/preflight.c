@@ -66,8 +66,8 @@ int preflight_lifecycle(const struct cfg *conf)
 		return 2;
 	}
 	if (!lc_check_order_independence(run_def, &chk)) {
-		fprintf(stderr, "inbox-worker: INBOX_LIFECYCLE %s is order-dependent: %s\n", name ? name : "(built-in)",
-		        chk.why);
+		fprintf(stderr, "inbox-worker: INBOX_LIFECYCLE %s %s: %s\n", name ? name : "(built-in)",
+		        chk.sequenced ? "is refused" : "is order-dependent", chk.why);
 		goto fail;
 	}
 	if (agg_bind(run_def, &run_binding, why, sizeof why) != 0) {

@@ -642,7 +642,7 @@ Test(msg, every_reason_has_its_spec_name)
 	static const char *const spec[] = { "malformed-json", "missing-field", "invalid-field",
 		                            "unknown-type", "too-large", "payload-conflict",
 		                            "hold-expired", "invalid-transition", "retries-exhausted",
-		                            "unprocessable", "effect-failed", "delivery-failed" };
+		                            "unprocessable", "effect-failed", "delivery-failed", "sequence-gap" };
 
 	cr_assert_eq(MSG_REASON_COUNT - 1, (int)(sizeof spec / sizeof spec[0]));
 	cr_expect_str_eq(msg_reason_name(MSG_REASON_NONE), "");
