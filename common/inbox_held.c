@@ -659,11 +659,11 @@ static int inbox_expire_write(struct inbox *ib, struct inbox_expired *log, int *
 			if (inbox_held_parse(&h, &x, o->id, &raw, &m) == MSG_REASON_NONE)
 				snprintf(detail, sizeof detail, "%s (number %lld) held longer than INBOX_HOLD_TTL (%lds): number "
 				         "%lld of %s %s never came", h.type, (long long)m.seq, ib->conf->hold_ttl_s,
-				         (long long)(o->version + 1), ib->bind->a_name, o->id);
+				         (long long)(o->version + 1), ib->bind->def->aggregate, o->id);
 			else
 				snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds): number %lld of %s %s "
 				         "never came", h.type, ib->conf->hold_ttl_s, (long long)(o->version + 1),
-				         ib->bind->a_name, o->id);
+				         ib->bind->def->aggregate, o->id);
 		} else {
 			snprintf(detail, sizeof detail, "%s held longer than INBOX_HOLD_TTL (%lds) without its prerequisite",
 			         h.type, ib->conf->hold_ttl_s);

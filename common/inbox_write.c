@@ -422,7 +422,8 @@ int inbox_seq_taken(struct inbox *ib, const struct inbox_agg *o, const struct in
 	/* The payload hash covers the message id, so another id with the
 	 * same number is another event: the first one stands. */
 	snprintf(detail, sizeof detail, "%s is number %lld of %s %s, which another event took (the %s is at %lld)",
-	         ev->type_name, (long long)n, ib->bind->a_name, o->id, ib->bind->a_name, (long long)o->version);
+	         ev->type_name, (long long)n, ib->bind->def->aggregate, o->id, ib->bind->def->aggregate,
+	         (long long)o->version);
 	rc = inbox_w_dead_letter(ib, ev, reason, detail);
 	if (rc != ST_OK)
 		return rc;
@@ -509,8 +510,8 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 		if (lc_sequenced(d))
 			snprintf(detail, sizeof detail, "%s (number %lld) not allowed on %s in state %s; the %s waits at "
 			         "number %lld for it: later numbers are held until it is replayed or skipped",
-			         ev->type_name, (long long)(o->version + 1), ib->bind->a_name, agg_state_name(o->state),
-			         ib->bind->a_name, (long long)(o->version + 1));
+			         ev->type_name, (long long)(o->version + 1), ib->bind->def->aggregate,
+			         agg_state_name(o->state), ib->bind->def->aggregate, (long long)(o->version + 1));
 		else
 			snprintf(detail, sizeof detail, "%s not allowed on %s in state %s", ev->type_name, ib->bind->a_name,
 			         agg_state_name(o->state));

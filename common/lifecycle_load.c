@@ -655,9 +655,10 @@ static void parse_after(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 			lc_pop(c);
 			continue;
 		}
-		if (!(c->def->terminal & (1u << s)) && !lc_sequenced(c->def)) {
-			lc_err(c, "\"%s\" is not a terminal state: \"after\" names states listed in \"terminal\" (any "
-			       "state, in a definition whose producer numbers its events: \"sequence\")", sname);
+		if (!(c->def->terminal & (1u << s)) && !lc_sequenced(c->def) && !json_is_string(v)) {
+			lc_err(c, "\"%s\" is not a terminal state: before one, an event may only be \"ignore\" or "
+			       "\"invalid-transition\" (a compensation too, in a definition whose producer numbers its "
+			       "events: \"sequence\")", sname);
 			lc_pop(c);
 			continue;
 		}
@@ -943,6 +944,13 @@ static void compile(struct lc_ctx *c)
 			} else if (ev->from & (1u << s)) {
 				r->decision = LC_APPLY;
 				r->next = ev->to;
+			} else if (ev->after[s] == LC_AFTER_IGNORE) {
+				/* said for a state before the terminal ones: the
+				 * arrival-order check proves it or says which orders
+				 * differ */
+				r->decision = LC_IGNORE;
+			} else if (ev->after[s] == LC_AFTER_INVALID) {
+				r->decision = LC_INVALID;
 			} else if (to_pos >= 0 && s_pos >= 0 && to_pos <= s_pos) {
 				r->decision = LC_IGNORE;
 			} else {

@@ -77,6 +77,44 @@ Test(lifecycle_cmd, check_says_where_emitted_events_go_and_resolves_each_destina
 	                      "INVOICE_MAIL_URL_FILE is set; run exits 2 without it\n") != NULL, "%s", out);
 }
 
+/* A producer that numbers its events (issue 46): a loop is allowed (a
+ * ticket reopened), each emitted id ends with the cause's number, and
+ * what is checked instead of arrival orders is said. */
+Test(lifecycle_cmd, check_accepts_a_sequenced_ticket_with_a_reopen_loop)
+{
+	cr_assert_eq(run("", "lifecycle check lifecycles/ticket.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "in Resolved:\n  TicketOpened             invalid\n  WorkStarted              invalid\n"
+	                      "  TicketResolved           invalid\n  TicketReopened           -> InProgress\n") != NULL,
+	          "%s", out);
+	cr_expect(strstr(out, "emitted, each under its own message-id: CustomerNotified:<ticket_id>:<number> "
+	                      "SurveySent:<ticket_id>:<number>\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "arrival order: the producer's (each event's number in data.seq); every one of the 4 "
+	                      "states reachable, every event applies in some state; loops allowed\n") != NULL, "%s", out);
+	cr_expect_str_eq(err, "");
+}
+
+/* The loan of issue 46: ordered by its states, a rejection racing the
+ * approval cannot be proven; numbered by its producer, it is accepted,
+ * a rejection after the approval an invalid transition. */
+Test(lifecycle_cmd, a_loan_is_refused_by_states_and_accepted_by_numbers)
+{
+	cr_assert_eq(run("", "lifecycle check tests/lifecycles/loan_by_states.json", out, sizeof out, err, sizeof err), 1);
+	cr_expect(strstr(err, "order-dependent: arrival order [") != NULL && strstr(err, "end differently") != NULL, "%s",
+	          err);
+	cr_assert_eq(run("", "lifecycle check lifecycles/loan.json", out, sizeof out, err, sizeof err), 0, "%s", err);
+	cr_expect(strstr(out, "in Approved:\n  LoanSubmitted            invalid\n  LoanVerified             invalid\n"
+	                      "  LoanApproved             invalid\n  LoanFunded               -> Funded\n"
+	                      "  LoanRejected             invalid\n") != NULL, "%s", out);
+}
+
+Test(lifecycle_cmd, check_refuses_a_sequenced_definition_with_a_state_nothing_reaches)
+{
+	cr_assert_eq(run("", "lifecycle check tests/lifecycles/bad_sequenced_unreachable.json", out, sizeof out, err,
+	                 sizeof err), 1);
+	cr_expect_str_eq(err, "tests/lifecycles/bad_sequenced_unreachable.json: refused: the state Escalated cannot be "
+	                      "reached: no event leads to it from a state the creation leads to\n");
+}
+
 Test(lifecycle_cmd, check_refuses_an_order_dependent_definition_printing_both_orders)
 {
 	cr_assert_eq(run("", "lifecycle check tests/lifecycles/bad_payment_after_cancel_ignored.json", out, sizeof out,

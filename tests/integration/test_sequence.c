@@ -1,0 +1,157 @@
+/*
+ * test_sequence.c - events the producer numbers (issue 46, item 1),
+ * against the real stack: lifecycles/ticket.json, whose events carry their
+ * place in their ticket's sequence in data.seq, and whose graph has a
+ * loop (a resolved ticket reopened goes back to InProgress).
+ *
+ * Typed in by hand from ticket.json: Open (O), InProgress (P), Resolved
+ * (R), Closed (C, terminal); TicketOpened creates O; WorkStarted O->P;
+ * TicketResolved P->R emits CustomerNotified; TicketReopened R->P;
+ * TicketClosed R->C emits SurveySent, and is ignored in C.  Anything else
+ * is an invalid transition.
+ *
+ *   - t-1: seven numbers published in the order 1 3 2 6 4 7 5, one copy
+ *     twice: applied in number order through the loop (the ledger's
+ *     versions are the numbers, its types the producer's order), Closed at
+ *     version 7, CustomerNotified emitted twice under two ids;
+ *   - t-2: 1 and 3 only: 3 waits for 2, and after INBOX_HOLD_TTL is
+ *     dead-lettered as sequence-gap naming the number that never came;
+ *   - t-3: number 2 sent by two events: the second one a payload-conflict;
+ *   - t-4: number 2 an invalid transition (TicketClosed while Open):
+ *     dead-lettered, saying the ticket waits at 2; number 3 waits behind it
+ *     and expires as a gap;
+ *   - t-5: a message without its number: missing-field.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "itest.h"
+#include "status.h"
+
+#define WAIT_S 120
+#define T0 "2026-03-04T05:06:07Z"
+
+static void tk(struct mq *m, const char *id, const char *type, const char *ticket, int seq)
+{
+	char body[512];
+
+	if (seq > 0)
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s\",\"source\":\"helpdesk\",\"type\":\"%s\",\"ticket_id\":\"%s\","
+		         "\"occurred_at\":\"" T0 "\",\"data\":{\"seq\":%d}}", id, type, ticket, seq);
+	else
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s\",\"source\":\"helpdesk\",\"type\":\"%s\",\"ticket_id\":\"%s\","
+		         "\"occurred_at\":\"" T0 "\"}", id, type, ticket);
+	itest_publish(m, type, body, id);
+}
+
+static const struct itest_dead *find_dead(const struct itest_dead *dead, int n, const char *message_id)
+{
+	for (int i = 0; i < n; i++) {
+		if (strcmp(dead[i].message_id, message_id) == 0)
+			return &dead[i];
+	}
+	for (int i = 0; i < n; i++)
+		cr_log_error("dead letter %d: '%s' %s %s", i, dead[i].message_id, dead[i].reason, dead[i].detail);
+	return NULL;
+}
+
+static void expect_dead(const struct itest_dead *dead, int n, const char *message_id, const char *reason,
+                        const char *detail_part)
+{
+	const struct itest_dead *d = find_dead(dead, n, message_id);
+
+	cr_assert_not_null(d, "%s was not dead-lettered", message_id);
+	cr_expect_str_eq(d->reason, reason, "%s", message_id);
+	cr_expect(strstr(d->detail, detail_part) != NULL, "%s detail: %s", message_id, d->detail);
+}
+
+Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, .timeout = 600)
+{
+	char env[4200], path[4096], log[256], got[512];
+	const char *menv[] = { env, "INBOX_HOLD_TTL=4s", NULL };
+	const char *margs[] = { "migrate", NULL };
+	struct itest_dead dead[16];
+	struct mq *m;
+	pid_t w;
+	int st, n;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, menv), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the ticket lifecycle (status %d)", st);
+	itest_log_path(log, sizeof log, "sequence-ticket");
+	w = itest_worker_logged(1, menv, log);
+	m = itest_mq();
+
+	/* t-1: opened, started, resolved, reopened, resolved, closed, closed
+	 * again, published out of order */
+	tk(m, "t1-1", "TicketOpened", "t-1", 1);
+	tk(m, "t1-3", "TicketResolved", "t-1", 3);
+	tk(m, "t1-2", "WorkStarted", "t-1", 2);
+	tk(m, "t1-6", "TicketClosed", "t-1", 6);
+	tk(m, "t1-4", "TicketReopened", "t-1", 4);
+	tk(m, "t1-3", "TicketResolved", "t-1", 3); /* a copy: its key settles it */
+	tk(m, "t1-7", "TicketClosed", "t-1", 7);   /* closed again: ignored in Closed, its number taken */
+	tk(m, "t1-5", "TicketResolved", "t-1", 5);
+	/* t-2: number 2 never comes */
+	tk(m, "t2-1", "TicketOpened", "t-2", 1);
+	tk(m, "t2-3", "TicketResolved", "t-2", 3);
+	/* t-3: number 2 twice, by two events */
+	tk(m, "t3-1", "TicketOpened", "t-3", 1);
+	tk(m, "t3-2", "WorkStarted", "t-3", 2);
+	cr_assert_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-3'", 2, WAIT_S), 2, "see %s", log);
+	tk(m, "t3-2b", "WorkStarted", "t-3", 2);
+	/* t-4: number 2 cannot apply while Open; 3 waits behind it */
+	tk(m, "t4-1", "TicketOpened", "t-4", 1);
+	tk(m, "t4-2", "TicketClosed", "t-4", 2);
+	tk(m, "t4-3", "WorkStarted", "t-4", 3);
+	/* t-5: no number */
+	tk(m, "t5-1", "TicketOpened", "t-5", 0);
+
+	n = itest_dlq_drain(dead, 16, 5, WAIT_S);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events", 0, WAIT_S), 0, "see %s", log);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_assert_eq(n, 5, "dead letters; see %s", log);
+
+	/* t-1: through the loop in the producer's order */
+	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-1", got, sizeof got));
+	cr_expect_str_eq(got, "Closed 7", "the ignored close took its number");
+	cr_expect(itest_str1("SELECT GROUP_CONCAT(CONCAT(version, ':', type, ':', to_status) ORDER BY version"
+	                     " SEPARATOR ' ') FROM ticket_events WHERE ticket_id = ?", "t-1", got, sizeof got));
+	cr_expect_str_eq(got, "1:TicketOpened:Open 2:WorkStarted:InProgress 3:TicketResolved:Resolved "
+	                      "4:TicketReopened:InProgress 5:TicketResolved:Resolved 6:TicketClosed:Closed");
+	cr_expect(itest_str1("SELECT GROUP_CONCAT(message_id ORDER BY message_id SEPARATOR ' ') FROM outbox"
+	                     " WHERE order_id = ?", "t-1", got, sizeof got));
+	cr_expect_str_eq(got, "CustomerNotified:t-1:3 CustomerNotified:t-1:5 SurveySent:t-1:6",
+	                 "each resolution notifies once, under its own id");
+	cr_expect(itest_str1("SELECT CAST(body AS CHAR) FROM outbox WHERE message_id = ?", "CustomerNotified:t-1:5", got,
+	                     sizeof got));
+	cr_expect(strstr(got, "\"sequence\":5") != NULL, "the emitted event carries its cause's number: %s", got);
+	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ? AND outcome = 'ignored'",
+	                        "t1-7"), 1);
+
+	/* t-2: the gap */
+	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-2", got, sizeof got));
+	cr_expect_str_eq(got, "Open 1");
+	expect_dead(dead, n, "t2-3", "sequence-gap", "TicketResolved (number 3) held longer than INBOX_HOLD_TTL (4s): "
+	                                             "number 2 of ticket t-2 never came");
+	/* t-3: a number taken */
+	expect_dead(dead, n, "t3-2b", "payload-conflict", "WorkStarted is number 2 of ticket t-3, which another event "
+	                                                  "took (the ticket is at 2)");
+	/* t-4: the invalid transition, and the number behind it */
+	expect_dead(dead, n, "t4-2", "invalid-transition", "TicketClosed (number 2) not allowed on ticket in state Open; "
+	                                                   "the ticket waits at number 2");
+	expect_dead(dead, n, "t4-3", "sequence-gap", "number 2 of ticket t-4 never came");
+	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-4", got, sizeof got));
+	cr_expect_str_eq(got, "Open 1");
+	/* t-5 */
+	expect_dead(dead, n, "t5-1", "missing-field", "data.seq (the event's number in its ticket's sequence) is missing");
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM tickets WHERE id = 't-5'"), 0);
+}
