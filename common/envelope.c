@@ -331,6 +331,7 @@ struct env_found {
 	const char *id, *source, *type, *time, *subject;
 	size_t id_len, source_len, type_len, time_len, subject_len;
 	json_t *data;        /* NULL: none */
+	json_t *sequence;    /* CloudEvents' sequence extension, as it came (a reference); NULL: none */
 	const char *type_key; /* the key INBOX_TYPE_MAP is searched for (MassTransit: without urn:message:) */
 	size_t type_key_len;
 	bool mt;             /* MassTransit: the type's last ':' segment may be ours */
@@ -527,6 +528,10 @@ static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, s
 		goto out;
 	if (f->data != NULL && json_object_set(ev, "data", f->data) != 0)
 		goto nomem;
+	/* a sequenced definition's number (msg.c checks it), kept with the
+	 * event so that a held one keeps it */
+	if (f->sequence != NULL && json_object_set(ev, "sequence", f->sequence) != 0)
+		goto nomem;
 	oid = find_order_id(field, f, &owned);
 	if (oid != NULL && json_object_set(ev, "order_id", oid) != 0)
 		goto nomem;
@@ -658,6 +663,7 @@ static enum msg_reason ce_structured(const struct cfg *conf, const struct env_de
 	f.data = json_object_get(root, "data");
 	if (f.data != NULL && json_is_null(f.data))
 		f.data = NULL;
+	f.sequence = json_object_get(root, "sequence");
 	f.type_key = f.type;
 	f.type_key_len = f.type_len;
 	/* The extension attributes of distributed tracing, when no AMQP
@@ -753,6 +759,21 @@ static enum msg_reason ce_binary(const struct cfg *conf, const struct env_delive
 	f.data = data;
 	f.type_key = f.type;
 	f.type_key_len = f.type_len;
+	{
+		const char *sq;
+		size_t sq_len;
+		char key[48];
+
+		enum env_hdr h = ce_header(d, "sequence", &sq, &sq_len, key, sizeof key);
+
+		if (h == ENV_HDR_STRING)
+			f.sequence = json_stringn(sq, sq_len);
+		if ((h == ENV_HDR_STRING && f.sequence == NULL) || h == ENV_HDR_OTHER || h == ENV_HDR_TIMESTAMP) {
+			env_detail(out, "header %s must be a string (CloudEvents' sequence, in UTF-8)", key);
+			json_decref(data);
+			return MSG_REASON_INVALID_FIELD;
+		}
+	}
 	if (ctx != NULL && ctx->trace_id[0] == '\0') {
 		const char *tp, *ts;
 		size_t tp_len, ts_len;
@@ -764,6 +785,7 @@ static enum msg_reason ce_binary(const struct cfg *conf, const struct env_delive
 			set_tracestate(ctx, ts, ts_len);
 	}
 	r = env_finish(conf, &f, out, event);
+	json_decref(f.sequence);
 	json_decref(data);
 	return r;
 }

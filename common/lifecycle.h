@@ -164,8 +164,12 @@ struct lc_def {
 	uint32_t emit_no_exchange;
 	/* Events the producer numbers (issue 46, "sequence"): seq_field is
 	 * the data field that carries an event's position in its aggregate's
-	 * sequence (1, 2, ...); "" when the states alone order the events. */
+	 * sequence (1, 2, ...); "" when the states alone order the events.
+	 * seq_attr: the event's own "sequence" instead (CloudEvents' sequence
+	 * extension attribute; a native message's top-level field), and
+	 * seq_field is "sequence". */
 	char seq_field[LC_NAME_MAX + 1];
+	bool seq_attr;
 };
 
 /* Whether the producer numbers the definition's events. */

@@ -1179,7 +1179,8 @@ static void assign_marks(struct lc_def *d)
 
 /* "sequence": {"from": "data.<field>"}: the producer numbers each
  * aggregate's events 1, 2, ... in that field (an integer the event must
- * carry, like a declared field). */
+ * carry, like a declared field); {"from": "cloudevents.sequence"}: in the
+ * event's sequence attribute. */
 static void parse_sequence(struct lc_ctx *c, json_t *root)
 {
 	static const char *const keys[] = { "from", NULL };
@@ -1196,11 +1197,16 @@ static void parse_sequence(struct lc_ctx *c, json_t *root)
 	lc_known_keys(c, v, keys, "\"sequence\"");
 	from = json_object_get(v, "from");
 	f = json_string_value(from);
+	if (f != NULL && strcmp(f, "cloudevents.sequence") == 0) {
+		snprintf(c->def->seq_field, sizeof c->def->seq_field, "sequence");
+		c->def->seq_attr = true;
+		goto done;
+	}
 	if (f == NULL || strncmp(f, "data.", 5) != 0 || !ident_ok(f + 5) || strlen(f + 5) > LC_NAME_MAX) {
 		if (from != NULL)
 			lc_push_key(c, "from");
 		lc_err(c, "write \"from\": \"data.<field>\", the data field that carries the event's number in its "
-		       "aggregate's sequence (1, 2, ...)");
+		       "aggregate's sequence (1, 2, ...), or \"cloudevents.sequence\", the event's sequence attribute");
 		if (from != NULL)
 			lc_pop(c);
 		goto done;

@@ -596,6 +596,47 @@ static void msg_sha256_fetch(void)
 	msg_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
 }
 
+/* The producer's number of the event in its aggregate: 1, 2, ... as an
+ * integer (2^53 is as far as every producer's JSON counts), or as the
+ * decimal string CloudEvents' sequence extension types it. */
+static enum msg_reason msg_sequence(const struct lc_def *def, json_t *root, json_t *data, const struct msg_names *nm,
+                                    struct msg *out)
+{
+	json_t *n = def->seq_attr ? json_object_get(root, "sequence")
+	            : data != NULL && json_is_object(data) ? json_object_get(data, def->seq_field) : NULL;
+	char name[320];
+	int64_t v = 0;
+
+	if (def->seq_attr)
+		snprintf(name, sizeof name, "sequence");
+	else
+		snprintf(name, sizeof name, "%s.%s", nm->data, def->seq_field);
+	if (n == NULL || json_is_null(n)) {
+		set_detail(out, "%s (the event's number in its %s's sequence) is missing", name, def->aggregate);
+		return MSG_REASON_MISSING_FIELD;
+	}
+	if (json_is_integer(n)) {
+		v = (int64_t)json_integer_value(n);
+	} else if (json_is_string(n)) {
+		const char *s = json_string_value(n);
+		size_t len = json_string_length(n);
+
+		for (size_t i = 0; i < len && v >= 0; i++)
+			v = s[i] >= '0' && s[i] <= '9' && i < 16 ? v * 10 + (s[i] - '0') : -1;
+		if (len == 0)
+			v = -1;
+	} else {
+		v = -1;
+	}
+	if (v < 1 || v > (1LL << 53)) {
+		set_detail(out, "%s must be an integer from 1 to 2^53 (the event's number in its %s's sequence)", name,
+		           def->aggregate);
+		return MSG_REASON_INVALID_FIELD;
+	}
+	out->seq = v;
+	return MSG_REASON_NONE;
+}
+
 /* SHA-256 of the compact, key-sorted serialisation of root.  False when
  * OpenSSL or jansson (out of memory) fails. */
 static bool body_hash(json_t *root, unsigned char sha[32])
@@ -737,22 +778,9 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 	if (r != MSG_REASON_NONE)
 		return r;
 	if (lc_sequenced(def)) {
-		/* The producer's number of the event in its aggregate: 1, 2, ...
-		 * (an integer as JSON writes one; 2^53 is as far as every
-		 * producer's JSON can count). */
-		json_t *n = data != NULL && json_is_object(data) ? json_object_get(data, def->seq_field) : NULL;
-
-		if (n == NULL || json_is_null(n)) {
-			set_detail(out, "%s.%s (the event's number in its %s's sequence) is missing", nm->data, def->seq_field,
-			           def->aggregate);
-			return MSG_REASON_MISSING_FIELD;
-		}
-		if (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > (1LL << 53)) {
-			set_detail(out, "%s.%s must be an integer from 1 to 2^53 (the event's number in its %s's sequence)",
-			           nm->data, def->seq_field, def->aggregate);
-			return MSG_REASON_INVALID_FIELD;
-		}
-		out->seq = (int64_t)json_integer_value(n);
+		r = msg_sequence(def, root, data, nm, out);
+		if (r != MSG_REASON_NONE)
+			return r;
 	}
 
 	if (!body_hash(root, out->sha256)) {

@@ -720,3 +720,87 @@ Test(envelope, an_emitted_event_reads_back_in_either_format)
 		free(body);
 	}
 }
+
+/* ---- the producer's numbers (issue 46) ------------------------------------ */
+
+static struct lc_def *seq_def;
+static struct agg_binding seq_binding;
+
+/* lifecycles/ticket.json with its number read from CloudEvents' sequence
+ * attribute instead of data.seq, as the definition that runs. */
+static void use_ticket_by_attribute(void)
+{
+	char path[4096], why[512];
+	static char text[8192];
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	struct lc_errors errs;
+	FILE *f;
+	size_t n;
+	char *at;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	snprintf(path, sizeof path, "%s/lifecycles/ticket.json", root);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	n = fread(text, 1, sizeof text - 1, f);
+	cr_assert_eq(fclose(f), 0);
+	text[n] = '\0';
+	at = strstr(text, "\"data.seq\"");
+	cr_assert_not_null(at);
+	memmove(at + strlen("\"cloudevents.sequence\""), at + strlen("\"data.seq\""), strlen(at + strlen("\"data.seq\"")) + 1);
+	memcpy(at, "\"cloudevents.sequence\"", strlen("\"cloudevents.sequence\""));
+	seq_def = lc_load(text, strlen(text), &errs);
+	cr_assert_not_null(seq_def, "%s", errs.e[0].text);
+	cr_assert_eq(agg_bind(seq_def, &seq_binding, why, sizeof why), 0, "%s", why);
+	agg_use(&seq_binding);
+}
+
+/* CloudEvents' sequence extension carries the number, in structured mode
+ * (a string, as the extension types it, or a JSON integer) and in binary
+ * mode (the header); a native message says it at the top, beside its id. */
+Test(envelope, the_cloudevents_sequence_attribute_numbers_an_event)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const struct hdr bin[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "t-1-2", false },
+		{ "cloudEvents:source", "/helpdesk", false }, { "cloudEvents:type", "WorkStarted", false },
+		{ "cloudEvents:subject", "t-1", false }, { "cloudEvents:sequence", "2", false }, { NULL, NULL, false },
+	};
+	struct msg m;
+	char *event = NULL;
+
+	use_ticket_by_attribute();
+	cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"t-1-3\",\"source\":\"/helpdesk\",\"type\":\"TicketResolved\","
+	                     "\"subject\":\"t-1\",\"sequence\":\"3\"}",
+	                 "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 3);
+	cr_expect(strstr(event, "\"sequence\":\"3\"") != NULL, "the held event keeps its number: %s", event);
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"t-1-4\",\"source\":\"/helpdesk\",\"type\":\"TicketReopened\","
+	                     "\"subject\":\"t-1\",\"sequence\":4}",
+	                 "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 4);
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, "{}", "application/json", bin, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 2);
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, "{\"message_id\":\"t-1-1\",\"type\":\"TicketOpened\",\"ticket_id\":\"t-1\",\"sequence\":1}",
+	                 NULL, NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 1);
+	free(event);
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"x\",\"source\":\"/h\",\"type\":\"WorkStarted\",\"subject\":\"t-1\"}",
+	              "application/cloudevents+json", NULL, MSG_REASON_MISSING_FIELD, "sequence");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"x\",\"source\":\"/h\",\"type\":\"WorkStarted\",\"subject\":\"t-1\","
+	                  "\"sequence\":\"2a\"}",
+	              "application/cloudevents+json", NULL, MSG_REASON_INVALID_FIELD, "sequence");
+	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"x\",\"source\":\"/h\",\"type\":\"WorkStarted\",\"subject\":\"t-1\","
+	                  "\"sequence\":\"0\"}",
+	              "application/cloudevents+json", NULL, MSG_REASON_INVALID_FIELD, "sequence");
+	agg_use(NULL);
+}
