@@ -123,7 +123,7 @@ const char *lc_decision_outcome(enum lc_decision d)
 
 /* ---- the table as text ---------------------------------------------------- */
 
-static void cell_text(const struct lc_def *d, int s, int e, char *buf, size_t cap)
+void lc_cell_text(const struct lc_def *d, int s, int e, char *buf, size_t cap)
 {
 	const struct lc_rule *r = &d->rules[s][e];
 	const struct lc_event *ev = &d->events[e];
@@ -179,7 +179,7 @@ void lc_print_table(const struct lc_def *d, FILE *f)
 		fprintf(f, "\nin %s%s:\n", s == 0 ? "(no aggregate yet)" : d->states[s],
 		        (d->terminal & (1u << s)) ? " (terminal)" : "");
 		for (int e = 0; e < d->nevents; e++) {
-			cell_text(d, s, e, cell, sizeof cell);
+			lc_cell_text(d, s, e, cell, sizeof cell);
 			fprintf(f, "  %-24s %s\n", d->events[e].type, cell);
 		}
 	}

@@ -235,6 +235,9 @@ const char *lc_decision_outcome(enum lc_decision d);
 
 /* The decision table as text, one row per state, one column per event. */
 void lc_print_table(const struct lc_def *def, FILE *f);
+/* Cell (state s, event e) of the table as lc_print_table shows it
+ * ("-> Paid +OrderPaid", "hold", "compensate +RefundRequested"), cut at cap. */
+void lc_cell_text(const struct lc_def *def, int s, int e, char *buf, size_t cap);
 
 /*
  * The arrival-order property, exhaustively: for every set of one event per

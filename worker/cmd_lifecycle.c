@@ -15,12 +15,13 @@
 #include "db.h"
 #include "lifecycle.h"
 #include "lifecycle_dest.h"
+#include "lifecycle_diff.h"
 #include "lifecycle_schema.h"
 #include "aggregate.h"
 #include "preflight.h"
 #include "status.h"
 
-#define LC_USAGE "usage: inbox-worker lifecycle check|schema FILE"
+#define LC_USAGE "usage: inbox-worker lifecycle check|schema FILE | lifecycle diff OLD NEW"
 
 /* `lifecycle schema FILE`: the DDL migrate would run, nothing connected. */
 static int print_schema(const char *path, FILE *out, FILE *err)
@@ -140,6 +141,33 @@ static void print_routes(const struct lc_def *d, FILE *out)
 	}
 }
 
+/* `lifecycle diff OLD NEW`: as diff(1) exits, 0 when nothing changes, 1
+ * when something does, 2 when a definition cannot be read. */
+static int print_diff(const char *old_path, const char *new_path, FILE *out, FILE *err)
+{
+	struct lc_errors errs;
+	struct lc_def *a = lc_load_file(old_path, &errs), *b = NULL;
+	int n, code = 2;
+
+	if (a == NULL) {
+		lc_errors_print(&errs, old_path, err);
+		return 2;
+	}
+	b = lc_load_file(new_path, &errs);
+	if (b == NULL) {
+		lc_errors_print(&errs, new_path, err);
+		goto cleanup;
+	}
+	n = lc_diff(a, b, out);
+	if (n == 0)
+		fprintf(out, "no differences for the rows of %s\n", old_path);
+	code = n == 0 ? 0 : 1;
+cleanup:
+	lc_free(b);
+	lc_free(a);
+	return code;
+}
+
 int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 {
 	struct lc_errors errs;
@@ -158,12 +186,17 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 		             "              the database prepares each of its own statements; exit 0 when it\n"
 		             "              does, 1 when the definition is refused, 2 on a usage error\n"
 		             "  schema FILE the tables the definition needs, as the CREATE TABLE statements\n"
-		             "              `migrate` runs with INBOX_LIFECYCLE=FILE\n",
+		             "              `migrate` runs with INBOX_LIFECYCLE=FILE\n"
+		             "  diff OLD NEW what changes for the rows and held events of OLD when NEW runs:\n"
+		             "              states and events removed or added, each decision that differs;\n"
+		             "              exit 0 when nothing does, 1 when something does, 2 when a file is refused\n",
 		        LC_USAGE);
 		return 0;
 	}
 	if (argc == 3 && strcmp(argv[1], "schema") == 0)
 		return print_schema(argv[2], out, err);
+	if (argc == 4 && strcmp(argv[1], "diff") == 0)
+		return print_diff(argv[2], argv[3], out, err);
 	if (argc != 3 || strcmp(argv[1], "check") != 0) {
 		fprintf(err, "inbox-worker: %s\n", LC_USAGE);
 		return 2;

@@ -20,7 +20,7 @@
 #include "log.h"
 #include "status.h"
 
-#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check|schema FILE"
+#define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check|schema FILE | lifecycle diff OLD NEW"
 
 /* In the order --help lists them. */
 static const struct cmd *const commands[] = { &cmd_run, &cmd_migrate, &cmd_cleanup, &cmd_dlq };

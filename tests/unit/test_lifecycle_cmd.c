@@ -115,6 +115,30 @@ Test(lifecycle_cmd, check_refuses_a_sequenced_definition_with_a_state_nothing_re
 	                      "reached: no event leads to it from a state the creation leads to\n");
 }
 
+/* What a changed definition changes for the old one's rows (issue 46,
+ * item 3): diff's exit codes, one line per difference. */
+Test(lifecycle_cmd, diff_says_what_a_new_definition_changes_for_the_old_rows)
+{
+	cr_assert_eq(run("", "lifecycle diff lifecycles/ticket.json tests/lifecycles/ticket_v2.json", out, sizeof out, err,
+	                 sizeof err), 1, "%s", err);
+	cr_expect_str_eq(out, "state Archived added\n"
+	                      "event TicketReopened removed: events of it held could not be released\n"
+	                      "event TicketArchived added\n"
+	                      "in Closed, TicketClosed: ignore -> invalid\n");
+	cr_assert_eq(run("", "lifecycle diff lifecycles/ticket.json lifecycles/ticket.json", out, sizeof out, err,
+	                 sizeof err), 0, "%s", err);
+	cr_expect_str_eq(out, "no differences for the rows of lifecycles/ticket.json\n");
+	cr_assert_eq(run("", "lifecycle diff lifecycles/order.json lifecycles/ticket.json", out, sizeof out, err,
+	                 sizeof err), 1, "%s", err);
+	cr_expect(strstr(out, "aggregate order (table orders, key order_id) -> ticket (table tickets, key ticket_id)") !=
+	                  NULL, "%s", out);
+	cr_expect(strstr(out, "ordered by the states -> the producer (data.seq)\n") != NULL, "%s", out);
+	cr_expect(strstr(out, "state Paid removed: rows in it could not be decided by the new definition\n") != NULL,
+	          "%s", out);
+	cr_expect_eq(run("", "lifecycle diff lifecycles/ticket.json /nonexistent.json", out, sizeof out, err, sizeof err),
+	             2);
+}
+
 Test(lifecycle_cmd, check_refuses_an_order_dependent_definition_printing_both_orders)
 {
 	cr_assert_eq(run("", "lifecycle check tests/lifecycles/bad_payment_after_cancel_ignored.json", out, sizeof out,
@@ -153,7 +177,7 @@ Test(lifecycle_cmd, usage_errors_exit_2)
 	cr_expect_eq(run("", "lifecycle", out, sizeof out, err, sizeof err), 2);
 	cr_expect_eq(run("", "lifecycle check", out, sizeof out, err, sizeof err), 2);
 	cr_expect_eq(run("", "lifecycle verify x.json", out, sizeof out, err, sizeof err), 2);
-	cr_expect(strstr(err, "usage: inbox-worker lifecycle check|schema FILE") != NULL, "%s", err);
+	cr_expect(strstr(err, "usage: inbox-worker lifecycle check|schema FILE | lifecycle diff OLD NEW") != NULL, "%s", err);
 }
 
 Test(lifecycle_cmd, schema_prints_the_tables_with_quoted_identifiers)
