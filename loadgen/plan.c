@@ -425,6 +425,13 @@ int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t
 	p->invalid = -1;
 	p->is_order = strcmp(def->aggregate, "order") == 0 && strcmp(def->table, "orders") == 0 &&
 	              strcmp(def->key, "order_id") == 0;
+	/* Its routes would need the producer's numbers in every message, and
+	 * a loop the same emitted kind twice: not planned yet. */
+	if (lc_sequenced(def)) {
+		snprintf(err, cap, "the %s definition is numbered by its producer (\"sequence\"): inbox-loadgen does not "
+		         "plan numbered routes yet", def->aggregate);
+		return -1;
+	}
 	/* The worker refuses such a definition (lifecycle check): a ledger
 	 * for it would predict what no arrival order promises. */
 	{
