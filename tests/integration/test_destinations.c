@@ -171,8 +171,9 @@ Test(destinations, every_receipt_reaches_a_flaky_receiver_once_accepted_by_its_i
 
 Test(destinations, a_receipt_refused_to_the_end_is_dead_lettered_as_delivery_failed, .timeout = 600)
 {
-	char path[256], lenv[300], uenv[128], log[256];
-	const char *menv[] = { lenv, uenv, "INBOX_HTTP_MAX_ATTEMPTS=2", NULL };
+	char path[256], lenv[300], uenv[128], log[256], maddr[64];
+	static char page[1 << 16];
+	const char *menv[] = { lenv, uenv, "INBOX_HTTP_MAX_ATTEMPTS=2", maddr, NULL };
 	const char *down[] = { "--fail-ratio", "1", NULL };
 	struct itest_dead dead[4];
 	struct rcv_child rv;
@@ -185,8 +186,17 @@ Test(destinations, a_receipt_refused_to_the_end_is_dead_lettered_as_delivery_fai
 	snprintf(uenv, sizeof uenv, "TEST_MAIL_URL=http://127.0.0.1:%d/receipts", rv.port);
 	publish_invoices(1);
 	itest_log_path(log, sizeof log, "destinations-refused");
+	snprintf(maddr, sizeof maddr, "INBOX_METRICS_ADDR=127.0.0.1:%d", itest_metrics_port(0));
 	w = itest_worker_logged(1, menv, log);
 	got = itest_dlq_drain(dead, 4, 1, WAIT_S);
+	/* counted per destination; not among the messages' dead letters,
+	 * whose sum is the consumed messages dead-lettered (operations.md):
+	 * an emitted event is not a delivery's decision */
+	cr_expect_eq(itest_wait_metric(itest_metrics_port(0),
+	                               "inbox_http_deliveries_total{destination=\"mail\",result=\"dead_lettered\"}", 1, 1,
+	                               page, sizeof page, WAIT_S),
+	             1, "see %s", log);
+	cr_expect_eq(itest_metric(page, "inbox_dead_letters_total{reason=\"delivery-failed\"}"), 0);
 	itest_stop_ok(w);
 	rcv_stop(&rv);
 	cr_assert_eq(got, 1, "see %s", log);
