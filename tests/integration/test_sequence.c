@@ -20,7 +20,10 @@
  *   - t-4: number 2 an invalid transition (TicketClosed while Open):
  *     dead-lettered, saying the ticket waits at 2; number 3 waits behind it
  *     and expires as a gap;
- *   - t-5: a message without its number: missing-field.
+ *   - t-5: a message without its number: missing-field;
+ *   - t-9: an invalid number the ticket waits at, left by `dlq replay`
+ *     while the definition refuses it, and moved on by a replay under a
+ *     changed definition (tests/lifecycles/ticket_close_ignored_when_open.json).
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -154,4 +157,63 @@ Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, 
 	/* t-5 */
 	expect_dead(dead, n, "t5-1", "missing-field", "data.seq (the event's number in its ticket's sequence) is missing");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM tickets WHERE id = 't-5'"), 0);
+}
+
+/* An invalid number holds its ticket at that number; `dlq replay` of it
+ * is left while the definition still refuses it, and once the definition
+ * has changed (a close while Open is now ignored: its number taken) the
+ * replay moves the ticket on, releasing the number held behind it. */
+Test(sequence, a_replay_under_a_changed_definition_moves_a_waiting_ticket_on, .timeout = 600)
+{
+	char env1[4200], env2[4200], path[4096], log1[256], log2[256], rlog1[256], rlog2[256], got[128];
+	const char *menv1[] = { env1, NULL };
+	const char *menv2[] = { env2, NULL };
+	const char *margs[] = { "migrate", NULL };
+	const char *replay[] = { "dlq", "replay", "--reason", "invalid-transition", NULL };
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
+	snprintf(env1, sizeof env1, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	snprintf(env2, sizeof env2, "INBOX_LIFECYCLE=%s",
+	         itest_source("tests/lifecycles/ticket_close_ignored_when_open.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, menv1), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
+	itest_log_path(log1, sizeof log1, "sequence-replay-1");
+	w = itest_worker_logged(1, menv1, log1);
+	m = itest_mq();
+	tk(m, "t9-1", "TicketOpened", "t-9", 1);
+	tk(m, "t9-2", "TicketClosed", "t-9", 2);
+	tk(m, "t9-3", "WorkStarted", "t-9", 3);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 1, WAIT_S), 1, "the invalid close is dead-lettered; see %s", log1);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events WHERE message_id = 't9-3'", 1, WAIT_S), 1,
+	             "number 3 waits behind it; see %s", log1);
+
+	/* the same definition: still invalid, so the replay leaves it */
+	itest_log_path(rlog1, sizeof rlog1, "sequence-replay-left");
+	st = itest_wait_exit(itest_spawn_program(bin, replay, menv1, rlog1, true), 60);
+	cr_expect(WIFEXITED(st), "dlq replay (status %d); see %s", st, rlog1);
+	cr_expect(itest_log_has(rlog1, "still an impossible transition"), "see %s", rlog1);
+	itest_stop_ok(w);
+
+	/* the changed definition: the close, replayed, is ignored and takes
+	 * number 2; number 3 is released */
+	itest_log_path(log2, sizeof log2, "sequence-replay-2");
+	w = itest_worker_logged(1, menv2, log2);
+	itest_log_path(rlog2, sizeof rlog2, "sequence-replay-moved");
+	st = itest_wait_exit(itest_spawn_program(bin, replay, menv2, rlog2, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq replay (status %d); see %s", st, rlog2);
+	cr_expect_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-9'", 3, WAIT_S), 3, "see %s and %s", rlog2,
+	             log2);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect(itest_str1("SELECT status FROM tickets WHERE id = ?", "t-9", got, sizeof got));
+	cr_expect_str_eq(got, "InProgress");
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
+	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ? AND outcome = 'ignored'",
+	                        "t9-2"), 1);
 }
