@@ -222,7 +222,18 @@ int dlq_judge_entry(struct dlq_judge *j, const struct dlq_entry *e, enum dlq_jud
 
 		const char *agg = agg_current()->def->aggregate;
 
-		if (ov.decision == LC_HOLD) {
+		/* A numbered definition decides by the number first, as the
+		 * worker does (inbox_seq_verdict). */
+		if (lc_sequenced(agg_current()->def) && e->m.seq <= ord.version) {
+			*v = DLQ_JUDGE_CONFLICT;
+			snprintf(why, cap, "number %lld was taken by another event since (%s %s is at %lld)",
+			         (long long)e->m.seq, agg, e->m.order_id, (long long)ord.version);
+		} else if (lc_sequenced(agg_current()->def) && e->m.seq > ord.version + 1) {
+			*v = DLQ_JUDGE_WAITING;
+			snprintf(why, cap, "number %lld waits for number %lld (%s %s is at %lld): it would be held again",
+			         (long long)e->m.seq, (long long)(ord.version + 1), agg, e->m.order_id,
+			         (long long)ord.version);
+		} else if (ov.decision == LC_HOLD) {
 			*v = DLQ_JUDGE_WAITING;
 			snprintf(why, cap, "its prerequisite is still missing (%s %s: %s): it would be held again", agg,
 			         e->m.order_id, now);

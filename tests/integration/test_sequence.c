@@ -23,7 +23,9 @@
  *   - t-5: a message without its number: missing-field;
  *   - t-9: an invalid number the ticket waits at, left by `dlq replay`
  *     while the definition refuses it, and moved on by a replay under a
- *     changed definition (tests/lifecycles/ticket_close_ignored_when_open.json).
+ *     changed definition (tests/lifecycles/ticket_close_ignored_when_open.json);
+ *   - t-11: a sequence-gap letter that `dlq replay` leaves, naming the
+ *     number it waits for, until that number has come, and then applies.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -216,4 +218,49 @@ Test(sequence, a_replay_under_a_changed_definition_moves_a_waiting_ticket_on, .t
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
 	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ? AND outcome = 'ignored'",
 	                        "t9-2"), 1);
+}
+
+/* A sequence-gap letter judged by its number: while the number before it
+ * has not come, a replay leaves it and says what it waits for; once it
+ * has, the replay applies it. */
+Test(sequence, a_gap_letter_is_replayed_once_the_number_before_it_came, .timeout = 600)
+{
+	char env[4200], path[4096], log[256], rlog1[256], rlog2[256];
+	const char *menv[] = { env, "INBOX_HOLD_TTL=2s", NULL };
+	const char *margs[] = { "migrate", NULL };
+	const char *replay[] = { "dlq", "replay", "--reason", "sequence-gap", NULL };
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, menv), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
+	itest_log_path(log, sizeof log, "sequence-gap-replay");
+	w = itest_worker_logged(1, menv, log);
+	m = itest_mq();
+	tk(m, "t11-1", "TicketOpened", "t-11", 1);
+	tk(m, "t11-3", "TicketResolved", "t-11", 3);
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 1, WAIT_S), 1, "the gap expired; see %s", log);
+
+	itest_log_path(rlog1, sizeof rlog1, "sequence-gap-left");
+	st = itest_wait_exit(itest_spawn_program(bin, replay, menv, rlog1, true), 60);
+	cr_expect(WIFEXITED(st), "dlq replay (status %d); see %s", st, rlog1);
+	cr_expect(itest_log_has(rlog1, "number 3 waits for number 2 (ticket t-11 is at 1)"), "see %s", rlog1);
+	cr_expect_eq(itest_int("SELECT version FROM tickets WHERE id = 't-11'"), 1);
+
+	tk(m, "t11-2", "WorkStarted", "t-11", 2);
+	cr_assert_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-11'", 2, WAIT_S), 2, "see %s", log);
+	itest_log_path(rlog2, sizeof rlog2, "sequence-gap-replayed");
+	st = itest_wait_exit(itest_spawn_program(bin, replay, menv, rlog2, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq replay (status %d); see %s", st, rlog2);
+	cr_expect_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-11'", 3, WAIT_S), 3, "see %s and %s", rlog2,
+	             log);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM ticket_events WHERE message_id = ? AND version = 3", "t11-3"), 1);
 }
