@@ -528,9 +528,11 @@ static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, s
 		goto out;
 	if (f->data != NULL && json_object_set(ev, "data", f->data) != 0)
 		goto nomem;
-	/* a sequenced definition's number (msg.c checks it), kept with the
-	 * event so that a held one keeps it */
-	if (f->sequence != NULL && json_object_set(ev, "sequence", f->sequence) != 0)
+	/* the number of a definition that reads it there (msg.c checks it),
+	 * kept with the event so that a held one keeps it; only then, so
+	 * that the payload hash of every other definition's events stays
+	 * what it was (a copy after an upgrade is still a duplicate) */
+	if (f->sequence != NULL && agg_current()->def->seq_attr && json_object_set(ev, "sequence", f->sequence) != 0)
 		goto nomem;
 	oid = find_order_id(field, f, &owned);
 	if (oid != NULL && json_object_set(ev, "order_id", oid) != 0)

@@ -804,3 +804,21 @@ Test(envelope, the_cloudevents_sequence_attribute_numbers_an_event)
 	              "application/cloudevents+json", NULL, MSG_REASON_INVALID_FIELD, "sequence");
 	agg_use(NULL);
 }
+
+/* A definition that does not read the sequence attribute hashes the
+ * event as before it was read at all: a copy of an event first seen by an
+ * earlier build is still a duplicate. */
+Test(envelope, the_sequence_attribute_stays_out_of_other_definitions_events)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_CLOUDEVENTS, CE_MAP, NULL);
+	struct msg m;
+	char *event = NULL;
+
+	cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"p-1\",\"source\":\"/pay\",\"type\":\"PaymentAuthorized\","
+	                     "\"subject\":\"o-1\",\"sequence\":\"7\",\"data\":{\"amount_cents\":10}}",
+	                 "application/cloudevents+json", NULL, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect(strstr(event, "sequence") == NULL, "%s", event);
+	cr_expect_eq(m.seq, 0);
+	free(event);
+}
