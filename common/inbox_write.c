@@ -404,6 +404,30 @@ static int inbox_effects(struct inbox *ib, const struct inbox_agg *o, const stru
 	return rc;
 }
 
+/* The ledger row of ev taking version o->version + 1 (to state next). */
+static void inbox_ledger_row(struct inbox *ib, const struct inbox_agg *o, const struct inbox_event *ev,
+                             const char *outcome, int next)
+{
+	struct sqlbuf *e = &ib->w[W_EVENT];
+
+	sqlbuf_row(e);
+	sqlbuf_str(e, ev->order_id);
+	sqlbuf_str(e, ib->conf->consumer);
+	sqlbuf_str(e, ev->source);
+	sqlbuf_str(e, ev->message_id);
+	sqlbuf_str(e, ev->type_name);
+	sqlbuf_str(e, outcome);
+	sqlbuf_str(e, o->state == ORDER_NONE ? "None" : agg_state_name(o->state));
+	sqlbuf_str(e, agg_state_name(next));
+	sqlbuf_i64(e, o->version + 1);
+	sqlbuf_value(e, "NOW(6)");
+	if (ev->sha[0] != '\0')
+		sqlbuf_str(e, ev->sha);
+	else
+		sqlbuf_value(e, "NULL");
+	sqlbuf_row_end(e);
+}
+
 struct agg_verdict inbox_seq_verdict(const struct inbox_agg *o, int64_t n, struct agg_verdict v, bool *taken)
 {
 	*taken = n <= o->version;
@@ -464,8 +488,6 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 		rc = inbox_w_dead_letter(ib, ev, msg_reason_name(*reason), detail);
 		nrows++;
 	} else if (v.decision == LC_APPLY || v.decision == LC_COMPENSATE) {
-		struct sqlbuf *e = &ib->w[W_EVENT];
-
 		/* in the definition's order of emits (OrderPaid, RefundRequested,
 		 * InventoryReleaseRequested for orders) */
 		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
@@ -478,22 +500,7 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 		if (rc == ST_OK)
 			rc = inbox_set_columns(ib, o, ev);
 		if (rc == ST_OK) {
-			sqlbuf_row(e);
-			sqlbuf_str(e, ev->order_id);
-			sqlbuf_str(e, ib->conf->consumer);
-			sqlbuf_str(e, ev->source);
-			sqlbuf_str(e, ev->message_id);
-			sqlbuf_str(e, ev->type_name);
-			sqlbuf_str(e, outcome);
-			sqlbuf_str(e, o->state == ORDER_NONE ? "None" : agg_state_name(o->state));
-			sqlbuf_str(e, agg_state_name(v.next));
-			sqlbuf_i64(e, o->version + 1);
-			sqlbuf_value(e, "NOW(6)");
-			if (ev->sha[0] != '\0')
-				sqlbuf_str(e, ev->sha);
-			else
-				sqlbuf_value(e, "NULL");
-			sqlbuf_row_end(e);
+			inbox_ledger_row(ib, o, ev, outcome, v.next);
 			o->version++;
 			o->state = v.next;
 			o->flags = v.flags;
@@ -501,7 +508,10 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 			*changed = true;
 		}
 	} else if (v.decision == LC_IGNORE && lc_sequenced(d)) {
-		/* the number is taken all the same: the next one may follow */
+		/* the number is taken all the same: the next one may follow, and
+		 * the ledger remembers it (a copy after retention forgot its key
+		 * is a duplicate, not a conflict over a taken number) */
+		inbox_ledger_row(ib, o, ev, outcome, o->state);
 		o->version++;
 		o->dirty = true;
 		*changed = true;

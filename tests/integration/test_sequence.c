@@ -131,7 +131,8 @@ Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, 
 	cr_expect(itest_str1("SELECT GROUP_CONCAT(CONCAT(version, ':', type, ':', to_status) ORDER BY version"
 	                     " SEPARATOR ' ') FROM ticket_events WHERE ticket_id = ?", "t-1", got, sizeof got));
 	cr_expect_str_eq(got, "1:TicketOpened:Open 2:WorkStarted:InProgress 3:TicketResolved:Resolved "
-	                      "4:TicketReopened:InProgress 5:TicketResolved:Resolved 6:TicketClosed:Closed");
+	                      "4:TicketReopened:InProgress 5:TicketResolved:Resolved 6:TicketClosed:Closed "
+	                      "7:TicketClosed:Closed");
 	cr_expect(itest_str1("SELECT GROUP_CONCAT(message_id ORDER BY message_id SEPARATOR ' ') FROM outbox"
 	                     " WHERE order_id = ?", "t-1", got, sizeof got));
 	cr_expect_str_eq(got, "CustomerNotified:t-1:3 CustomerNotified:t-1:5 SurveySent:t-1:6",
@@ -141,6 +142,8 @@ Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, 
 	cr_expect(strstr(got, "\"sequence\":5") != NULL, "the emitted event carries its cause's number: %s", got);
 	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ? AND outcome = 'ignored'",
 	                        "t1-7"), 1);
+	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM ticket_events WHERE message_id = ? AND outcome = 'ignored'"
+	                        " AND version = 7", "t1-7"), 1, "the ledger keeps every number taken, an ignored one too");
 
 	/* t-2: the gap */
 	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-2", got, sizeof got));
@@ -263,4 +266,44 @@ Test(sequence, a_gap_letter_is_replayed_once_the_number_before_it_came, .timeout
 	itest_stop_ok(w);
 	mq_close(&m);
 	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM ticket_events WHERE message_id = ? AND version = 3", "t11-3"), 1);
+}
+
+/* Retention forgets keys, the ledger does not: a copy of a numbered event
+ * that was ignored (its number taken) comes back after its inbox row is
+ * gone, and is a duplicate, not a payload-conflict. */
+Test(sequence, a_copy_of_an_ignored_number_after_retention_is_a_duplicate, .timeout = 600)
+{
+	char env[4200], path[4096], log[256];
+	const char *menv[] = { env, NULL };
+	const char *margs[] = { "migrate", NULL };
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, menv), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
+	itest_log_path(log, sizeof log, "sequence-retention");
+	w = itest_worker_logged(1, menv, log);
+	m = itest_mq();
+	tk(m, "t12-1", "TicketOpened", "t-12", 1);
+	tk(m, "t12-2", "WorkStarted", "t-12", 2);
+	tk(m, "t12-3", "TicketResolved", "t-12", 3);
+	tk(m, "t12-4", "TicketClosed", "t-12", 4);
+	tk(m, "t12-5", "TicketClosed", "t-12", 5);
+	cr_assert_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-12'", 5, WAIT_S), 5, "see %s", log);
+	/* as retention would */
+	cr_assert_eq(db_exec(itest_db(), "DELETE FROM processed_messages WHERE message_id = 't12-5'"), ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	tk(m, "t12-5", "TicketClosed", "t-12", 5);
+	tk(m, "t12-6", "TicketClosed", "t-12", 6); /* a marker: once it is taken, the copy before it was settled */
+	cr_assert_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-12'", 6, WAIT_S), 6, "see %s", log);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect_eq(itest_wait_depth(itest_cfg()->dlq, 0, 5), 0, "nothing dead-lettered; see %s", log);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 't12-5'"), 0,
+	             "settled as a duplicate of what the ledger holds, leaving no row");
 }
