@@ -82,28 +82,6 @@ static void expect_emits(const char *id, const char *types)
 	cr_expect_str_eq(got, types, "%s emits", id);
 }
 
-static const struct itest_dead *find_dead(const struct itest_dead *dead, int n, const char *message_id)
-{
-	for (int i = 0; i < n; i++) {
-		if (strcmp(dead[i].message_id, message_id) == 0)
-			return &dead[i];
-	}
-	return NULL;
-}
-
-static void expect_dead(const struct itest_dead *dead, int n, const char *message_id, const char *reason,
-                        const char *detail_part)
-{
-	const struct itest_dead *d = find_dead(dead, n, message_id);
-
-	for (int i = 0; d == NULL && i < n; i++)
-		cr_log_error("dead letter %d: '%s' %s %s", i, dead[i].message_id, dead[i].reason, dead[i].detail);
-	cr_assert_not_null(d, "%s was not dead-lettered", message_id);
-	cr_expect_str_eq(d->reason, reason, "%s", message_id);
-	if (detail_part != NULL)
-		cr_expect(strstr(d->detail, detail_part) != NULL, "%s detail: %s", message_id, d->detail);
-}
-
 Test(lifecycle_run, the_worker_runs_the_shipment_lifecycle_end_to_end, .timeout = 600)
 {
 	char env[4200], path[4096], log[256], body[512], got[128];
@@ -219,13 +197,13 @@ Test(lifecycle_run, the_worker_runs_the_shipment_lifecycle_end_to_end, .timeout 
 	                       " IS NOT NULL"), 0, "a shipment's events carry shipment_id, not order_id");
 
 	/* The dead letters, each with its reason and a detail that says why. */
-	expect_dead(dead, n, "s5-5", "invalid-transition", "ParcelLost not allowed on a shipment in state Delivered");
-	expect_dead(dead, n, "s1-1", "payload-conflict", NULL);
-	expect_dead(dead, n, "bad-1", "missing-field", "tracking_number");
-	expect_dead(dead, n, "bad-2", "invalid-field", "tracking_number");
-	expect_dead(dead, n, "bad-3", "invalid-field", "tracking_number");
-	expect_dead(dead, n, "bad-4", "missing-field", "shipment_id");
-	expect_dead(dead, n, "bad-5", "unknown-type", "OrderCreated");
+	itest_expect_dead(dead, n, "s5-5", "invalid-transition", "ParcelLost not allowed on a shipment in state Delivered");
+	itest_expect_dead(dead, n, "s1-1", "payload-conflict", NULL);
+	itest_expect_dead(dead, n, "bad-1", "missing-field", "tracking_number");
+	itest_expect_dead(dead, n, "bad-2", "invalid-field", "tracking_number");
+	itest_expect_dead(dead, n, "bad-3", "invalid-field", "tracking_number");
+	itest_expect_dead(dead, n, "bad-4", "missing-field", "shipment_id");
+	itest_expect_dead(dead, n, "bad-5", "unknown-type", "OrderCreated");
 	drop_shipment_tables();
 	itest_fresh(); /* the next suite's schema */
 }

@@ -53,42 +53,32 @@ static void tk(struct mq *m, const char *id, const char *type, const char *ticke
 	itest_publish(m, type, body, id);
 }
 
-static const struct itest_dead *find_dead(const struct itest_dead *dead, int n, const char *message_id)
+/* Fresh tables for the ticket, migrated by lifecycles/ticket.json; env
+ * gets its INBOX_LIFECYCLE= setting (menv: the worker's environment, env
+ * among it). */
+static void ticket_fresh(char *env, size_t cap, const char *const *menv)
 {
-	for (int i = 0; i < n; i++) {
-		if (strcmp(dead[i].message_id, message_id) == 0)
-			return &dead[i];
-	}
-	for (int i = 0; i < n; i++)
-		cr_log_error("dead letter %d: '%s' %s %s", i, dead[i].message_id, dead[i].reason, dead[i].detail);
-	return NULL;
-}
+	const char *margs[] = { "migrate", NULL };
+	char path[4096];
+	int st;
 
-static void expect_dead(const struct itest_dead *dead, int n, const char *message_id, const char *reason,
-                        const char *detail_part)
-{
-	const struct itest_dead *d = find_dead(dead, n, message_id);
-
-	cr_assert_not_null(d, "%s was not dead-lettered", message_id);
-	cr_expect_str_eq(d->reason, reason, "%s", message_id);
-	cr_expect(strstr(d->detail, detail_part) != NULL, "%s detail: %s", message_id, d->detail);
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
+	snprintf(env, cap, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	st = itest_wait_exit(itest_spawn(margs, menv), 120);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the ticket lifecycle (status %d)", st);
 }
 
 Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, .timeout = 600)
 {
-	char env[4200], path[4096], log[256], got[512];
+	char env[4200], log[256], got[512];
 	const char *menv[] = { env, "INBOX_HOLD_TTL=4s", NULL };
-	const char *margs[] = { "migrate", NULL };
 	struct itest_dead dead[16];
 	struct mq *m;
 	pid_t w;
-	int st, n;
+	int n;
 
-	itest_fresh();
-	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
-	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
-	st = itest_wait_exit(itest_spawn(margs, menv), 120);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate with the ticket lifecycle (status %d)", st);
+	ticket_fresh(env, sizeof env, menv);
 	itest_log_path(log, sizeof log, "sequence-ticket");
 	w = itest_worker_logged(1, menv, log);
 	m = itest_mq();
@@ -148,19 +138,19 @@ Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, 
 	/* t-2: the gap */
 	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-2", got, sizeof got));
 	cr_expect_str_eq(got, "Open 1");
-	expect_dead(dead, n, "t2-3", "sequence-gap", "TicketResolved (number 3) held longer than INBOX_HOLD_TTL (4s): "
+	itest_expect_dead(dead, n, "t2-3", "sequence-gap", "TicketResolved (number 3) held longer than INBOX_HOLD_TTL (4s): "
 	                                             "number 2 of ticket t-2 never came");
 	/* t-3: a number taken */
-	expect_dead(dead, n, "t3-2b", "payload-conflict", "WorkStarted is number 2 of ticket t-3, which another event "
+	itest_expect_dead(dead, n, "t3-2b", "payload-conflict", "WorkStarted is number 2 of ticket t-3, which another event "
 	                                                  "took (the ticket is at 2)");
 	/* t-4: the invalid transition, and the number behind it */
-	expect_dead(dead, n, "t4-2", "invalid-transition", "TicketClosed (number 2) not allowed on ticket in state Open; "
+	itest_expect_dead(dead, n, "t4-2", "invalid-transition", "TicketClosed (number 2) not allowed on ticket in state Open; "
 	                                                   "the ticket waits at number 2");
-	expect_dead(dead, n, "t4-3", "sequence-gap", "number 2 of ticket t-4 never came");
+	itest_expect_dead(dead, n, "t4-3", "sequence-gap", "number 2 of ticket t-4 never came");
 	cr_expect(itest_str1("SELECT CONCAT(status, ' ', version) FROM tickets WHERE id = ?", "t-4", got, sizeof got));
 	cr_expect_str_eq(got, "Open 1");
 	/* t-5 */
-	expect_dead(dead, n, "t5-1", "missing-field", "data.seq (the event's number in its ticket's sequence) is missing");
+	itest_expect_dead(dead, n, "t5-1", "missing-field", "data.seq (the event's number in its ticket's sequence) is missing");
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM tickets WHERE id = 't-5'"), 0);
 }
 
@@ -173,20 +163,15 @@ Test(sequence, a_replay_under_a_changed_definition_moves_a_waiting_ticket_on, .t
 	char env1[4200], env2[4200], path[4096], log1[256], log2[256], rlog1[256], rlog2[256], got[128];
 	const char *menv1[] = { env1, NULL };
 	const char *menv2[] = { env2, NULL };
-	const char *margs[] = { "migrate", NULL };
 	const char *replay[] = { "dlq", "replay", "--reason", "invalid-transition", NULL };
 	const char *bin = getenv("INBOX_WORKER_BIN");
 	struct mq *m;
 	pid_t w;
 	int st;
 
-	itest_fresh();
-	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
-	snprintf(env1, sizeof env1, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
+	ticket_fresh(env1, sizeof env1, menv1);
 	snprintf(env2, sizeof env2, "INBOX_LIFECYCLE=%s",
 	         itest_source("tests/lifecycles/ticket_close_ignored_when_open.json", path, sizeof path));
-	st = itest_wait_exit(itest_spawn(margs, menv1), 120);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
 	itest_log_path(log1, sizeof log1, "sequence-replay-1");
 	w = itest_worker_logged(1, menv1, log1);
 	m = itest_mq();
@@ -228,20 +213,15 @@ Test(sequence, a_replay_under_a_changed_definition_moves_a_waiting_ticket_on, .t
  * has, the replay applies it. */
 Test(sequence, a_gap_letter_is_replayed_once_the_number_before_it_came, .timeout = 600)
 {
-	char env[4200], path[4096], log[256], rlog1[256], rlog2[256];
+	char env[4200], log[256], rlog1[256], rlog2[256];
 	const char *menv[] = { env, "INBOX_HOLD_TTL=2s", NULL };
-	const char *margs[] = { "migrate", NULL };
 	const char *replay[] = { "dlq", "replay", "--reason", "sequence-gap", NULL };
 	const char *bin = getenv("INBOX_WORKER_BIN");
 	struct mq *m;
 	pid_t w;
 	int st;
 
-	itest_fresh();
-	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
-	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
-	st = itest_wait_exit(itest_spawn(margs, menv), 120);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
+	ticket_fresh(env, sizeof env, menv);
 	itest_log_path(log, sizeof log, "sequence-gap-replay");
 	w = itest_worker_logged(1, menv, log);
 	m = itest_mq();
@@ -273,18 +253,12 @@ Test(sequence, a_gap_letter_is_replayed_once_the_number_before_it_came, .timeout
  * gone, and is a duplicate, not a payload-conflict. */
 Test(sequence, a_copy_of_an_ignored_number_after_retention_is_a_duplicate, .timeout = 600)
 {
-	char env[4200], path[4096], log[256];
+	char env[4200], log[256];
 	const char *menv[] = { env, NULL };
-	const char *margs[] = { "migrate", NULL };
 	struct mq *m;
 	pid_t w;
-	int st;
 
-	itest_fresh();
-	cr_assert_eq(db_exec(itest_db(), "DROP TABLE IF EXISTS tickets, ticket_events, ticket_locks"), ST_OK);
-	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s", itest_source("lifecycles/ticket.json", path, sizeof path));
-	st = itest_wait_exit(itest_spawn(margs, menv), 120);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate (status %d)", st);
+	ticket_fresh(env, sizeof env, menv);
 	itest_log_path(log, sizeof log, "sequence-retention");
 	w = itest_worker_logged(1, menv, log);
 	m = itest_mq();

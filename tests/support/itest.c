@@ -965,3 +965,20 @@ int itest_metrics_port(int k)
 {
 	return itest_cfg()->amqp.port + 14000 + k;
 }
+
+void itest_expect_dead(const struct itest_dead *dead, int n, const char *message_id, const char *reason,
+                       const char *detail_part)
+{
+	const struct itest_dead *d = NULL;
+
+	for (int i = 0; d == NULL && i < n; i++) {
+		if (strcmp(dead[i].message_id, message_id) == 0)
+			d = &dead[i];
+	}
+	for (int i = 0; d == NULL && i < n; i++)
+		cr_log_error("dead letter %d: '%s' %s %s", i, dead[i].message_id, dead[i].reason, dead[i].detail);
+	cr_assert_not_null(d, "%s was not dead-lettered", message_id);
+	cr_expect_str_eq(d->reason, reason, "%s", message_id);
+	if (detail_part != NULL)
+		cr_expect(strstr(d->detail, detail_part) != NULL, "%s detail: %s", message_id, d->detail);
+}

@@ -158,6 +158,11 @@ struct itest_dead {
 int itest_dlq_drain(struct itest_dead *out, int cap, int expect, int timeout_s);
 /* The same for any queue. */
 int itest_drain(const char *queue, struct itest_dead *out, int cap, int expect, int timeout_s);
+/* The letter of message_id among dead[0..n) has reason and, unless
+ * detail_part is NULL, a detail containing it (the letters listed when
+ * it is missing). */
+void itest_expect_dead(const struct itest_dead *dead, int n, const char *message_id, const char *reason,
+                       const char *detail_part);
 /* Declare a durable queue bound to exchange with binding, emptied. */
 void itest_bind_queue(const char *queue, const char *exchange, const char *binding);
 /* Delete a queue a test declared, so it stops taking copies of what is
