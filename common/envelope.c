@@ -473,15 +473,36 @@ static void env_key_camel(const char *key, char *out, size_t cap)
 
 /* The canonical event of f, validated and hashed by msg_parse_event; its
  * JSON into *event. */
-static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, struct msg *out, char **event)
+json_t *env_header_number(const struct env_delivery *d)
 {
+	const struct lc_def *def = agg_current()->def;
+	const char *v;
+	size_t len;
+
+	if (!def->seq_header)
+		return NULL;
+	switch (header(d, def->seq_field, &v, &len)) {
+	case ENV_HDR_ABSENT: return NULL;
+	case ENV_HDR_INTEGER: return json_integer(len <= (size_t)INT64_MAX ? (json_int_t)len : -1);
+	case ENV_HDR_STRING: {
+		json_t *s = json_stringn(v, len);
+		return s != NULL ? s : json_false(); /* not UTF-8: not a number either */
+	}
+	default: return json_false();
+	}
+}
+
+static enum msg_reason env_finish(const struct cfg *conf, const struct env_delivery *d, struct env_found *f,
+                                  struct msg *out, char **event)
+{
+	const struct lc_def *def = agg_current()->def;
 	char order_name[320], field[260];
 	size_t flen = 0;
 	const char *given = cfg_order_id_field(conf->order_id_field,
 	                                       f->mt ? CFG_ENVELOPE_MASSTRANSIT : CFG_ENVELOPE_CLOUDEVENTS, &flen);
 	const char *ours;
 	size_t olen = 0;
-	json_t *ev = NULL, *oid, *owned = NULL;
+	json_t *ev = NULL, *oid, *owned = NULL, *seq;
 	enum msg_reason r = MSG_REASON_INVALID_FIELD;
 
 	/* The key's field: INBOX_ORDER_ID_FIELD where it names one for this
@@ -532,7 +553,8 @@ static enum msg_reason env_finish(const struct cfg *conf, struct env_found *f, s
 	 * kept with the event so that a held one keeps it; only then, so
 	 * that the payload hash of every other definition's events stays
 	 * what it was (a copy after an upgrade is still a duplicate) */
-	if (f->sequence != NULL && agg_current()->def->seq_attr && json_object_set(ev, "sequence", f->sequence) != 0)
+	seq = def->seq_attr ? json_incref(f->sequence) : env_header_number(d);
+	if (seq != NULL && json_object_set_new(ev, "sequence", seq) != 0)
 		goto nomem;
 	oid = find_order_id(field, f, &owned);
 	if (oid != NULL && json_object_set(ev, "order_id", oid) != 0)
@@ -673,7 +695,7 @@ static enum msg_reason ce_structured(const struct cfg *conf, const struct env_de
 	if (ctx != NULL && ctx->trace_id[0] == '\0' && json_attr(root, "traceparent", what, &tp, &tp_len, out) &&
 	    tp != NULL && env_trace_parse(tp, tp_len, ctx) && json_attr(root, "tracestate", what, &ts, &ts_len, out))
 		set_tracestate(ctx, ts, ts_len);
-	r = env_finish(conf, &f, out, event);
+	r = env_finish(conf, d, &f, out, event);
 out:
 	json_decref(root);
 	return r;
@@ -786,7 +808,7 @@ static enum msg_reason ce_binary(const struct cfg *conf, const struct env_delive
 		    ce_header(d, "tracestate", &ts, &ts_len, key, sizeof key) == ENV_HDR_STRING)
 			set_tracestate(ctx, ts, ts_len);
 	}
-	r = env_finish(conf, &f, out, event);
+	r = env_finish(conf, d, &f, out, event);
 	json_decref(f.sequence);
 	json_decref(data);
 	return r;
@@ -909,7 +931,7 @@ static enum msg_reason masstransit(const struct cfg *conf, const struct env_deli
 		    json_is_string(ts))
 			set_tracestate(ctx, json_string_value(ts), json_string_length(ts));
 	}
-	r = env_finish(conf, &f, out, event);
+	r = env_finish(conf, d, &f, out, event);
 out:
 	json_decref(root);
 	return r;
@@ -933,7 +955,11 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
 			set_tracestate(ctx, v, len);
 	}
 	if (kind == CFG_ENVELOPE_NATIVE) {
-		r = msg_parse(d->body, d->len, max_body, &d->props, out);
+		struct msg_props props = d->props;
+
+		props.sequence = env_header_number(d);
+		r = msg_parse(d->body, d->len, max_body, &props, out);
+		json_decref(props.sequence);
 	} else {
 		memset(out, 0, offsetof(struct msg, text)); /* text is not read before it is written (msg.h) */
 		if (d->len > max_body) {

@@ -35,8 +35,10 @@
  * binding carries each attribute in its own type): ENV_HDR_ABSENT,
  * ENV_HDR_STRING (*val, *len point at its bytes, not NUL-terminated),
  * ENV_HDR_TIMESTAMP (*val NULL, *len its seconds since the epoch, as AMQP
- * 0-9-1's timestamp carries it) or ENV_HDR_OTHER (present, another type). */
-enum env_hdr { ENV_HDR_ABSENT = 0, ENV_HDR_STRING, ENV_HDR_TIMESTAMP, ENV_HDR_OTHER };
+ * 0-9-1's timestamp carries it), ENV_HDR_INTEGER (*val NULL, *len its
+ * value: an integer of any width, not negative; a negative one is other)
+ * or ENV_HDR_OTHER (present, another type). */
+enum env_hdr { ENV_HDR_ABSENT = 0, ENV_HDR_STRING, ENV_HDR_TIMESTAMP, ENV_HDR_INTEGER, ENV_HDR_OTHER };
 typedef enum env_hdr (*env_header_fn)(const void *arg, const char *key, const char **val, size_t *len);
 
 struct env_delivery {
@@ -91,6 +93,13 @@ enum msg_reason env_parse(const struct cfg *conf, const struct env_delivery *d, 
  * cfg_load judged already.
  */
 int env_check_settings(const struct cfg *conf, char *err, size_t errlen);
+
+/* The number the running definition reads from a header (lifecycle.h,
+ * seq_header) as msg.c judges it (msg_props.sequence): a JSON integer, a
+ * string (decimal or not: msg.c says which), false for another AMQP type;
+ * NULL when the header is absent or the definition reads no header.  A new
+ * reference. */
+struct json_t *env_header_number(const struct env_delivery *d);
 
 /* The context's traceparent for what the message causes:
  * "00-<trace id>-<span id>-<flags>" into out (ENV_TRACEPARENT_LEN + 1

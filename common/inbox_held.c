@@ -32,6 +32,7 @@
 #include "effects.h"
 #include "inbox_int.h"
 #include "log.h"
+#include "props.h"
 #include "sqlbuf.h"
 #include "status.h"
 /* What one read of held events carries back at most (inbox_held_read):
@@ -76,8 +77,16 @@ static enum msg_reason inbox_held_parse(const struct inbox_held *h, const struct
 		.message_id = h->message_id, .message_id_len = strlen(h->message_id),
 		.type = h->type, .type_len = strlen(h->type),
 	};
+	struct props_out saved;
+	struct env_delivery d;
 	enum msg_reason r;
 
+	if (x->event == NULL && agg_current()->def->seq_header) {
+		/* its number came in a header, kept with its properties */
+		(void)props_saved_envelope(raw->props, &saved, &d);
+		props.sequence = env_header_number(&d);
+		props_out_release(&saved);
+	}
 	if (x->event != NULL) {
 		/* Enveloped: its canonical event, as the envelope layer read it
 		 * when it came (a changed INBOX_TYPE_MAP does not reread it). */
@@ -87,6 +96,7 @@ static enum msg_reason inbox_held_parse(const struct inbox_held *h, const struct
 		json_decref(root);
 	} else {
 		r = msg_parse(raw->body, raw->len, INBOX_BODY_COLUMN_MAX, &props, m);
+		json_decref(props.sequence);
 	}
 	if (r != MSG_REASON_NONE)
 		return r;

@@ -170,6 +170,17 @@ void lc_cell_text(const struct lc_def *d, int s, int e, char *buf, size_t cap)
 	}
 }
 
+const char *lc_seq_source(const struct lc_def *d, char *buf, size_t cap)
+{
+	if (d->seq_header)
+		snprintf(buf, cap, "header %s", d->seq_field);
+	else if (d->seq_attr)
+		snprintf(buf, cap, "the sequence attribute");
+	else
+		snprintf(buf, cap, "data.%s", d->seq_field);
+	return buf;
+}
+
 void lc_print_table(const struct lc_def *d, FILE *f)
 {
 	char cell[512];

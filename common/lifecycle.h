@@ -170,6 +170,10 @@ struct lc_def {
 	 * seq_field is "sequence". */
 	char seq_field[LC_NAME_MAX + 1];
 	bool seq_attr;
+	/* seq_header: an AMQP header of the delivery, named seq_field, in any
+	 * envelope; the envelope layer puts its value where seq_attr's is (the
+	 * event's own "sequence"), so the rest reads both alike. */
+	bool seq_header;
 };
 
 /* Whether the producer numbers the definition's events. */
@@ -177,6 +181,10 @@ static inline bool lc_sequenced(const struct lc_def *d)
 {
 	return d->seq_field[0] != '\0';
 }
+
+/* Where a sequenced definition's number is, for people: "data.seq", "the
+ * sequence attribute", "header x-seq" (into buf, cap bytes, returned). */
+const char *lc_seq_source(const struct lc_def *d, char *buf, size_t cap);
 
 struct lc_verdict {
 	enum lc_decision decision;

@@ -20,9 +20,9 @@ static const char *numbering(const struct lc_def *d, char *buf, size_t cap)
 {
 	if (!lc_sequenced(d))
 		return "the states";
-	if (d->seq_attr)
-		return "the producer (the sequence attribute)";
-	snprintf(buf, cap, "the producer (data.%s)", d->seq_field);
+	char where[LC_NAME_MAX + 32];
+
+	snprintf(buf, cap, "the producer (%s)", lc_seq_source(d, where, sizeof where));
 	return buf;
 }
 

@@ -293,6 +293,23 @@ static bool ident_ok(const char *s)
 	return true;
 }
 
+/* An AMQP header's name as a definition may say it: what producers' headers
+ * are called (x-sequence, Event-Version, eventstore.version). */
+static bool header_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > LC_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char ch = s[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+		      ch == '-' || ch == '_' || ch == '.' || ch == ':'))
+			return false;
+	}
+	return true;
+}
+
 /* Into a name field (LC_NAME_MAX + 1 bytes); the *_ok checks bound the
  * length before every call, the cut is a second guard. */
 static void copy_name(char *dst, const char *src)
@@ -1202,11 +1219,24 @@ static void parse_sequence(struct lc_ctx *c, json_t *root)
 		c->def->seq_attr = true;
 		goto done;
 	}
+	if (f != NULL && strncmp(f, "header.", 7) == 0) {
+		if (!header_name_ok(f + 7)) {
+			lc_push_key(c, "from");
+			lc_err(c, "\"header.<name>\": the AMQP header's name, 1 to %d letters, digits and any of "
+			       "\"-_.:\"", LC_NAME_MAX);
+			lc_pop(c);
+			goto done;
+		}
+		snprintf(c->def->seq_field, sizeof c->def->seq_field, "%s", f + 7);
+		c->def->seq_header = true;
+		goto done;
+	}
 	if (f == NULL || strncmp(f, "data.", 5) != 0 || !ident_ok(f + 5) || strlen(f + 5) > LC_NAME_MAX) {
 		if (from != NULL)
 			lc_push_key(c, "from");
 		lc_err(c, "write \"from\": \"data.<field>\", the data field that carries the event's number in its "
-		       "aggregate's sequence (1, 2, ...), or \"cloudevents.sequence\", the event's sequence attribute");
+		       "aggregate's sequence (1, 2, ...), \"cloudevents.sequence\", the event's sequence attribute, or "
+		       "\"header.<name>\", an AMQP header of the delivery");
 		if (from != NULL)
 			lc_pop(c);
 		goto done;

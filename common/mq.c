@@ -835,28 +835,6 @@ static void mq_fill_delivery(struct mq_delivery *d, const amqp_message_t *msg)
 		d->delivery_count = 0;
 }
 
-/* env_header_fn over the delivery's AMQP headers: long strings and byte
- * arrays are strings, a timestamp is one. */
-static enum env_hdr mq_env_header(const void *arg, const char *key, const char **val, size_t *len)
-{
-	const amqp_field_value_t *v = props_header(&((const amqp_message_t *)arg)->properties, key);
-
-	if (v == NULL)
-		return ENV_HDR_ABSENT;
-	/* CloudEvents' AMQP binding sends a Timestamp attribute (time) as an
-	 * AMQP timestamp: seconds since the epoch in AMQP 0-9-1. */
-	if (v->kind == AMQP_FIELD_KIND_TIMESTAMP && v->value.u64 <= SIZE_MAX) {
-		*val = NULL;
-		*len = (size_t)v->value.u64;
-		return ENV_HDR_TIMESTAMP;
-	}
-	if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
-		return ENV_HDR_OTHER;
-	*val = v->value.bytes.bytes;
-	*len = v->value.bytes.len;
-	return ENV_HDR_STRING;
-}
-
 void mq_delivery_envelope(const struct mq_delivery *d, struct env_delivery *e)
 {
 	const amqp_message_t *msg = d->priv;
@@ -874,8 +852,8 @@ void mq_delivery_envelope(const struct mq_delivery *d, struct env_delivery *e)
 		e->correlation_id_len = p->correlation_id.len;
 	}
 	if (p->_flags & AMQP_BASIC_HEADERS_FLAG) {
-		e->header = mq_env_header;
-		e->header_arg = msg;
+		e->header = props_env_header;
+		e->header_arg = p;
 	}
 }
 

@@ -602,12 +602,15 @@ static void msg_sha256_fetch(void)
 static enum msg_reason msg_sequence(const struct lc_def *def, json_t *root, json_t *data, const struct msg_names *nm,
                                     struct msg *out)
 {
-	json_t *n = def->seq_attr ? json_object_get(root, "sequence")
+	bool own = def->seq_attr || def->seq_header; /* the event's own "sequence" (lifecycle.h) */
+	json_t *n = own ? json_object_get(root, "sequence")
 	            : data != NULL && json_is_object(data) ? json_object_get(data, def->seq_field) : NULL;
 	char name[320];
 	int64_t v = 0;
 
-	if (def->seq_attr)
+	if (def->seq_header)
+		snprintf(name, sizeof name, "header %s", def->seq_field);
+	else if (def->seq_attr)
 		snprintf(name, sizeof name, "sequence");
 	else
 		snprintf(name, sizeof name, "%s.%s", nm->data, def->seq_field);
@@ -794,7 +797,7 @@ static enum msg_reason msg_check(json_t *root, const struct msg_props *props, co
 
 enum msg_reason msg_parse_event(json_t *root, const struct msg_names *names, struct msg *out)
 {
-	static const struct msg_props no_props = { NULL, 0, NULL, 0 };
+	static const struct msg_props no_props = { NULL, 0, NULL, 0, NULL };
 	static const struct msg_names canonical = { "message_id", "source", "type", "order_id", "occurred_at",
 		                                    "data" };
 
@@ -813,7 +816,7 @@ enum msg_reason msg_parse_event(json_t *root, const struct msg_names *names, str
 enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
                           const struct msg_props *props, struct msg *out)
 {
-	static const struct msg_props no_props = { NULL, 0, NULL, 0 };
+	static const struct msg_props no_props = { NULL, 0, NULL, 0, NULL };
 	json_error_t err;
 	json_t *root = NULL;
 	enum msg_reason r = MSG_REASON_NONE;
@@ -847,6 +850,16 @@ enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
 		goto cleanup;
 	}
 
+	/* A header's number is the event's own (the hash covers it); a body's
+	 * "sequence" does not stand in for a header that is missing. */
+	if (agg_current()->def->seq_header) {
+		(void)json_object_del(root, "sequence"); /* -1: the body had none */
+		if (props->sequence != NULL && json_object_set(root, "sequence", props->sequence) != 0) {
+			set_detail(out, "out of memory");
+			r = MSG_REASON_MALFORMED_JSON;
+			goto cleanup;
+		}
+	}
 	r = msg_check(root, props, NULL, out);
 
 cleanup:

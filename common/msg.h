@@ -66,13 +66,18 @@ enum msg_reason {
 	MSG_REASON_COUNT
 };
 
+struct json_t;
 /* AMQP properties that may carry message_id and type; NULL/0 when absent.
- * Not NUL-terminated (they point into the AMQP frame). */
+ * Not NUL-terminated (they point into the AMQP frame).  sequence: for a
+ * definition numbered by a header (lifecycle.h, seq_header), the header's
+ * value as JSON (an integer, a string, or false for another type; NULL:
+ * absent), which becomes the event's own "sequence" (borrowed). */
 struct msg_props {
 	const char *message_id;
 	size_t message_id_len;
 	const char *type;
 	size_t type_len;
+	struct json_t *sequence;
 };
 
 /* A value one of the event's sets gives its column (the definition's
@@ -117,7 +122,6 @@ const struct msg_val *msg_value(const struct msg *m, const char *column);
 enum msg_reason msg_parse(const void *body, size_t len, size_t max_body,
                           const struct msg_props *props, struct msg *out);
 
-struct json_t;
 /*
  * Validate an event the envelope layer mapped into our canonical form: a
  * JSON object with message_id, source, type (one of ours), order_id and

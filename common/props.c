@@ -73,6 +73,44 @@ bool props_field_int(const amqp_field_value_t *v, int64_t *out)
 }
 
 
+/* env_header_fn over the delivery's AMQP headers: long strings and byte
+ * arrays are strings, a timestamp is one. */
+enum env_hdr props_env_header(const void *arg, const char *key, const char **val, size_t *len)
+{
+	const amqp_field_value_t *v = props_header(arg, key);
+	int64_t i;
+
+	if (v == NULL)
+		return ENV_HDR_ABSENT;
+	/* CloudEvents' AMQP binding sends a Timestamp attribute (time) as an
+	 * AMQP timestamp: seconds since the epoch in AMQP 0-9-1. */
+	if (v->kind == AMQP_FIELD_KIND_TIMESTAMP && v->value.u64 <= SIZE_MAX) {
+		*val = NULL;
+		*len = (size_t)v->value.u64;
+		return ENV_HDR_TIMESTAMP;
+	}
+	/* a definition's number may come in a header (lifecycle.h, seq_header) */
+	if (props_field_int(v, &i)) {
+		*val = NULL;
+		*len = (size_t)(i >= 0 ? i : 0);
+		return i >= 0 ? ENV_HDR_INTEGER : ENV_HDR_OTHER;
+	}
+	if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
+		return ENV_HDR_OTHER;
+	*val = v->value.bytes.bytes;
+	*len = v->value.bytes.len;
+	return ENV_HDR_STRING;
+}
+
+int props_saved_envelope(const char *props_json, struct props_out *o, struct env_delivery *e)
+{
+	const struct mq_message msg = { .props_json = props_json };
+	int rc = props_build(o, &msg);
+
+	*e = (struct env_delivery){ .header = props_env_header, .header_arg = &o->p };
+	return rc;
+}
+
 struct props_enc {
 	char esc[112];          /* names of values kept as base64 */
 	size_t esc_len;

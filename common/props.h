@@ -61,6 +61,17 @@ void props_out_release(struct props_out *o);
  * and fuzz/fuzz_props.c. */
 int props_json_wire(const char *props_json, void *buf, size_t cap, size_t *len);
 
+/* env_header_fn (envelope.h) over the headers of arg, a const
+ * amqp_basic_properties_t *: long strings and byte arrays are strings,
+ * a timestamp is one, an integer of any width is one. */
+enum env_hdr props_env_header(const void *arg, const char *key, const char **val, size_t *len);
+/* The headers of saved properties (props_to_json's) as the envelope layer
+ * reads a delivery's: e->header over o, which the caller releases with
+ * props_out_release whatever the result (ST_OK, or ST_ERR_INVALID when
+ * props_json does not load; e then has no headers).  A held event's
+ * number in a header is read back so. */
+int props_saved_envelope(const char *props_json, struct props_out *o, struct env_delivery *e);
+
 /* The header key of p, NULL when absent. */
 const amqp_field_value_t *props_header(const amqp_basic_properties_t *p, const char *key);
 /* An integer field of any width (and a timestamp) as int64; false for

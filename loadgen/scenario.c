@@ -228,7 +228,7 @@ static int lg_parse_original(const struct lg_scenario *s, uint32_t idx, const st
  * definition), so another lifecycle's classes are not cross-checked here. */
 static int lg_check_bad(const struct lg_scenario *s, struct lg_msg *m, uint32_t idx)
 {
-	struct msg_props props = { m->id, strlen(m->id), NULL, 0 };
+	struct msg_props props = { m->id, strlen(m->id), NULL, 0, NULL };
 	struct msg parsed;
 	enum msg_reason r;
 

@@ -215,9 +215,9 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 		return 1;
 	}
 	if (chk.sequenced)
-		fprintf(out, "arrival order: the producer's (each event's number in %s%s); every one of the %d states "
+		fprintf(out, "arrival order: the producer's (each event's number in %s); every one of the %d states "
 		             "reachable, every event applies in some state; loops allowed\n",
-		        d->seq_attr ? "its sequence attribute" : "data.", d->seq_attr ? "" : d->seq_field, chk.reachable);
+		        lc_seq_source(d, (char[LC_NAME_MAX + 32]){ 0 }, LC_NAME_MAX + 32), chk.reachable);
 	else
 		fprintf(out, "arrival order: independent (%ld sets of event types, each alone and with one type twice, "
 	             "%ld arrival orders simulated; %ld sets skipped as conflicts between terminal states)\n",

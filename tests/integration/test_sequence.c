@@ -25,7 +25,9 @@
  *     while the definition refuses it, and moved on by a replay under a
  *     changed definition (tests/lifecycles/ticket_close_ignored_when_open.json);
  *   - t-11: a sequence-gap letter that `dlq replay` leaves, naming the
- *     number it waits for, until that number has come, and then applies.
+ *     number it waits for, until that number has come, and then applies;
+ *   - t-13: numbered by an AMQP header (tests/lifecycles/ticket_by_header.json):
+ *     a held event keeps its number through its kept headers.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -280,4 +282,57 @@ Test(sequence, a_copy_of_an_ignored_number_after_retention_is_a_duplicate, .time
 	cr_expect_eq(itest_wait_depth(itest_cfg()->dlq, 0, 5), 0, "nothing dead-lettered; see %s", log);
 	cr_expect_eq(itest_int("SELECT COUNT(*) FROM processed_messages WHERE message_id = 't12-5'"), 0,
 	             "settled as a duplicate of what the ledger holds, leaving no row");
+}
+
+/* The number in an AMQP header ("from": "header.x-seq"): numbers 1 3 2 5 4
+ * end Resolved at 5 (3 and 5 were held, and found their numbers again in
+ * their kept headers when released); a body's own "sequence" does not
+ * stand in for a missing header. */
+Test(sequence, a_number_in_an_amqp_header_orders_the_events, .timeout = 600)
+{
+	char env[4200], path[4096], log[256], got[512], body[512];
+	const char *menv[] = { env, NULL };
+	static const struct { const char *id, *type; int seq; } evs[] = {
+		{ "t13-1", "TicketOpened", 1 }, { "t13-3", "TicketResolved", 3 }, { "t13-2", "WorkStarted", 2 },
+		{ "t13-5", "TicketResolved", 5 }, { "t13-3", "TicketResolved", 3 }, { "t13-4", "TicketReopened", 4 },
+	};
+	struct itest_dead dead[4];
+	struct mq *m;
+	pid_t w;
+	int n;
+
+	ticket_fresh(env, sizeof env, menv);
+	snprintf(env, sizeof env, "INBOX_LIFECYCLE=%s",
+	         itest_source("tests/lifecycles/ticket_by_header.json", path, sizeof path));
+	itest_log_path(log, sizeof log, "sequence-header");
+	w = itest_worker_logged(1, menv, log);
+	m = itest_mq();
+	for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
+		char seq[16];
+
+		snprintf(body, sizeof body,
+		         "{\"message_id\":\"%s\",\"source\":\"helpdesk\",\"type\":\"%s\",\"ticket_id\":\"t-13\","
+		         "\"occurred_at\":\"" T0 "\"}", evs[i].id, evs[i].type);
+		snprintf(seq, sizeof seq, "%d", evs[i].seq);
+		itest_publish_header(m, evs[i].type, body, "x-seq", seq);
+		if (i == 1)
+			cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events WHERE message_id = 't13-3'", 1, WAIT_S),
+			             1, "number 3 is held in the table, not only in a batch; see %s", log);
+	}
+	itest_publish(m, "WorkStarted",
+	              "{\"message_id\":\"t13-x\",\"source\":\"helpdesk\",\"type\":\"WorkStarted\","
+	              "\"ticket_id\":\"t-13\",\"sequence\":6}", "t13-x");
+	n = itest_dlq_drain(dead, 4, 1, WAIT_S);
+	cr_assert_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-13'", 5, WAIT_S), 5, "see %s", log);
+	itest_wait_queue_empty(itest_cfg()->queue, WAIT_S);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect(itest_str1("SELECT GROUP_CONCAT(CONCAT(version, ':', type) ORDER BY version SEPARATOR ' ')"
+	                     " FROM ticket_events WHERE ticket_id = ?", "t-13", got, sizeof got));
+	cr_expect_str_eq(got, "1:TicketOpened 2:WorkStarted 3:TicketResolved 4:TicketReopened 5:TicketResolved");
+	cr_expect(itest_str1("SELECT status FROM tickets WHERE id = ?", "t-13", got, sizeof got));
+	cr_expect_str_eq(got, "Resolved");
+	cr_expect_eq(n, 1, "see %s", log);
+	itest_expect_dead(dead, n, "t13-x", "missing-field", "header x-seq (the event's number in its ticket's sequence) "
+	                                                    "is missing");
 }

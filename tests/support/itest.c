@@ -690,6 +690,18 @@ void itest_publish_keyed(struct mq *m, const char *type, const char *body, const
 	itest_pub_msg(m, &msg, wait);
 }
 
+void itest_publish_header(struct mq *m, const char *type, const char *body, const char *key, const char *value)
+{
+	char rk[64];
+	struct mq_header h[1] = { { key, value } };
+	struct mq_message msg = {
+		.exchange = itest_cfg()->exchange, .routing_key = rk, .body = body, .len = strlen(body),
+		.headers = h, .nheaders = 1,
+	};
+	snprintf(rk, sizeof rk, "order.%s", type);
+	itest_pub_msg(m, &msg, true);
+}
+
 void itest_confirm_all(struct mq *m)
 {
 	cr_assert_eq(mq_wait_confirms(m, 30000), ST_OK, "confirm: %s", mq_errmsg(m));

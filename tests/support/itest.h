@@ -107,6 +107,8 @@ void itest_publish(struct mq *m, const char *type, const char *body, const char 
  * itest_confirm_all afterwards. */
 void itest_publish_async(struct mq *m, const char *type, const char *body, const char *message_id_prop);
 void itest_confirm_all(struct mq *m);
+/* Publish, confirmed, with one string header key: value beside it. */
+void itest_publish_header(struct mq *m, const char *type, const char *body, const char *key, const char *value);
 /* Publish with the order_id header that sharded mode hashes on. */
 void itest_publish_keyed(struct mq *m, const char *type, const char *body, const char *order_id, bool wait);
 

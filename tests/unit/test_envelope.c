@@ -19,9 +19,10 @@
 
 struct hdr {
 	const char *key, *val;
-	int other; /* HDR_STRING (false), HDR_OTHER (true: present, not a string), HDR_TS */
+	int other; /* HDR_STRING (false), HDR_OTHER (true: present, not a string), HDR_TS, HDR_INT */
 };
-#define HDR_TS 2 /* an AMQP timestamp: val is its seconds since the epoch */
+#define HDR_TS 2  /* an AMQP timestamp: val is its seconds since the epoch */
+#define HDR_INT 3 /* an AMQP integer (any width): val is its decimal value */
 
 static enum env_hdr lookup(const void *arg, const char *key, const char **val, size_t *len)
 {
@@ -32,6 +33,11 @@ static enum env_hdr lookup(const void *arg, const char *key, const char **val, s
 			*val = NULL;
 			*len = (size_t)strtoull(h->val, NULL, 10);
 			return ENV_HDR_TIMESTAMP;
+		}
+		if (h->other == HDR_INT) {
+			*val = NULL;
+			*len = (size_t)strtoull(h->val, NULL, 10);
+			return ENV_HDR_INTEGER;
 		}
 		if (h->other)
 			return ENV_HDR_OTHER;
@@ -726,9 +732,9 @@ Test(envelope, an_emitted_event_reads_back_in_either_format)
 static struct lc_def *seq_def;
 static struct agg_binding seq_binding;
 
-/* lifecycles/ticket.json with its number read from CloudEvents' sequence
- * attribute instead of data.seq, as the definition that runs. */
-static void use_ticket_by_attribute(void)
+/* lifecycles/ticket.json with its number read from `from` (a "sequence"
+ * source, quoted) instead of data.seq, as the definition that runs. */
+static void use_ticket_numbered_by(const char *from)
 {
 	char path[4096], why[512];
 	static char text[8192];
@@ -742,17 +748,23 @@ static void use_ticket_by_attribute(void)
 	snprintf(path, sizeof path, "%s/lifecycles/ticket.json", root);
 	f = fopen(path, "r");
 	cr_assert_not_null(f);
-	n = fread(text, 1, sizeof text - 1, f);
+	n = fread(text, 1, sizeof text - 1 - strlen(from), f);
 	cr_assert_eq(fclose(f), 0);
 	text[n] = '\0';
 	at = strstr(text, "\"data.seq\"");
 	cr_assert_not_null(at);
-	memmove(at + strlen("\"cloudevents.sequence\""), at + strlen("\"data.seq\""), strlen(at + strlen("\"data.seq\"")) + 1);
-	memcpy(at, "\"cloudevents.sequence\"", strlen("\"cloudevents.sequence\""));
+	memmove(at + strlen(from), at + strlen("\"data.seq\""), strlen(at + strlen("\"data.seq\"")) + 1);
+	memcpy(at, from, strlen(from));
+	lc_free(seq_def);
 	seq_def = lc_load(text, strlen(text), &errs);
 	cr_assert_not_null(seq_def, "%s", errs.e[0].text);
 	cr_assert_eq(agg_bind(seq_def, &seq_binding, why, sizeof why), 0, "%s", why);
 	agg_use(&seq_binding);
+}
+
+static void use_ticket_by_attribute(void)
+{
+	use_ticket_numbered_by("\"cloudevents.sequence\"");
 }
 
 /* CloudEvents' sequence extension carries the number, in structured mode
@@ -802,6 +814,55 @@ Test(envelope, the_cloudevents_sequence_attribute_numbers_an_event)
 	expect_reason(&c, "{\"specversion\":\"1.0\",\"id\":\"x\",\"source\":\"/h\",\"type\":\"WorkStarted\",\"subject\":\"t-1\","
 	                  "\"sequence\":\"0\"}",
 	              "application/cloudevents+json", NULL, MSG_REASON_INVALID_FIELD, "sequence");
+	agg_use(NULL);
+}
+
+/* An AMQP header carries the number ("from": "header.x-seq"), as an
+ * integer of any width or a decimal string, whatever the envelope; the
+ * number joins the event the payload hash covers (and a held event keeps),
+ * and a body's own "sequence" does not stand in for a missing header. */
+Test(envelope, an_amqp_header_numbers_an_event_in_any_envelope)
+{
+	struct cfg c = conf_of(CFG_ENVELOPE_AUTO, NULL, NULL);
+	static const struct hdr as_int[] = { { "x-seq", "3", HDR_INT }, { NULL, NULL, false } };
+	static const struct hdr as_text[] = { { "x-seq", "4", false }, { NULL, NULL, false } };
+	static const struct hdr as_float[] = { { "x-seq", "4", true }, { NULL, NULL, false } };
+	static const struct hdr bin[] = {
+		{ "cloudEvents:specversion", "1.0", false }, { "cloudEvents:id", "t-1-2", false },
+		{ "cloudEvents:source", "/helpdesk", false }, { "cloudEvents:type", "WorkStarted", false },
+		{ "cloudEvents:subject", "t-1", false }, { "x-seq", "2", HDR_INT }, { NULL, NULL, false },
+	};
+	static const char native[] = "{\"message_id\":\"t-1-3\",\"type\":\"TicketResolved\",\"ticket_id\":\"t-1\"}";
+	unsigned char first[32];
+	struct msg m;
+	char *event = NULL;
+
+	use_ticket_numbered_by("\"header.x-seq\"");
+	cr_assert_eq(run(&c, native, NULL, as_int, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 3);
+	cr_expect_null(event, "a native event is its body (a held one reads its number from its kept headers)");
+	memcpy(first, m.sha256, sizeof first);
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, native, NULL, as_text, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 4);
+	cr_expect(memcmp(first, m.sha256, sizeof first) != 0, "another number is another payload");
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, "{}", "application/json", bin, NULL, &m, NULL, &event), MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 2);
+	cr_expect(strstr(event, "\"sequence\":2") != NULL, "%s", event);
+	free(event);
+	event = NULL;
+	cr_assert_eq(run(&c, "{\"specversion\":\"1.0\",\"id\":\"t-1-5\",\"source\":\"/helpdesk\","
+	                     "\"type\":\"TicketReopened\",\"subject\":\"t-1\"}",
+	                 "application/cloudevents+json", as_int, NULL, &m, NULL, &event),
+	             MSG_REASON_NONE, "%s", m.detail);
+	cr_expect_eq(m.seq, 3);
+	free(event);
+	expect_reason(&c, "{\"message_id\":\"t-1-3\",\"type\":\"TicketResolved\",\"ticket_id\":\"t-1\",\"sequence\":3}",
+	              NULL, NULL, MSG_REASON_MISSING_FIELD, "header x-seq");
+	expect_reason(&c, native, NULL, as_float, MSG_REASON_INVALID_FIELD, "header x-seq");
 	agg_use(NULL);
 }
 

@@ -147,7 +147,7 @@ Test(msg, type_only_in_property)
 Test(msg, equal_property_and_body_are_accepted)
 {
 	struct msg m;
-	struct msg_props p = { "m-1", 3, "OrderCancelled", 14 };
+	struct msg_props p = { "m-1", 3, "OrderCancelled", 14, NULL };
 
 	cr_assert_eq(parse_props("{\"message_id\":\"m-1\",\"type\":\"OrderCancelled\","
 	                         "\"order_id\":\"o\"}", &p, &m), MSG_REASON_NONE, "%s", m.detail);
@@ -157,7 +157,7 @@ Test(msg, equal_property_and_body_are_accepted)
 Test(msg, empty_property_counts_as_absent)
 {
 	struct msg m;
-	struct msg_props p = { "", 0, "", 0 };
+	struct msg_props p = { "", 0, "", 0, NULL };
 
 	cr_expect_eq(parse_props("{\"message_id\":\"m-1\",\"type\":\"OrderCreated\","
 	                         "\"order_id\":\"o\"}", &p, &m), MSG_REASON_NONE, "%s", m.detail);
@@ -610,7 +610,7 @@ Test(msg, hash_changes_with_any_value)
 Test(msg, hash_ignores_amqp_properties)
 {
 	static const char body[] = "{\"message_id\":\"m-1\",\"type\":\"OrderCreated\",\"order_id\":\"o\"}";
-	struct msg_props p = { "m-1", 3, "OrderCreated", 12 };
+	struct msg_props p = { "m-1", 3, "OrderCreated", 12, NULL };
 	struct msg a, b;
 
 	cr_assert_eq(parse(body, &a), MSG_REASON_NONE);
