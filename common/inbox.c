@@ -758,6 +758,7 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 	inbox_event_from_msg(&ev, m, in->body, in->len, in->routing_key, NULL);
 	ev.deliveries = in->deliveries;
 	ev.ctx = in->ctx;
+	ev.skipped = in->skip;
 	v = agg_decide(o->state, o->flags, m->type);
 	if (lc_sequenced(ib->bind->def)) {
 		bool taken;
@@ -772,6 +773,8 @@ static int inbox_decide(struct inbox *ib, const struct inbox_in *in, struct inbo
 			return ST_OK;
 		}
 	}
+	if (in->skip && v.decision != LC_HOLD)
+		v = (struct agg_verdict){ .decision = LC_IGNORE, .next = o->state, .flags = o->flags };
 	if (v.decision == LC_HOLD) {
 		inbox_hold(ib, in, o);
 	} else {

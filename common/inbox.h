@@ -61,6 +61,10 @@ struct inbox_in {
 	 * envelope.h): both kept with it when it is held. */
 	const struct env_context *ctx;
 	const char *event;
+	/* An operator's decision (dlq_skip.h): when the event's turn has come
+	 * it is ignored whatever the definition says, and in a numbered
+	 * definition takes its number; its inbox row's reason is skipped. */
+	bool skip;
 };
 
 #define INBOX_EVENTS_MAX 16 /* lifecycle.h's LC_MAX_EVENTS */

@@ -189,6 +189,7 @@ struct inbox_event {
 	const struct env_context *ctx; /* carried into what it causes; NULL: nothing */
 	const struct msg *msg;    /* the values its sets give (msg->vals) */
 	char sha[65];             /* the payload hash, hex: the ledger keeps it */
+	bool skipped;             /* ignored by an operator's decision (inbox_in.skip) */
 };
 
 /* Where an event being carried out comes from: the delivery (its inbox

@@ -532,7 +532,8 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 	 * transaction (inbox_end resets the write).  A live delivery's inbox
 	 * row says 'applied' from the claim; any other outcome is written. */
 	if (rc == ST_OK && (src != SRC_LIVE || v.decision != LC_APPLY || *reason != MSG_REASON_NONE))
-		inbox_w_outcome(ib, ev, outcome, *reason != MSG_REASON_NONE ? msg_reason_name(*reason) : NULL,
+		inbox_w_outcome(ib, ev, outcome,
+		                *reason != MSG_REASON_NONE ? msg_reason_name(*reason) : ev->skipped ? "skipped" : NULL,
 		                src == SRC_HELD_MEM);
 	if (rc != ST_OK)
 		return rc;

@@ -34,6 +34,7 @@
 #include "outbox.h"
 #include "dlq_entry.h"
 #include "dlq_judge.h"
+#include "dlq_skip.h"
 #include "envelope.h"
 #include "fault.h"
 #include "lifecycle.h"
@@ -58,7 +59,8 @@ struct dlq_run {
 	FILE *out;
 	struct mq *mq;      /* the consumer of the walk */
 	struct mq *pub;     /* replay: confirmed publishes */
-	struct dlq_judge judge; /* show, replay: the database (dlq_judge.h) */
+	struct dlq_judge judge; /* show, replay, skip: the database (dlq_judge.h) */
+	struct dlq_skip skip;   /* skip: its inbox on the judge's connection */
 	uint32_t in_queue;  /* messages ready when the walk began */
 	long read, shown, chosen, acted;
 	long by_verdict[DLQ_JUDGE_COUNT];
@@ -584,6 +586,36 @@ static int dlq_visit_purge(struct dlq_run *r, const struct mq_delivery *d, struc
 	return ST_OK;
 }
 
+/* ---- skip ---------------------------------------------------------------- */
+
+static int dlq_visit_skip(struct dlq_run *r, const struct mq_delivery *d, struct dlq_entry *e)
+{
+	char why[800];
+	bool chosen, skipped;
+	int rc = dlq_choose(r, e, &chosen);
+
+	if (rc != ST_OK || !chosen)
+		return rc;
+	rc = dlq_skip_entry(&r->skip, &r->judge, d, e, r->o->dry_run, &skipped, why, sizeof why);
+	if (rc != ST_OK)
+		return rc;
+	if (skipped && !r->o->dry_run) {
+		/* Dying before this ack leaves the letter: a second skip finds
+		 * its key taken and removes it. */
+		rc = mq_ack(r->mq, d->tag, false);
+		if (rc != ST_OK) {
+			LOG(LOG_LEVEL_ERROR, "skipped, but the dead letter could not be removed: a later skip removes it",
+			    LOG_S("msg", e->message_id), LOG_S("error", mq_errmsg(r->mq)));
+			return rc;
+		}
+	}
+	if (skipped)
+		r->acted++;
+	fprintf(r->out, "%-10s %-24s %-12s %-20s %s\n", !skipped ? "left" : r->o->dry_run ? "would skip" : "skipped",
+	        e->message_id, e->order_id[0] ? e->order_id : "-", e->reason, why);
+	return ST_OK;
+}
+
 /* ---- commands ------------------------------------------------------------ */
 
 int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
@@ -591,7 +623,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 	struct dlq_run r = { .conf = conf, .o = o, .out = out };
 	static const dlq_visit_fn visits[] = {
 		[DLQ_LIST] = dlq_visit_list, [DLQ_SHOW] = dlq_visit_show,
-		[DLQ_REPLAY] = dlq_visit_replay, [DLQ_PURGE] = dlq_visit_purge,
+		[DLQ_REPLAY] = dlq_visit_replay, [DLQ_PURGE] = dlq_visit_purge, [DLQ_SKIP] = dlq_visit_skip,
 	};
 	int rc, code = 1;
 
@@ -600,7 +632,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 	r.replayed = json_object();
 	if (r.by_reason == NULL || r.list == NULL || r.replayed == NULL)
 		goto cleanup;
-	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY) && dlq_judge_open(&r.judge, conf) != ST_OK)
+	if ((o->cmd == DLQ_SHOW || o->cmd == DLQ_REPLAY || o->cmd == DLQ_SKIP) && dlq_judge_open(&r.judge, conf) != ST_OK)
 		goto cleanup;
 	rc = mq_open(&r.mq, &conf->amqp, 0, "inbox-worker dlq");
 	if (rc != ST_OK)
@@ -610,7 +642,7 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 	 * anything more. */
 	mq_close(&r.mq);
 	/* A replay or purge that failed half-way still says what it did. */
-	if (rc != ST_OK && o->cmd != DLQ_REPLAY && o->cmd != DLQ_PURGE)
+	if (rc != ST_OK && o->cmd != DLQ_REPLAY && o->cmd != DLQ_PURGE && o->cmd != DLQ_SKIP)
 		goto cleanup;
 	switch (o->cmd) {
 	case DLQ_LIST:
@@ -669,12 +701,19 @@ int dlq_main(const struct cfg *conf, const struct dlq_opts *o, FILE *out)
 			        conf->dlq);
 		code = rc == ST_OK ? 0 : 1;
 		break;
+	case DLQ_SKIP:
+		fprintf(out, "%s%ld chosen of %u in %s; %s %ld; left in the queue %ld\n",
+		        o->dry_run ? "dry run, nothing changed: " : "", r.chosen, r.in_queue, conf->dlq,
+		        o->dry_run ? "would skip" : "skipped", r.acted, r.chosen - r.acted);
+		code = rc == ST_OK ? 0 : 1;
+		break;
 	case DLQ_CMD_COUNT: /* not a command: cmd_dlq_take never sets it */
 		break;
 	}
 cleanup:
 	mq_close(&r.mq);
 	mq_close(&r.pub);
+	dlq_skip_close(&r.skip);
 	dlq_judge_close(&r.judge);
 	json_decref(r.by_reason);
 	json_decref(r.list);
@@ -694,35 +733,41 @@ void dlq_usage(FILE *f)
 	           "            publish the chosen dead letters to the inbox exchange again; each is\n"
 	           "            removed only after the broker confirmed its copy\n"
 	           "  dlq purge --reason R [--id ID]... [--order ID] [--since D] [--yes]\n"
-	           "            count (and with --yes remove) the chosen dead letters\n");
+	           "            count (and with --yes remove) the chosen dead letters\n"
+	           "  dlq skip (--id ID | --order ID)... [--reason R]... [--since D] [--dry-run]\n"
+	           "            a numbered lifecycle's letters whose aggregate waits at their number: the\n"
+	           "            number is taken without the event's effect, what waits behind it released\n");
 }
 
 static const char *const dlq_cmd_names[] = {
 	[DLQ_LIST] = "list", [DLQ_SHOW] = "show", [DLQ_REPLAY] = "replay", [DLQ_PURGE] = "purge",
+	[DLQ_SKIP] = "skip",
 };
 _Static_assert(ARRAY_LEN(dlq_cmd_names) == DLQ_CMD_COUNT, "one name per enum dlq_cmd");
 
 #define L ARGS_BIT(DLQ_LIST)
 #define R ARGS_BIT(DLQ_REPLAY)
 #define P ARGS_BIT(DLQ_PURGE)
+#define S ARGS_BIT(DLQ_SKIP)
 #define O(field) offsetof(struct dlq_opts, field)
 
 /* The options of every dlq subcommand.  show takes none: its MESSAGE_ID
  * says which one.  The help texts are dlq_usage's, which --help prints. */
 static const struct args_opt dlq_opt_table[] = {
-	{ "--reason", L | R | P, ARGS_STRS, 0, DLQ_MAX_REASONS, O(reasons), O(nreasons), "R", "any of these reasons" },
-	{ "--id", L | R | P, ARGS_STRS, 0, DLQ_MAX_IDS, O(ids), O(nids), "ID", "any of these message ids" },
-	{ "--order", L | R | P, ARGS_STR, 0, 0, O(order_id), 0, "ID", "this order's" },
-	{ "--since", L | R | P, ARGS_DUR, 1, ARGS_NO_MAX, O(since_s), 0, "DURATION", "dead-lettered within" },
+	{ "--reason", L | R | P | S, ARGS_STRS, 0, DLQ_MAX_REASONS, O(reasons), O(nreasons), "R", "any of these reasons" },
+	{ "--id", L | R | P | S, ARGS_STRS, 0, DLQ_MAX_IDS, O(ids), O(nids), "ID", "any of these message ids" },
+	{ "--order", L | R | P | S, ARGS_STR, 0, 0, O(order_id), 0, "ID", "this order's" },
+	{ "--since", L | R | P | S, ARGS_DUR, 1, ARGS_NO_MAX, O(since_s), 0, "DURATION", "dead-lettered within" },
 	{ "--limit", R, ARGS_LONG, 1, ARGS_NO_MAX, O(limit), 0, "N", "most messages replayed" },
 	{ "--json", L, ARGS_FLAG, 0, 0, O(json), 0, NULL, "one JSON document" },
-	{ "--dry-run", R, ARGS_FLAG, 0, 0, O(dry_run), 0, NULL, "judge, replay nothing" },
+	{ "--dry-run", R | S, ARGS_FLAG, 0, 0, O(dry_run), 0, NULL, "judge, change nothing" },
 	{ "--yes", P, ARGS_FLAG, 0, 0, O(yes), 0, NULL, "remove them" },
 };
 
 #undef L
 #undef R
 #undef P
+#undef S
 #undef O
 
 static const struct args_spec dlq_spec = {
@@ -740,12 +785,12 @@ enum args_result cmd_dlq_take(int *argc, char **argv, struct dlq_opts *o, char *
 	if (r != ARGS_OK)
 		return r;
 	if (*argc < 2 || argv[1][0] == '-') {
-		snprintf(err, cap, "dlq: missing subcommand (list, show, replay, purge)");
+		snprintf(err, cap, "dlq: missing subcommand (list, show, replay, purge, skip)");
 		return ARGS_ERROR;
 	}
 	cmd = args_find(dlq_cmd_names, DLQ_CMD_COUNT, argv[1]);
 	if (cmd < 0) {
-		snprintf(err, cap, "dlq: unknown subcommand '%s' (list, show, replay, purge)", argv[1]);
+		snprintf(err, cap, "dlq: unknown subcommand '%s' (list, show, replay, purge, skip)", argv[1]);
 		return ARGS_ERROR;
 	}
 	o->cmd = (enum dlq_cmd)cmd;
@@ -769,6 +814,10 @@ enum args_result cmd_dlq_take(int *argc, char **argv, struct dlq_opts *o, char *
 		snprintf(err, cap, "dlq purge: --reason is required (rabbitmqctl purge_queue empties it all)");
 		return ARGS_ERROR;
 	}
+	if (o->cmd == DLQ_SKIP && o->nids == 0 && o->order_id == NULL) {
+		snprintf(err, cap, "dlq skip: say which: --id ID or --order ID (a skip is a decision about an event)");
+		return ARGS_ERROR;
+	}
 	for (int i = 1; i <= n; i++) /* the settings' flags, and the NULL after them */
 		argv[i] = rest[i];
 	*argc = n;
@@ -789,7 +838,8 @@ static int dlq_run(const struct cfg *conf, const struct cmd_opts *o)
 	char err[512];
 	int code;
 
-	if (o->dlq.cmd == DLQ_REPLAY && !o->dlq.dry_run && preflight_known_migrations(conf) != 0)
+	if ((o->dlq.cmd == DLQ_REPLAY || o->dlq.cmd == DLQ_SKIP) && !o->dlq.dry_run &&
+	    preflight_known_migrations(conf) != 0)
 		return 1;
 	/* Dead letters are read, judged and shown by the lifecycle the
 	 * worker runs (INBOX_LIFECYCLE; the built-in order one without). */

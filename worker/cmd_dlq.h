@@ -1,6 +1,6 @@
 /*
  * cmd_dlq.h - the dead-letter queue for operators: `inbox-worker dlq list |
- * show | replay | purge` (issue 15).
+ * show | replay | purge | skip` (issue 15; skip: common/dlq_skip.h).
  *
  * Reading never settles anything: the queue is consumed with a prefetch
  * window as large as the queue and nothing is acked; closing the
@@ -29,7 +29,7 @@
 #define DLQ_MAX_REASONS 16
 #define DLQ_MAX_IDS 256
 
-enum dlq_cmd { DLQ_LIST = 0, DLQ_SHOW, DLQ_REPLAY, DLQ_PURGE, DLQ_CMD_COUNT /* not a command */ };
+enum dlq_cmd { DLQ_LIST = 0, DLQ_SHOW, DLQ_REPLAY, DLQ_PURGE, DLQ_SKIP, DLQ_CMD_COUNT /* not a command */ };
 
 struct dlq_opts {
 	enum dlq_cmd cmd;
@@ -42,7 +42,7 @@ struct dlq_opts {
 	long since_s;                         /* --since: dead-lettered within; 0 = any */
 	long limit;                           /* --limit: most messages replayed; 0 = all */
 	bool json;                            /* --json (list) */
-	bool dry_run;                         /* --dry-run (replay) */
+	bool dry_run;                         /* --dry-run (replay, skip) */
 	bool yes;                             /* --yes (purge) */
 };
 

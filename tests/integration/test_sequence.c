@@ -26,6 +26,9 @@
  *     changed definition (tests/lifecycles/ticket_close_ignored_when_open.json);
  *   - t-11: a sequence-gap letter that `dlq replay` leaves, naming the
  *     number it waits for, until that number has come, and then applies;
+ *   - t-14: an invalid number skipped by the operator (`dlq skip`): the
+ *     number taken without its effect, the one held behind it released;
+ *     a letter that is not its ticket's next number is left, saying why;
  *   - t-13: numbered by an AMQP header (tests/lifecycles/ticket_by_header.json):
  *     a held event keeps its number through its kept headers.
  */
@@ -335,4 +338,60 @@ Test(sequence, a_number_in_an_amqp_header_orders_the_events, .timeout = 600)
 	cr_expect_eq(n, 1, "see %s", log);
 	itest_expect_dead(dead, n, "t13-x", "missing-field", "header x-seq (the event's number in its ticket's sequence) "
 	                                                    "is missing");
+}
+
+/* `dlq skip`: the operator's decision on an invalid number the ticket
+ * waits at.  The number is taken without its effect (ledger and inbox say
+ * ignored, the inbox row's reason skipped), number 3 held behind it is
+ * released in the same transaction, the letter leaves the DLQ.  A letter
+ * that is not its ticket's next number (a taken one) is left. */
+Test(sequence, an_operator_skips_the_number_a_ticket_waits_at, .timeout = 600)
+{
+	char env[4200], log[256], rlog1[256], rlog2[256], got[256];
+	const char *menv[] = { env, NULL };
+	const char *dry[] = { "dlq", "skip", "--order", "t-14", "--dry-run", NULL };
+	const char *skip[] = { "dlq", "skip", "--order", "t-14", NULL };
+	const char *bin = getenv("INBOX_WORKER_BIN");
+	struct mq *m;
+	pid_t w;
+	int st;
+
+	ticket_fresh(env, sizeof env, menv);
+	itest_log_path(log, sizeof log, "sequence-skip");
+	w = itest_worker_logged(1, menv, log);
+	m = itest_mq();
+	tk(m, "t14-1", "TicketOpened", "t-14", 1);
+	tk(m, "t14-2", "TicketClosed", "t-14", 2);   /* invalid while Open: the ticket waits at 2 */
+	tk(m, "t14-3", "WorkStarted", "t-14", 3);
+	tk(m, "t14-3b", "WorkStarted", "t-14", 1);   /* number 1 is taken: payload-conflict */
+	cr_assert_eq(itest_wait_depth(itest_cfg()->dlq, 2, WAIT_S), 2, "see %s", log);
+	cr_assert_eq(itest_wait_int("SELECT COUNT(*) FROM held_events WHERE message_id = 't14-3'", 1, WAIT_S), 1,
+	             "number 3 waits behind it; see %s", log);
+
+	itest_log_path(rlog1, sizeof rlog1, "sequence-skip-dry");
+	st = itest_wait_exit(itest_spawn_program(bin, dry, menv, rlog1, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq skip --dry-run (status %d); see %s", st, rlog1);
+	cr_expect(itest_log_has(rlog1, "would skip"), "see %s", rlog1);
+	cr_expect_eq(itest_int("SELECT version FROM tickets WHERE id = 't-14'"), 1, "a dry run changes nothing");
+
+	itest_log_path(rlog2, sizeof rlog2, "sequence-skip");
+	st = itest_wait_exit(itest_spawn_program(bin, skip, menv, rlog2, true), 60);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dlq skip (status %d); see %s", st, rlog2);
+	cr_expect(itest_log_has(rlog2, "number 1 of ticket t-14 was taken"), "the conflict is left; see %s", rlog2);
+	cr_expect(itest_log_has(rlog2, "skipped 1"), "see %s", rlog2);
+	cr_expect_eq(itest_wait_int("SELECT version FROM tickets WHERE id = 't-14'", 3, WAIT_S), 3, "see %s", rlog2);
+	itest_stop_ok(w);
+	mq_close(&m);
+	cr_expect(itest_str1("SELECT status FROM tickets WHERE id = ?", "t-14", got, sizeof got));
+	cr_expect_str_eq(got, "InProgress", "number 2 took no effect, number 3 did");
+	cr_expect(itest_str1("SELECT GROUP_CONCAT(CONCAT(version, ':', type, ':', outcome) ORDER BY version SEPARATOR ' ')"
+	                     " FROM ticket_events WHERE ticket_id = ?", "t-14", got, sizeof got));
+	cr_expect_str_eq(got, "1:TicketOpened:applied 2:TicketClosed:ignored 3:WorkStarted:applied");
+	cr_expect(itest_str1("SELECT CONCAT(outcome, ' ', reason) FROM processed_messages WHERE message_id = ?", "t14-2",
+	                     got, sizeof got));
+	cr_expect_str_eq(got, "ignored skipped");
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM held_events"), 0);
+	cr_expect_eq(itest_wait_depth(itest_cfg()->dlq, 1, 5), 1, "only the conflict stays in the DLQ");
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'SurveySent:t-14%'"), 0,
+	             "a skipped close emits nothing");
 }

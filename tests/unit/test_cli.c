@@ -114,8 +114,8 @@ Test(cli, help_recommends_the_environment_or_a_file_for_urls)
 Test(cli, dlq_usage_errors_exit_2_with_one_line)
 {
 	static const struct bad cases[] = {
-		{ "", "dlq", "inbox-worker: dlq: missing subcommand (list, show, replay, purge)\n" },
-		{ "", "dlq frob", "inbox-worker: dlq: unknown subcommand 'frob' (list, show, replay, purge)\n" },
+		{ "", "dlq", "inbox-worker: dlq: missing subcommand (list, show, replay, purge, skip)\n" },
+		{ "", "dlq frob", "inbox-worker: dlq: unknown subcommand 'frob' (list, show, replay, purge, skip)\n" },
 		{ "", "dlq show", "inbox-worker: dlq show: missing MESSAGE_ID\n" },
 		{ "", "dlq purge --yes",
 		  "inbox-worker: dlq purge: --reason is required (rabbitmqctl purge_queue empties it all)\n" },
@@ -128,7 +128,9 @@ Test(cli, dlq_usage_errors_exit_2_with_one_line)
 		 * passed on to the settings as an unknown flag. */
 		{ "", "dlq list --yes", "inbox-worker: --yes: only for dlq purge\n" },
 		{ "", "dlq show ID --json", "inbox-worker: --json: only for dlq list\n" },
-		{ "", "dlq show ID --reason x", "inbox-worker: --reason: only for dlq list, replay, purge\n" },
+		{ "", "dlq show ID --reason x", "inbox-worker: --reason: only for dlq list, replay, purge, skip\n" },
+		{ "", "dlq skip --reason invalid-transition",
+		  "inbox-worker: dlq skip: say which: --id ID or --order ID (a skip is a decision about an event)\n" },
 		{ "", "cleanup --dry-run=1", "inbox-worker: --dry-run: takes no value\n" },
 		{ "", "migrate --dry-run", "inbox-worker: --dry-run: unknown flag (see --help)\n" },
 	};
