@@ -10,45 +10,75 @@
 #include "msg.h"
 #include "spec_oracle.h"
 
-void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold *f)
+/* Decide message i on the aggregate as it is, and carry it out; whether
+ * the aggregate changed (or, numbered, took a number: *took). */
+static bool lg_fold_one(const struct lc_def *def, const int *ev, int i, struct lg_fold *f, bool *took)
 {
-	int held[LG_ROUTE_MAX], nheld = 0;
+	struct lc_verdict v = lc_decide(def, f->state, f->marks, ev[i]);
+
+	*took = false;
+	f->out[i] = v.decision;
+	f->before[i] = f->state;
+	if (v.decision == LC_HOLD)
+		return false;
+	*took = v.decision != LC_INVALID;
+	if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
+		return false;
+	f->state = v.next;
+	f->marks = v.marks;
+	f->version++;
+	f->emits |= v.emits;
+	f->ev_emits[i] = v.emits;
+	return true;
+}
+
+/* Whether held message i may go now: a state-ordered one when its
+ * decision is no longer a hold, a numbered one when its number is next. */
+static bool lg_due(const struct lc_def *def, const int *ev, const int *num, int i, const struct lg_fold *f,
+                   int taken)
+{
+	if (num != NULL)
+		return num[i] == taken + 1;
+	return lc_decide(def, f->state, f->marks, ev[i]).decision != LC_HOLD;
+}
+
+void lg_fold_run(const struct lc_def *def, const int *ev, const int *num, int n, struct lg_fold *f)
+{
+	int held[LG_ROUTE_MAX], nheld = 0, taken = 0;
 
 	memset(f, 0, sizeof *f);
 	for (int i = 0; i < n; i++) {
-		struct lc_verdict v = lc_decide(def, f->state, f->marks, ev[i]);
-		bool progress;
+		bool progress, took;
 
-		f->out[i] = v.decision;
-		f->before[i] = f->state;
-		if (v.decision == LC_HOLD) {
+		if (num != NULL && num[i] != taken + 1) {
+			f->out[i] = LC_HOLD; /* ahead of its turn (a taken number is no message of a route) */
+			f->before[i] = f->state;
 			f->held[i] = true;
 			held[nheld++] = i;
 			continue;
 		}
-		if (v.decision != LC_APPLY && v.decision != LC_COMPENSATE)
+		(void)lg_fold_one(def, ev, i, f, &took);
+		if (f->out[i] == LC_HOLD) {
+			f->held[i] = true;
+			held[nheld++] = i;
 			continue;
-		f->state = v.next;
-		f->marks = v.marks;
-		f->version++;
-		f->emits |= v.emits;
+		}
+		taken += took;
+		if (!took && num != NULL)
+			continue;
+		if (num == NULL && f->out[i] != LC_APPLY && f->out[i] != LC_COMPENSATE)
+			continue;
 		/* Re-evaluated whenever the aggregate changes: oldest first,
 		 * again after every change, until nothing more can go. */
 		do {
 			progress = false;
 			for (int h = 0; h < nheld; h++) {
-				struct lc_verdict hv = lc_decide(def, f->state, f->marks, ev[held[h]]);
-
-				if (hv.decision == LC_HOLD)
+				if (!lg_due(def, ev, num, held[h], f, taken))
 					continue;
-				f->out[held[h]] = hv.decision;
-				f->before[held[h]] = f->state;
-				if (hv.decision == LC_APPLY || hv.decision == LC_COMPENSATE) {
-					f->state = hv.next;
-					f->marks = hv.marks;
-					f->version++;
-					f->emits |= hv.emits;
-				}
+				(void)lg_fold_one(def, ev, held[h], f, &took);
+				if (f->out[held[h]] == LC_HOLD)
+					continue;
+				taken += took;
 				memmove(&held[h], &held[h + 1], (size_t)(nheld - h - 1) * sizeof held[0]);
 				nheld--;
 				progress = true;
@@ -63,20 +93,41 @@ static bool lg_takes_effect(enum lc_decision d)
 	return d == LC_APPLY || d == LC_COMPENSATE;
 }
 
+/* The numbers of a route's n messages in canonical order, 1..n, for a
+ * numbered definition; NULL for one ordered by its states. */
+static const int *lg_nums(const struct lc_def *def, int *buf, int n)
+{
+	if (!lc_sequenced(def))
+		return NULL;
+	for (int i = 0; i < n; i++)
+		buf[i] = i + 1;
+	return buf;
+}
+
 /* The route's expectations from its canonical order; false when an event
  * ends neither in an effect nor in a dead-letter (held for ever, ignored):
  * the ledger has no expectation for that. */
 static bool lg_route_expect(const struct lc_def *def, struct lg_route *r)
 {
 	struct lg_fold f;
+	int nums[LG_ROUTE_MAX];
 
-	lg_fold_run(def, r->ev, r->n, &f);
+	lg_fold_run(def, r->ev, lg_nums(def, nums, r->n), r->n, &f);
+	r->ninst = 0;
 	for (int i = 0; i < r->n; i++) {
 		if (!lg_takes_effect(f.out[i]) && f.out[i] != LC_INVALID)
 			return false;
 		r->dead[i] = f.out[i] == LC_INVALID;
 		r->out[i] = f.out[i];
 		r->before[i] = f.before[i];
+		for (int b = 0; lc_sequenced(def) && b < def->nemits; b++) {
+			if (!(f.ev_emits[i] & (1u << b)))
+				continue;
+			if (r->ninst == LG_INST_MAX)
+				return false;
+			r->inst_kind[r->ninst] = (uint8_t)b;
+			r->inst_num[r->ninst++] = (uint8_t)(i + 1);
+		}
 	}
 	r->end = f.state;
 	r->version = f.version;
@@ -136,7 +187,7 @@ static bool lg_route_stable(const struct lc_def *def, const struct lg_route *r)
 
 		for (int k = 0; k < r->n; k++)
 			ev[k] = r->ev[perm[k]];
-		lg_fold_run(def, ev, r->n, &f);
+		lg_fold_run(def, ev, NULL, r->n, &f);
 		if (f.state != r->end || f.version != r->version || f.emits != r->emits)
 			return false;
 		for (int k = 0; k < r->n; k++)
@@ -180,7 +231,9 @@ static bool lg_route_add(struct lg_plan *p, struct lg_route *r, bool quiet)
 
 	if (p->nroutes == LG_ROUTES_MAX)
 		return false;
-	if (!lg_route_expect(p->def, r) || !lg_route_stable(p->def, r)) {
+	/* A numbered route needs no check over arrival orders: the numbers
+	 * put every order back into the route's (plan.h). */
+	if (!lg_route_expect(p->def, r) || (!lc_sequenced(p->def) && !lg_route_stable(p->def, r))) {
 		if (!quiet) {
 			lg_route_describe(p->def, r, what, sizeof what);
 			fprintf(stderr, "inbox-loadgen: note: route %s left out: its outcome depends on arrival order\n",
@@ -287,10 +340,75 @@ static void lg_invalid_route(struct lg_plan *p)
 
 			if (lg_in_route(br, e))
 				continue;
-			lg_fold_run(d, br->ev, br->n, &f);
+			lg_fold_run(d, br->ev, NULL, br->n, &f);
 			if (lc_decide(d, f.state, f.marks, e).decision != LC_INVALID)
 				continue;
 			r.kind = LG_ROUTE_INVALID;
+			r.ev[r.n++] = e;
+			if (lg_route_add(p, &r, true)) {
+				p->invalid = p->nroutes - 1;
+				return;
+			}
+		}
+	}
+}
+
+/* A numbered definition's loops (plan.h): from state path[i] of the main
+ * path an event back to an earlier path[j], then the main path's events
+ * from path[j] to path[i] again, and on to its end. */
+static void lg_loops(struct lg_plan *p, const struct lg_route *m)
+{
+	const struct lc_def *d = p->def;
+
+	for (int i = 1; i < d->npath && i < m->n; i++) {
+		for (int e = 0; e < d->nevents; e++) {
+			const struct lc_event *ev = &d->events[e];
+			struct lg_route r;
+			int j = -1;
+
+			if (ev->creates != 0 || !(ev->from & (1u << d->path[i])))
+				continue;
+			for (int k = 0; k < i; k++)
+				if (d->path[k] == ev->to)
+					j = k;
+			if (j < 0 || m->n + 1 + (i - j) > LG_ROUTE_MAX)
+				continue;
+			memset(&r, 0, sizeof r);
+			r.kind = LG_ROUTE_BRANCH;
+			memcpy(r.ev, m->ev, (size_t)(i + 1) * sizeof r.ev[0]);
+			r.n = i + 1;
+			r.ev[r.n++] = e;
+			memcpy(r.ev + r.n, m->ev + j + 1, (size_t)(i - j) * sizeof r.ev[0]);
+			r.n += i - j;
+			memcpy(r.ev + r.n, m->ev + i + 1, (size_t)(m->n - i - 1) * sizeof r.ev[0]);
+			r.n += m->n - i - 1;
+			if (lg_route_add(p, &r, false))
+				p->nbranch++;
+		}
+	}
+}
+
+/* A numbered definition's invalid route: the shortest prefix of the main
+ * path after which some event is invalid, and that event, last. */
+static void lg_invalid_numbered(struct lg_plan *p, const struct lg_route *m)
+{
+	const struct lc_def *d = p->def;
+	int nums[LG_ROUTE_MAX];
+
+	p->invalid = -1;
+	for (int k = 1; k <= m->n && k < LG_ROUTE_MAX; k++) {
+		struct lg_fold f;
+
+		lg_fold_run(d, m->ev, lg_nums(d, nums, k), k, &f);
+		for (int e = 0; e < d->nevents; e++) {
+			struct lg_route r;
+
+			if (d->events[e].creates != 0 || lc_decide(d, f.state, f.marks, e).decision != LC_INVALID)
+				continue;
+			memset(&r, 0, sizeof r);
+			r.kind = LG_ROUTE_INVALID;
+			memcpy(r.ev, m->ev, (size_t)k * sizeof r.ev[0]);
+			r.n = k;
 			r.ev[r.n++] = e;
 			if (lg_route_add(p, &r, true)) {
 				p->invalid = p->nroutes - 1;
@@ -425,16 +543,10 @@ int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t
 	p->invalid = -1;
 	p->is_order = strcmp(def->aggregate, "order") == 0 && strcmp(def->table, "orders") == 0 &&
 	              strcmp(def->key, "order_id") == 0;
-	/* Its routes would need the producer's numbers in every message, and
-	 * a loop the same emitted kind twice: not planned yet. */
-	if (lc_sequenced(def)) {
-		snprintf(err, cap, "the %s definition is numbered by its producer (\"sequence\"): inbox-loadgen does not "
-		         "plan numbered routes yet", def->aggregate);
-		return -1;
-	}
 	/* The worker refuses such a definition (lifecycle check): a ledger
-	 * for it would predict what no arrival order promises. */
-	{
+	 * for it would predict what no arrival order promises.  A numbered
+	 * one's numbers promise it. */
+	if (!lc_sequenced(def)) {
 		struct lc_check chk;
 		if (!lc_check_order_independence(def, &chk)) {
 			snprintf(err, cap, "the definition is not arrival-order independent: %s", chk.why);
@@ -451,8 +563,13 @@ int lg_plan_build(struct lg_plan *p, const struct lc_def *def, char *err, size_t
 		snprintf(err, cap, "the main path's outcome depends on arrival order (or an event of it never takes effect)");
 		return -1;
 	}
+	if (lc_sequenced(def))
+		lg_loops(p, &p->routes[0]);
 	lg_branches(p, &p->routes[0]);
-	lg_invalid_route(p);
+	if (lc_sequenced(def))
+		lg_invalid_numbered(p, &p->routes[0]);
+	else
+		lg_invalid_route(p);
 	lg_fields(p);
 	lg_emit_order(p);
 	if (p->is_order && lg_spec_check(p, err, cap) != 0)

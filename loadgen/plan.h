@@ -5,7 +5,7 @@
  * dead-letter.
  *
  * Routes, in this order (for lifecycles/order.json they are the five paths
- * the load generator always had):
+ * the load generator always had; a numbered definition's are below):
  *   [0]            the main path: the creating event, then for each step
  *                  of main_path the first event (file order) that makes it;
  *   [1..nbranch]   the terminal branches: a prefix of the main path, then an
@@ -27,6 +27,15 @@
  * in from SPEC.md): a definition that disagrees is refused, so the order
  * lifecycle keeps an oracle of its own.
  *
+ * A definition the producer numbers (lc_sequenced) orders its events by
+ * their numbers, not its states: every arrival order ends as the number
+ * order does, so nothing is checked over arrival orders, and a route may
+ * loop.  Its routes: the main path; each loop (an event from a state of
+ * the main path back to an earlier one), taken once on the way; the
+ * terminal branches; and an invalid route, a prefix of the main path and
+ * then an event invalid there, last (an invalid number blocks the ones
+ * after it).  Message k of a route carries number k + 1.
+ *
  * Ownership: struct lg_plan is the caller's and holds a borrowed pointer
  * to the definition, which must outlive it.  No allocation.
  */
@@ -39,6 +48,9 @@
 #include "lifecycle.h"
 
 #define LG_ROUTE_MAX 9   /* events of the longest route: checked over n! orders */
+/* Emitted events of one route in a numbered definition, each by its
+ * cause's number (a loop emits a kind again under another number). */
+#define LG_INST_MAX 24
 #define LG_ROUTES_MAX 32
 #define LG_FIELDS_MAX LC_MAX_SETS
 
@@ -58,6 +70,12 @@ struct lg_route {
 	int end;               /* the state it ends in */
 	unsigned version;      /* effects: applied + compensated */
 	uint32_t emits;        /* bits into def->emits */
+	/* A numbered definition's (lc_sequenced) emitted events one by one:
+	 * the kind (an index into def->emits) and the number of the event
+	 * that caused it, which its id ends with (":<n>"); an event's number
+	 * is its place in the route, from 1. */
+	uint8_t inst_kind[LG_INST_MAX], inst_num[LG_INST_MAX];
+	int ninst;
 };
 
 /* One data field the scenario's messages carry (the union of the events'
@@ -96,11 +114,15 @@ struct lg_fold {
 	uint32_t marks;
 	unsigned version;
 	uint32_t emits;
+	uint32_t ev_emits[LG_ROUTE_MAX]; /* what each message emitted */
 };
 
 /* Fold ev[0..n) through lc_decide: holds re-evaluated oldest-first after
- * every change, as the worker does.  n <= LG_ROUTE_MAX. */
-void lg_fold_run(const struct lc_def *def, const int *ev, int n, struct lg_fold *f);
+ * every change, as the worker does.  n <= LG_ROUTE_MAX.  For a numbered
+ * definition num[i] is message i's number (NULL: a state-ordered one):
+ * a message applies when its number is next, a later one waits, and the
+ * waiting ones go in number order. */
+void lg_fold_run(const struct lc_def *def, const int *ev, const int *num, int n, struct lg_fold *f);
 
 /* Whether statements a and b of def are one statement: the same text
  * and the same value in each parameter (a data field by its name).  An

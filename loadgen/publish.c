@@ -162,7 +162,8 @@ static int lg_publish_item(struct lg_run *r, struct mq *m, const struct lg_item 
 
 	if (s->opts.envelope == LG_ENV_CE)
 		out.props_json = "{\"content_type\":\"application/cloudevents+json\"}";
-	if (s->opts.envelope == LG_ENV_CE_BINARY) {
+	/* binary mode's attributes, and a number a header carries */
+	if (s->opts.envelope == LG_ENV_CE_BINARY || s->plan.def->seq_header) {
 		int n = lg_ce_headers(s, it, h + 1, LG_CE_HEADERS, &ce);
 		if (n < 0) {
 			free(body);

@@ -197,12 +197,14 @@ static void lg_nominal(struct lg_scenario *s, const uint32_t *seq, unsigned n)
 		[LC_COMPENSATE] = "held-then-compensated",
 		[LC_INVALID] = "held-then-dead_lettered",
 	};
-	int ev[LG_ROUTE_MAX];
+	int ev[LG_ROUTE_MAX], num[LG_ROUTE_MAX];
 	struct lg_fold f;
 
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = 0; i < n; i++) {
 		ev[i] = s->msgs[seq[i]].ev;
-	lg_fold_run(s->plan.def, ev, (int)n, &f);
+		num[i] = lg_msg_number(s, &s->msgs[seq[i]]);
+	}
+	lg_fold_run(s->plan.def, ev, lc_sequenced(s->plan.def) ? num : NULL, (int)n, &f);
 	for (unsigned i = 0; i < n; i++)
 		s->msgs[seq[i]].nominal = f.held[i] ? held_then[f.out[i]] : lc_decision_outcome(f.out[i]);
 }
@@ -255,6 +257,12 @@ static int lg_hash_canonical(const struct lg_scenario *s, struct lg_msg *m, uint
 	unsigned int n = 0;
 	int rc = -1;
 
+	/* a header's number joins the event (msg.c), as the string it is sent as */
+	if (root != NULL && s->plan.def->seq_header &&
+	    json_object_set_new(root, "sequence", json_sprintf("%d", lg_msg_number(s, m))) != 0) {
+		json_decref(root);
+		root = NULL;
+	}
 	if (root != NULL)
 		canon = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
 	if (canon != NULL && EVP_Digest(canon, strlen(canon), m->sha256, &n, EVP_sha256(), NULL) == 1 && n == 32)
@@ -287,6 +295,13 @@ static int lg_hash_envelope(const struct lg_scenario *s, struct lg_msg *m, uint3
 	                              "type", lg_type_name(s, m), "order_id", s->orders[m->order].id,
 	                              "occurred_at", when, "data", data)
 	                  : NULL;
+	/* the number as the envelope layer keeps it: the attribute's or the
+	 * header's text (lg_body, lg_ce_headers send it as a string) */
+	if (ev != NULL && (s->plan.def->seq_attr || s->plan.def->seq_header) &&
+	    json_object_set_new(ev, "sequence", json_sprintf("%d", lg_msg_number(s, m))) != 0) {
+		json_decref(ev);
+		ev = NULL;
+	}
 	if (ev != NULL)
 		canon = json_dumps(ev, JSON_COMPACT | JSON_SORT_KEYS);
 	if (canon != NULL && EVP_Digest(canon, strlen(canon), m->sha256, &n, EVP_sha256(), NULL) == 1 && n == 32)
@@ -697,6 +712,11 @@ void lg_scenario_free(struct lg_scenario *s)
 	s->late.slots = NULL;
 }
 
+int lg_msg_number(const struct lg_scenario *s, const struct lg_msg *m)
+{
+	return m->order >= 0 ? (int)((uint32_t)(m - s->msgs) - s->orders[m->order].first_msg) + 1 : 1;
+}
+
 void lg_routing_key(const struct lg_scenario *s, const struct lg_msg *m, char *buf, size_t cap)
 {
 	if (m->bad == LG_BAD_UNKNOWN_TYPE)
@@ -856,6 +876,12 @@ static json_t *lg_data(const struct lg_scenario *s, const struct lg_item *it, co
 			data = NULL;
 		}
 	}
+	/* a definition numbered in its data: the number, an integer */
+	if (data != NULL && lc_sequenced(s->plan.def) && !s->plan.def->seq_attr && !s->plan.def->seq_header &&
+	    json_object_set_new(data, s->plan.def->seq_field, json_integer(lg_msg_number(s, m))) != 0) {
+		json_decref(data);
+		data = NULL;
+	}
 	return data;
 }
 
@@ -883,6 +909,12 @@ static json_t *lg_ce_event(const struct lg_scenario *s, const struct lg_msg *m, 
 		json_decref(ce);
 		ce = NULL;
 	}
+	/* CloudEvents' sequence extension is a string */
+	if (ce != NULL && s->plan.def->seq_attr &&
+	    json_object_set_new(ce, "sequence", json_sprintf("%d", lg_msg_number(s, m))) != 0) {
+		json_decref(ce);
+		ce = NULL;
+	}
 	return ce;
 }
 
@@ -890,10 +922,16 @@ int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct 
                   struct lg_ce_vals *vals)
 {
 	const struct lg_msg *m = &s->msgs[it->msg];
+	const struct lc_def *d = s->plan.def;
 	int n = 0;
 
 	if (cap < LG_CE_HEADERS)
 		return -1;
+	snprintf(vals->seq, sizeof vals->seq, "%d", lg_msg_number(s, m));
+	if (d->seq_header)
+		h[n++] = (struct mq_header){ d->seq_field, vals->seq };
+	if (s->opts.envelope != LG_ENV_CE_BINARY)
+		return n;
 	lg_occurred_at(s, m, it->variant == LG_VAR_CONFLICT && s->plan.nfields == 0 ? 1 + it->copy : 0, vals->time,
 	               sizeof vals->time);
 	if (m->bad == LG_BAD_INVALID)
@@ -910,6 +948,8 @@ int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct 
 	h[n++] = (struct mq_header){ "cloudEvents:time", vals->time };
 	if (m->bad != LG_BAD_MISSING)
 		h[n++] = (struct mq_header){ "cloudEvents:subject", vals->subject };
+	if (d->seq_attr)
+		h[n++] = (struct mq_header){ "cloudEvents:sequence", vals->seq };
 	return n;
 }
 
@@ -943,6 +983,9 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 	if (m->bad != LG_BAD_MISSING && json_object_set_new(o, s->plan.def->key, json_string(order_id)) != 0)
 		goto out;
 	if (json_object_set_new(o, "occurred_at", json_string(when)) != 0)
+		goto out;
+	/* a native message says the sequence attribute at the top (msg.c) */
+	if (s->plan.def->seq_attr && json_object_set_new(o, "sequence", json_integer(lg_msg_number(s, m))) != 0)
 		goto out;
 	if (m->bad == LG_BAD_TOO_LARGE && lg_pad(data, (size_t)s->opts.max_body + 64) != 0)
 		goto out;
@@ -1026,6 +1069,27 @@ static int lg_ledger_fields(const struct lg_scenario *s, int32_t i, FILE *f)
 	return fputs("}", f) < 0 ? -1 : 0;
 }
 
+/* A numbered definition's order line lists each emitted event with the
+ * number of its cause, which its id ends with: "emitted":[["Kind",3],...]
+ * (a kind a loop emits twice is there twice). */
+static int lg_ledger_emitted(const struct lg_scenario *s, const struct lg_order *od, FILE *f)
+{
+	const struct lg_route *rt = &s->plan.routes[od->route];
+
+	if (!lc_sequenced(s->plan.def))
+		return 0;
+	if (fputs(",\"emitted\":[", f) < 0)
+		return -1;
+	for (int k = 0; k < rt->ninst; k++) {
+		char label[2 * LC_NAME_MAX + 2];
+
+		if (lc_emit_label(s->plan.def, rt->inst_kind[k], label, sizeof label) < 0 ||
+		    fprintf(f, "%s[\"%s\",%d]", k ? "," : "", label, rt->inst_num[k]) < 0)
+			return -1;
+	}
+	return fputs("]", f) < 0 ? -1 : 0;
+}
+
 int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, const char *queue,
                     const char *dlq, const char *verify_queue)
 {
@@ -1061,7 +1125,8 @@ int lg_ledger_write(const struct lg_scenario *s, FILE *f, const char *consumer, 
 			    fprintf(f, "%s\"%s\"", n++ ? "," : "", label) < 0)
 				return -1;
 		}
-		if (fputs("]", f) < 0 || lg_ledger_fields(s, (int32_t)i, f) != 0 || fputs("}\n", f) < 0)
+		if (fputs("]", f) < 0 || lg_ledger_emitted(s, od, f) != 0 || lg_ledger_fields(s, (int32_t)i, f) != 0 ||
+		    fputs("}\n", f) < 0)
 			return -1;
 	}
 	for (size_t i = 0; i < s->nmsgs; i++) {

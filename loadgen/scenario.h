@@ -181,16 +181,25 @@ char *lg_body(const struct lg_scenario *s, const struct lg_item *it, size_t *len
 /* CloudEvents binary mode: the cloudEvents:* headers of a message (the
  * attributes its structured form carries), in h (cap entries) with their
  * values in vals.  Returns how many, or -1 when cap is too small. */
-#define LG_CE_HEADERS 6
+#define LG_CE_HEADERS 7
 struct lg_ce_vals {
 	char time[32];
 	char subject[LG_ID_MAX];
+	char seq[24];
 };
+/* In every envelope, for a definition numbered by a header (lifecycle.h,
+ * seq_header), that header is among them too (the only one outside
+ * binary mode). */
 int lg_ce_headers(const struct lg_scenario *s, const struct lg_item *it, struct mq_header *h, int cap,
                   struct lg_ce_vals *vals);
 /* The bytes of the binary `trace` header a LG_BAD_BINARY_HEADER message
  * carries (not UTF-8, with a NUL inside). */
 extern const unsigned char lg_binary_trace[8];
+
+/* A message's number in its aggregate's sequence, for a numbered
+ * definition (lc_sequenced): its place in its route, from 1; 1 for a
+ * malformed message. */
+int lg_msg_number(const struct lg_scenario *s, const struct lg_msg *m);
 
 /* The text of plan field f's value in aggregate order's messages (an
  * integer in decimal, a string as sent) into buf: 0, or -1 for a datetime

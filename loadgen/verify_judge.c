@@ -79,8 +79,19 @@ static void v_judge_rows(struct v_state *st, long *effects_expected, long *effec
 			         (long long)o->got_version);
 			v_add(&st->wrong, "%s: expected %s", o->id, exp);
 		}
+		/* A numbered definition's, one by one with their numbers */
+		for (int j = 0; j < o->ninst; j++) {
+			char label[2 * LC_NAME_MAX + 2];
+
+			(*emits_expected)++;
+			if (o->seen_inst & (1u << j))
+				continue;
+			st->miss_emits++;
+			(void)lc_emit_label(st->def, o->inst_kind[j], label, sizeof label);
+			v_add(&st->missing, "%s: %s (cause number %d) not emitted", o->id, label, o->inst_num[j]);
+		}
 		/* In the ledger's order (SPEC's for orders). */
-		for (int k = 0; k < st->def->nemits; k++) {
+		for (int k = 0; !lc_sequenced(st->def) && k < st->def->nemits; k++) {
 			int b = st->plan.emit_order[k];
 			if (!(o->emits & (1u << b)))
 				continue;
@@ -104,7 +115,7 @@ void v_judge(struct v_state *st, struct v_figures *f)
 	for (size_t i = 0; i < st->nmsgs; i++)
 		f->dead_seen += st->msgs[i].dlq_hits > 0 ? 1 : 0;
 	for (size_t i = 0; i < st->norders; i++)
-		f->emits_seen += __builtin_popcount(st->orders[i].seen);
+		f->emits_seen += __builtin_popcount(st->orders[i].seen) + __builtin_popcount(st->orders[i].seen_inst);
 	{
 		long long copies = (long long)json_integer_value(json_object_get(st->run, "copies_immediate")) +
 		                   (long long)json_integer_value(json_object_get(st->run, "copies_concurrent")) +

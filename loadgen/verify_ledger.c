@@ -73,7 +73,7 @@ void v_add(struct v_list *l, const char *fmt, ...)
 
 uint32_t v_emit_bit(const struct v_state *st, const char *label)
 {
-	int k = lc_emit_find_label(st->def, label);
+	int k = label != NULL ? lc_emit_find_label(st->def, label) : -1;
 
 	return k < 0 ? 0 : 1u << k;
 }
@@ -140,6 +140,14 @@ static void v_load_order(struct v_state *st, json_t *o)
 	json_array_foreach(json_object_get(o, "emits"), i, e) {
 		if (json_is_string(e))
 			od->emits |= v_emit_bit(st, json_string_value(e));
+	}
+	json_array_foreach(json_object_get(o, "emitted"), i, e) {
+		uint32_t bit = v_emit_bit(st, json_string_value(json_array_get(e, 0)));
+
+		if (bit != 0 && od->ninst < LG_INST_MAX) {
+			od->inst_kind[od->ninst] = (uint8_t)__builtin_ctz(bit);
+			od->inst_num[od->ninst++] = (uint8_t)json_integer_value(json_array_get(e, 1));
+		}
 	}
 	e = json_object_get(o, "route");
 	od->route = json_is_integer(e) ? (int)json_integer_value(e) : -1;

@@ -54,6 +54,12 @@ struct v_order {
 	unsigned version;
 	uint32_t emits;      /* expected: bits into def->emits */
 	uint32_t seen;       /* emitted messages seen */
+	/* A numbered definition's (lc_sequenced) emitted events one by one,
+	 * from the ledger's "emitted": kind (a bit of emits) and the number
+	 * of its cause, which its id ends with; seen_inst: bits into them. */
+	uint8_t inst_kind[LG_INST_MAX], inst_num[LG_INST_MAX];
+	int ninst;
+	uint32_t seen_inst;
 	bool found;
 	char got_status[24];
 	int64_t got_version;

@@ -14,7 +14,12 @@
  *     (issue 45) on the tables of lifecycles/invoice.sql: verify also
  *     finds each payment's ledger_entries row once and every account's
  *     balance at its baseline plus the payments, and, once a row is taken
- *     away and a balance moved, says so and fails.
+ *     away and a balance moved, says so and fails;
+ *   - lifecycles/ticket.json: numbered by its producer (issue 46), with a
+ *     reopen loop: the messages carry their numbers, verify counts each
+ *     emitted event by its cause's number (CustomerNotified at 3 and 5 on
+ *     the loop), and fails for a number the ledger expects and nothing
+ *     emitted, and for one emitted that the ledger does not expect.
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -192,5 +197,71 @@ Test(lifecycle_load, invoice_verify_catches_a_lost_row_and_a_wrong_sum, .timeout
 		snprintf(want, sizeof want, "accounts.balance_cents where id = %s is ", account);
 		cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
 	}
+	cr_assert(itest_log_has(vlog, "result      FAIL"), "see %s", vlog);
+}
+
+static const char *const ticket_tables[] = { "ticket_events", "ticket_locks", "tickets", NULL };
+
+/* Rewrite the ledger at path: the first order line of the loop route
+ * (its emitted list names CustomerNotified twice) loses its second
+ * CustomerNotified, and the next such line gains one at number 9 that no
+ * event caused.  The ids of both into lost and extra. */
+static void ticket_ledger_tamper(const char *path, char *lost, char *extra, size_t cap)
+{
+	static char text[4 << 20], out[4 << 20];
+	static const char twice[] = "[\"CustomerNotified\",3],[\"CustomerNotified\",5]";
+	size_t len = itest_read_file(path, text, sizeof text), o = 0;
+	char *line = text, *nl;
+	int done = 0;
+	FILE *f;
+
+	cr_assert_gt(len, 0, "%s", path);
+	lost[0] = extra[0] = '\0';
+	for (; line < text + len; line = nl + 1) {
+		char *at = strstr(line, twice);
+
+		nl = strchr(line, '\n');
+		cr_assert_not_null(nl);
+		*nl = '\0';
+		if (at != NULL && at < nl && done < 2) {
+			const char *id = strstr(line, "\"id\":\"") + 6;
+
+			snprintf(done == 0 ? lost : extra, cap, "%.*s", (int)strcspn(id, "\""), id);
+			o += (size_t)snprintf(out + o, sizeof out - o, "%.*s%s%s\n", (int)(at - line), line,
+			                      done == 0 ? "[\"CustomerNotified\",3]"
+			                                : "[\"CustomerNotified\",3],[\"CustomerNotified\",5],[\"CustomerNotified\",9]",
+			                      at + strlen(twice));
+			done++;
+		} else {
+			o += (size_t)snprintf(out + o, sizeof out - o, "%s\n", line);
+		}
+	}
+	cr_assert_eq(done, 2, "two aggregates on the loop route in %s", path);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(out, 1, o, f), o);
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* A numbered definition with a loop: a clean run, then the same run
+ * judged against a ledger told one emitted event fewer on one ticket and
+ * one more on another: verify must name both. */
+Test(lifecycle_load, numbered_ticket_verifies_each_emitted_event_by_its_number, .timeout = 600)
+{
+	struct lgl_run r;
+	const char *ver[] = { "verify", "--lifecycle", r.file, "--ledger", r.ledger, "--timeout", "60", NULL };
+	char vlog[320], lost[128], extra[128], want[400];
+
+	run_lifecycle("lifecycles/ticket.json", "ticket", ticket_tables, NULL, &r);
+	cr_assert(itest_log_has(r.vlog, "result      OK"), "see %s", r.vlog);
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'CustomerNotified:%:5'"), 0,
+	             "no ticket took the loop");
+	ticket_ledger_tamper(r.ledger, lost, extra, sizeof lost);
+	snprintf(vlog, sizeof vlog, "%s.again.log", r.ledger);
+	cr_assert_neq(itest_loadgen(ver, NULL, vlog, 300), 0, "verify passed a tampered ledger, see %s", vlog);
+	snprintf(want, sizeof want, "%s: CustomerNotified (cause number 9) not emitted", extra);
+	cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
+	snprintf(want, sizeof want, "%s: emitted CustomerNotified for number 5, which the ledger does not expect", lost);
+	cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
 	cr_assert(itest_log_has(vlog, "result      FAIL"), "see %s", vlog);
 }
