@@ -354,8 +354,9 @@ static void lg_invalid_route(struct lg_plan *p)
 }
 
 /* A numbered definition's loops (plan.h): from state path[i] of the main
- * path an event back to an earlier path[j], then the main path's events
- * from path[j] to path[i] again, and on to its end. */
+ * path an event back to path[j], j <= i (a renewal that stays where it
+ * is too), then the main path's events from path[j] to path[i] again,
+ * and on to its end. */
 static void lg_loops(struct lg_plan *p, const struct lg_route *m)
 {
 	const struct lc_def *d = p->def;
@@ -368,7 +369,7 @@ static void lg_loops(struct lg_plan *p, const struct lg_route *m)
 
 			if (ev->creates != 0 || !(ev->from & (1u << d->path[i])))
 				continue;
-			for (int k = 0; k < i; k++)
+			for (int k = 0; k <= i; k++)
 				if (d->path[k] == ev->to)
 					j = k;
 			if (j < 0 || m->n + 1 + (i - j) > LG_ROUTE_MAX)

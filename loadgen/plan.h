@@ -31,7 +31,7 @@
  * their numbers, not its states: every arrival order ends as the number
  * order does, so nothing is checked over arrival orders, and a route may
  * loop.  Its routes: the main path; each loop (an event from a state of
- * the main path back to an earlier one), taken once on the way; the
+ * the main path back to it or an earlier one), taken once on the way; the
  * terminal branches; and an invalid route, a prefix of the main path and
  * then an event invalid there, last (an invalid number blocks the ones
  * after it).  Message k of a route carries number k + 1.

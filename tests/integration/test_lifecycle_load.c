@@ -19,7 +19,10 @@
  *     reopen loop: the messages carry their numbers, verify counts each
  *     emitted event by its cause's number (CustomerNotified at 3 and 5 on
  *     the loop), and fails for a number the ledger expects and nothing
- *     emitted, and for one emitted that the ledger does not expect.
+ *     emitted, and for one emitted that the ledger does not expect;
+ *   - lifecycles/subscription.json: numbered in data.revision, renewed
+ *     in place (Active to Active) and recovered from PastDue, with one
+ *     emitted type (InvoiceIssued) from two events.
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -264,4 +267,19 @@ Test(lifecycle_load, numbered_ticket_verifies_each_emitted_event_by_its_number, 
 	snprintf(want, sizeof want, "%s: emitted CustomerNotified for number 5, which the ledger does not expect", lost);
 	cr_assert(itest_log_has(vlog, want), "lacks \"%s\", see %s", want, vlog);
 	cr_assert(itest_log_has(vlog, "result      FAIL"), "see %s", vlog);
+}
+
+/* The subscription: two loops, one a renewal that stays in Active, and
+ * an emitted type two events share, each under its cause and number. */
+Test(lifecycle_load, numbered_subscription_with_renewals_verifies_clean, .timeout = 600)
+{
+	static const char *const tables[] = { "subscription_events", "subscription_locks", "subscriptions", NULL };
+	struct lgl_run r;
+
+	run_lifecycle("lifecycles/subscription.json", "subscription", tables, NULL, &r);
+	cr_assert(itest_log_has(r.vlog, "result      OK"), "see %s", r.vlog);
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM outbox WHERE message_id LIKE 'InvoiceIssued:%:SubscriptionRenewed:%'"),
+	             0, "no subscription was renewed");
+	cr_assert_gt(itest_int("SELECT COUNT(*) FROM subscription_events WHERE type = 'PaymentRecovered'"), 0,
+	             "no subscription recovered");
 }
