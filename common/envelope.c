@@ -1034,9 +1034,15 @@ char *env_emit_body(const struct cfg *conf, const struct env_emitted *e)
 		              "type", e->type, e->key_field, e->key, "occurred_at", e->time, "data", "cause_message_id",
 		              e->cause_message_id, "cause_type", e->cause_type);
 	}
-	/* The cause's number: a second worker downstream orders the emitted
-	 * events by it ("sequence": {"from": "data.sequence"}), and a
-	 * CloudEvent says it in the sequence extension too (a string). */
+	/* Its own number among the aggregate's emitted events, without gaps:
+	 * a second worker downstream orders them by it ("sequence": {"from":
+	 * "data.sequence"}), and a CloudEvent says it in the sequence
+	 * extension too (a string).  The cause's number beside it. */
+	if (o != NULL && e->cause_sequence > 0 &&
+	    json_object_set_new(json_object_get(o, "data"), "cause_sequence", json_integer(e->cause_sequence)) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
 	if (o != NULL && e->sequence > 0) {
 		char n[24];
 

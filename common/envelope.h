@@ -127,7 +127,8 @@ struct env_emitted {
 	const char *cause_type;
 	const char *traceparent;       /* "" when there is no trace */
 	const char *tracestate;        /* "" when none came */
-	int64_t sequence;              /* a sequenced definition's number of its cause (data.sequence); 0: none */
+	int64_t cause_sequence;        /* a sequenced definition's number of its cause (data.cause_sequence); 0: none */
+	int64_t sequence;              /* its own number among its aggregate's emitted events (data.sequence); 0: none */
 };
 /* The body of e in conf->emit_envelope's format, compact JSON with sorted
  * keys, malloc'd (the caller frees); NULL only when memory ran out.  A

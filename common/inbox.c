@@ -154,8 +154,9 @@ static int inbox_names_build(struct inbox *ib)
 	NAME(lock_rows, "INSERT INTO `%s` (`%s`, held, locks) VALUES ", lk, k);
 	NAME(lock_rows_tail, " ON DUPLICATE KEY UPDATE locks = `%s`.locks + 1;", lk);
 	NAME(key_in, "`%s` IN (", k);
-	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags FROM `%s` l"
-	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, lk, t, k);
+	/* a numbered definition's rows count what they emitted (emitted) */
+	NAME(read_aggs, "SELECT l.`%s`, l.held, o.status, o.version, o.flags%s FROM `%s` l"
+	     " LEFT JOIN `%s` o ON o.id = l.`%s` WHERE l.", k, lc_sequenced(d) ? ", o.emitted" : "", lk, t, k);
 	NAME(read_keys, "SELECT p.source, p.message_id, p.payload_sha256, e.`%s`, e.type, e.payload_sha256,"
 	     " p.claim <=> ", k);
 	NAME(read_keys_join, " FROM processed_messages p LEFT JOIN `%s` e ON e.consumer = p.consumer"
@@ -165,9 +166,9 @@ static int inbox_names_build(struct inbox *ib)
 	NAME(held_where, " WHERE `%s` = ", k);
 	NAME(event_head, "INSERT INTO `%s` (`%s`, consumer, source, message_id, type, outcome, from_status,"
 	     " to_status, version, applied_at, payload_sha256) VALUES ", ev, k);
-	NAME(agg_head, "INSERT INTO `%s` (id, status, version, flags", t);
+	NAME(agg_head, "INSERT INTO `%s` (id, status, version, flags%s", t, lc_sequenced(d) ? ", emitted" : "");
 	NAME(agg_tail, " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
-	     " flags = VALUES(flags)");
+	     " flags = VALUES(flags)%s", lc_sequenced(d) ? ", emitted = VALUES(emitted)" : "");
 #undef NAME
 	for (int c = 0; c < ib->bind->ncols; c++) {
 		const char *col = ib->bind->cols[c];
@@ -503,14 +504,18 @@ int inbox_claim_row(void *arg, int stmt, const char *const *v, const unsigned lo
 		snprintf(k->type, sizeof k->type, "%s", v[4]);
 		return ST_OK;
 	}
-	if (stmt == 3 && ncols == 5) {
-		int64_t held, version = 0, flags = 0;
+	if (stmt == 3 && ncols == (lc_sequenced(ib->bind->def) ? 6 : 5)) {
+		int64_t held, version = 0, flags = 0, emitted = 0;
+		int rc;
 
 		if (ib->norders >= ib->cap || v[0] == NULL || inbox_col_i64(v[1], &held) != ST_OK)
 			return ST_ERR_DB;
-		if (v[2] != NULL && (inbox_col_i64(v[3], &version) != ST_OK || inbox_col_i64(v[4], &flags) != ST_OK))
+		if (v[2] != NULL && (inbox_col_i64(v[3], &version) != ST_OK || inbox_col_i64(v[4], &flags) != ST_OK ||
+		                     (ncols == 6 && inbox_col_i64(v[5], &emitted) != ST_OK)))
 			return ST_ERR_DB;
-		return inbox_order_fill(&ib->orders[ib->norders++], v[0], held, v[2], version, flags);
+		rc = inbox_order_fill(&ib->orders[ib->norders], v[0], held, v[2], version, flags);
+		ib->orders[ib->norders++].emitted = emitted;
+		return rc;
 	}
 	if (stmt == 4)
 		return inbox_hrow_add(ib, v, lens, ncols);

@@ -31,6 +31,10 @@ struct inbox_agg {
 	int state; /* an index of the bound definition */
 	unsigned flags;
 	int64_t version;
+	/* A numbered definition's (lc_sequenced): the events it emitted so
+	 * far, whose count numbers the next one's data.sequence (1, 2, ...:
+	 * a downstream worker orders by it without gaps). */
+	int64_t emitted;
 	int64_t held;
 	/* Events of this batch held in memory (inbox_hold): not written
 	 * unless still held when the batch ends. */

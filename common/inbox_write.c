@@ -211,6 +211,8 @@ int inbox_flush(struct inbox *ib, bool commit)
 			sqlbuf_str(o, agg_state_name(r->state));
 			sqlbuf_i64(o, r->version);
 			sqlbuf_i64(o, r->flags);
+			if (lc_sequenced(ib->bind->def))
+				sqlbuf_i64(o, r->emitted);
 			for (int c = 0; c < ib->bind->ncols; c++) {
 				sqlbuf_value(o, r->col[c] != 0 ? ib->vals.p + r->col[c] - 1 : "NULL");
 				r->col[c] = 0;
@@ -493,7 +495,8 @@ int inbox_act(struct inbox *ib, struct inbox_agg *o, const struct inbox_event *e
 		for (int i = 0; rc == ST_OK && i < d->nemits; i++) {
 			if (v.emits & (1u << i)) {
 				rc = outbox_row_event(&ib->w[W_OUTBOX], ib->conf, ib->emit, i, ev->order_id, ev->message_id,
-				                      ev->type_name, ev->ctx, lc_sequenced(d) ? o->version + 1 : 0);
+				                      ev->type_name, ev->ctx, lc_sequenced(d) ? o->version + 1 : 0,
+				                      lc_sequenced(d) ? ++o->emitted : 0);
 				nrows++;
 			}
 		}

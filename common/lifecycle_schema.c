@@ -103,6 +103,10 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 	add_fmt(nd, &n, 0, "status", F_VARCHAR, sw, "VARCHAR(%d) CHARACTER SET ascii NOT NULL", sw < 24 ? 24 : sw);
 	add(nd, &n, 0, "version", F_INT, 0, "INT UNSIGNED NOT NULL");
 	add(nd, &n, 0, "flags", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
+	/* what a numbered aggregate emitted so far: its emitted events' own
+	 * numbers (inbox_int.h) */
+	if (lc_sequenced(d))
+		add(nd, &n, 0, "emitted", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
 	for (int e = 0; e < d->nevents; e++) {
 		for (int k = 0; k < d->events[e].nsets; k++) {
 			const struct lc_set *st = &d->events[e].sets[k];

@@ -263,7 +263,7 @@ out:
 
 int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
-                     const struct env_context *ctx, int64_t seq)
+                     const struct env_context *ctx, int64_t seq, int64_t emitted)
 {
 	char id[MSG_WIDE_ID_MAX + 1], rk[OUTBOX_SHORTSTR_MAX + 1], ts[32], tp[ENV_TRACEPARENT_LEN + 1];
 	char *body = NULL, *props = NULL;
@@ -292,7 +292,8 @@ int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem
 		struct env_emitted e = {
 			.id = id, .type = type, .key_field = def->key, .key = order_id, .time = ts,
 			.cause_message_id = cause_message_id, .cause_type = cause_type, .traceparent = tp,
-			.tracestate = tp[0] != '\0' ? ctx->tracestate : "", .sequence = seq,
+			.tracestate = tp[0] != '\0' ? ctx->tracestate : "", .cause_sequence = seq,
+			.sequence = emitted,
 		};
 
 		body = env_emit_body(conf, &e);

@@ -97,11 +97,13 @@ void outbox_mem_free(struct outbox_mem *mem);
  * correlation id (props), with conf->emit_envelope's envelope.
  * seq > 0: the cause's number in a sequenced definition, which the id
  * ends with (":<seq>": a loop emits a type again, under another id) and
- * the body carries as data.sequence.
+ * the body carries as data.cause_sequence; emitted > 0: this event's own
+ * number among those its aggregate emitted (1, 2, ... without gaps),
+ * data.sequence, by which a worker downstream orders them.
  * ST_OK, ST_ERR_NOMEM, ST_ERR_INVALID (no clock). */
 int outbox_row_event(struct sqlbuf *b, const struct cfg *conf, struct outbox_mem *mem, int emit,
                      const char *order_id, const char *cause_message_id, const char *cause_type,
-                     const struct env_context *ctx, int64_t seq);
+                     const struct env_context *ctx, int64_t seq, int64_t emitted);
 
 /* The dead-letter copy of an event (its transition is impossible, its
  * hold expired, its stored body cannot be applied): its own body,

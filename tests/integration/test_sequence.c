@@ -134,7 +134,9 @@ Test(sequence, a_numbered_ticket_applies_in_its_producers_order_through_a_loop, 
 	                 "each resolution notifies once, under its own id");
 	cr_expect(itest_str1("SELECT CAST(body AS CHAR) FROM outbox WHERE message_id = ?", "CustomerNotified:t-1:5", got,
 	                     sizeof got));
-	cr_expect(strstr(got, "\"sequence\":5") != NULL, "the emitted event carries its cause's number: %s", got);
+	cr_expect(strstr(got, "\"cause_sequence\":5") != NULL, "the emitted event carries its cause's number: %s", got);
+	cr_expect(strstr(got, "\"sequence\":2") != NULL, "and its own among the ticket's emitted events: %s", got);
+	cr_expect_eq(itest_int1("SELECT emitted FROM tickets WHERE id = ?", "t-1"), 3, "the ticket emitted three");
 	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM processed_messages WHERE message_id = ? AND outcome = 'ignored'",
 	                        "t1-7"), 1);
 	cr_expect_eq(itest_int1("SELECT COUNT(*) FROM ticket_events WHERE message_id = ? AND outcome = 'ignored'"
