@@ -143,6 +143,7 @@ enum cfg_kind {
 	K_DB_URL,   /* struct cfg_db */
 	K_TYPE_MAP, /* char *, "theirs=Ours,..." (check_type_map); may be empty */
 	K_FIELD,    /* char *, "subject" or a dotted path (check_field); may be empty */
+	K_BINDINGS, /* char *, routing-key patterns separated by commas (check_bindings); may be empty */
 };
 
 struct cfg_setting {
@@ -214,6 +215,12 @@ static const struct cfg_setting cfg_settings[] = {
 	  "the queue consumed", NULL },
 	{ "INBOX_EXCHANGE", "exchange", NULL, NULL, "orders", K_NAME, F(exchange), 1, 255, NULL,
 	  "the exchange the queue is bound to (key order.#)", NULL },
+	{ "INBOX_BIND", "bind", NULL, NULL, "", K_BINDINGS, F(bind), 0, 0, NULL,
+	  "more routing keys the queue takes from INBOX_EXCHANGE, comma-separated (ticket.#)",
+	  "A worker downstream of another consumes what the first emits: INBOX_EXCHANGE the first's "
+	  "INBOX_OUT_EXCHANGE, INBOX_BIND its aggregate's events (`ticket.#`; the first publishes each "
+	  "emitted event as `<aggregate>.<type>`).  Topic patterns, each 1-255 of [A-Za-z0-9._:-] and "
+	  "`*`, `#`." },
 	{ "INBOX_DLX", "dlx", NULL, NULL, "orders.dlx", K_NAME, F(dlx), 1, 255, NULL,
 	  "dead-letter exchange", NULL },
 	{ "INBOX_DLQ", "dlq", NULL, NULL, "orders.inbox.dlq", K_NAME, F(dlq), 1, 255, NULL,
@@ -389,6 +396,34 @@ static int check_type_map(const char *v, char *reason, size_t n)
 		}
 	}
 	return 0;
+}
+
+/* INBOX_BIND: topic patterns separated by commas, each 1-255 characters
+ * of a queue name's alphabet and the wildcards. */
+static int check_bindings(const char *v, char *reason, size_t n)
+{
+	char shown[CFG_ECHO_MAX + 4];
+	size_t run = 0;
+
+	addr_echo(shown, sizeof shown, v);
+	for (const char *p = v;; p++) {
+		if (*p == ',' || *p == '\0') {
+			if (run == 0 && (*p == ',' || p != v)) {
+				addr_errf(reason, n, "an empty routing key between commas: '%s'", shown);
+				return -1;
+			}
+			if (*p == '\0')
+				return 0;
+			run = 0;
+			continue;
+		}
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || is_digit(*p) || strchr("._:-*#", *p) != NULL) ||
+		    ++run > 255) {
+			addr_errf(reason, n, "must be routing keys of [A-Za-z0-9._:-*#], 1-255 each, separated by commas: "
+			          "'%s'", shown);
+			return -1;
+		}
+	}
 }
 
 /* A path into an envelope's data: dot-separated names of [A-Za-z0-9_$-],
@@ -637,7 +672,10 @@ static int parse_value(const struct cfg_setting *s, const char *raw, struct cfg 
 	}
 	case K_TYPE_MAP:
 	case K_FIELD:
-		if (s->kind == K_TYPE_MAP ? check_type_map(raw, reason, n) != 0 : check_field(raw, reason, n) != 0)
+	case K_BINDINGS:
+		if (s->kind == K_TYPE_MAP   ? check_type_map(raw, reason, n) != 0
+		    : s->kind == K_FIELD    ? check_field(raw, reason, n) != 0
+		                            : check_bindings(raw, reason, n) != 0)
 			return -1;
 		*(char **)field = strdup(raw);
 		if (*(char **)field == NULL) {
@@ -964,6 +1002,7 @@ void cfg_free(struct cfg *c)
 	free(c->lifecycle);
 	free(c->type_map);
 	free(c->order_id_field);
+	free(c->bind);
 	memset(c, 0, sizeof *c);
 }
 
@@ -982,6 +1021,7 @@ static const char *kind_metavar(const struct cfg_setting *s)
 	case K_DB_URL: return "URL";
 	case K_TYPE_MAP: return "MAP";
 	case K_FIELD: return "FIELD";
+	case K_BINDINGS: return "KEYS";
 	}
 	return "VALUE";
 }

@@ -123,6 +123,7 @@ struct cfg {
 	char *dlq;                  /* INBOX_DLQ orders.inbox.dlq */
 	enum cfg_queue_type dlq_type; /* INBOX_DLQ_TYPE classic|quorum */
 	char *out_exchange;         /* INBOX_OUT_EXCHANGE orders.out */
+	char *bind;                 /* INBOX_BIND more routing keys, "a,b"; "" = none */
 	long max_body;              /* INBOX_MAX_BODY 65536 [64, 16 MiB] */
 	long retention_s;           /* INBOX_RETENTION 7d, >= 1m */
 	long cleanup_interval_s;    /* INBOX_CLEANUP_INTERVAL 10m, >= 1s: janitor's retention passes */

@@ -631,6 +631,14 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 			rc = mq_bind(m, conf->queue, conf->exchange, "order.#");
 		if (rc == ST_OK && aggregate_key[0] != '\0')
 			rc = mq_bind(m, conf->queue, conf->exchange, aggregate_key);
+		for (const char *k = conf->bind; rc == ST_OK && k != NULL && *k != '\0';) {
+			char key[256];
+			size_t n = strcspn(k, ",");
+
+			snprintf(key, sizeof key, "%.*s", (int)n, k); /* 1..255 (cfg.c) */
+			rc = mq_bind(m, conf->queue, conf->exchange, key);
+			k += n + (k[n] == ',');
+		}
 		return rc;
 	}
 	/* Sharded: orders -> <exchange>.sharded (x-consistent-hash on the
@@ -662,6 +670,15 @@ int mq_declare_topology(struct mq *m, const struct cfg *conf)
 			amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b(aggregate_key),
 			                   amqp_empty_table);
 			rc = mq_rpc(m, "exchange.bind");
+		}
+		for (const char *k = conf->bind; rc == ST_OK && k != NULL && *k != '\0';) {
+			char key[256];
+			size_t n = strcspn(k, ",");
+
+			snprintf(key, sizeof key, "%.*s", (int)n, k);
+			amqp_exchange_bind(m->conn, MQ_CHANNEL, mq_b(hx), mq_b(conf->exchange), mq_b(key), amqp_empty_table);
+			rc = mq_rpc(m, "exchange.bind");
+			k += n + (k[n] == ',');
 		}
 		for (int i = 0; rc == ST_OK && i < conf->shards; i++) {
 			snprintf(shard, sizeof shard, "%s.shard.%d", conf->queue, i);
