@@ -1232,6 +1232,25 @@ Test(cfg, the_type_map_takes_any_type_name_for_the_definition_to_judge)
 	               "at most 64): 'x=not-a-type'");
 }
 
+/* INBOX_BIND: more topic patterns for the queue (a worker downstream of
+ * another binds that one's emitted events), none by default. */
+Test(cfg, bind_takes_routing_key_patterns)
+{
+	struct cfg c;
+
+	LOAD_OK(&c, NULL);
+	cr_expect_str_eq(c.bind, "");
+	cfg_free(&c);
+	setenv("INBOX_BIND", "ticket.#,loan.*.Approved", 1);
+	LOAD_OK(&c, NULL);
+	cr_expect_str_eq(c.bind, "ticket.#,loan.*.Approved");
+	cfg_free(&c);
+	unsetenv("INBOX_BIND");
+	expect_env_err("INBOX_BIND", "ticket.#,", "INBOX_BIND: an empty routing key between commas: 'ticket.#,'");
+	expect_env_err("INBOX_BIND", "ticket #", "INBOX_BIND: must be routing keys of [A-Za-z0-9._:-*#], 1-255 each, "
+	                                         "separated by commas: 'ticket #'");
+}
+
 Test(cfg, the_order_id_field_takes_one_field_per_envelope)
 {
 	struct cfg c;
