@@ -159,6 +159,10 @@ static int print_diff(const char *old_path, const char *new_path, FILE *out, FIL
 		goto cleanup;
 	}
 	n = lc_diff(a, b, out);
+	if (n < 0) {
+		fprintf(err, "inbox-worker: lifecycle diff: out of memory\n");
+		goto cleanup;
+	}
 	if (n == 0)
 		fprintf(out, "no differences for the rows of %s\n", old_path);
 	code = n == 0 ? 0 : 1;

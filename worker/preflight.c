@@ -44,7 +44,7 @@ struct lc_def *preflight_lifecycle_load(const struct cfg *conf, struct lc_errors
 {
 	if (conf->lifecycle != NULL && conf->lifecycle[0] != '\0')
 		return lc_load_file(conf->lifecycle, errs);
-	return lc_load(lc_builtin_order, lc_builtin_order_len, errs);
+	return lc_load_builtin(errs);
 }
 
 /* Kept for the process's life: agg_decide reads it from every thread. */
