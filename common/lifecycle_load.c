@@ -270,7 +270,8 @@ static bool name_ok(const char *s)
 
 bool lc_column_reserved(const char *column)
 {
-	static const char *const kept[] = { "id", "status", "version", "flags", "created_at", "updated_at", NULL };
+	static const char *const kept[] = { "id", "status", "version", "flags", "created_at", "updated_at",
+		                            "lifecycle_version", NULL };
 
 	for (int k = 0; kept[k] != NULL; k++)
 		if (strcmp(column, kept[k]) == 0)
@@ -585,7 +586,7 @@ static void parse_sets(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 		}
 		if (lc_column_reserved(col)) {
 			lc_err(c, "column \"%s\" is one the worker keeps itself (id, status, version, flags, created_at, "
-			          "updated_at): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
+			          "updated_at, lifecycle_version): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
 			lc_pop(c);
 			continue;
 		}
