@@ -303,6 +303,22 @@ static void inbox_hrow_event(const struct inbox *ib, const struct inbox_hrow *r,
 	env_context_from_json(inbox_hval(ib, r, HV_CONTEXT), &x->ctx);
 }
 
+/* A held event held under another version of the definition than the
+ * one that has just decided it (the worker was started by a changed
+ * definition while it waited): said, since its outcome may be one the
+ * old version would not have given. */
+static void inbox_held_log_version(const struct inbox *ib, const struct inbox_agg *o, const struct inbox_hrow *r,
+                                   const struct inbox_held *h, const char *outcome)
+{
+	const char *was = inbox_hval(ib, r, HV_VERSION), *now = ib->bind->def->version;
+
+	if (was != NULL && strcmp(was, now) == 0)
+		return;
+	LOG(LOG_LEVEL_INFO, "held event decided by another definition version", LOG_S("message_id", h->message_id),
+	    LOG_S("order", o->id), LOG_S("type", h->type), LOG_S("held_under", was != NULL ? was : "unrecorded"),
+	    LOG_S("decided_by", now), LOG_S("outcome", outcome));
+}
+
 /* Re-evaluate one held event, read back whole, on the locked order.  One
  * that must still wait is left alone (*settled false); any other is
  * parsed again and carried out exactly as if it had just arrived, then
@@ -363,6 +379,7 @@ settled:
 	*settled = true;
 	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
 	res->released_reason[reason]++;
+	inbox_held_log_version(ib, o, r, &h, reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision));
 	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision)));
 	log_trace_clear();
