@@ -102,7 +102,7 @@ static void bind_builtin(void)
 {
 	struct lc_errors errs;
 	char why[512];
-	struct lc_def *d = lc_load(lc_builtin_order, lc_builtin_order_len, &errs);
+	struct lc_def *d = lc_load_builtin(&errs);
 
 	/* The file is compiled in and tested (test_lifecycle): failing here
 	 * is a build defect, and no order can be decided without it. */

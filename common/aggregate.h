@@ -64,7 +64,8 @@ struct agg_verdict {
 /* Every verdict precomputed, when they fit (else lc_decide per call). */
 #define AGG_CELLS_MAX 4096
 /* The distinct columns a definition's events set (the aggregate row's
- * columns beyond id, status, version, flags, created_at, updated_at). */
+ * columns beyond id, status, version, flags, created_at, updated_at,
+ * lifecycle_version). */
 #define AGG_COLS_MAX 32
 
 /* A definition bound to run (see aggregate.c). */

@@ -168,7 +168,8 @@ static int inbox_names_build(struct inbox *ib)
 	     " to_status, version, applied_at, payload_sha256) VALUES ", ev, k);
 	NAME(agg_head, "INSERT INTO `%s` (id, status, version, flags%s", t, lc_sequenced(d) ? ", emitted" : "");
 	NAME(agg_tail, " ON DUPLICATE KEY UPDATE status = VALUES(status), version = VALUES(version),"
-	     " flags = VALUES(flags)%s", lc_sequenced(d) ? ", emitted = VALUES(emitted)" : "");
+	     " flags = VALUES(flags), lifecycle_version = VALUES(lifecycle_version)%s",
+	     lc_sequenced(d) ? ", emitted = VALUES(emitted)" : "");
 #undef NAME
 	for (int c = 0; c < ib->bind->ncols; c++) {
 		const char *col = ib->bind->cols[c];
@@ -181,11 +182,30 @@ static int inbox_names_build(struct inbox *ib)
 	}
 	hl = strlen(n->agg_head);
 	tl = strlen(n->agg_tail);
-	w |= snprintf(n->agg_head + hl, sizeof n->agg_head - hl, ", created_at, updated_at) VALUES ") >=
+	w |= snprintf(n->agg_head + hl, sizeof n->agg_head - hl, ", lifecycle_version, created_at, updated_at) VALUES ") >=
 	     (int)(sizeof n->agg_head - hl);
 	w |= snprintf(n->agg_tail + tl, sizeof n->agg_tail - tl, ", updated_at = VALUES(updated_at)") >=
 	     (int)(sizeof n->agg_tail - tl);
 	return w ? ST_ERR_INVALID : ST_OK;
+}
+
+/* The bound definition's version as SQL text, escaped once (ib->sql). */
+static int inbox_version_lit(struct inbox *ib)
+{
+	struct sqlbuf *q = &ib->req;
+	int rc;
+
+	sqlbuf_reset(q);
+	sqlbuf_str(q, ib->bind->def->version);
+	rc = sqlbuf_err(q);
+	if (rc == ST_OK && q->len >= sizeof ib->sql.version_lit)
+		rc = ST_ERR_INVALID; /* lc_load bounds it: twice its length and the quotes fit */
+	if (rc == ST_OK) {
+		memcpy(ib->sql.version_lit, q->p, q->len);
+		ib->sql.version_lit[q->len] = '\0';
+	}
+	sqlbuf_reset(q);
+	return rc;
 }
 
 int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
@@ -229,8 +249,8 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 		         " AND message_id = ?", tb[1]);
 		PREP(ledger_probe, q);
 	}
-	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body, event, context FROM held_events"
-	               " WHERE id = ? AND consumer = ?");
+	PREP(held_get, "SELECT source, message_id, type, routing_key, props, body, event, context, lifecycle_version"
+	               " FROM held_events WHERE id = ? AND consumer = ?");
 	PREP(expired_list, "SELECT id, order_id FROM held_events WHERE consumer = ?"
 	                   " AND held_at < NOW(6) - INTERVAL ? SECOND ORDER BY id LIMIT ?");
 #undef PREP
@@ -244,6 +264,9 @@ int inbox_open(struct inbox **out, struct db *db, const struct cfg *conf)
 	 * ceiling); the sections: cut into requests by inbox_flush. */
 	ib->req.db = db;
 	ib->vals.db = db;
+	rc = inbox_version_lit(ib);
+	if (rc != ST_OK)
+		goto fail;
 	for (int i = 0; i < W_NSECT; i++) {
 		ib->w[i].db = db;
 		ib->w[i].max = INBOX_SECTION_MAX;

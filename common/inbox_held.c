@@ -134,7 +134,7 @@ int inbox_hrow_add(struct inbox *ib, const char *const *v, const unsigned long *
 		[HV_ORDER] = MSG_ORDER_ID_MAX, [HV_SOURCE] = MSG_WIDE_SOURCE_MAX, [HV_MID] = MSG_WIDE_ID_MAX,
 		[HV_TYPE] = MSG_TYPE_NAME_MAX, [HV_RK] = 255, [HV_PROPS] = INBOX_PROPS_COLUMN_MAX,
 		[HV_BODY] = INBOX_BODY_COLUMN_MAX, [HV_EVENT] = INBOX_BODY_COLUMN_MAX,
-		[HV_CONTEXT] = INBOX_PROPS_COLUMN_MAX,
+		[HV_CONTEXT] = INBOX_PROPS_COLUMN_MAX, [HV_VERSION] = LC_VERSION_MAX,
 	};
 	struct inbox_hrow *r;
 	size_t need = 0;
@@ -143,7 +143,7 @@ int inbox_hrow_add(struct inbox *ib, const char *const *v, const unsigned long *
 	if (ncols != HV_N + 2 || inbox_col_i64(v[0], &id) != ST_OK || inbox_col_i64(v[HV_N + 1], &n) != ST_OK)
 		return ST_ERR_DB;
 	for (int c = 0; c < HV_N; c++) {
-		bool nullable = c == HV_PROPS || c == HV_EVENT || c == HV_CONTEXT;
+		bool nullable = c == HV_PROPS || c == HV_EVENT || c == HV_CONTEXT || c == HV_VERSION;
 
 		if ((v[1 + c] == NULL && !nullable) || lens[1 + c] > cap[c])
 			return ST_ERR_DB; /* the schema's widths and ours disagree */
@@ -207,7 +207,7 @@ void inbox_sql_held_read(struct inbox *ib, struct sqlbuf *q, const char *const *
 	int n = orders != NULL ? norders : nids;
 
 	sqlbuf_sql(q, "SELECT h.id, h.order_id, h.source, h.message_id, h.type, h.routing_key, h.props, h.body,"
-	              " h.event, h.context, t.n FROM (SELECT id, COUNT(*) OVER (PARTITION BY order_id) AS n,"
+	              " h.event, h.context, h.lifecycle_version, t.n FROM (SELECT id, COUNT(*) OVER (PARTITION BY order_id) AS n,"
 	              " COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(props), 0) + COALESCE(LENGTH(event), 0)"
 	              " + COALESCE(LENGTH(context), 0) + ");
 	sqlbuf_i64(q, INBOX_HELD_ROW_COST);
@@ -303,6 +303,22 @@ static void inbox_hrow_event(const struct inbox *ib, const struct inbox_hrow *r,
 	env_context_from_json(inbox_hval(ib, r, HV_CONTEXT), &x->ctx);
 }
 
+/* A held event held under another version of the definition than the
+ * one that has just decided it (the worker was started by a changed
+ * definition while it waited): said, since its outcome may be one the
+ * old version would not have given. */
+static void inbox_held_log_version(const struct inbox *ib, const struct inbox_agg *o, const struct inbox_hrow *r,
+                                   const struct inbox_held *h, const char *outcome)
+{
+	const char *was = inbox_hval(ib, r, HV_VERSION), *now = ib->bind->def->version;
+
+	if (was != NULL && strcmp(was, now) == 0)
+		return;
+	LOG(LOG_LEVEL_INFO, "held event decided by another definition version", LOG_S("message_id", h->message_id),
+	    LOG_S("order", o->id), LOG_S("type", h->type), LOG_S("held_under", was != NULL ? was : "unrecorded"),
+	    LOG_S("decided_by", now), LOG_S("outcome", outcome));
+}
+
 /* Re-evaluate one held event, read back whole, on the locked order.  One
  * that must still wait is left alone (*settled false); any other is
  * parsed again and carried out exactly as if it had just arrived, then
@@ -363,6 +379,7 @@ settled:
 	*settled = true;
 	res->released_as[reason != MSG_REASON_NONE ? INBOX_DEAD_LETTERED : (enum inbox_outcome)v.decision]++;
 	res->released_reason[reason]++;
+	inbox_held_log_version(ib, o, r, &h, reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision));
 	LOG(LOG_LEVEL_DEBUG, "held event settled", LOG_S("message_id", h.message_id), LOG_S("order", o->id),
 	    LOG_S("outcome", reason != MSG_REASON_NONE ? "dead_lettered" : lc_decision_outcome(v.decision)));
 	log_trace_clear();
@@ -544,6 +561,7 @@ void inbox_hold_write(struct inbox *ib, const struct inbox_in *in, struct inbox_
 	else
 		sqlbuf_value(b, "NULL");
 	sqlbuf_str(b, context); /* NULL prints NULL */
+	sqlbuf_value(b, ib->sql.version_lit); /* what it is held under */
 	sqlbuf_row_end(b);
 	free(props);
 	free(context);

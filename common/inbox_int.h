@@ -70,6 +70,10 @@ struct inbox_names {
 	char agg_head[2048], agg_tail[8192];
 	char event_head[INBOX_NAME_SQL];
 	char table[LC_SCHEMA_TABLES][LC_NAME_MAX + 16]; /* the aggregate's, its ledger, its locks */
+	/* The definition's version as a quoted SQL literal, escaped once on
+	 * the inbox's connection: every aggregate row and held event the
+	 * transaction writes says it (a printable ASCII constant). */
+	char version_lit[2 * LC_VERSION_MAX + 3];
 };
 
 /* A message of the batch, to sort by key. */
@@ -95,7 +99,7 @@ struct inbox_key {
 /* A held event read back whole (inbox_held_read).  Its values, in the
  * order of the read's columns (HV_*), are NUL-terminated in ib->hbuf at
  * off[], len[] bytes each, SQL NULL where null has the bit. */
-enum { HV_ORDER, HV_SOURCE, HV_MID, HV_TYPE, HV_RK, HV_PROPS, HV_BODY, HV_EVENT, HV_CONTEXT, HV_N };
+enum { HV_ORDER, HV_SOURCE, HV_MID, HV_TYPE, HV_RK, HV_PROPS, HV_BODY, HV_EVENT, HV_CONTEXT, HV_VERSION, HV_N };
 struct inbox_hrow {
 	int64_t id;
 	size_t off[HV_N];

@@ -40,7 +40,7 @@ static const struct {
 } inbox_wsql[W_NSECT] = {
 	[W_DEL] = { "DELETE FROM held_events WHERE id IN (", ")" },
 	[W_HOLD] = { "INSERT INTO held_events (consumer, source, message_id, order_id, type, routing_key, props, body,"
-	             " held_at, event, context) VALUES ", "" },
+	             " held_at, event, context, lifecycle_version) VALUES ", "" },
 	[W_ORDER] = { NULL, NULL }, /* the definition's: ib->sql.agg_head, agg_tail */
 	[W_EVENT] = { NULL, "" },   /* ib->sql.event_head */
 	[W_OUTBOX] = { OUTBOX_INSERT_HEAD, "" },
@@ -217,6 +217,7 @@ int inbox_flush(struct inbox *ib, bool commit)
 				sqlbuf_value(o, r->col[c] != 0 ? ib->vals.p + r->col[c] - 1 : "NULL");
 				r->col[c] = 0;
 			}
+			sqlbuf_value(o, ib->sql.version_lit); /* the definition that decided it */
 			sqlbuf_value(o, "NOW(6)");
 			sqlbuf_value(o, "NOW(6)");
 			sqlbuf_row_end(o);

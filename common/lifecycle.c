@@ -185,7 +185,8 @@ void lc_print_table(const struct lc_def *d, FILE *f)
 {
 	char cell[512];
 
-	fprintf(f, "aggregate %s: table %s, key %s\n", d->aggregate, d->table, d->key);
+	fprintf(f, "aggregate %s: table %s, key %s, version %s (%s)\n", d->aggregate, d->table, d->key, d->version,
+	        d->version_declared ? "declared" : "its content's hash: none declared");
 	for (int s = 0; s < d->nstates; s++) {
 		fprintf(f, "\nin %s%s:\n", s == 0 ? "(no aggregate yet)" : d->states[s],
 		        (d->terminal & (1u << s)) ? " (terminal)" : "");

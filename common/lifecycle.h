@@ -38,6 +38,12 @@
 #define LC_MAX_DESTS 8 /* HTTP destinations (lifecycle_dest.h) */
 #define LC_DEST_MAX_HEADERS 16
 #define LC_VALUE_MAX 1024 /* a destination's value as written: text, a variable's name, a path */
+#define LC_VERSION_MAX 64 /* a definition's version: held_events and the aggregate's rows keep it */
+#define LC_VERSION_HASH 12 /* hex digits of the content hash that stands for an undeclared version */
+/* The built-in order definition's version: lifecycles/order.json declares
+ * none, and a fixed name reads better in a log than a hash.  Editing the
+ * file means bumping it (test_lifecycle holds the file's hash to it). */
+#define LC_BUILTIN_ORDER_VERSION "builtin-1"
 
 enum lc_decision {
 	LC_APPLY = 0,  /* transition: version + 1, one ledger row, emits */
@@ -135,6 +141,12 @@ struct lc_dest {
 };
 
 struct lc_def {
+	/* What rows and held events remember it by (issue 46, item 3): the
+	 * file's "version" when declared, else the first LC_VERSION_HASH hex
+	 * digits of the SHA-256 of the file's JSON re-serialised compact with
+	 * sorted keys (so an edit changes it and whitespace does not). */
+	char version[LC_VERSION_MAX + 1];
+	bool version_declared;
 	char aggregate[LC_NAME_MAX + 1];
 	char table[LC_NAME_MAX + 1];
 	char key[LC_NAME_MAX + 1];
@@ -222,6 +234,10 @@ void lc_free(struct lc_def *def);
 /* The built-in order lifecycle: lifecycles/order.json as compiled in. */
 extern const char lc_builtin_order[];
 extern const size_t lc_builtin_order_len;
+/* lc_load of lc_builtin_order, its version LC_BUILTIN_ORDER_VERSION
+ * unless the file declares one: every program that runs the built-in
+ * definition loads it here, so rows it decides say the same version. */
+struct lc_def *lc_load_builtin(struct lc_errors *errs);
 
 /* Print errs one per line as "name:line:column: text". */
 void lc_errors_print(const struct lc_errors *errs, const char *name, FILE *f);

@@ -5,6 +5,7 @@
 #include "lifecycle_diff.h"
 #include "lifecycle_int.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int event_index(const struct lc_def *d, const char *type)
@@ -26,7 +27,8 @@ static const char *numbering(const struct lc_def *d, char *buf, size_t cap)
 	return buf;
 }
 
-int lc_diff(const struct lc_def *a, const struct lc_def *b, FILE *f)
+/* What changes for the rows, one line each, after the versions' line. */
+static int diff_rows(const struct lc_def *a, const struct lc_def *b, FILE *f)
 {
 	char ca[512], cb[512], na[LC_NAME_MAX + 48], nb[LC_NAME_MAX + 48];
 	int n = 0;
@@ -98,5 +100,34 @@ int lc_diff(const struct lc_def *a, const struct lc_def *b, FILE *f)
 			}
 		}
 	}
+	return n;
+}
+
+int lc_diff(const struct lc_def *a, const struct lc_def *b, FILE *f)
+{
+	char *body = NULL;
+	size_t len = 0;
+	FILE *mem = open_memstream(&body, &len);
+	int n;
+
+	if (mem == NULL)
+		return -1;
+	n = diff_rows(a, b, mem);
+	if (fclose(mem) != 0 || body == NULL) {
+		free(body);
+		return -1;
+	}
+	/* The versions first, and whether keeping one was right: a version
+	 * kept over an edit leaves the worker unable to tell the rows the old
+	 * definition decided from those the new one decides. */
+	if (n > 0 && strcmp(a->version, b->version) == 0) {
+		fprintf(f, "version %s -> %s: the definition changed and kept its version: declare a new one, or rows "
+		           "decided by the new one cannot be told from the old one's\n", a->version, b->version);
+		n++;
+	} else {
+		fprintf(f, "version %s -> %s\n", a->version, b->version);
+	}
+	fwrite(body, 1, len, f);
+	free(body);
 	return n;
 }

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include <jansson.h>
+#include <openssl/evp.h>
 
 #define LC_FILE_MAX (1024 * 1024) /* a definition is a page, not a data set */
 
@@ -269,7 +270,8 @@ static bool name_ok(const char *s)
 
 bool lc_column_reserved(const char *column)
 {
-	static const char *const kept[] = { "id", "status", "version", "flags", "created_at", "updated_at", NULL };
+	static const char *const kept[] = { "id", "status", "version", "flags", "created_at", "updated_at",
+		                            "lifecycle_version", NULL };
 
 	for (int k = 0; kept[k] != NULL; k++)
 		if (strcmp(column, kept[k]) == 0)
@@ -584,7 +586,7 @@ static void parse_sets(struct lc_ctx *c, struct lc_event *ev, json_t *obj)
 		}
 		if (lc_column_reserved(col)) {
 			lc_err(c, "column \"%s\" is one the worker keeps itself (id, status, version, flags, created_at, "
-			          "updated_at): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
+			          "updated_at, lifecycle_version): name it otherwise, like \"%s_%s\"", col, ev->type[0] ? "event" : "my", col);
 			lc_pop(c);
 			continue;
 		}
@@ -1246,9 +1248,62 @@ done:
 	lc_pop(c);
 }
 
+/* "version": what the rows and held events it decides remember it by.
+ * Printable ASCII, so it reads as written in a log line and fits the
+ * columns' ascii charset; no trailing space, which those columns' PAD
+ * SPACE collation would compare equal to none ("2 " = "2"). */
+static void parse_version(struct lc_ctx *c, json_t *root)
+{
+	json_t *v = json_object_get(root, "version");
+	const char *s = json_string_value(v);
+	size_t n = s != NULL ? json_string_length(v) : 0;
+	bool ok = s != NULL && n >= 1 && n <= LC_VERSION_MAX && s[n - 1] != ' ';
+
+	if (v == NULL)
+		return;
+	for (size_t i = 0; ok && i < n; i++)
+		ok = s[i] >= 0x20 && s[i] <= 0x7e;
+	if (!ok) {
+		lc_push_key(c, "version");
+		lc_err(c, "\"version\" is 1 to %d printable characters, like \"version\": \"2\" or \"2026-12-07\" "
+		       "(none: the worker names the definition by a hash of its content)", LC_VERSION_MAX);
+		lc_pop(c);
+		return;
+	}
+	memcpy(c->def->version, s, n + 1);
+	c->def->version_declared = true;
+}
+
+/* An undeclared version: the first LC_VERSION_HASH hex digits of the
+ * SHA-256 of the definition re-serialised compact with sorted keys (as a
+ * message's payload hash is), "version" left out, so whitespace and key
+ * order are not an edit.  Removes "version" from root.  0, or -1 when
+ * jansson or OpenSSL fails (out of memory). */
+static int content_version(json_t *root, char out[LC_VERSION_MAX + 1])
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char sha[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+	char *text;
+	int rc = -1;
+
+	(void)json_object_del(root, "version"); /* -1: it had none */
+	text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+	if (text == NULL)
+		return -1;
+	if (EVP_Digest(text, strlen(text), sha, &n, EVP_sha256(), NULL) == 1 && n * 2 >= LC_VERSION_HASH) {
+		for (int i = 0; i < LC_VERSION_HASH; i++)
+			out[i] = hex[(sha[i / 2] >> (i % 2 ? 0 : 4)) & 0xf];
+		out[LC_VERSION_HASH] = '\0';
+		rc = 0;
+	}
+	free(text);
+	return rc;
+}
+
 static void parse_top(struct lc_ctx *c, json_t *root)
 {
-	static const char *const keys[] = { "lifecycle", "aggregate", "table", "key", "states", "main_path",
+	static const char *const keys[] = { "lifecycle", "version", "aggregate", "table", "key", "states", "main_path",
 		                                "terminal", "events", "destinations", "deliver", "sequence", NULL };
 	char why[320];
 	json_t *v;
@@ -1267,6 +1322,7 @@ static void parse_top(struct lc_ctx *c, json_t *root)
 		if (v != NULL)
 			lc_pop(c);
 	}
+	parse_version(c, root);
 	parse_names(c, root);
 	parse_sequence(c, root);
 	if (!parse_states(c, root))
@@ -1307,6 +1363,8 @@ struct lc_def *lc_load(const char *text, size_t len, struct lc_errors *errs)
 	parse_top(&c, root);
 	if (errs->n == 0)
 		compile(&c);
+	if (errs->n == 0 && !c.def->version_declared && content_version(root, c.def->version) != 0)
+		err_line(errs, 0, 0, "out of memory computing the definition's version");
 cleanup:
 	json_decref(root);
 	if (errs->n > 0) {
@@ -1314,6 +1372,15 @@ cleanup:
 		return NULL;
 	}
 	return c.def;
+}
+
+struct lc_def *lc_load_builtin(struct lc_errors *errs)
+{
+	struct lc_def *d = lc_load(lc_builtin_order, lc_builtin_order_len, errs);
+
+	if (d != NULL && !d->version_declared)
+		snprintf(d->version, sizeof d->version, "%s", LC_BUILTIN_ORDER_VERSION);
+	return d;
 }
 
 struct lc_def *lc_load_file(const char *path, struct lc_errors *errs)

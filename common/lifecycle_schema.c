@@ -20,6 +20,7 @@ enum family { F_VARCHAR, F_INT, F_DATETIME, F_CHAR };
 
 struct need {
 	int table;          /* 0 aggregate, 1 ledger, 2 locks */
+	bool kept;          /* the worker's own, added by a later version: migrate adds it to a table */
 	char column[LC_NAME_MAX + 1];
 	enum family family;
 	long long length;   /* F_VARCHAR/F_CHAR: at least this */
@@ -67,6 +68,7 @@ static void add(struct need *nd, int *n, int table, const char *column, enum fam
 	x->family = f;
 	x->length = len;
 	x->ddl = ddl;
+	x->kept = false;
 	(*n)++;
 }
 
@@ -91,6 +93,9 @@ static void add_fmt(struct need *nd, int *n, int table, const char *column, enum
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define WIDE_KEY(n) "VARCHAR(" STR(n) ") CHARACTER SET ascii COLLATE ascii_bin NOT NULL"
+/* A version is printable ASCII (lc_load), compared byte for byte; NULL: a
+ * row written before versions were recorded. */
+#define LC_VERSION_DDL "VARCHAR(" STR(LC_VERSION_MAX) ") CHARACTER SET ascii COLLATE ascii_bin NULL"
 
 /* The required columns, in table order; a set column appears once even if
  * several events set it (the first one's type stands: lc_load does not
@@ -149,6 +154,10 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 	}
 	add(nd, &n, 0, "created_at", F_DATETIME, 0, "DATETIME(6) NOT NULL");
 	add(nd, &n, 0, "updated_at", F_DATETIME, 0, "DATETIME(6) NOT NULL");
+	/* The definition's version that last wrote the row (migration 0020
+	 * for orders): last, where ALTER TABLE ... ADD COLUMN puts it. */
+	add(nd, &n, 0, "lifecycle_version", F_VARCHAR, LC_VERSION_MAX, LC_VERSION_DDL);
+	nd[n - 1].kept = true;
 
 	add(nd, &n, 1, "id", F_INT, 0, "BIGINT UNSIGNED NOT NULL AUTO_INCREMENT");
 	add(nd, &n, 1, d->key, F_VARCHAR, 64, ID);
@@ -353,6 +362,43 @@ int lc_schema_widen(const struct lc_def *d, const struct lc_column *cols, int n,
 		}
 	}
 	return o.full ? -1 : nalter;
+}
+
+int lc_schema_add_kept(const struct lc_def *d, const struct lc_column *cols, int n, char *buf, size_t cap)
+{
+	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16], ignored[256];
+	struct out o = { buf, cap, 0, false };
+	bool present[LC_SCHEMA_TABLES] = { false, false, false };
+	int ndiff = 0, nn, nadd = 0;
+
+	if (cap == 0)
+		return -1;
+	buf[0] = '\0';
+	nn = needs(d, nd, ignored, sizeof ignored, &ndiff);
+	if (ndiff > 0)
+		return 0; /* not a definition whose tables can be written: lc_schema_compare says why */
+	lc_schema_tables(d, names);
+	for (int k = 0; k < n; k++) {
+		for (int t = 0; t < LC_SCHEMA_TABLES; t++)
+			present[t] |= strcmp(cols[k].table, names[t]) == 0;
+	}
+	for (int i = 0; i < nn; i++) {
+		bool have = false;
+
+		if (!nd[i].kept || !present[nd[i].table])
+			continue;
+		for (int k = 0; k < n && !have; k++)
+			have = strcmp(cols[k].table, names[nd[i].table]) == 0 && strcmp(cols[k].column, nd[i].column) == 0;
+		if (have)
+			continue;
+		/* At the end with a NULL default: MariaDB adds it in place,
+		 * without copying the table (as migration 0020 does). */
+		put(&o, "ALTER TABLE `%s` ADD COLUMN IF NOT EXISTS `%s` %s, ALGORITHM=INSTANT;\n", names[nd[i].table],
+		    nd[i].column, nd[i].ddl);
+		nadd++;
+	}
+	return o.full ? -1 : nadd;
 }
 
 int lc_schema_read(struct db *db, const struct lc_def *def, struct lc_column *cols, int cap, int *n)

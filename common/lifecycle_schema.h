@@ -5,8 +5,8 @@
  * DDL (worker/cmd_migrate.c) and compares (there, and worker/preflight.c).
  *
  * Three tables per aggregate, named from the definition: its table
- * (def->table: id, status, version, flags, created_at, updated_at and the
- * columns its events set), its ledger <aggregate>_events (one row per
+ * (def->table: id, status, version, flags, created_at, updated_at,
+ * lifecycle_version and the columns its events set), its ledger <aggregate>_events (one row per
  * applied or compensated effect, keyed by def->key) and its lock rows
  * <aggregate>_locks (def->key, held).  For the order definition these are
  * exactly orders, order_events and order_locks of migrations/.
@@ -69,5 +69,15 @@ int lc_schema_compare(const struct lc_def *def, const struct lc_column *cols, in
  * or -1 when cap is too small.
  */
 int lc_schema_widen(const struct lc_def *def, const struct lc_column *cols, int n, char *buf, size_t cap);
+
+/*
+ * The statements that add to the existing tables (cols, n) the columns the
+ * worker keeps itself that a later version added (lifecycle_version, for
+ * tables created before it): ALTER TABLE ... ADD COLUMN, in place
+ * (ALGORITHM=INSTANT), ';'-separated, into buf.  Adding keeps every row;
+ * the rows written before say NULL.  Returns how many, or -1 when cap is
+ * too small.
+ */
+int lc_schema_add_kept(const struct lc_def *def, const struct lc_column *cols, int n, char *buf, size_t cap);
 
 #endif

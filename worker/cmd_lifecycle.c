@@ -159,6 +159,10 @@ static int print_diff(const char *old_path, const char *new_path, FILE *out, FIL
 		goto cleanup;
 	}
 	n = lc_diff(a, b, out);
+	if (n < 0) {
+		fprintf(err, "inbox-worker: lifecycle diff: out of memory\n");
+		goto cleanup;
+	}
 	if (n == 0)
 		fprintf(out, "no differences for the rows of %s\n", old_path);
 	code = n == 0 ? 0 : 1;
@@ -181,15 +185,17 @@ int lifecycle_main(int argc, char **argv, FILE *out, FILE *err)
 	if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
 		fprintf(out, "%s\n\n"
 		             "  check FILE  validate a lifecycle definition (see doc/lifecycle.md), print its\n"
-		             "              decision table, and check exhaustively that any arrival order of\n"
-		             "              its events, with duplicates, ends the same; with INBOX_DB_URL set,\n"
-		             "              the database prepares each of its own statements; exit 0 when it\n"
-		             "              does, 1 when the definition is refused, 2 on a usage error\n"
+		             "              version and decision table, and check exhaustively that any\n"
+		             "              arrival order of its events, with duplicates, ends the same; with\n"
+		             "              INBOX_DB_URL set, the database prepares each of its own statements;\n"
+		             "              exit 0 when it does, 1 when the definition is refused, 2 on a\n"
+		             "              usage error\n"
 		             "  schema FILE the tables the definition needs, as the CREATE TABLE statements\n"
 		             "              `migrate` runs with INBOX_LIFECYCLE=FILE\n"
 		             "  diff OLD NEW what changes for the rows and held events of OLD when NEW runs:\n"
-		             "              states and events removed or added, each decision that differs;\n"
-		             "              exit 0 when nothing does, 1 when something does, 2 when a file is refused\n",
+		             "              the two versions, states and events removed or added, each\n"
+		             "              decision that differs; exit 0 when nothing does, 1 when\n"
+		             "              something does, 2 when a file is refused\n",
 		        LC_USAGE);
 		return 0;
 	}

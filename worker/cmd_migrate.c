@@ -336,7 +336,7 @@ cleanup:
 static int lifecycle_migrate(const struct cfg *conf)
 {
 	static struct lc_column cols[LC_SCHEMA_COLUMNS_MAX];
-	static char ddl[16384], diff[8192];
+	static char ddl[16384], diff[8192], add[4096];
 	struct lc_errors errs;
 	struct lc_def *d = preflight_lifecycle_load(conf, &errs);
 	struct db *db = NULL;
@@ -366,26 +366,35 @@ static int lifecycle_migrate(const struct cfg *conf)
 	ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
 	if (ndiff > 0) {
 		/* Columns narrower than what the worker accepts into them (an
-		 * older version's widths) are widened, their rows kept, but only
-		 * when that is all that differs: a table that differs otherwise
-		 * is the user's to change, and migrate changes none of it. */
+		 * older version's widths) are widened, their rows kept, and the
+		 * columns the worker keeps itself that a later version added
+		 * (lifecycle_version) are added, but only when that is all that
+		 * differs: a table that differs otherwise is the user's to
+		 * change, and migrate changes none of it. */
 		int nalter = lc_schema_widen(d, cols, n, ddl, sizeof ddl);
+		int nadd = lc_schema_add_kept(d, cols, n, add, sizeof add);
 
-		if (nalter < 0) {
+		if (nalter < 0 || nadd < 0) {
 			LOG(LOG_LEVEL_ERROR, "the lifecycle's tables cannot be widened as DDL",
 			    LOG_S("lifecycle", conf->lifecycle));
 			goto cleanup;
 		}
-		if (nalter == ndiff) {
-			rc = db_exec_script(db, ddl, strlen(ddl));
+		if (nalter + nadd == ndiff) {
+			rc = nalter > 0 ? db_exec_script(db, ddl, strlen(ddl)) : ST_OK;
+			if (rc == ST_OK && nadd > 0)
+				rc = db_exec_script(db, add, strlen(add));
 			if (rc == ST_OK)
 				rc = lc_schema_read(db, d, cols, LC_SCHEMA_COLUMNS_MAX, &n);
 			if (rc != ST_OK) {
 				LOG(LOG_LEVEL_ERROR, "widening the lifecycle's columns failed", LOG_S("error", db_errmsg(db)));
 				goto cleanup;
 			}
-			LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
-			    LOG_I("columns", nalter));
+			if (nalter > 0)
+				LOG(LOG_LEVEL_INFO, "the lifecycle's columns widened", LOG_S("lifecycle", conf->lifecycle),
+				    LOG_I("columns", nalter));
+			if (nadd > 0)
+				LOG(LOG_LEVEL_INFO, "the worker's own columns added to the lifecycle's tables",
+				    LOG_S("lifecycle", conf->lifecycle), LOG_I("columns", nadd));
 			ndiff = lc_schema_compare(d, cols, n, diff, sizeof diff);
 		}
 	}

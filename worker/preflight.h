@@ -35,7 +35,10 @@ int preflight_lifecycle(const struct cfg *conf);
 
 /* `run`, after preflight_lifecycle: 2 (one line on stderr, the first
  * difference and the remedy) when the database's tables differ from what
- * the bound definition needs, else 0.  A database that cannot be read now
+ * the bound definition needs, or (one line each, the count and the
+ * remedy) when rows are in a state or held events of an event it no
+ * longer has; else 0, having logged what earlier versions of the
+ * definition decided.  A database that cannot be read now
  * is the pool's to wait for, and a schema never migrated is the worker's
  * first statement's to report: both are 0 here. */
 int preflight_lifecycle_schema(const struct cfg *conf);

@@ -87,6 +87,40 @@ Test(lifecycle_schema, migrate_creates_the_shipment_tables_and_says_what_an_exis
 	drop_shipment_tables();
 }
 
+/* A table an earlier version created lacks the column a later one keeps
+ * itself (lifecycle_version, issue 46): run says to migrate, and migrate
+ * adds it, keeping the rows, which say no version. */
+Test(lifecycle_schema, migrate_adds_the_workers_own_new_column_to_an_existing_table)
+{
+	char env[4200], log[256], text[4096];
+	struct db *d;
+
+	itest_fresh();
+	drop_shipment_tables();
+	lifecycle_env(env, sizeof env, "lifecycles/shipment.json");
+	itest_log_path(log, sizeof log, "lc-kept-migrate");
+	cr_assert_eq(run_logged("migrate", env, log), 0, "see %s", log);
+	d = itest_db();
+	cr_assert_eq(db_exec(d, "ALTER TABLE shipments DROP COLUMN lifecycle_version"), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_exec(d, "INSERT INTO shipments (id, status, version, flags, created_at, updated_at)"
+	                        " VALUES ('s-1', 'Labelled', 1, 0, NOW(6), NOW(6))"), ST_OK, "%s", db_errmsg(d));
+	cr_assert_eq(db_commit(d), ST_OK);
+
+	itest_log_path(log, sizeof log, "lc-kept-run");
+	cr_expect_eq(run_logged("run", env, log), 2, "see %s", log);
+	itest_read_file(log, text, sizeof text);
+	cr_expect(strstr(text, "shipments.lifecycle_version is missing: ALTER TABLE `shipments` ADD COLUMN "
+	                       "`lifecycle_version` VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL (run "
+	                       "`inbox-worker migrate` with the same INBOX_LIFECYCLE)") != NULL, "%s", text);
+
+	itest_log_path(log, sizeof log, "lc-kept-migrate-again");
+	cr_expect_eq(run_logged("migrate", env, log), 0, "see %s", log);
+	cr_expect(itest_log_has(log, "the worker's own columns added to the lifecycle's tables"), "see %s", log);
+	cr_expect_eq(itest_int("SELECT COUNT(*) FROM shipments WHERE id = 's-1' AND lifecycle_version IS NULL"), 1,
+	             "the row is kept, of no version");
+	drop_shipment_tables();
+}
+
 Test(lifecycle_schema, run_refuses_a_schema_the_definition_does_not_fit)
 {
 	char log[256], text[4096];

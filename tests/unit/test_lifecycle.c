@@ -779,3 +779,93 @@ Test(lifecycle, a_definition_that_emits_two_events_under_one_id_is_refused)
 	             "compensates it: one aggregate would emit two events under one id");
 	free(text);
 }
+
+/* ---- a definition's version (issue 46, item 3) ---------------------------- */
+
+#define VHEAD "{\"lifecycle\": 1, \"aggregate\": \"a\", \"table\": \"t\", \"key\": \"k\","
+#define VBODY "\"states\": [\"A\", \"B\"], \"main_path\": [\"A\", \"B\"], \"terminal\": [\"B\"],\n" \
+	"\"events\": [{\"type\": \"E\", \"creates\": \"A\"}, {\"type\": \"F\", \"from\": [\"A\"], \"to\": \"B\"}]}\n"
+
+static void load_version(const char *text, char *out, size_t cap, bool *declared)
+{
+	struct lc_errors errs;
+	struct lc_def *d = lc_load(text, strlen(text), &errs);
+
+	if (d == NULL)
+		lc_errors_print(&errs, "test", stderr);
+	cr_assert_not_null(d, "%s", text);
+	snprintf(out, cap, "%s", d->version);
+	*declared = d->version_declared;
+	lc_free(d);
+}
+
+/* A declared version is the file's; without one the version is its
+ * content: the same definition spelt with other whitespace or key order
+ * has the same version, an edit another. */
+Test(lifecycle, a_definition_declares_its_version_or_is_known_by_its_content)
+{
+	char v1[LC_VERSION_MAX + 1], v2[LC_VERSION_MAX + 1], v3[LC_VERSION_MAX + 1], v4[LC_VERSION_MAX + 1];
+	bool declared;
+
+	load_version(VHEAD "\"version\": \"2026-12-07\",\n" VBODY, v1, sizeof v1, &declared);
+	cr_expect_str_eq(v1, "2026-12-07");
+	cr_expect(declared);
+
+	load_version(VHEAD "\n" VBODY, v1, sizeof v1, &declared);
+	cr_expect(!declared);
+	cr_expect_eq(strlen(v1), LC_VERSION_HASH, "a hash of %d hex digits: \"%s\"", LC_VERSION_HASH, v1);
+	cr_expect_eq(strspn(v1, "0123456789abcdef"), strlen(v1), "hex: \"%s\"", v1);
+	/* whitespace and key order are not content */
+	load_version("{ \"key\" : \"k\",  \"table\":\"t\", \"aggregate\": \"a\",\t\"lifecycle\": 1,\n\n" VBODY, v2,
+	             sizeof v2, &declared);
+	cr_expect_str_eq(v2, v1, "the same definition, spelt otherwise");
+	/* an edit is: an alias added */
+	load_version(VHEAD "\"states\": [\"A\", \"B\"], \"main_path\": [\"A\", \"B\"], \"terminal\": [\"B\"],\n"
+	             "\"events\": [{\"type\": \"E\", \"creates\": \"A\"},\n"
+	             " {\"type\": \"F\", \"aliases\": [\"G\"], \"from\": [\"A\"], \"to\": \"B\"}]}\n",
+	             v3, sizeof v3, &declared);
+	cr_expect_str_neq(v3, v1, "an edited definition has another version");
+	/* the hash leaves a declared version out: declaring one changes nothing else */
+	load_version(VHEAD "\"version\": \"7\"," VBODY, v4, sizeof v4, &declared);
+	cr_expect_str_eq(v4, "7");
+}
+
+Test(lifecycle, a_version_is_1_to_64_printable_characters)
+{
+	char longest[LC_VERSION_MAX + 2], text[1024];
+	bool declared;
+
+	memset(longest, 'v', LC_VERSION_MAX);
+	longest[LC_VERSION_MAX] = '\0';
+	snprintf(text, sizeof text, VHEAD "\"version\": \"%s\",\n" VBODY, longest);
+	load_version(text, longest, sizeof longest, &declared);
+	cr_expect_eq(strlen(longest), LC_VERSION_MAX);
+
+	expect_error(VHEAD "\"version\": 2,\n" VBODY, 1, 72, "\"version\" is 1 to 64 printable characters, like "
+	                                                  "\"version\": \"2\" or \"2026-12-07\"");
+	expect_error(VHEAD "\"version\": \"\",\n" VBODY, 1, 72, "\"version\" is 1 to 64 printable characters");
+	expect_error(VHEAD "\"version\": \"a\\tb\",\n" VBODY, 1, 72, "\"version\" is 1 to 64 printable characters");
+	expect_error(VHEAD "\"version\": \"2 \",\n" VBODY, 1, 72, "\"version\" is 1 to 64 printable characters");
+	memset(longest, 'v', LC_VERSION_MAX + 1);
+	longest[LC_VERSION_MAX + 1] = '\0';
+	snprintf(text, sizeof text, VHEAD "\"version\": \"%s\",\n" VBODY, longest);
+	expect_error(text, 1, 72, "\"version\" is 1 to 64 printable characters");
+}
+
+/* The built-in definition is known by a name, not its hash; the hash is
+ * held here so that an edit of lifecycles/order.json cannot keep the name
+ * of the definition it replaced. */
+Test(lifecycle, the_builtin_definition_has_a_fixed_version_bumped_with_its_content)
+{
+	struct lc_errors errs;
+	struct lc_def *b = lc_load_builtin(&errs), *raw = lc_load(lc_builtin_order, lc_builtin_order_len, &errs);
+
+	cr_assert_not_null(b);
+	cr_assert_not_null(raw);
+	cr_expect_str_eq(b->version, LC_BUILTIN_ORDER_VERSION);
+	cr_expect_str_eq(raw->version, "eca5dfc927eb",
+	                 "lifecycles/order.json changed (its content hash is %s): bump LC_BUILTIN_ORDER_VERSION in "
+	                 "common/lifecycle.h and record the new hash here", raw->version);
+	lc_free(raw);
+	lc_free(b);
+}

@@ -121,15 +121,18 @@ Test(lifecycle_cmd, diff_says_what_a_new_definition_changes_for_the_old_rows)
 {
 	cr_assert_eq(run("", "lifecycle diff lifecycles/ticket.json tests/lifecycles/ticket_v2.json", out, sizeof out, err,
 	                 sizeof err), 1, "%s", err);
-	cr_expect_str_eq(out, "state Archived added\n"
+	cr_expect_str_eq(out, "version 1 -> 2\n"
+	                      "state Archived added\n"
 	                      "event TicketReopened removed: events of it held could not be released\n"
 	                      "event TicketArchived added\n"
 	                      "in Closed, TicketClosed: ignore -> invalid\n");
 	cr_assert_eq(run("", "lifecycle diff lifecycles/ticket.json lifecycles/ticket.json", out, sizeof out, err,
 	                 sizeof err), 0, "%s", err);
-	cr_expect_str_eq(out, "no differences for the rows of lifecycles/ticket.json\n");
+	cr_expect_str_eq(out, "version 1 -> 1\nno differences for the rows of lifecycles/ticket.json\n");
 	cr_assert_eq(run("", "lifecycle diff lifecycles/order.json lifecycles/ticket.json", out, sizeof out, err,
 	                 sizeof err), 1, "%s", err);
+	/* the file, not the built-in: known by its content */
+	cr_expect(strncmp(out, "version eca5dfc927eb -> 1\n", 26) == 0, "the versions first: %s", out);
 	cr_expect(strstr(out, "aggregate order (table orders, key order_id) -> ticket (table tickets, key ticket_id)") !=
 	                  NULL, "%s", out);
 	cr_expect(strstr(out, "ordered by the states -> the producer (data.seq)\n") != NULL, "%s", out);
@@ -137,6 +140,42 @@ Test(lifecycle_cmd, diff_says_what_a_new_definition_changes_for_the_old_rows)
 	          "%s", out);
 	cr_expect_eq(run("", "lifecycle diff lifecycles/ticket.json /nonexistent.json", out, sizeof out, err, sizeof err),
 	             2);
+}
+
+/* A definition changed without a new version: the rows it decided
+ * cannot be told from those of the old one, so diff says so. */
+Test(lifecycle_cmd, diff_says_when_a_changed_definition_keeps_its_version)
+{
+	const char *path = "/tmp/test_lifecycle_cmd_v1.json";
+	FILE *f = fopen(path, "w");
+	char args[256];
+
+	cr_assert_not_null(f);
+	fprintf(f, "{\"lifecycle\": 1, \"version\": \"1\", \"aggregate\": \"ticket\", \"table\": \"tickets\",\n"
+	           "\"key\": \"ticket_id\", \"sequence\": {\"from\": \"data.seq\"},\n"
+	           "\"states\": [\"Open\", \"Closed\"], \"main_path\": [\"Open\", \"Closed\"], \"terminal\": [\"Closed\"],\n"
+	           "\"events\": [{\"type\": \"TicketOpened\", \"creates\": \"Open\"},\n"
+	           "  {\"type\": \"TicketClosed\", \"from\": [\"Open\"], \"to\": \"Closed\"}]}\n");
+	cr_assert_eq(fclose(f), 0);
+	snprintf(args, sizeof args, "lifecycle diff lifecycles/ticket.json %s", path);
+	cr_assert_eq(run("", args, out, sizeof out, err, sizeof err), 1, "%s", err);
+	cr_expect(strncmp(out, "version 1 -> 1: the definition changed and kept its version: declare a new one, or rows "
+	                       "decided by the new one cannot be told from the old one's\n", 145) == 0, "%s", out);
+	cr_expect(strstr(out, "state InProgress removed") != NULL, "%s", out);
+	unlink(path);
+}
+
+/* check names the version rows and held events will remember. */
+Test(lifecycle_cmd, check_prints_the_version)
+{
+	cr_assert_eq(run("", "lifecycle check tests/lifecycles/ticket_v2.json", out, sizeof out, err, sizeof err), 0, "%s",
+	             err);
+	cr_expect(strncmp(out, "aggregate ticket: table tickets, key ticket_id, version 2 (declared)\n", 69) == 0, "%s",
+	          out);
+	cr_assert_eq(run("", "lifecycle check tests/lifecycles/ticket_close_ignored_when_open.json", out, sizeof out, err,
+	                 sizeof err), 0, "%s", err);
+	cr_expect(strncmp(out, "aggregate ticket: table tickets, key ticket_id, version 7493472043eb (its content's "
+	                       "hash: none declared)\n", 105) == 0, "%s", out);
 }
 
 Test(lifecycle_cmd, check_refuses_an_order_dependent_definition_printing_both_orders)
