@@ -110,8 +110,12 @@ static int needs(const struct lc_def *d, struct need *nd, char *diff, size_t cap
 	add(nd, &n, 0, "flags", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
 	/* what a numbered aggregate emitted so far: its emitted events' own
 	 * numbers (inbox_int.h) */
-	if (lc_sequenced(d))
+	if (lc_sequenced(d)) {
 		add(nd, &n, 0, "emitted", F_INT, 0, "INT UNSIGNED NOT NULL DEFAULT 0");
+		/* migrate adds it to a numbered table of an earlier build, whose
+		 * emitted events said their cause's number: counting starts there */
+		nd[n - 1].kept = true;
+	}
 	for (int e = 0; e < d->nevents; e++) {
 		for (int k = 0; k < d->events[e].nsets; k++) {
 			const struct lc_set *st = &d->events[e].sets[k];
