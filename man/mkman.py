@@ -98,8 +98,6 @@ def prebuilt(args):
     roff_in, migrations, output = args
     with open(roff_in, encoding="utf-8") as f:
         roff = f.read()
-    if PLACEHOLDER not in roff:
-        sys.exit(f"mkman: {roff_in} has no {PLACEHOLDER}: not a page mkman.py --dist wrote")
     # Mid-line in running text a backslash is roff's only special
     # character; pandoc writes a path's other characters as they are.
     with open(output, "w", encoding="utf-8") as f:
