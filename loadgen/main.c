@@ -40,6 +40,7 @@
 #include "scenario.h"
 #include "status.h"
 #include "verify.h"
+#include "version.h"
 
 #define USAGE "usage: inbox-loadgen publish|verify --ledger FILE [options] | inbox-loadgen dlq unbind|bind\n" \
 	"       inbox-loadgen send ROUTING_KEY BODY [--message-id ID] [settings]"
@@ -353,6 +354,14 @@ static const struct lg_command {
 };
 _Static_assert(ARRAY_LEN(lg_commands) == LG_NCMDS, "one row per enum lg_cmd");
 
+/* --version, wherever it stands: the release and the commit it was built
+ * from (version.h), in the form inbox-worker prints.  The exit code. */
+static int say_version(void)
+{
+	printf("inbox-loadgen %s (%s)\n", INBOX_VERSION, INBOX_COMMIT);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
 /* Everything between the command's name and running it: its words, its
  * options, the settings.  Returns -1 with *conf loaded, or an exit code. */
 static int lg_prepare(enum lg_cmd cmd, int argc, char **argv, struct lg_args *a, struct cfg *conf)
@@ -361,11 +370,10 @@ static int lg_prepare(enum lg_cmd cmd, int argc, char **argv, struct lg_args *a,
 	char err[512];
 	enum args_result asked = args_asks(argc, argv);
 
-	if (asked == ARGS_HELP || asked == ARGS_VERSION) {
-		if (asked == ARGS_HELP)
-			usage(stdout);
-		else
-			printf("inbox-loadgen %s\n", INBOX_VERSION);
+	if (asked == ARGS_VERSION)
+		return say_version();
+	if (asked == ARGS_HELP) {
+		usage(stdout);
 		return 0;
 	}
 	for (int k = 0; k < c->npos; k++) {
@@ -395,8 +403,7 @@ static int lg_prepare(enum lg_cmd cmd, int argc, char **argv, struct lg_args *a,
 		usage(stdout);
 		return 0;
 	case CFG_VERSION:
-		printf("inbox-loadgen %s\n", INBOX_VERSION);
-		return 0;
+		return say_version();
 	case CFG_ERROR:
 	default:
 		fprintf(stderr, "inbox-loadgen: %s\n", err);
@@ -415,8 +422,7 @@ int main(int argc, char **argv)
 		return argc < 2 ? 2 : 0;
 	}
 	if (strcmp(argv[1], "--version") == 0) {
-		printf("inbox-loadgen %s\n", INBOX_VERSION);
-		return 0;
+		return say_version();
 	}
 	if (strcmp(argv[1], "--help-man") == 0)
 		return help_man(argc > 2 ? argv[2] : "");

@@ -19,6 +19,7 @@
 #include "db.h"
 #include "log.h"
 #include "status.h"
+#include "version.h"
 
 #define USAGE "usage: inbox-worker run|migrate|cleanup|dlq [options] | lifecycle check|schema FILE | lifecycle diff OLD NEW"
 
@@ -43,12 +44,15 @@ static int say_help(int argc, char **argv)
 	return 0;
 }
 
+/* "inbox-worker VERSION (COMMIT)": the release, and the commit it was built
+ * from (version.h), which is what names a build in CHANGELOG.md and in a
+ * bug report.  A scripted reader takes the second word for the version. */
 static int say_version(int argc, char **argv)
 {
 	(void)argc;
 	(void)argv;
-	printf("inbox-worker %s\n", INBOX_VERSION);
-	return 0;
+	printf("inbox-worker %s (%s)\n", INBOX_VERSION, INBOX_COMMIT);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
 
 /* Not in --help: the settings table as the SETTINGS section of

@@ -1,6 +1,7 @@
 /*
  * test_cli.c - the command line contract of SPEC.md: a configuration error
- * exits 2 with one line naming the setting; --help and --version exit 0.
+ * exits 2 with one line naming the setting; --help and --version exit 0,
+ * and --version names the release and the commit it was built from.
  * Runs the real binary; needs no servers (the error is found before any
  * connection is made).
  */
@@ -10,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+
+#include "config.h"
 
 /* Run program bin with env assignments prefixed; capture stderr, or
  * stdout when want_stdout. */
@@ -79,6 +82,57 @@ Test(cli, help_and_version_exit_0)
 	cr_assert_eq(run("", "--version", out, sizeof out), 0);
 	cr_assert_eq(run("", "run --help", out, sizeof out), 0);
 	cr_assert_eq(run("", "help", out, sizeof out), 0);
+}
+
+/* The commit this tree is, found here without the build's script: git's
+ * HEAD when the source root is the top of a work tree, the commit a
+ * release tarball records (.tarball-commit), else "unknown". */
+static void tree_commit(char *out, size_t cap)
+{
+	const char *root = getenv("INBOX_SOURCE_ROOT");
+	char cmd[4096];
+	FILE *p;
+	size_t n;
+
+	cr_assert_not_null(root, "INBOX_SOURCE_ROOT is set by meson");
+	cr_assert_null(strchr(root, '\''), "a source root with a quote: %s", root);
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && if top=$(git rev-parse --show-toplevel 2>/dev/null) && "
+	         "[ \"$(cd \"$top\" && pwd -P)\" = \"$(pwd -P)\" ]; then git rev-parse --short=12 HEAD; "
+	         "elif [ -f .tarball-commit ]; then head -n 1 .tarball-commit; else echo unknown; fi",
+	         root);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	n = fread(out, 1, cap - 1, p);
+	out[n] = '\0';
+	cr_assert_eq(pclose(p), 0, "%s", cmd);
+	out[strcspn(out, "\n")] = '\0';
+	cr_assert_gt(strlen(out), 0);
+}
+
+/* What `NAME --version` must print: "NAME VERSION (COMMIT)\n", the
+ * project's version and the tree's commit, "-dirty" after it when a
+ * tracked file differs from that commit (only a checkout can say so). */
+static void expect_version_line(const char *name, const char *out)
+{
+	char want[256], commit[128];
+	size_t n;
+
+	tree_commit(commit, sizeof commit);
+	n = (size_t)snprintf(want, sizeof want, "%s %s (%s", name, INBOX_VERSION, commit);
+	cr_assert_eq(strncmp(out, want, n), 0, "--version printed '%s', want '%s)'", out, want);
+	cr_expect(strcmp(out + n, ")\n") == 0 || (strcmp(commit, "unknown") != 0 && strcmp(out + n, "-dirty)\n") == 0),
+	          "--version printed '%s', want '%s)' or '%s-dirty)'", out, want, want);
+}
+
+Test(cli, version_names_the_release_and_its_commit)
+{
+	char out[1024];
+
+	cr_assert_eq(run_program(getenv("INBOX_WORKER_BIN"), "", "--version", true, out, sizeof out), 0);
+	expect_version_line("inbox-worker", out);
+	cr_assert_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", "--version", true, out, sizeof out), 0);
+	expect_version_line("inbox-loadgen", out);
 }
 
 Test(cli, unknown_command_exits_2)
@@ -191,12 +245,12 @@ Test(cli, help_and_version_win_in_every_command)
 	for (size_t i = 0; i < sizeof loadgen / sizeof loadgen[0]; i++) {
 		cr_expect_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", loadgen[i], true, out, sizeof out), 0, "%s",
 		             loadgen[i]);
-		cr_expect_eq(strncmp(out, "inbox-loadgen ", 14), 0, "%s: %s", loadgen[i], out);
+		expect_version_line("inbox-loadgen", out);
 	}
 	for (size_t i = 0; i < sizeof worker / sizeof worker[0]; i++) {
 		cr_expect_eq(run_program(getenv("INBOX_WORKER_BIN"), "", worker[i], true, out, sizeof out), 0, "%s",
 		             worker[i]);
-		cr_expect_eq(strncmp(out, "inbox-worker ", 13), 0, "%s: %s", worker[i], out);
+		expect_version_line("inbox-worker", out);
 	}
 	cr_expect_eq(run_program(getenv("INBOX_LOADGEN_BIN"), "", "send --help", true, out, sizeof out), 0);
 	cr_expect_not_null(strstr(out, "send ROUTING_KEY BODY"), "%s", out);
