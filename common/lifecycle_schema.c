@@ -335,20 +335,30 @@ int lc_schema_compare(const struct lc_def *d, const struct lc_column *cols, int 
 	return ndiff;
 }
 
+/* What the statements that change existing tables (lc_schema_widen,
+ * lc_schema_add_kept) start from: the columns d needs, in nd, and the
+ * tables' names.  The count, or 0 for a definition whose tables cannot be
+ * written (lc_schema_compare says why). */
+static int alter_needs(const struct lc_def *d, struct need *nd, char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16])
+{
+	char ignored[256];
+	int ndiff = 0, nn = needs(d, nd, ignored, sizeof ignored, &ndiff);
+
+	lc_schema_tables(d, names);
+	return ndiff > 0 ? 0 : nn;
+}
+
 int lc_schema_widen(const struct lc_def *d, const struct lc_column *cols, int n, char *buf, size_t cap)
 {
 	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
-	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16], ignored[256];
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
 	struct out o = { buf, cap, 0, false };
-	int ndiff = 0, nn, nalter = 0;
+	int nn, nalter = 0;
 
 	if (cap == 0)
 		return -1;
 	buf[0] = '\0';
-	nn = needs(d, nd, ignored, sizeof ignored, &ndiff);
-	if (ndiff > 0)
-		return 0; /* not a definition whose tables can be written: lc_schema_compare says why */
-	lc_schema_tables(d, names);
+	nn = alter_needs(d, nd, names);
 	for (int i = 0; i < nn; i++) {
 		for (int k = 0; k < n; k++) {
 			bool known;
@@ -371,18 +381,15 @@ int lc_schema_widen(const struct lc_def *d, const struct lc_column *cols, int n,
 int lc_schema_add_kept(const struct lc_def *d, const struct lc_column *cols, int n, char *buf, size_t cap)
 {
 	struct need nd[NEED_MAX]; /* ~30 KiB: called at start-up, not per message */
-	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16], ignored[256];
+	char names[LC_SCHEMA_TABLES][LC_NAME_MAX + 16];
 	struct out o = { buf, cap, 0, false };
 	bool present[LC_SCHEMA_TABLES] = { false, false, false };
-	int ndiff = 0, nn, nadd = 0;
+	int nn, nadd = 0;
 
 	if (cap == 0)
 		return -1;
 	buf[0] = '\0';
-	nn = needs(d, nd, ignored, sizeof ignored, &ndiff);
-	if (ndiff > 0)
-		return 0; /* not a definition whose tables can be written: lc_schema_compare says why */
-	lc_schema_tables(d, names);
+	nn = alter_needs(d, nd, names);
 	for (int k = 0; k < n; k++) {
 		for (int t = 0; t < LC_SCHEMA_TABLES; t++)
 			present[t] |= strcmp(cols[k].table, names[t]) == 0;

@@ -247,6 +247,16 @@ static bool lg_route_add(struct lg_plan *p, struct lg_route *r, bool quiet)
 	return true;
 }
 
+/* r: a route of kind that starts with ev[0..n) and then takes e. */
+static void lg_route_from(struct lg_route *r, enum lg_route_kind kind, const int *ev, int n, int e)
+{
+	memset(r, 0, sizeof *r);
+	r->kind = kind;
+	memcpy(r->ev, ev, (size_t)n * sizeof r->ev[0]);
+	r->n = n;
+	r->ev[r->n++] = e;
+}
+
 static int lg_main_route(struct lg_plan *p, struct lg_route *r, char *err, size_t cap)
 {
 	const struct lc_def *d = p->def;
@@ -302,11 +312,7 @@ static void lg_branches(struct lg_plan *p, const struct lg_route *main_route)
 			if (ev->creates != 0 || !(ev->from & (1u << d->path[k])) || !(d->terminal & (1u << ev->to)) ||
 			    lg_on_main(d, ev->to) || k + 2 > LG_ROUTE_MAX)
 				continue;
-			memset(&r, 0, sizeof r);
-			r.kind = LG_ROUTE_BRANCH;
-			memcpy(r.ev, main_route->ev, (size_t)(k + 1) * sizeof r.ev[0]);
-			r.n = k + 1;
-			r.ev[r.n++] = e;
+			lg_route_from(&r, LG_ROUTE_BRANCH, main_route->ev, k + 1, e);
 			if (lg_route_add(p, &r, false))
 				p->nbranch++;
 		}
@@ -374,11 +380,7 @@ static void lg_loops(struct lg_plan *p, const struct lg_route *m)
 					j = k;
 			if (j < 0 || m->n + 1 + (i - j) > LG_ROUTE_MAX)
 				continue;
-			memset(&r, 0, sizeof r);
-			r.kind = LG_ROUTE_BRANCH;
-			memcpy(r.ev, m->ev, (size_t)(i + 1) * sizeof r.ev[0]);
-			r.n = i + 1;
-			r.ev[r.n++] = e;
+			lg_route_from(&r, LG_ROUTE_BRANCH, m->ev, i + 1, e);
 			memcpy(r.ev + r.n, m->ev + j + 1, (size_t)(i - j) * sizeof r.ev[0]);
 			r.n += i - j;
 			memcpy(r.ev + r.n, m->ev + i + 1, (size_t)(m->n - i - 1) * sizeof r.ev[0]);
@@ -406,11 +408,7 @@ static void lg_invalid_numbered(struct lg_plan *p, const struct lg_route *m)
 
 			if (d->events[e].creates != 0 || lc_decide(d, f.state, f.marks, e).decision != LC_INVALID)
 				continue;
-			memset(&r, 0, sizeof r);
-			r.kind = LG_ROUTE_INVALID;
-			memcpy(r.ev, m->ev, (size_t)k * sizeof r.ev[0]);
-			r.n = k;
-			r.ev[r.n++] = e;
+			lg_route_from(&r, LG_ROUTE_INVALID, m->ev, k, e);
 			if (lg_route_add(p, &r, true)) {
 				p->invalid = p->nroutes - 1;
 				return;
