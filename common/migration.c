@@ -151,36 +151,188 @@ int migration_list_procedures(const char *dir, char *pdir, size_t cap, char ***n
 	return rc;
 }
 
-/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
- * frees it), or pass NULL when only the checksum is wanted. */
-int migration_digest(const char *dir, const char *name, char **sql, size_t *len, char hex[65])
+/* "-- @word" at the start of line [p, p + n): the word's length, else 0. */
+static size_t migration_annotation(const char *p, size_t n, const char **word)
+{
+	size_t w = 0;
+
+	if (n < 5 || memcmp(p, "-- @", 4) != 0)
+		return 0;
+	*word = p + 4;
+	while (4 + w < n && p[4 + w] >= 'a' && p[4 + w] <= 'z')
+		w++;
+	return w;
+}
+
+static bool migration_hex64(const char *p, size_t n)
+{
+	if (n < 64)
+		return false;
+	for (size_t i = 0; i < 64; i++)
+		if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
+			return false;
+	return n == 64 || p[64] == ' ' || p[64] == '\n' || p[64] == '\r';
+}
+
+/* One annotation line into f; ST_ERR_INVALID for a word we do not know,
+ * or a @replaces without a checksum. */
+static int migration_annotate(struct migration_file *f, const char *path, const char *line, size_t n)
+{
+	const char *word = NULL;
+	size_t w = migration_annotation(line, n, &word);
+	const char *arg = word + w;
+	size_t argn = n - 4 - w;
+
+	while (argn > 0 && *arg == ' ') {
+		arg++;
+		argn--;
+	}
+	if (w == 6 && memcmp(word, "online", 6) == 0) {
+		f->online = true;
+	} else if (w == 5 && memcmp(word, "locks", 5) == 0) {
+		f->locks = true;
+	} else if (w == 8 && memcmp(word, "contract", 8) == 0) {
+		f->contract = true;
+	} else if (w == 8 && memcmp(word, "replaces", 8) == 0 && migration_hex64(arg, argn) &&
+	           f->nreplaces < MIGRATION_REPLACES_MAX) {
+		memcpy(f->replaces[f->nreplaces], arg, 64);
+		f->replaces[f->nreplaces++][64] = '\0';
+	} else {
+		char shown[81];
+
+		snprintf(shown, sizeof shown, "%.*s", (int)(n < 80 ? n : 80), line);
+		LOG(LOG_LEVEL_ERROR,
+		    "a migration's annotation is not one of @online, @locks, @contract, @replaces <sha256>"
+		    " (at most 4 @replaces)",
+		    LOG_S("file", path), LOG_S("line", shown));
+		return ST_ERR_INVALID;
+	}
+	return ST_OK;
+}
+
+int migration_read_file(const char *dir, const char *name, struct migration_file *f)
 {
 	char path[4096];
-	char *buf = NULL;
-	size_t n = 0;
 	unsigned char md[EVP_MAX_MD_SIZE];
 	unsigned mdlen = 0;
+	EVP_MD_CTX *ctx = NULL;
 	int rc;
 
+	memset(f, 0, sizeof *f);
 	if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
 		return ST_ERR_INVALID;
-	rc = migration_read(path, &buf, &n);
+	rc = migration_read(path, &f->sql, &f->len);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_ERROR, "cannot read migration", LOG_S("file", path), LOG_S("error", strerror(errno)));
 		return rc;
 	}
-	if (EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
-		free(buf);
-		return ST_ERR_NOMEM;
+	ctx = EVP_MD_CTX_new();
+	if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+		rc = ST_ERR_NOMEM;
+		goto cleanup;
 	}
-	msg_sha256_hex(md, hex);
-	if (sql != NULL) {
-		*sql = buf;
-		*len = n;
-	} else {
-		free(buf);
+	/* The checksum is of every line but the annotations, each line whole
+	 * with its newline, so a file without annotations keeps the checksum
+	 * of its bytes that earlier builds recorded. */
+	for (size_t at = 0; at < f->len;) {
+		const char *line = f->sql + at, *nl = memchr(line, '\n', f->len - at);
+		size_t n = nl != NULL ? (size_t)(nl - line) + 1 : f->len - at;
+		const char *word;
+
+		if (migration_annotation(line, n, &word) > 0) {
+			rc = migration_annotate(f, path, line, nl != NULL ? n - 1 : n);
+			if (rc != ST_OK)
+				goto cleanup;
+		} else if (EVP_DigestUpdate(ctx, line, n) != 1) {
+			rc = ST_ERR_NOMEM;
+			goto cleanup;
+		}
+		at += n;
 	}
+	if (EVP_DigestFinal_ex(ctx, md, &mdlen) != 1 || mdlen != 32) {
+		rc = ST_ERR_NOMEM;
+		goto cleanup;
+	}
+	msg_sha256_hex(md, f->sha256);
+	rc = ST_OK;
+cleanup:
+	EVP_MD_CTX_free(ctx);
+	return rc;
+}
+
+void migration_file_free(struct migration_file *f)
+{
+	free(f->sql);
+	f->sql = NULL;
+	f->len = 0;
+}
+
+bool migration_file_matches(const struct migration_file *f, const char *recorded)
+{
+	if (strcmp(f->sha256, recorded) == 0)
+		return true;
+	for (int i = 0; i < f->nreplaces; i++)
+		if (strcmp(f->replaces[i], recorded) == 0)
+			return true;
+	return false;
+}
+
+/* The numbered records of schema_migrations, sorted, as migration_list
+ * gives names (the caller frees them with migration_names_free).  Commits
+ * its read. */
+static int migration_records(struct db *db, char ***out, int *count)
+{
+	struct db_stmt *list = NULL;
+	char name[201], **v = NULL;
+	int n = 0, rc;
+
+	*out = NULL;
+	*count = 0;
+	rc = db_prepare(db, &list, "SELECT name FROM schema_migrations ORDER BY name");
+	if (rc == ST_OK)
+		rc = db_stmt_query(list, NULL, 0);
+	while (rc == ST_OK) {
+		struct db_col c[] = { DBC_STR(name, sizeof name) };
+		int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
+		char **grown;
+
+		if (f < 0)
+			rc = f;
+		if (f <= 0)
+			break;
+		if (!migration_name_ok(name))
+			continue;
+		if (n >= 2 * MIGRATION_MAX_FILES) {
+			rc = ST_ERR_NOMEM;
+			break;
+		}
+		grown = realloc(v, (size_t)(n + 1) * sizeof *v);
+		if (grown == NULL) {
+			rc = ST_ERR_NOMEM;
+			break;
+		}
+		v = grown;
+		v[n] = strdup(name);
+		if (v[n] == NULL) {
+			rc = ST_ERR_NOMEM;
+			break;
+		}
+		n++;
+	}
+	if (rc == ST_OK)
+		rc = db_commit(db);
+	if (rc != ST_OK) {
+		migration_names_free(v, n);
+		return rc;
+	}
+	*out = v;
+	*count = n;
 	return ST_OK;
+}
+
+static bool migration_has(char *const *names, int count, const char *name)
+{
+	return bsearch(&(const char *){ name }, names, (size_t)count, sizeof *names, migration_cmp) != NULL;
 }
 
 /* The first numbered record of schema_migrations that has no file among
@@ -189,28 +341,40 @@ int migration_digest(const char *dir, const char *name, char **sql, size_t *len,
  * for good (0011 dropped them). */
 int migration_find_unknown(struct db *db, char *const *names, int count, char *unknown, size_t cap)
 {
-	struct db_stmt *list = NULL;
-	char name[201];
-	int rc;
+	char **rec = NULL;
+	int nrec = 0, rc = migration_records(db, &rec, &nrec);
 
 	unknown[0] = '\0';
-	rc = db_prepare(db, &list, "SELECT name FROM schema_migrations ORDER BY name");
-	if (rc == ST_OK)
-		rc = db_stmt_query(list, NULL, 0);
-	while (rc == ST_OK) {
-		struct db_col c[] = { DBC_STR(name, sizeof name) };
-		int f = db_stmt_fetch(list, c, ARRAY_LEN(c));
-
-		if (f < 0)
-			rc = f;
-		if (f <= 0)
+	for (int i = 0; rc == ST_OK && i < nrec; i++)
+		if (!migration_has(names, count, rec[i])) {
+			snprintf(unknown, cap, "%s", rec[i]);
 			break;
-		if (unknown[0] == '\0' && migration_name_ok(name) &&
-		    bsearch(&(const char *){ name }, names, (size_t)count, sizeof *names, migration_cmp) == NULL)
-			snprintf(unknown, cap, "%s", name);
+		}
+	migration_names_free(rec, nrec);
+	return rc;
+}
+
+int migration_find_pending(struct db *db, const char *dir, char *const *names, int count, char *pending,
+                           size_t cap)
+{
+	char **rec = NULL;
+	int nrec = 0, rc = migration_records(db, &rec, &nrec);
+
+	pending[0] = '\0';
+	for (int i = 0; rc == ST_OK && i < count; i++) {
+		struct migration_file f;
+
+		if (migration_has(rec, nrec, names[i]))
+			continue;
+		rc = migration_read_file(dir, names[i], &f);
+		if (rc == ST_OK && !f.contract) {
+			snprintf(pending, cap, "%s", names[i]);
+			migration_file_free(&f);
+			break;
+		}
+		migration_file_free(&f);
 	}
-	if (rc == ST_OK)
-		rc = db_commit(db);
+	migration_names_free(rec, nrec);
 	return rc;
 }
 

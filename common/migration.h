@@ -45,10 +45,47 @@ int migration_list_numbered(const char *dir, char ***names, int *count);
  * when the folder does not exist.  Says why when it cannot list them. */
 int migration_list_procedures(const char *dir, char *pdir, size_t cap, char ***names, int *count);
 
-/* Read dir/name and its SHA-256 as hex; *sql is malloc'd (the caller
- * frees it), or pass NULL when only the checksum is wanted.  Says why when
- * it cannot read the file. */
-int migration_digest(const char *dir, const char *name, char **sql, size_t *len, char hex[65]);
+/*
+ * A file's annotations: lines that begin "-- @word".  They say what a
+ * running fleet meets while the file is applied, so they may be written
+ * and corrected after the file was released: the checksum leaves them out,
+ * and a database that recorded the text without them still matches it.
+ *
+ *   -- @online  TEXT   whether workers of the release before keep running
+ *   -- @locks   TEXT   which tables it holds, how, and for how long
+ *   -- @contract TEXT  it drops what an earlier release's workers still
+ *                      use: `migrate` applies it only with --contract
+ *                      (after the last such worker stopped), or at once on
+ *                      a database that had no migration before the run
+ *   -- @replaces HEX TEXT  an earlier text of this file, by its checksum:
+ *                      a database that recorded that text has what this
+ *                      one does (its statements moved to another file)
+ *
+ * Any other "-- @" word is refused, so a typo cannot turn a contract file
+ * into one applied under a running fleet.
+ */
+#define MIGRATION_REPLACES_MAX 4 /* the refusal says "at most 4" */
+
+struct migration_file {
+	char *sql;            /* the whole text, as sent to the server (malloc'd) */
+	size_t len;
+	char sha256[65];      /* of the text without its annotation lines */
+	bool contract;
+	bool online, locks;   /* the file says each */
+	int nreplaces;
+	char replaces[MIGRATION_REPLACES_MAX][65];
+};
+
+/* Read dir/name, its checksum and its annotations into *f, which the
+ * caller frees with migration_file_free (also after a failure).  Says why
+ * when it cannot read the file or an annotation is not one of the above. */
+int migration_read_file(const char *dir, const char *name, struct migration_file *f);
+
+void migration_file_free(struct migration_file *f);
+
+/* Whether a record's checksum stands for the file: its own or one it
+ * replaces. */
+bool migration_file_matches(const struct migration_file *f, const char *recorded);
 
 /* Whether schema_migrations exists in the connected database (a database
  * never migrated has none). */
@@ -59,6 +96,13 @@ int migration_have_table(struct db *db, bool *have);
  * records are left out: a procedure file of an older build may be gone
  * for good (0011 dropped them).  Commits its read. */
 int migration_find_unknown(struct db *db, char *const *names, int count, char *unknown, size_t cap);
+
+/* The first numbered file among names (sorted, count of them, in dir)
+ * that schema_migrations does not record and that is not a contract file,
+ * into pending (""): none.  A build whose schema is older than its files
+ * must not start: its statements may not fit.  Commits its read. */
+int migration_find_pending(struct db *db, const char *dir, char *const *names, int count, char *pending,
+                           size_t cap);
 
 /* The one error line for such a record: what (the message), the record,
  * the folder and the remedy. */

@@ -1,3 +1,5 @@
+-- @online no earlier workers: it creates the first release's tables (orders, processed_messages, order_events).
+-- @locks none that exist: CREATE TABLE IF NOT EXISTS only.
 -- The tables of SPEC.md: orders, the inbox (processed_messages) and the
 -- ledger of applied effects (order_events).
 --

@@ -1,3 +1,5 @@
+-- @online no earlier workers: it creates the first release's tables (order_locks, held_events, outbox).
+-- @locks none that exist: CREATE TABLE IF NOT EXISTS only.
 -- What the saga needs beyond SPEC.md's tables: a lock row per order (so that
 -- an event for an order that does not exist yet still serialises with its
 -- OrderCreated), the held events, and the transactional outbox.

@@ -1,3 +1,5 @@
+-- @online no earlier workers: the first release's procedure (dropped again by the contract file 0021).
+-- @locks no table: DROP and CREATE PROCEDURE.
 -- The claim and the order lock in one round trip.
 --
 -- Per message the worker must (1) INSERT the key into processed_messages,

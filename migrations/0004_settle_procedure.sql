@@ -1,3 +1,5 @@
+-- @online no earlier workers: the first release's procedure (dropped again by the contract file 0021).
+-- @locks no table: DROP and CREATE PROCEDURE.
 -- The rest of a message's transaction in one round trip.
 --
 -- After the claim (inbox_claim) the worker decides in C (common/order.c)

@@ -1,3 +1,6 @@
+-- @online yes: workers of 0.1.0 keep running while it is applied.
+-- @locks outbox: three ADD COLUMN, INSTANT (a metadata lock for milliseconds); CREATE INDEX
+-- @locks ix_outbox_due, INPLACE with LOCK=NONE (reads and writes go on while it builds); DROP INDEX, INSTANT.
 -- Each outbox row is settled on its own (issue 9, item 2).
 --
 -- A row the broker returns, nacks or refuses, or one that cannot be

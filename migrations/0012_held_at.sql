@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.2.0 keep running while it is applied.
+-- @locks processed_messages: ADD COLUMN, INSTANT (a metadata lock for milliseconds).
 -- When an event was held (issue 12, items 3 and 8).
 --
 -- A held event's inbox row is overwritten with its final outcome when it is

@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.2.0 keep running while it is applied.
+-- @locks outbox: ADD COLUMN, INSTANT (a metadata lock for milliseconds).
 -- The outbox relay's claim as a committed write (issue 13, item 3).
 --
 -- The relay used to claim rows by holding their row locks (SELECT ... FOR

@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.3.0 keep running while it is applied.
+-- @locks order_events: ADD COLUMN, INSTANT (a metadata lock for milliseconds).
 -- The ledger remembers what each effect's message said (issue 22, item 1).
 --
 -- Retention deletes processed_messages rows after INBOX_RETENTION, but

@@ -1,3 +1,6 @@
+-- @online yes: workers of 0.3.0 keep running while it is applied; their writes to outbox and held_events wait for the copy.
+-- @locks held_events and outbox: rebuilt (a character set change copies the table) with reads allowed and writes
+-- @locks held until the copy ends; the other four tables: DEFAULT CHARACTER SET only, INSTANT.
 -- Every column that stores text from a message says its character set
 -- itself (issue 22, item 4).
 --

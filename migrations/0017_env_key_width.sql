@@ -1,3 +1,6 @@
+-- @online yes: workers of 0.4.0 keep running while it is applied.
+-- @locks processed_messages, order_events, held_events: VARCHAR(64/128) to VARCHAR(255) ascii keeps the
+-- @locks one-byte length, so MODIFY is INSTANT, and so are held_events' two ADD COLUMN.
 -- Keys wide enough for CloudEvents, and what a held event needs to be
 -- released as it arrived (issue 26; SPEC.md, Envelopes).
 --

@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.4.0 keep running while it is applied.
+-- @locks outbox: ADD COLUMN, INSTANT; CREATE INDEX ix_outbox_claim, INPLACE with LOCK=NONE.
 -- The outbox dispatched from memory (issue 25, item 2).
 --
 -- The transaction that writes outbox rows tags them with its claim token;

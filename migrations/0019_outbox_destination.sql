@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.6.0 keep running while it is applied.
+-- @locks outbox: ADD COLUMN, INSTANT; CREATE INDEX ix_outbox_route, INPLACE with LOCK=NONE; DROP INDEX, INSTANT.
 -- Calls to other services through the outbox (issue 45, item 2).
 --
 -- An emitted event the definition routes to an HTTP destination

@@ -1,3 +1,5 @@
+-- @online yes: workers of 0.8.0 keep running while it is applied.
+-- @locks held_events and orders: ADD COLUMN, INSTANT (a metadata lock for milliseconds).
 -- The version of the lifecycle definition that decided a row (issue 46,
 -- item 3; doc/lifecycle.md, "When a definition changes").
 --

@@ -26,6 +26,7 @@
 struct cmd_opts {
 	bool dry_run;        /* cleanup --dry-run */
 	bool status;         /* migrate --status */
+	bool contract;       /* migrate --contract */
 	struct dlq_opts dlq; /* dlq SUBCOMMAND ... */
 };
 

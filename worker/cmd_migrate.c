@@ -52,62 +52,75 @@
 #define MIGRATE_LOCK_NAME "LEFT(CONCAT('" MIGRATE_LOCK_PREFIX "', DATABASE()), 64)"
 #define MIGRATE_LOCK_WAIT_S 120
 
+/* One run of migrate: its statements, whether contract files may be
+ * applied, and what it did. */
+struct migrate_ctx {
+	struct db *db;
+	struct db_stmt *get, *put;
+	bool contract_ok;
+	int applied, waiting;
+};
+
 /* Apply one file unless recorded.  A changed numbered file is refused; a
  * changed procedure file (record = "procedures/<name>") is applied again
- * and its record replaced. */
-static int migrate_one(struct db *db, struct db_stmt *get, struct db_stmt *put, const char *dir,
-                       const char *name, const char *record, int *applied)
+ * and its record replaced.  A contract file waits for --contract. */
+static int migrate_one(struct migrate_ctx *m, const char *dir, const char *name, const char *record)
 {
 	bool reapply = record != name;
-	char *sql = NULL;
-	size_t len = 0;
-	char hex[65], stored[65];
+	struct migration_file f;
+	char stored[65];
 	struct db_param p[] = { DBP_STR(record) };
 	struct db_col c[] = { DBC_STR(stored, sizeof stored) };
 	int rc, r;
 
-	rc = migration_digest(dir, name, &sql, &len, hex);
+	rc = migration_read_file(dir, name, &f);
 	if (rc != ST_OK)
-		return rc;
-	r = db_stmt_query_row(get, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
+		goto cleanup;
+	r = db_stmt_query_row(m->get, p, ARRAY_LEN(p), c, ARRAY_LEN(c));
 	if (r < 0) {
 		rc = r;
 		goto cleanup;
 	}
 	if (r == 1) {
-		if (strcmp(stored, hex) == 0)
+		if (migration_file_matches(&f, stored))
 			goto cleanup;
 		if (!reapply) {
 			LOG(LOG_LEVEL_ERROR, "applied migration has changed since; refusing to go on",
-			    LOG_S("file", name), LOG_S("applied_sha256", stored), LOG_S("file_sha256", hex));
+			    LOG_S("file", name), LOG_S("applied_sha256", stored), LOG_S("file_sha256", f.sha256));
 			rc = ST_ERR_MIGRATION_CHANGED;
 			goto cleanup;
 		}
 	}
-	rc = db_exec_script(db, sql, len);
+	if (f.contract && !m->contract_ok) {
+		m->waiting++;
+		LOG(LOG_LEVEL_INFO,
+		    "contract migration left for `inbox-worker migrate --contract`, once no worker of an earlier release runs",
+		    LOG_S("file", name));
+		goto cleanup;
+	}
+	rc = db_exec_script(m->db, f.sql, f.len);
 	if (rc != ST_OK) {
-		LOG(LOG_LEVEL_ERROR, "migration failed", LOG_S("file", name), LOG_S("error", db_errmsg(db)));
+		LOG(LOG_LEVEL_ERROR, "migration failed", LOG_S("file", name), LOG_S("error", db_errmsg(m->db)));
 		goto cleanup;
 	}
 	{
-		struct db_param pp[] = { DBP_STR(record), DBP_STR(hex) };
-		rc = db_stmt_exec(put, pp, ARRAY_LEN(pp), NULL);
+		struct db_param pp[] = { DBP_STR(record), DBP_STR(f.sha256) };
+		rc = db_stmt_exec(m->put, pp, ARRAY_LEN(pp), NULL);
 	}
 	if (rc == ST_OK)
-		rc = db_commit(db);
+		rc = db_commit(m->db);
 	if (rc == ST_OK) {
-		(*applied)++;
-		LOG(LOG_LEVEL_INFO, "migration applied", LOG_S("file", record), LOG_S("sha256", hex));
+		m->applied++;
+		LOG(LOG_LEVEL_INFO, "migration applied", LOG_S("file", record), LOG_S("sha256", f.sha256));
 	}
 cleanup:
-	free(sql);
+	migration_file_free(&f);
 	return rc;
 }
 
 /* migrations/procedures/: after the numbered files, whose tables they use.
  * No such folder: nothing to do. */
-static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt *put, const char *dir,
-                              int *applied)
+static int migrate_procedures(struct migrate_ctx *m, const char *dir)
 {
 	char pdir[4096], record[256];
 	char **names = NULL;
@@ -116,18 +129,19 @@ static int migrate_procedures(struct db *db, struct db_stmt *get, struct db_stmt
 	rc = migration_list_procedures(dir, pdir, sizeof pdir, &names, &count);
 	for (int i = 0; rc == ST_OK && i < count; i++) {
 		snprintf(record, sizeof record, "procedures/%s", names[i]);
-		rc = migrate_one(db, get, put, pdir, names[i], record, applied);
+		rc = migrate_one(m, pdir, names[i], record);
 	}
 	migration_names_free(names, count);
 	return rc;
 }
 
-int migrate_main(const struct cfg *conf)
+int migrate_main(const struct cfg *conf, bool contract)
 {
 	struct db *db = NULL;
-	struct db_stmt *lock = NULL, *unlock = NULL, *get = NULL, *put = NULL;
+	struct db_stmt *lock = NULL, *unlock = NULL, *history = NULL;
+	struct migrate_ctx m = { .contract_ok = contract };
 	char **names = NULL, unknown[201];
-	int count = 0, applied = 0, rc;
+	int count = 0, rc;
 	bool locked = false;
 
 	/* The schema owner's account when one is given: the worker's own
@@ -170,17 +184,31 @@ int migrate_main(const struct cfg *conf)
 		rc = ST_ERR_MIGRATION_CHANGED;
 		goto cleanup;
 	}
+	/* A database that had no numbered migration before this run has no
+	 * fleet of an earlier release on it: its contract files go in now. */
+	if (rc == ST_OK && !contract) {
+		struct db_col c[] = { DBC_I64() };
+		int r;
+
+		rc = db_prepare(db, &history, "SELECT COUNT(*) FROM schema_migrations WHERE name NOT LIKE 'procedures/%'");
+		r = rc == ST_OK ? db_stmt_query_row(history, NULL, 0, c, ARRAY_LEN(c)) : rc;
+		if (r < 0)
+			rc = r;
+		else
+			m.contract_ok = r == 1 && c[0].i64 == 0;
+	}
+	m.db = db;
 	if (rc == ST_OK)
-		rc = db_prepare(db, &get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
+		rc = db_prepare(db, &m.get, "SELECT sha256 FROM schema_migrations WHERE name = ?");
 	if (rc == ST_OK)
-		rc = db_prepare(db, &put, "REPLACE INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
+		rc = db_prepare(db, &m.put, "REPLACE INTO schema_migrations (name, sha256, applied_at) VALUES (?, ?, NOW(6))");
 	for (int i = 0; rc == ST_OK && i < count; i++)
-		rc = migrate_one(db, get, put, conf->migrations_dir, names[i], names[i], &applied);
+		rc = migrate_one(&m, conf->migrations_dir, names[i], names[i]);
 	if (rc == ST_OK)
-		rc = migrate_procedures(db, get, put, conf->migrations_dir, &applied);
+		rc = migrate_procedures(&m, conf->migrations_dir);
 	if (rc == ST_OK)
-		LOG(LOG_LEVEL_INFO, "migrations done", LOG_I("applied", applied), LOG_I("files", count),
-		    LOG_S("dir", conf->migrations_dir));
+		LOG(LOG_LEVEL_INFO, "migrations done", LOG_I("applied", m.applied), LOG_I("files", count),
+		    LOG_I("contract_waiting", m.waiting), LOG_S("dir", conf->migrations_dir));
 cleanup:
 	if (locked) {
 		struct db_col c[] = { DBC_I64() };
@@ -219,31 +247,36 @@ static struct migrate_record *migrate_find(struct migrate_record *rec, int n, co
 static int migrate_status_file(const char *dir, const char *name, const char *record, bool procedure,
                                struct migrate_record *rec, int nrec, struct migrate_tally *t)
 {
-	char hex[65];
+	struct migration_file f;
 	struct migrate_record *r;
-	int rc = migration_digest(dir, name, NULL, NULL, hex);
+	int rc = migration_read_file(dir, name, &f);
 
 	if (rc != ST_OK)
-		return rc;
+		goto cleanup;
 	r = migrate_find(rec, nrec, record);
 	if (r == NULL) {
 		t->pending++;
-		printf("pending  %s  sha256=%s\n", record, hex);
-		return ST_OK;
+		printf("pending  %s  sha256=%s%s\n", record, f.sha256,
+		       f.contract ? "  (contract: applied by `migrate --contract`, once no worker of an earlier release runs)"
+		                  : "");
+		goto cleanup;
 	}
 	r->seen = true;
-	if (strcmp(r->sha256, hex) == 0) {
+	if (migration_file_matches(&f, r->sha256)) {
 		t->applied++;
-		printf("applied  %s  sha256=%s  applied_at=%s\n", record, hex, r->applied_at);
-		return ST_OK;
+		printf("applied  %s  sha256=%s  applied_at=%s%s\n", record, f.sha256, r->applied_at,
+		       strcmp(r->sha256, f.sha256) != 0 ? "  (recorded as an earlier text this file replaces)" : "");
+		goto cleanup;
 	}
 	t->changed++;
 	/* A changed numbered file stops migrate; say so loudly. */
-	printf("%s  %s  sha256=%s  recorded=%s  applied_at=%s  (%s)\n", procedure ? "changed" : "CHANGED", record, hex,
-	       r->sha256, r->applied_at,
+	printf("%s  %s  sha256=%s  recorded=%s  applied_at=%s  (%s)\n", procedure ? "changed" : "CHANGED", record,
+	       f.sha256, r->sha256, r->applied_at,
 	       procedure ? "migrate applies it again"
 	                 : "changed since it was applied: migrate refuses to go on until the file is restored");
-	return ST_OK;
+cleanup:
+	migration_file_free(&f);
+	return rc;
 }
 
 int migrate_status(const struct cfg *conf)
@@ -426,7 +459,7 @@ static int migrate_run(const struct cfg *conf, const struct cmd_opts *o)
 
 	if (o->status)
 		return migrate_status(conf);
-	code = migrate_main(conf);
+	code = migrate_main(conf, o->contract);
 	/* A lifecycle of the user's own: its tables after the migrations. */
 	if (code == 0 && conf->lifecycle != NULL && conf->lifecycle[0] != '\0')
 		code = lifecycle_migrate(conf);
@@ -437,6 +470,8 @@ static const char *const migrate_names[] = { "migrate" };
 static const struct args_opt migrate_opts[] = {
 	{ "--status", ARGS_ALL, ARGS_FLAG, 0, 0, offsetof(struct cmd_opts, status), 0, NULL,
 	  "list applied, pending and changed files with their checksums; applies nothing" },
+	{ "--contract", ARGS_ALL, ARGS_FLAG, 0, 0, offsetof(struct cmd_opts, contract), 0, NULL,
+	  "also apply the contract files (-- @contract), once no worker of an earlier release runs" },
 };
 static const struct args_spec migrate_spec = {
 	.prefix = "", .cmd_names = migrate_names, .ncmds = ARRAY_LEN(migrate_names),
@@ -452,7 +487,9 @@ static void migrate_usage(FILE *f)
 {
 	fputs("  migrate   apply the SQL files of the migrations folder not yet applied\n"
 	      "            (--status: list applied, pending and changed files with their\n"
-	      "            checksums; applies nothing)\n", f);
+	      "            checksums; applies nothing.  --contract: also the contract\n"
+	      "            files, which drop what an earlier release's workers use: run\n"
+	      "            it once the last of them stopped)\n", f);
 }
 
 const struct cmd cmd_migrate = { "migrate", migrate_take, migrate_run, migrate_usage };

@@ -384,7 +384,7 @@ int preflight_known_migrations(const struct cfg *conf)
 {
 	struct db *db = NULL;
 	bool have_table = false;
-	char **names = NULL, unknown[201] = "";
+	char **names = NULL, unknown[201] = "", pending[201] = "";
 	int count = 0, code = 0, rc;
 
 	/* A database that is away now is the pool's to wait for; the check
@@ -406,6 +406,8 @@ int preflight_known_migrations(const struct cfg *conf)
 	/* Never migrated: the worker's first statement says so. */
 	if (rc == ST_OK && have_table)
 		rc = migration_find_unknown(db, names, count, unknown, sizeof unknown);
+	if (rc == ST_OK && have_table && unknown[0] == '\0')
+		rc = migration_find_pending(db, conf->migrations_dir, names, count, pending, sizeof pending);
 	if (rc != ST_OK) {
 		LOG(LOG_LEVEL_WARN, "cannot check the schema's migrations at start-up",
 		    LOG_S("error", db_errmsg(db)));
@@ -414,6 +416,15 @@ int preflight_known_migrations(const struct cfg *conf)
 	if (unknown[0] != '\0') {
 		migration_log_unknown("the database holds a migration this build does not know; refusing to start",
 		                    unknown, conf->migrations_dir);
+		code = 1;
+	} else if (pending[0] != '\0') {
+		/* This build's statements are written for its whole schema; an
+		 * older one may take some of them and fail the rest mid-run.
+		 * Contract files may wait: they only drop what it never uses. */
+		fprintf(stderr,
+		        "inbox-worker: the database lacks migration %s of this build: run `inbox-worker migrate` (workers of "
+		        "the earlier release may keep running meanwhile), then start this one\n",
+		        pending);
 		code = 1;
 	}
 cleanup:

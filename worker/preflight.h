@@ -53,8 +53,9 @@ int preflight_effects(struct db *db, const struct lc_def *d, const char *file);
 /* Every command that writes rows (run, cleanup, dlq replay), at start-up:
  * 1 (said in one line) when schema_migrations holds a numbered migration
  * that conf->migrations_dir has no file for (a newer build migrated the
- * database), else 0; a database or folder it cannot read is a warning, not
- * a refusal (the pool waits for the database). */
+ * database), or lacks one of its files that is not a contract file (this
+ * build is newer than the schema), else 0; a database or folder it cannot
+ * read is a warning, not a refusal (the pool waits for the database). */
 int preflight_known_migrations(const struct cfg *conf);
 
 #endif

@@ -1,7 +1,9 @@
 /*
  * test_migrate.c - `inbox-worker migrate` against the real MariaDB: applies
  * each file once, is a no-op the second time, survives two concurrent runs,
- * and refuses an applied file that changed.
+ * and refuses an applied file that changed; leaves a contract file to
+ * `migrate --contract` on a database with history; and the commands that
+ * write rows refuse a database that lacks a migration of their build.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -66,7 +68,10 @@ static int files_recorded_with_their_checksum(void)
 	FILE *p;
 	int n = 0;
 
-	snprintf(cmd, sizeof cmd, "cd %s && sha256sum *.sql $(ls procedures/*.sql 2>/dev/null)",
+	/* The checksum leaves out annotation lines ("-- @word", migration.h). */
+	snprintf(cmd, sizeof cmd,
+	         "cd %s && for f in *.sql $(ls procedures/*.sql 2>/dev/null); do"
+	         " printf '%%s %%s\\n' \"$(grep -v '^-- @[a-z]' \"$f\" | sha256sum | cut -c1-64)\" \"$f\"; done",
 	         itest_source("migrations", dir, sizeof dir));
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
@@ -371,4 +376,136 @@ Test(migrate, the_lock_is_per_database)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	          "a migrate must not wait behind another database's migration lock: got %d", st);
 	cr_assert_eq(db_exec(db, "DO RELEASE_LOCK('inbox-worker.migrate')"), ST_OK);
+}
+
+/* `inbox-worker ARGS...` to exit; its status, its output in log (named). */
+static int run_logged(const char *const *args, const char *name, char *logf, size_t cap)
+{
+	const char *envv[] = { "INBOX_METRICS_ADDR=", NULL };
+
+	itest_log_path(logf, cap, name);
+	return itest_wait_exit(itest_spawn_logged(args, envv, logf), 120);
+}
+
+static int64_t procedure_count(const char *name)
+{
+	return itest_int1("SELECT COUNT(*) FROM information_schema.routines WHERE routine_schema = DATABASE()"
+	                  " AND routine_name = ?", name);
+}
+
+/* A database with history, as 0.1.0 left it: its procedure inbox_claim in
+ * place and 0021 (a contract file: it drops them) not applied.  A plain
+ * migrate leaves 0021 and says so, the commands start with it pending, and
+ * `migrate --contract` applies it.  Before contract files, 0010 dropped the
+ * procedure in the same run that the 0.1.0 fleet kept running through. */
+Test(migrate, a_contract_file_waits_for_migrate_contract_on_a_database_with_history)
+{
+	const char *migrate[] = { "migrate", NULL };
+	const char *contract[] = { "migrate", "--contract", NULL };
+	const char *cleanup[] = { "cleanup", NULL };
+	const char *rec = "SELECT COUNT(*) FROM schema_migrations WHERE name = '0021_contract_claim_procedures.sql'";
+	char logf[256];
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(itest_int(rec), 1, "a new database takes its contract files at once");
+	cr_assert_eq(procedure_count("inbox_claim"), 0);
+	cr_assert_eq(db_exec(itest_db(), "DELETE FROM schema_migrations WHERE name = '0021_contract_claim_procedures.sql'"),
+	             ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	cr_assert_eq(db_exec(itest_db(), "CREATE PROCEDURE inbox_claim() SELECT 1"), ST_OK, "%s", db_errmsg(itest_db()));
+
+	st = run_logged(migrate, "migrate-history", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate must succeed, got %d (see %s)", st, logf);
+	cr_assert(itest_log_has(logf, "contract migration left for `inbox-worker migrate --contract`"), "see %s", logf);
+	cr_assert_eq(itest_int(rec), 0, "the contract file must wait");
+	cr_assert_eq(procedure_count("inbox_claim"), 1, "an old worker's procedure must stay while it may run");
+
+	{
+		static char out[65536];
+		char dir[4096];
+
+		st = run_status(itest_source("migrations", dir, sizeof dir), out, sizeof out);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", out);
+		cr_assert_not_null(strstr(out, "pending  0021_contract_claim_procedures.sql"), "%s", out);
+		cr_assert_not_null(strstr(out, "(contract: applied by `migrate --contract`"), "%s", out);
+	}
+
+	st = run_logged(cleanup, "cleanup-contract-pending", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a pending contract file must not stop a command (see %s)",
+	          logf);
+
+	st = run_logged(contract, "migrate-contract", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "migrate --contract must succeed (see %s)", logf);
+	cr_assert_eq(itest_int(rec), 1);
+	cr_assert_eq(procedure_count("inbox_claim"), 0, "--contract drops it");
+}
+
+/* A newer build on an older schema: every command that writes rows
+ * refuses at start-up in one line that names the file and the remedy.
+ * 0020's columns are IF NOT EXISTS, so forgetting its record is all it
+ * takes; before, run started (its statements prepared) and nothing said
+ * the schema was behind. */
+Test(migrate, a_database_lacking_a_migration_of_this_build_is_refused_in_one_line)
+{
+	const char *run[] = { "run", "--threads", "1", NULL };
+	const char *cleanup[] = { "cleanup", NULL };
+	const char *migrate[] = { "migrate", NULL };
+	char logf[256];
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "DELETE FROM schema_migrations WHERE name = '0020_lifecycle_version.sql'"), ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+
+	st = run_logged(run, "run-behind", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "run must refuse (exit 1), got %d (see %s)", st, logf);
+	cr_assert(itest_log_has(logf, "the database lacks migration 0020_lifecycle_version.sql of this build:"
+	                              " run `inbox-worker migrate`"),
+	          "see %s", logf);
+	cr_assert(!itest_log_has(logf, "consuming"), "it must not have started (see %s)", logf);
+	st = run_logged(cleanup, "cleanup-behind", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "cleanup must refuse (exit 1), got %d", st);
+	cr_assert(itest_log_has(logf, "lacks migration 0020_lifecycle_version.sql"), "see %s", logf);
+
+	st = run_logged(migrate, "migrate-behind", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	st = run_logged(cleanup, "cleanup-caught-up", logf, sizeof logf);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "after migrate it starts (see %s)", logf);
+}
+
+/* 0010's text up to 0.8.0 dropped 0.1.0's procedures; the file names that
+ * text (-- @replaces), so a database that recorded it is not refused; and
+ * an annotation added to an applied file changes nothing, where any other
+ * edit is still refused (changed_applied_file_is_refused). */
+Test(migrate, an_earlier_text_the_file_replaces_and_new_annotations_are_accepted)
+{
+	char tmpl[] = "/tmp/inbox-migrations-XXXXXX";
+	int st;
+
+	itest_fresh();
+	cr_assert_eq(db_exec(itest_db(), "UPDATE schema_migrations SET sha256 ="
+	                                 " '0857675009fde3dea49e29713c6a17b7a39690e45a2b25750d09aed62f2bc1c2'"
+	                                 " WHERE name = '0010_batch_claim.sql'"),
+	             ST_OK);
+	cr_assert_eq(db_commit(itest_db()), ST_OK);
+	copy_migrations(tmpl, false);
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "0.8.0's record of 0010 must be accepted");
+	{
+		static char out[65536];
+
+		st = run_status(tmpl, out, sizeof out);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", out);
+		cr_assert_not_null(strstr(out, "(recorded as an earlier text this file replaces)"), "%s", out);
+		cr_assert_not_null(strstr(out, "changed=0"), "%s", out);
+	}
+
+	write_file(tmpl, "0001_inbox.sql", "a", "-- @locks a note added after the fact\n");
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "an annotation is not a change");
+	write_file(tmpl, "0001_inbox.sql", "a", "-- @lcoks a typo\n");
+	st = run_migrate(tmpl);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "an unknown annotation must be refused (exit 1)");
+	remove_tree(tmpl);
 }
