@@ -1,6 +1,9 @@
--- @online yes: workers of 0.3.0 keep running while it is applied; their writes to outbox and held_events wait for the copy.
--- @locks held_events and outbox: rebuilt (a character set change copies the table) with reads allowed and writes
--- @locks held until the copy ends; the other four tables: DEFAULT CHARACTER SET only, INSTANT.
+-- @online yes: workers of 0.3.0 keep running while it is applied; on a latin1 database their writes to outbox and held_events wait for the copy.
+-- @locks held_events and outbox, on a database created utf8mb4 (as scripts/stack makes it): a collation change, INSTANT for
+-- @locks held_events and NOCOPY with LOCK=NONE for outbox (its indexed message_id's index is rebuilt in place; writes go on).
+-- @locks On a latin1 database the bytes change: the server allows only ALGORITHM=COPY with LOCK=SHARED, so both tables take
+-- @locks reads but hold writes for the copy, in time with their rows (keep the outbox small: cleanup deletes sent rows).
+-- @locks orders, processed_messages, order_events, order_locks: DEFAULT CHARACTER SET only, INSTANT.
 -- Every column that stores text from a message says its character set
 -- itself (issue 22, item 4).
 --
